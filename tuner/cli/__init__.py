@@ -1,0 +1,48 @@
+"""``tuner`` command line: a thin Click shell over the library API.
+
+Each command module (``tuner/cli/_<stage>.py``) parses options, calls one library
+function, and formats the result; library errors (``TunerError``) become a one-line
+``Error: ...`` with a non-zero exit. Command modules register themselves through
+``register(group)`` so the stages stay independent.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+from tuner import __version__
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+#: Command modules, in data-flow order. Each defines ``register(cli: click.Group)``.
+_COMMAND_MODULES = (
+    "tuner.cli._trace",
+    "tuner.cli._replay",
+    "tuner.cli._tune",
+)
+
+
+@click.group(context_settings=CONTEXT_SETTINGS)
+@click.version_option(__version__, "--version", prog_name="tuner")
+def cli() -> None:
+    """Tune vLLM's scheduler to your traffic by replaying your request logs.
+
+    \b
+    Typical flow:
+      tuner ingest requests.log -o trace.parquet      # logs -> canonical trace
+      tuner trace stats trace.parquet                  # what the traffic looks like
+      tuner replay trace.parquet --hardware mi355x --model llama-3.1-70b --tp 8
+      tuner tune trace.parquet --hardware mi355x --model llama-3.1-70b --tp 8 -o profiles/p.yaml
+      tuner export profiles/p.yaml --format flags      # vllm serve flags
+    """
+
+
+for _name in _COMMAND_MODULES:
+    importlib.import_module(_name).register(cli)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="tuner")
