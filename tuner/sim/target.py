@@ -1,0 +1,29 @@
+"""``Target``: the deployment a replay models (GPU, model, parallelism, KV cache).
+
+A ``Target`` is what the user names on the command line (``--hardware mi355x --model
+llama-3.1-70b --tp 8``). ``tuner.sim.presets.resolve_target`` turns it into the concrete
+pieces the twin needs: a step-time model, the KV-cache shape and the GPU count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    hardware: str = "mi355x"  # hardware preset name or path to a hardware YAML
+    model: str = "llama-3.1-70b"  # model preset name or path to a HF config.json (or its folder)
+    tp: int = 1  # tensor-parallel size (GPUs per engine)
+    dp: int = 1  # data-parallel engines (each replays the whole trace share; see docs)
+    block_size: int | None = None  # KV block size; None = the hardware/backend default
+    num_gpu_blocks: int | None = None  # override the computed KV capacity (vLLM num_gpu_blocks)
+    gpu_memory_utilization: float = 0.92  # vLLM 0.33 default
+    max_model_len: int | None = None  # None = the model's max_position_embeddings
+    calibration: str | None = None  # path to a calibration YAML (tuner calibrate) replacing coefficients
+    weight_dtype: str | None = None  # override the model's weight dtype (bf16, fp8, fp4)
+    kv_cache_dtype: str | None = None  # override the KV dtype (auto = weight dtype, fp8)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.dp
