@@ -21,6 +21,7 @@ _COMMAND_MODULES = (
     "tuner.cli._trace",
     "tuner.cli._replay",
     "tuner.cli._tune",
+    "tuner.cli._fidelity",
 )
 
 
