@@ -1,0 +1,439 @@
+"""Replay metrics: one ``Summary`` from a backend's ``ReplayResult``.
+
+Every backend (the twin, vLLM's own ``Scheduler``, a live server) hands over the same
+records (``tuner.records``), so every backend is measured by the same code. The
+definitions follow vLLM's own metrics and the SemiAnalysis InferenceX/AgentX pipelines;
+docs/metrics.md states each one with its formula. In short:
+
+* percentiles over requests (TTFT, TPOT, E2E, per-request mean ITL) are numpy's
+  ``linear`` percentiles of the per-request values;
+* ITL percentiles pool every inter-token gap of every counted request, as
+  ``vllm bench serve`` does; the pooled ``(gap_s, count)`` pairs give the *exact* value
+  numpy's ``linear`` method would give on the expanded list (:func:`weighted_percentile`);
+* ``pXX_interactivity = 1 / pXX over requests of the per-request mean ITL`` (AgentX:
+  ``p90_intvty = 1 / p90_itl``), so p90 interactivity is the speed the slowest 10% of
+  users get;
+* throughput per GPU divides by ``ReplayResult.num_gpus`` (tp * dp).
+
+This module reads records only, never backend or twin objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+import numpy as np
+
+from tuner.errors import ConfigError
+from tuner.records import ReplayResult, RequestResult, StepRecord
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+__all__ = [
+    "Summary",
+    "itl_samples_from_steps",
+    "summarize",
+    "summary_table",
+    "weighted_percentile",
+    "write_requests_parquet",
+]
+
+_NAN = float("nan")
+#: Quantiles reported for every latency distribution (percent).
+PERCENTS = (50, 90, 99)
+
+
+# --------------------------------------------------------------------------- percentiles
+
+
+def percentile(values: Sequence[float] | np.ndarray, q: float) -> float:
+    """numpy ``linear`` percentile ``q`` (0-100) of ``values``; nan when empty."""
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size == 0:
+        return _NAN
+    return float(np.percentile(arr, q, method="linear"))
+
+
+def weighted_percentile(samples: Iterable[tuple[float, int]], q: float) -> float:
+    """Exact numpy-``linear`` percentile of a multiset given as ``(value, count)`` pairs.
+
+    Equal to ``np.percentile(np.repeat(values, counts), q)`` without materialising one
+    float per token: a replay of a busy hour has hundreds of millions of token gaps but
+    only one pair per step. With N samples sorted, numpy's linear method reads rank
+    ``h = (N - 1) * q / 100`` and interpolates between the values at ranks
+    ``floor(h)`` and ``floor(h) + 1``; the value at a rank is found by a binary search
+    on the cumulative counts.
+
+    Args:
+        samples: ``(value, count)`` pairs; counts <= 0 are ignored.
+        q: percentile in [0, 100].
+
+    Returns:
+        The percentile, or nan when there are no samples.
+    """
+    pairs = [(float(v), int(c)) for v, c in samples if c > 0]
+    if not pairs:
+        return _NAN
+    values = np.fromiter((v for v, _ in pairs), dtype=np.float64, count=len(pairs))
+    counts = np.fromiter((c for _, c in pairs), dtype=np.int64, count=len(pairs))
+    order = np.argsort(values, kind="stable")
+    values = values[order]
+    cum = np.cumsum(counts[order])  # cum[i] = number of samples with rank <= cum[i]-1
+    n = int(cum[-1])
+    h = (n - 1) * (q / 100.0)
+    lo = int(math.floor(h))
+    hi = min(lo + 1, n - 1)
+    # value at rank r = values[first i with cum[i] > r]
+    v_lo = values[int(np.searchsorted(cum, lo, side="right"))]
+    v_hi = values[int(np.searchsorted(cum, hi, side="right"))]
+    frac = h - lo
+    # numpy's _lerp: a + (b - a) * t, with the t >= 0.5 branch b - (b - a) * (1 - t)
+    diff = v_hi - v_lo
+    return float(v_hi - diff * (1 - frac)) if frac >= 0.5 else float(v_lo + diff * frac)
+
+
+def itl_samples_from_steps(
+    steps: Sequence[StepRecord], requests: Sequence[RequestResult]
+) -> dict[str, list[tuple[float, int]]]:
+    """Per-request inter-token gaps rebuilt from per-step records.
+
+    Used when a measurement window must restrict the pooled ITL to some requests: the
+    pooled ``ReplayResult.itl_samples`` carry no request ids. Token production follows
+    vLLM's model (``NOTE(woosuk)`` in ``schedule()``): a request's computed tokens catch
+    up with its token count (prompt + generated so far); a step after which they have
+    caught up emits one token at the step's end. A preemption resets computed tokens to
+    0 (recompute), so the next emission waits for the whole sequence again.
+
+    Returns:
+        request id -> list of ``(gap_s, 1)`` pairs in emission order.
+    """
+    prompt = {r.request_id: r.input_len for r in requests}
+    computed: dict[str, int] = {}
+    generated: dict[str, int] = {}
+    last_emit: dict[str, float] = {}
+    gaps: dict[str, list[tuple[float, int]]] = {rid: [] for rid in prompt}
+    for step in steps:
+        for rid in step.preempted:
+            computed[rid] = 0
+        end_s = step.start_s + step.duration_s
+        for rid, num_new in step.num_scheduled_tokens.items():
+            if rid not in prompt:
+                continue
+            done = computed.get(rid, 0) + num_new
+            computed[rid] = done
+            if done >= prompt[rid] + generated.get(rid, 0):
+                generated[rid] = generated.get(rid, 0) + 1
+                if rid in last_emit:
+                    gaps[rid].append((end_s - last_emit[rid], 1))
+                last_emit[rid] = end_s
+    return gaps
+
+
+# --------------------------------------------------------------------------- summary
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """Headline metrics of one replay (all times in seconds, rates per second).
+
+    Latency fields cover the requests counted by the measurement window (arrival in
+    ``[measure_from_s, measure_to_s)``); see docs/metrics.md for every definition.
+    """
+
+    backend: str
+    num_gpus: int
+    measure_from_s: float | None  # window start (arrival time), None = from the first request
+    measure_to_s: float | None  # window end (exclusive), None = to the last request
+    num_requests: int  # requests whose arrival is in the window
+    num_finished: int  # ... that produced all their tokens
+    num_rejected: int  # ... refused by the engine (e.g. longer than max_model_len)
+    num_unfinished: int  # ... still running or waiting when the replay ended (or aborted/error)
+    # Latency percentiles (numpy 'linear' over requests; ITL pooled and weighted).
+    ttft_mean_s: float
+    ttft_p50_s: float
+    ttft_p90_s: float
+    ttft_p99_s: float
+    tpot_mean_s: float  # per request (finish - first token) / (output tokens - 1)
+    tpot_p50_s: float
+    tpot_p90_s: float
+    tpot_p99_s: float
+    itl_mean_s: float  # over all pooled gaps
+    itl_p50_s: float
+    itl_p90_s: float
+    itl_p99_s: float
+    itl_scope: str  # "window" or "all" (pooled gaps of the whole replay; see docs/metrics.md)
+    e2e_p50_s: float  # arrival -> last token
+    e2e_p90_s: float
+    e2e_p99_s: float
+    # Interactivity: 1 / pXX over requests of the per-request mean ITL (tokens/s/user).
+    p50_interactivity: float
+    p90_interactivity: float  # AgentX definition: the speed the slowest 10% of users get
+    p99_interactivity: float
+    # Throughput over the span of token production of the counted requests.
+    span_s: float  # earliest first admission -> latest finish of finished counted requests
+    request_throughput: float  # finished requests / span_s
+    output_throughput: float  # output tokens / span_s (whole deployment)
+    total_throughput: float  # (input + output) tokens / span_s (whole deployment)
+    output_throughput_per_gpu: float  # output tokens / span_s / num_gpus
+    total_throughput_per_gpu: float  # (input + output) tokens / span_s / num_gpus
+    # Cache and scheduler state.
+    prefix_cache_queries: int  # prompt tokens queried at first admission (vLLM counter)
+    prefix_cache_hits: int  # of which found in the local prefix cache
+    prefix_cache_hit_rate: float  # hits / queries, in [0, 1]
+    preemptions: int
+    kv_usage_mean: float  # mean over executed steps of KV usage (vLLM definition), [0, 1]
+    kv_usage_peak: float
+    queue_depth_mean: float  # mean over executed steps of waiting requests
+    queue_depth_peak: int
+    num_running_mean: float  # mean over executed steps of running requests
+    num_steps: int  # executed steps counted (in the window's span)
+    # Replay cost.
+    simulated_s: float  # replay-clock span of the whole replay
+    wall_s: float  # wall time of the whole replay
+    speed_ratio: float  # simulated_s / wall_s (simulated seconds per wall second)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (JSON-ready apart from nan, which the CLI writes as null)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def _in_window(t: float, lo: float | None, hi: float | None) -> bool:
+    return (lo is None or t >= lo) and (hi is None or t < hi)
+
+
+def _percentiles(values: np.ndarray, prefix: str) -> dict[str, float]:
+    out = {f"{prefix}_p{p}_s": percentile(values, p) for p in PERCENTS}
+    return out
+
+
+def _safe_div(num: float, den: float) -> float:
+    return num / den if den > 0 else _NAN
+
+
+def _itl_pool(result: ReplayResult, counted: list[RequestResult],
+              windowed: bool) -> tuple[list[tuple[float, int]], str]:
+    """The pooled gaps for ITL percentiles and whether they honour the window."""
+    if not windowed:
+        return list(result.itl_samples), "window"
+    if result.steps is not None:
+        per_request = itl_samples_from_steps(result.steps, counted)
+        return [g for gaps in per_request.values() for g in gaps], "window"
+    # Without step records the pool cannot be split by request: report it whole and say so.
+    return list(result.itl_samples), "all"
+
+
+def _step_stats(result: ReplayResult, t0: float, t1: float) -> dict[str, float]:
+    """Means and peaks over the steps whose time falls in ``[t0, t1]``."""
+    ts = result.timeseries
+    t = np.asarray(ts.get("t_s", []), dtype=np.float64)
+    mask = (t >= t0) & (t <= t1) if t.size else np.zeros(0, dtype=bool)
+
+    def col(name: str) -> np.ndarray:
+        arr = np.asarray(ts.get(name, []), dtype=np.float64)
+        return arr[mask] if arr.size == t.size else np.zeros(0)
+
+    kv, waiting, running = col("kv_usage"), col("num_waiting"), col("num_running")
+    return {
+        "kv_usage_mean": float(kv.mean()) if kv.size else _NAN,
+        "kv_usage_peak": float(kv.max()) if kv.size else _NAN,
+        "queue_depth_mean": float(waiting.mean()) if waiting.size else _NAN,
+        "queue_depth_peak": int(waiting.max()) if waiting.size else 0,
+        "num_running_mean": float(running.mean()) if running.size else _NAN,
+        "num_steps": int(mask.sum()),
+    }
+
+
+def summarize(result: ReplayResult, *, measure_from_s: float | None = None,
+              measure_to_s: float | None = None) -> Summary:
+    """Summarise a replay, optionally over a measurement window.
+
+    The window excludes warm-up (an empty cache, an empty batch) and drain (the tail
+    where the arrival rate falls to zero) from the figures. A request counts when its
+    arrival is in ``[measure_from_s, measure_to_s)``; all its tokens count, even those
+    produced after ``measure_to_s``. Throughput divides the counted requests' tokens by
+    the span from the earliest first admission to the latest finish among them.
+    Step-sampled figures (KV usage, queue depth) use the steps inside that span.
+
+    Args:
+        result: a backend's output.
+        measure_from_s: window start on the replay clock (inclusive); None = no bound.
+        measure_to_s: window end (exclusive); None = no bound.
+
+    Raises:
+        ConfigError: the window is empty or inverted.
+    """
+    lo, hi = measure_from_s, measure_to_s
+    if lo is not None and hi is not None and hi <= lo:
+        raise ConfigError(f"measure window is empty: measure_to_s={hi} <= measure_from_s={lo}")
+    windowed = lo is not None or hi is not None
+    counted = [r for r in result.requests if _in_window(r.arrival_s, lo, hi)]
+    if windowed and not counted and result.requests:
+        first = min(r.arrival_s for r in result.requests)
+        last = max(r.arrival_s for r in result.requests)
+        raise ConfigError(f"no request arrives in the measure window [{lo}, {hi}); "
+                          f"arrivals span [{first:.3f}, {last:.3f}] s")
+    finished = [r for r in counted if r.status == "finished"]
+
+    ttft = np.array([r.ttft_s for r in counted if math.isfinite(r.first_token_s)])
+    tpot = np.array([r.mean_itl_s for r in finished if r.output_len >= 2])
+    e2e = np.array([r.finish_s - r.arrival_s for r in finished])
+    pool, itl_scope = _itl_pool(result, counted, windowed)
+    itl_n = sum(c for _, c in pool if c > 0)
+    itl_mean = _safe_div(sum(g * c for g, c in pool if c > 0), itl_n)
+
+    if finished:
+        t0 = min(r.first_scheduled_s for r in finished)
+        t1 = max(r.finish_s for r in finished)
+    else:
+        t0 = t1 = _NAN
+    span = t1 - t0 if finished else _NAN
+    out_tokens = sum(r.output_len for r in finished)
+    in_tokens = sum(r.input_len for r in finished)
+    gpus = max(int(result.num_gpus), 1)
+
+    if windowed:
+        admitted = [r for r in counted if math.isfinite(r.first_scheduled_s)]
+        queries = sum(r.input_len for r in admitted)
+        hits = sum(r.num_cached_tokens for r in admitted)
+        preemptions = sum(r.num_preemptions for r in counted)
+    else:
+        c = result.counters
+        queries = int(c.get("prefix_cache_queries", sum(r.input_len for r in counted)))
+        hits = int(c.get("prefix_cache_hits", sum(r.num_cached_tokens for r in counted)))
+        preemptions = int(c.get("preemptions", sum(r.num_preemptions for r in counted)))
+    steps = _step_stats(result, t0 if windowed else -math.inf, t1 if windowed else math.inf)
+
+    p = {q: percentile(tpot, q) for q in PERCENTS}
+    return Summary(
+        backend=result.backend, num_gpus=gpus, measure_from_s=lo, measure_to_s=hi,
+        num_requests=len(counted), num_finished=len(finished),
+        num_rejected=sum(r.status == "rejected" for r in counted),
+        num_unfinished=sum(r.status not in ("finished", "rejected") for r in counted),
+        ttft_mean_s=float(ttft.mean()) if ttft.size else _NAN,
+        **_percentiles(ttft, "ttft"),
+        tpot_mean_s=float(tpot.mean()) if tpot.size else _NAN,
+        tpot_p50_s=p[50], tpot_p90_s=p[90], tpot_p99_s=p[99],
+        itl_mean_s=itl_mean,
+        itl_p50_s=weighted_percentile(pool, 50), itl_p90_s=weighted_percentile(pool, 90),
+        itl_p99_s=weighted_percentile(pool, 99), itl_scope=itl_scope,
+        **_percentiles(e2e, "e2e"),
+        p50_interactivity=_safe_div(1.0, p[50]), p90_interactivity=_safe_div(1.0, p[90]),
+        p99_interactivity=_safe_div(1.0, p[99]),
+        span_s=span,
+        request_throughput=_safe_div(len(finished), span),
+        output_throughput=_safe_div(out_tokens, span),
+        total_throughput=_safe_div(in_tokens + out_tokens, span),
+        output_throughput_per_gpu=_safe_div(out_tokens, span) / gpus,
+        total_throughput_per_gpu=_safe_div(in_tokens + out_tokens, span) / gpus,
+        prefix_cache_queries=queries, prefix_cache_hits=hits,
+        prefix_cache_hit_rate=_safe_div(hits, queries),
+        preemptions=preemptions,
+        **steps,
+        simulated_s=float(result.simulated_s), wall_s=float(result.wall_s),
+        speed_ratio=_safe_div(result.simulated_s, result.wall_s),
+    )
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def write_requests_parquet(result: ReplayResult, path: str | os.PathLike[str]) -> Path:
+    """Write one row per request (``RequestResult`` fields + ttft_s, mean_itl_s).
+
+    Written to a temporary file beside ``path`` and renamed, so a crash never leaves a
+    half-written table. File metadata records the backend, GPU count, simulated and wall
+    seconds and the counters.
+    """
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    reqs = result.requests
+    cols: dict[str, list[Any]] = {f.name: [getattr(r, f.name) for r in reqs]
+                                  for f in dataclasses.fields(RequestResult)}
+    cols["ttft_s"] = [r.ttft_s for r in reqs]
+    cols["mean_itl_s"] = [r.mean_itl_s for r in reqs]
+    schema = pa.schema([
+        ("request_id", pa.string()), ("arrival_s", pa.float64()), ("input_len", pa.int32()),
+        ("output_len", pa.int32()), ("first_scheduled_s", pa.float64()),
+        ("first_token_s", pa.float64()), ("finish_s", pa.float64()),
+        ("num_cached_tokens", pa.int32()), ("num_preemptions", pa.int32()),
+        ("status", pa.string()), ("session_id", pa.string()),
+        ("ttft_s", pa.float64()), ("mean_itl_s", pa.float64()),
+    ])
+    meta = {"backend": result.backend, "num_gpus": str(result.num_gpus),
+            "simulated_s": repr(result.simulated_s), "wall_s": repr(result.wall_s),
+            "counters": json.dumps(result.counters), "notes": json.dumps(result.notes)}
+    table = pa.table({name: cols[name] for name in schema.names}, schema=schema)
+    table = table.replace_schema_metadata({k.encode(): v.encode() for k, v in meta.items()})
+    dest = Path(path)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tuner-tmp", dir=dest.parent)
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return dest
+
+
+def _fmt(value: float, unit: str = "", scale: float = 1.0, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return f"{value * scale:,.{digits}f}{unit}"
+
+
+def summary_table(summary: Summary) -> "Table":
+    """A rich table of the headline metrics (what ``tuner replay`` prints)."""
+    from rich.table import Table
+
+    s = summary
+    window = ("all requests" if s.measure_from_s is None and s.measure_to_s is None
+              else f"arrivals in [{s.measure_from_s or 0:g}, "
+                   f"{'end' if s.measure_to_s is None else f'{s.measure_to_s:g}'}) s")
+    table = Table(title=f"Replay summary ({s.backend}, {s.num_gpus} GPU, {window})",
+                  show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("p50", justify="right")
+    table.add_column("p90", justify="right")
+    table.add_column("p99", justify="right")
+    table.add_row("TTFT (ms)", _fmt(s.ttft_p50_s, scale=1e3, digits=1),
+                  _fmt(s.ttft_p90_s, scale=1e3, digits=1), _fmt(s.ttft_p99_s, scale=1e3, digits=1))
+    table.add_row("TPOT (ms)", _fmt(s.tpot_p50_s, scale=1e3, digits=2),
+                  _fmt(s.tpot_p90_s, scale=1e3, digits=2), _fmt(s.tpot_p99_s, scale=1e3, digits=2))
+    itl_label = "ITL (ms)" if s.itl_scope == "window" else "ITL (ms, whole replay)"
+    table.add_row(itl_label, _fmt(s.itl_p50_s, scale=1e3, digits=2),
+                  _fmt(s.itl_p90_s, scale=1e3, digits=2), _fmt(s.itl_p99_s, scale=1e3, digits=2))
+    table.add_row("E2E latency (s)", _fmt(s.e2e_p50_s, digits=2), _fmt(s.e2e_p90_s, digits=2),
+                  _fmt(s.e2e_p99_s, digits=2))
+    table.add_row("interactivity (tok/s/user)", _fmt(s.p50_interactivity, digits=1),
+                  _fmt(s.p90_interactivity, digits=1), _fmt(s.p99_interactivity, digits=1))
+    table.add_section()
+    rows = [
+        ("output throughput (tok/s/GPU)", _fmt(s.output_throughput_per_gpu, digits=1)),
+        ("total throughput, input+output (tok/s/GPU)", _fmt(s.total_throughput_per_gpu, digits=1)),
+        ("request throughput (req/s)", _fmt(s.request_throughput, digits=3)),
+        ("prefix-cache hit rate", _fmt(s.prefix_cache_hit_rate, digits=4)),
+        ("preemptions", f"{s.preemptions:,}"),
+        ("KV usage mean / peak", f"{_fmt(s.kv_usage_mean, digits=3)} / {_fmt(s.kv_usage_peak, digits=3)}"),
+        ("queue depth mean / peak", f"{_fmt(s.queue_depth_mean, digits=1)} / {s.queue_depth_peak}"),
+        ("requests counted / finished / rejected / unfinished",
+         f"{s.num_requests:,} / {s.num_finished:,} / {s.num_rejected:,} / {s.num_unfinished:,}"),
+        ("simulated / wall (s)", f"{_fmt(s.simulated_s, digits=1)} / {_fmt(s.wall_s, digits=2)}"),
+        ("speed (simulated s per wall s)", _fmt(s.speed_ratio, "x", digits=0)),
+    ]
+    for name, value in rows:
+        table.add_row(name, value, "", "")
+    table.caption = ("p90 interactivity = 1 / p90 over requests of per-request mean "
+                     "inter-token latency: the speed the slowest 10% of users get")
+    return table
