@@ -1,9 +1,140 @@
-"""Command registration (filled in by its stage)."""
+"""``tuner replay``: replay a trace on a backend and print the summary metrics."""
 
 from __future__ import annotations
 
+import sys
+
 import click
+
+from tuner.cli._common import echo_json, handle_errors
+from tuner.errors import ConfigError
+
+P90_HELP = ("p90 interactivity = 1 / (90th percentile over requests of the per-request mean "
+            "inter-token latency): the decode speed, in tokens/s, that the slowest 10% of "
+            "users get (SemiAnalysis AgentX definition).")
+
+
+def target_options(func):  # type: ignore[no-untyped-def]
+    """The deployment flags shared by replay-like commands (-> ``tuner.sim.target.Target``)."""
+    opts = [
+        click.option("--hardware", default="mi355x", show_default=True,
+                     help="Hardware preset (mi355x, mi300x, mi325x, h100, h200, b200) or a YAML file."),
+        click.option("--model", default="llama-3.1-70b", show_default=True,
+                     help="Model preset name or a Hugging Face config.json (or its folder)."),
+        click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="Tensor-parallel size (GPUs per engine)."),
+        click.option("--dp", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="Data-parallel engines."),
+        click.option("--block-size", type=click.IntRange(min=1), default=None,
+                     help="KV block size in tokens [default: the hardware's vLLM default]."),
+        click.option("--num-gpu-blocks", type=click.IntRange(min=2), default=None,
+                     help="KV capacity in blocks, as vLLM's --num-gpu-blocks-override "
+                          "[default: computed from GPU memory]."),
+        click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True),
+                     default=0.92, show_default=True, help="As vLLM's flag."),
+        click.option("--max-model-len", type=click.IntRange(min=1), default=None,
+                     help="Longest sequence [default: the model's]."),
+        click.option("--calibration", type=click.Path(exists=True, dir_okay=False), default=None,
+                     help="Calibration YAML from `tuner calibrate` (step-time coefficients)."),
+    ]
+    for opt in reversed(opts):
+        func = opt(func)
+    return func
+
+
+def make_target(hardware: str, model: str, tp: int, dp: int, block_size: int | None,
+                num_gpu_blocks: int | None, gpu_memory_utilization: float,
+                max_model_len: int | None, calibration: str | None):  # type: ignore[no-untyped-def]
+    from tuner.sim.target import Target
+
+    return Target(hardware=hardware, model=model, tp=tp, dp=dp, block_size=block_size,
+                  num_gpu_blocks=num_gpu_blocks, gpu_memory_utilization=gpu_memory_utilization,
+                  max_model_len=max_model_len, calibration=calibration)
+
+
+def make_load(speedup: float | None, concurrency: int | None):  # type: ignore[no-untyped-def]
+    """``OpenLoop``/``ClosedLoop`` from the two mutually exclusive flags."""
+    from tuner.sim.load import ClosedLoop, OpenLoop
+
+    if speedup is not None and concurrency is not None:
+        raise ConfigError("use just one of --speedup (open loop) or --concurrency (closed loop)")
+    if concurrency is not None:
+        return ClosedLoop(concurrency)
+    return OpenLoop(speedup=1.0 if speedup is None else speedup)
+
+
+@click.command(name="replay", epilog=P90_HELP)
+@click.argument("trace", type=click.Path(exists=True))
+@click.option("--backend", default="sim", show_default=True,
+              help="Replay backend: sim (the CPU twin), vllm-core, vllm-serve.")
+@target_options
+@click.option("--set", "assignments", multiple=True, metavar="FIELD=VALUE",
+              help="Scheduler setting by its SchedulerConfig name (repeatable), e.g. "
+                   "--set cache_aware_admission_window=16. Unset fields keep vLLM's defaults "
+                   "for the GPU.")
+@click.option("--speedup", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Open loop at the trace's arrival times divided by X [default: 1].")
+@click.option("--concurrency", type=click.IntRange(min=1), default=None,
+              help="Closed loop: keep N requests in flight, issued in trace order.")
+@click.option("--measure-from", type=float, default=None, metavar="S",
+              help="Count only requests arriving at or after S seconds (skip warm-up).")
+@click.option("--measure-to", type=float, default=None, metavar="S",
+              help="Count only requests arriving before S seconds (skip drain).")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Write one row per request to this Parquet file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress bar [default: on when stderr is a terminal].")
+@handle_errors
+def replay_command(trace: str, backend: str, hardware: str, model: str, tp: int, dp: int,
+                   block_size: int | None, num_gpu_blocks: int | None,
+                   gpu_memory_utilization: float, max_model_len: int | None,
+                   calibration: str | None, assignments: tuple[str, ...],
+                   speedup: float | None, concurrency: int | None,
+                   measure_from: float | None, measure_to: float | None, out: str | None,
+                   as_json: bool, progress: bool | None) -> None:
+    """Replay TRACE under scheduler settings and print latency, interactivity and throughput.
+
+    p90 interactivity is 1 / the p90 over requests of the per-request mean inter-token
+    latency: the speed the slowest 10% of users get.
+
+    \b
+    Example:
+      tuner replay traces/agentic_1h.parquet --hardware mi355x --model llama-3.1-70b \\
+          --tp 8 --block-size 16 --set cache_aware_admission_window=16 \\
+          --set cache_aware_admission_threshold=0.5 --measure-from 300 --out results.parquet
+    """
+    from rich.console import Console
+
+    from tuner import replay
+    from tuner.metrics import summarize, summary_table, write_requests_parquet
+    from tuner.sim.presets import resolve_target
+
+    if measure_from is not None and measure_to is not None and measure_to <= measure_from:
+        raise ConfigError(f"--measure-to ({measure_to}) must be greater than --measure-from "
+                          f"({measure_from})")
+    target = make_target(hardware, model, tp, dp, block_size, num_gpu_blocks,
+                         gpu_memory_utilization, max_model_len, calibration)
+    load = make_load(speedup, concurrency)
+    resolved = resolve_target(target)
+    settings = replay.parse_settings(assignments, resolved.default_settings)
+    show = sys.stderr.isatty() if progress is None else progress
+    result = replay.run(trace, settings, backend=backend, target=target, load=load,
+                        progress=show)
+    summary = summarize(result, measure_from_s=measure_from, measure_to_s=measure_to)
+    if out is not None:
+        write_requests_parquet(result, out)
+    if as_json:
+        echo_json({**summary.to_dict(), "settings": settings.to_dict(),
+                   "target": resolved.description, "notes": result.notes})
+        return
+    console = Console()
+    console.print(f"[bold]{resolved.description}[/bold]")
+    console.print(summary_table(summary))
+    if out is not None:
+        console.print(f"wrote {len(result.requests):,} request rows to {out}")
 
 
 def register(cli: click.Group) -> None:
-    """Add this module's commands to ``cli``."""
+    """Add ``tuner replay`` to ``cli``."""
+    cli.add_command(replay_command)

@@ -1,0 +1,158 @@
+"""``tuner.replay.run``: one trace, one set of settings, one backend -> ``ReplayResult``.
+
+This is the single entry point the CLI and the tuner share. It owns the steps every
+backend needs done the same way: load the trace, resolve the deployment target, pick the
+GPU's vLLM defaults when no settings are given, re-block the prefix hashes from the
+trace's hash block size to the KV block size, then drive the backend through its call
+order (``prepare`` -> ``run`` -> ``close``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Union
+
+from tuner.errors import ConfigError
+from tuner.replay._backend import ProgressCallback, create_backend
+from tuner.sim.settings import SchedulerSettings, SimOptions
+from tuner.sim.target import Target
+from tuner.trace.reblock import reblock
+
+if TYPE_CHECKING:
+    from tuner.records import ReplayResult
+    from tuner.trace import Trace, TraceRequest
+
+TraceLike = Union["Trace", str, "os.PathLike[str]", Sequence["TraceRequest"]]
+
+
+def load_requests(trace: TraceLike, *, hash_block_size: int | None = None
+                  ) -> tuple[list["TraceRequest"], int | None]:
+    """The trace's requests in arrival order and the block size of their hashes.
+
+    Args:
+        trace: a ``Trace``, a path to a trace (file or directory), or ``TraceRequest``s.
+        hash_block_size: block size of the hashes of a plain request sequence; None
+            means "already at the KV block size". Ignored for a ``Trace`` or path,
+            whose metadata says it.
+    """
+    if isinstance(trace, (str, os.PathLike)):
+        from tuner.trace import read_trace
+
+        trace = read_trace(trace)
+    if hasattr(trace, "metadata") and hasattr(trace, "requests"):
+        requests = list(trace.requests())
+        size = int(trace.metadata.hash_block_size)
+    else:
+        requests = list(trace)
+        size = hash_block_size
+    requests.sort(key=lambda r: r.arrival_s)  # stable: ties keep trace order
+    return requests, size
+
+
+def reblock_request(request: "TraceRequest", from_block_size: int,
+                    to_block_size: int) -> "TraceRequest":
+    """``request`` with prompt and output block hashes at ``to_block_size`` tokens.
+
+    Prompt: exactly ``floor(input_len / B)`` full-block hashes (vLLM hashes only full
+    blocks). Output blocks (those the generated tokens complete, as a later turn's prompt
+    would hit them) are re-blocked over the whole token stream (prompt blocks followed by
+    output blocks) and cut at KV block index ``floor(input_len / B)``, so that both lists
+    keep the chain of the same stream.
+    """
+    f, t = from_block_size, to_block_size
+    if f == t and len(request.block_hashes) == request.input_len // t:
+        return request
+    prompt = reblock(request.block_hashes, request.input_len, f, t)
+    output: tuple[int, ...] = ()
+    if request.output_block_hashes:
+        stream = tuple(request.block_hashes[:request.input_len // f]) + tuple(
+            request.output_block_hashes)
+        covered = min(len(stream) * f, request.input_len + request.output_len)
+        output = reblock(stream, covered, f, t)[request.input_len // t:]
+    return dataclasses.replace(request, block_hashes=prompt, output_block_hashes=output)
+
+
+@contextlib.contextmanager
+def _progress_bar(enabled: bool, total_s: float) -> Iterator[ProgressCallback | None]:
+    """A rich progress bar over replay-clock seconds on stderr, or no callback."""
+    if not enabled:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    with Progress(TextColumn("replay"), BarColumn(),
+                  TextColumn("{task.completed:,.0f} simulated s"),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("replay", total=total_s if math.isfinite(total_s) else None)
+
+        def update(done_s: float, total: float) -> None:
+            if math.isfinite(total) and total > 0:
+                bar.update(task, completed=min(done_s, total), total=total)
+            else:
+                bar.update(task, completed=done_s)
+
+        yield update
+
+
+def run(trace: TraceLike, settings: SchedulerSettings | None = None, *, backend: str = "sim",
+        target: Target = Target(), load: Any = None, options: SimOptions = SimOptions(),
+        progress: bool | ProgressCallback = False, hash_block_size: int | None = None,
+        **backend_options: Any) -> "ReplayResult":
+    """Replay ``trace`` under ``settings`` on ``backend`` and return its records.
+
+    Args:
+        trace: a ``Trace``, a path to one, or a sequence of ``TraceRequest``.
+        settings: scheduler settings; None = vLLM's defaults for the target GPU
+            (``resolve_target(target).default_settings``).
+        backend: a registered backend name (``tuner.replay.available_backends()``).
+        target: the deployment to model (hardware, model, TP/DP, KV cache).
+        load: ``OpenLoop(speedup=...)`` (None means ``OpenLoop()``: the trace's own arrival
+            times) or ``ClosedLoop(concurrency)``.
+        options: twin options (``record_steps``, ``check_invariants``, ...).
+        progress: True for a rich progress bar on stderr, or a ``(done_s, total_s)``
+            callback.
+        hash_block_size: for a plain request sequence, the block size of its hashes
+            (None = already at the KV block size).
+        **backend_options: passed to the backend's factory.
+
+    Returns:
+        The backend's ``ReplayResult`` (feed it to ``tuner.metrics.summarize``).
+
+    Raises:
+        ConfigError: unknown/unavailable backend, invalid settings or target, block sizes
+            that do not divide one another.
+        TraceSchemaError: the trace file is not a valid trace.
+        BackendError: the backend failed.
+    """
+    from tuner.sim.load import OpenLoop
+    from tuner.sim.presets import resolve_target
+
+    requests, size = load_requests(trace, hash_block_size=hash_block_size)
+    if not requests:
+        raise ConfigError("the trace has no requests to replay")
+    resolved = resolve_target(target, scheduler_settings=settings)
+    if settings is None:
+        settings = resolved.default_settings
+    settings.validate(max_model_len=resolved.cache.max_model_len)
+    block_size = resolved.cache.block_size
+    if size is not None and size != block_size:
+        requests = [reblock_request(r, size, block_size) for r in requests]
+    load = OpenLoop() if load is None else load
+    instance = create_backend(backend, **backend_options)
+    try:
+        instance.prepare(requests, settings, resolved, load, options)
+        if callable(progress):
+            return instance.run(progress)
+        total_s = requests[-1].arrival_s - requests[0].arrival_s
+        speedup = getattr(load, "speedup", None)
+        total_s = total_s / speedup if speedup else math.nan
+        with _progress_bar(bool(progress), total_s) as callback:
+            return instance.run(callback)
+    finally:
+        instance.close()
