@@ -20,7 +20,7 @@ from tuner.errors import ConfigError
 from tuner.replay._backend import ProgressCallback, create_backend
 from tuner.sim.settings import SchedulerSettings, SimOptions
 from tuner.sim.target import Target
-from tuner.trace.reblock import reblock
+from tuner.trace.reblock import reblock_request_hashes
 
 if TYPE_CHECKING:
     from tuner.records import ReplayResult
@@ -58,21 +58,16 @@ def reblock_request(request: "TraceRequest", from_block_size: int,
     """``request`` with prompt and output block hashes at ``to_block_size`` tokens.
 
     Prompt: exactly ``floor(input_len / B)`` full-block hashes (vLLM hashes only full
-    blocks). Output blocks (those the generated tokens complete, as a later turn's prompt
-    would hit them) are re-blocked over the whole token stream (prompt blocks followed by
-    output blocks) and cut at KV block index ``floor(input_len / B)``, so that both lists
-    keep the chain of the same stream.
+    blocks); output: the full blocks its generated tokens complete, from KV block index
+    ``floor(input_len / B)`` on (what the twin's ``SimRequest`` expects). The rules are
+    :func:`tuner.trace.reblock.reblock_request_hashes`'s, shared with ``Trace.reblocked``.
     """
-    f, t = from_block_size, to_block_size
-    if f == t and len(request.block_hashes) == request.input_len // t:
+    if from_block_size == to_block_size and len(request.block_hashes) == (
+            request.input_len // to_block_size):
         return request
-    prompt = reblock(request.block_hashes, request.input_len, f, t)
-    output: tuple[int, ...] = ()
-    if request.output_block_hashes:
-        stream = tuple(request.block_hashes[:request.input_len // f]) + tuple(
-            request.output_block_hashes)
-        covered = min(len(stream) * f, request.input_len + request.output_len)
-        output = reblock(stream, covered, f, t)[request.input_len // t:]
+    prompt, output = reblock_request_hashes(
+        request.block_hashes, request.output_block_hashes, request.input_len,
+        request.output_len, from_block_size, to_block_size)
     return dataclasses.replace(request, block_hashes=prompt, output_block_hashes=output)
 
 
