@@ -1,0 +1,152 @@
+"""GPU specifications for the step-time model, loaded from YAML data files.
+
+Each preset in ``tuner/sim/presets/hardware/<name>.yaml`` gives vendor peak numbers
+(dense, never sparse; ../shared/spec/landscape.md §5), the scale-up interconnect, and
+what vLLM picks by default on that GPU: the attention backend and hence the KV block
+size (vLLM 0.33.0 ``platforms/interface.py``: 64 with ROCm's AITER unified attention,
+16 with CUDA FlashAttention/FlashInfer, 64 for FlashMLA, 128 for CUTLASS MLA), and the
+``vllm serve`` batch defaults, which depend only on device memory
+(``EngineArgs.get_batch_defaults``).
+
+A YAML file path works wherever a preset name does, so a new GPU needs no code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tuner.errors import ConfigError
+from tuner.sim.settings import SchedulerSettings
+
+PRESET_DIR = Path(__file__).parent / "presets" / "hardware"
+
+#: Compute dtypes a preset may give a dense peak for.
+_PEAK_ORDER = ("fp4", "fp8", "bf16")
+GIB = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareSpec:
+    """One GPU. Bandwidths are in bytes/s and peaks in FLOP/s, as the model uses them."""
+
+    name: str  # preset name (mi355x) or the YAML path
+    display_name: str
+    vendor: str  # "amd" or "nvidia"
+    memory_gib: float  # device memory as the runtime reports it, GiB
+    hbm_bandwidth: float  # peak HBM bandwidth, bytes/s
+    peak_flops: dict[str, float]  # dense peak by dtype ("bf16", "fp8", "fp4"), FLOP/s
+    interconnect_name: str
+    interconnect_bandwidth: float  # per GPU, one direction, all links, bytes/s
+    allreduce_latency_s: float  # fixed cost of one all-reduce call (small message)
+    attention_backend: dict[str, str] = field(default_factory=dict)  # {"gqa": ..., "mla": ...}
+    default_block_size: dict[str, int] = field(default_factory=dict)  # {"gqa": 64, "mla": 16}
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gib * GIB)
+
+    def peak(self, dtype: str) -> float:
+        """Dense peak FLOP/s for matmuls on weights of ``dtype``.
+
+        A dtype without its own peak runs at the bf16 peak: kernels then dequantize the
+        weights and multiply in bf16 (e.g. MXFP4 experts on H100 run as W4A16), and
+        fp16/fp32 share the bf16 units.
+        """
+        if dtype in self.peak_flops:
+            return self.peak_flops[dtype]
+        return self.peak_flops["bf16"]
+
+    def block_size_for(self, attention: str) -> int:
+        """vLLM's default KV block size for this GPU and attention kind (``gqa``/``mla``)."""
+        return int(self.default_block_size.get(attention, self.default_block_size.get("gqa", 16)))
+
+    def backend_for(self, attention: str) -> str:
+        return self.attention_backend.get(attention, self.attention_backend.get("gqa", "?"))
+
+    def batch_defaults(self) -> SchedulerSettings:
+        """``vllm serve`` batch defaults for this GPU (>= 160 GiB -> 16384/1024, ...)."""
+        return SchedulerSettings.vllm_defaults(self.memory_gib)
+
+
+def list_hardware() -> list[str]:
+    """Names of the bundled hardware presets."""
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def load_hardware(name_or_path: str | Path) -> HardwareSpec:
+    """A ``HardwareSpec`` from a preset name (``mi355x``) or a YAML file path.
+
+    Raises:
+        ConfigError: unknown name (listing the presets), unreadable YAML, or a missing
+            or invalid field (naming file and field).
+    """
+    text = str(name_or_path)
+    path = Path(text).expanduser()
+    if not path.is_file():
+        preset = PRESET_DIR / f"{text.lower()}.yaml"
+        if not preset.is_file():
+            raise ConfigError(f"unknown hardware {text!r}: not a file and not a preset "
+                              f"(available: {', '.join(list_hardware())})")
+        path = preset
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read hardware file: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{line}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    return hardware_from_dict(data, source=str(path))
+
+
+def hardware_from_dict(data: Any, *, source: str = "hardware") -> HardwareSpec:
+    """Validate a parsed hardware YAML (see the bundled presets for the layout)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: a hardware file must hold a mapping")
+
+    def num(mapping: Any, key: str, where: str) -> float:
+        value = mapping.get(key) if isinstance(mapping, dict) else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ConfigError(f"{source}: field {where}{key!r} must be a positive number, "
+                              f"got {value!r}")
+        return float(value)
+
+    peaks = data.get("peak_tflops")
+    if not isinstance(peaks, dict) or "bf16" not in peaks:
+        raise ConfigError(f"{source}: field 'peak_tflops' must map dtypes to dense TFLOPS "
+                          "and include bf16")
+    unknown = set(peaks) - set(_PEAK_ORDER)
+    if unknown:
+        raise ConfigError(f"{source}: field 'peak_tflops' has unknown dtype(s) "
+                          f"{sorted(unknown)}; use {', '.join(_PEAK_ORDER)}")
+    link = data.get("interconnect")
+    if not isinstance(link, dict):
+        raise ConfigError(f"{source}: field 'interconnect' must be a mapping with "
+                          "bandwidth_gbps and latency_us")
+    vendor = str(data.get("vendor", "")).lower()
+    if vendor not in ("amd", "nvidia"):
+        raise ConfigError(f"{source}: field 'vendor' must be 'amd' or 'nvidia', got "
+                          f"{data.get('vendor')!r}")
+    block = data.get("default_block_size", {"gqa": 16})
+    if not isinstance(block, dict) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block.values()):
+        raise ConfigError(f"{source}: field 'default_block_size' must map gqa/mla to "
+                          "positive integers")
+    name = str(data.get("name") or Path(source).stem)
+    return HardwareSpec(
+        name=name,
+        display_name=str(data.get("display_name", name)),
+        vendor=vendor,
+        memory_gib=num(data, "memory_gib", ""),
+        hbm_bandwidth=num(data, "hbm_bandwidth_tbps", "") * 1e12,
+        peak_flops={k: num(peaks, k, "peak_tflops.") * 1e12 for k in peaks},
+        interconnect_name=str(link.get("name", "")),
+        interconnect_bandwidth=num(link, "bandwidth_gbps", "interconnect.") * 1e9,
+        allreduce_latency_s=num(link, "latency_us", "interconnect.") * 1e-6,
+        attention_backend={str(k): str(v) for k, v in (data.get("attention_backend") or {}).items()},
+        default_block_size={str(k): int(v) for k, v in block.items()},
+    )

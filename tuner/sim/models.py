@@ -1,0 +1,442 @@
+"""Model shapes for the step-time model, read from a Hugging Face ``config.json``.
+
+``ModelSpec`` keeps the handful of numbers a roofline needs (layer count, widths,
+attention kind, experts, dtypes) and derives from them, once, the parameter counts
+and the per-GPU byte and FLOP figures under tensor parallelism. The derivation
+follows vLLM's sharding (``vllm/model_executor/layers/linear.py`` @ 0.33.0):
+
+* q/o projections, MLP and expert intermediate dims, vocabulary: split over TP ranks;
+* GQA k/v heads: split while ``tp <= num_kv_heads``, replicated beyond that
+  (``QKVParallelLinear.num_kv_head_replicas``);
+* MLA: ``q_a_proj`` and ``kv_a_proj_with_mqa`` are replicated, ``q_b``/``kv_b``/``o``
+  split; the latent KV cache is replicated on every rank;
+* norms, router (gate) and biases of replicated layers: replicated.
+
+Supported field names: Llama/Qwen (dense, GQA), Mixtral (``num_local_experts``),
+Qwen-MoE (``num_experts``, ``moe_intermediate_size``,
+``shared_expert_intermediate_size``, ``decoder_sparse_step``, ``mlp_only_layers``),
+DeepSeek-V2/V3 (``n_routed_experts``, ``n_shared_experts``, ``first_k_dense_replace``,
+``moe_layer_freq``, MLA ``q_lora_rank``/``kv_lora_rank``/``qk_rope_head_dim``/
+``qk_nope_head_dim``/``v_head_dim``) and gpt-oss (``num_local_experts``, ``layer_types``
+with sliding-window layers, MXFP4 ``quantization_config``). Multimodal configs with a
+``text_config`` use that.
+
+Deliberate simplifications (documented in docs/step-time-model.md): multi-token
+prediction layers (``num_nextn_predict_layers``) are not counted, because vLLM loads
+them only for speculative decoding; MLP blocks are gated (SwiGLU, three matrices).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from tuner.errors import ConfigError
+
+AttentionKind = Literal["gqa", "mla"]
+
+#: Bytes per stored element for the dtypes tuner understands. FP4 is MXFP4: 4-bit
+#: values plus one 8-bit scale per 32 (4.25 bits); FP8 block scales are negligible.
+DTYPE_BYTES: dict[str, float] = {
+    "fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 4.25 / 8,
+}
+
+_DTYPE_ALIASES = {
+    "float32": "fp32", "float": "fp32", "fp32": "fp32",
+    "bfloat16": "bf16", "bf16": "bf16",
+    "float16": "fp16", "half": "fp16", "fp16": "fp16",
+    "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "float8_e4m3fn": "fp8",
+    "float8": "fp8", "e4m3": "fp8",
+    "fp4": "fp4", "mxfp4": "fp4", "nvfp4": "fp4",
+}
+
+PRESET_DIR = Path(__file__).parent / "presets" / "models"
+
+
+def normalize_dtype(name: str, *, where: str = "dtype") -> str:
+    """Map ``bfloat16``/``float8_e4m3fn``/``mxfp4``... to ``bf16``/``fp8``/``fp4``."""
+    key = str(name).strip().lower()
+    if key not in _DTYPE_ALIASES:
+        raise ConfigError(f"{where}={name!r} is not a known dtype; use one of "
+                          f"{', '.join(sorted(DTYPE_BYTES))}")
+    return _DTYPE_ALIASES[key]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """Shape of a decoder-only transformer, as far as step time and KV size need it.
+
+    Counts are per model (not per GPU); the ``*_per_gpu`` methods apply TP sharding.
+    """
+
+    name: str  # preset name or the config path it came from
+    model_type: str  # HF ``model_type`` (llama, qwen3, deepseek_v3, gpt_oss, ...)
+    num_layers: int  # decoder layers (num_hidden_layers), MTP layers excluded
+    hidden_size: int  # residual width
+    vocab_size: int
+    num_attention_heads: int  # query heads
+    num_kv_heads: int  # GQA key/value heads (MLA: equal to query heads, unused)
+    head_dim: int  # GQA head dim (MLA: qk_nope + qk_rope)
+    intermediate_size: int  # dense MLP width (0 if no dense layer)
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # q/k/v (and, for gpt-oss, o) biases
+    attention: AttentionKind = "gqa"
+    # MLA (DeepSeek-V2/V3); zero for GQA models
+    q_lora_rank: int = 0  # 0 = no low-rank query (q_proj directly)
+    kv_lora_rank: int = 0  # latent KV width (the cached part, with qk_rope_head_dim)
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    # MoE; num_experts == 0 means dense
+    num_experts: int = 0  # routed experts per MoE layer
+    num_experts_per_tok: int = 0  # top-k
+    moe_intermediate_size: int = 0  # one routed expert's width
+    shared_expert_intermediate_size: int = 0  # total width of always-on shared experts
+    num_moe_layers: int = 0  # layers whose MLP is an MoE block (the rest are dense)
+    expert_bias: bool = False  # gpt-oss experts carry biases
+    # sliding-window attention (gpt-oss); layers with a window hold at most W tokens
+    sliding_window: int = 0  # tokens; 0 = no sliding layers
+    num_sliding_layers: int = 0
+    # dtypes (normalized names, see DTYPE_BYTES)
+    act_dtype: str = "bf16"  # torch_dtype: activations, embeddings, norms, router
+    weight_dtype: str = "bf16"  # linear layers in attention and dense MLP
+    expert_weight_dtype: str = "bf16"  # routed and shared experts
+    attn_weight_dtype: str = "bf16"  # attention projections (gpt-oss keeps them bf16)
+    kv_dtype: str = "bf16"  # KV cache; vLLM's kv_cache_dtype=auto is the model dtype
+    max_position_embeddings: int = 131072
+
+    # ------------------------------------------------------------------ shape
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def num_full_layers(self) -> int:
+        """Layers with full (unbounded) attention."""
+        return self.num_layers - self.num_sliding_layers
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+    # ---------------------------------------------------- parameter counts
+    def _attn_parts(self) -> tuple[int, int, int]:
+        """Attention parameters of one layer: (split over TP, replicated, kv proj).
+
+        ``kv proj`` (GQA k/v weights) is reported apart because its sharding stops at
+        ``num_kv_heads`` ranks.
+        """
+        h = self.hidden_size
+        nh = self.num_attention_heads
+        if self.attention == "mla":
+            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+            replicated = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
+            if self.q_lora_rank:
+                replicated += h * self.q_lora_rank + self.q_lora_rank
+                split = self.q_lora_rank * nh * qk
+            else:
+                split = h * nh * qk
+            split += self.kv_lora_rank * nh * (self.qk_nope_head_dim + self.v_head_dim)
+            split += nh * self.v_head_dim * h
+            return split, replicated, 0
+        hd = self.head_dim
+        split = 2 * h * nh * hd  # q and o
+        kv = 2 * h * self.num_kv_heads * hd
+        if self.attention_bias:
+            split += nh * hd
+            kv += 2 * self.num_kv_heads * hd
+        replicated = 0
+        if self.model_type == "gpt_oss":
+            replicated += h + nh  # o_proj bias (added once) and attention sinks
+        return split, replicated, kv
+
+    def _expert_params(self) -> int:
+        """One routed expert (gate, up, down)."""
+        p = 3 * self.hidden_size * self.moe_intermediate_size
+        if self.expert_bias:
+            p += 2 * self.moe_intermediate_size + self.hidden_size
+        return p
+
+    def _router_params(self) -> int:
+        p = self.hidden_size * self.num_experts
+        if self.expert_bias or self.model_type in ("deepseek_v3",):
+            p += self.num_experts  # router bias / e_score_correction_bias
+        return p
+
+    def param_groups(self) -> dict[str, int]:
+        """Parameter counts by group (whole model).
+
+        Keys: ``embed``, ``lm_head``, ``attn``, ``dense_mlp``, ``experts`` (all routed
+        experts of all MoE layers), ``shared_experts``, ``router``, ``norms``.
+        """
+        split, replicated, kv = self._attn_parts()
+        h = self.hidden_size
+        norms = self.num_layers * 2 * h + h
+        return {
+            "embed": self.vocab_size * h,
+            "lm_head": 0 if self.tie_word_embeddings else self.vocab_size * h,
+            "attn": self.num_layers * (split + replicated + kv),
+            "dense_mlp": self.num_dense_layers * 3 * h * self.intermediate_size,
+            "experts": self.num_moe_layers * self.num_experts * self._expert_params(),
+            "shared_experts": self.num_moe_layers * 3 * h * self.shared_expert_intermediate_size,
+            "router": self.num_moe_layers * self._router_params() if self.is_moe else 0,
+            "norms": norms,
+        }
+
+    @property
+    def total_params(self) -> int:
+        """All weights vLLM loads (MTP layers excluded)."""
+        return sum(self.param_groups().values())
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token multiplies: routed experts counted top-k of E per layer.
+
+        The input embedding is a lookup, not a matmul, so it is excluded unless tied
+        to the LM head (this is how "5.1B active" for gpt-oss-120b and "37B active"
+        for DeepSeek-V3 are counted).
+        """
+        g = self.param_groups()
+        active = sum(g.values()) - (0 if self.tie_word_embeddings else g["embed"])
+        if self.is_moe:
+            inactive = self.num_experts - self.num_experts_per_tok
+            active -= self.num_moe_layers * inactive * self._expert_params()
+        return active
+
+    # ------------------------------------------------------ per-GPU figures
+    def kv_heads_per_gpu(self, tp: int) -> int:
+        """vLLM: kv heads split while tp <= kv heads, else one (replicated) per rank."""
+        return max(1, self.num_kv_heads // tp) if tp <= self.num_kv_heads else 1
+
+    def kv_bytes_per_token_layer(self, tp: int) -> float:
+        """KV-cache bytes one token needs in one attention layer on one GPU."""
+        b = DTYPE_BYTES[self.kv_dtype]
+        if self.attention == "mla":
+            return (self.kv_lora_rank + self.qk_rope_head_dim) * b  # replicated per rank
+        return 2 * self.kv_heads_per_gpu(tp) * self.head_dim * b
+
+    def kv_bytes_per_token(self, tp: int) -> float:
+        """KV bytes per token per GPU over the full-attention layers.
+
+        Sliding-window layers are left out: each request holds at most a window of
+        them, so they do not grow with context (see docs/step-time-model.md).
+        """
+        return self.num_full_layers * self.kv_bytes_per_token_layer(tp)
+
+    def weight_bytes_per_gpu(self, tp: int) -> dict[str, float]:
+        """Bytes of weights one TP rank holds, by group (see :meth:`param_groups`)."""
+        split, replicated, kv = self._attn_parts()
+        act = DTYPE_BYTES[self.act_dtype]
+        attn_b = DTYPE_BYTES[self.attn_weight_dtype]
+        kv_share = self.kv_heads_per_gpu(tp) / max(1, self.num_kv_heads)
+        attn = self.num_layers * (split / tp + kv * kv_share) * attn_b
+        attn += self.num_layers * replicated * (attn_b if self.attention == "mla" else act)
+        g = self.param_groups()
+        exp_b = DTYPE_BYTES[self.expert_weight_dtype]
+        return {
+            "embed": g["embed"] * act / tp,
+            "lm_head": g["lm_head"] * act / tp,
+            "attn": attn,
+            "dense_mlp": g["dense_mlp"] * DTYPE_BYTES[self.weight_dtype] / tp,
+            "experts": g["experts"] * exp_b / tp,
+            "shared_experts": g["shared_experts"] * exp_b / tp,
+            "router": g["router"] * act,
+            "norms": g["norms"] * act,
+        }
+
+    def with_dtypes(self, *, weight_dtype: str | None = None,
+                    kv_cache_dtype: str | None = None) -> "ModelSpec":
+        """Override weight and KV dtypes (``Target.weight_dtype``/``kv_cache_dtype``).
+
+        ``weight_dtype`` applies to every linear layer (attention, MLP, experts);
+        ``kv_cache_dtype`` ``"auto"`` means the activation dtype, as in vLLM.
+        """
+        spec = self
+        if weight_dtype is not None:
+            w = normalize_dtype(weight_dtype, where="weight_dtype")
+            spec = replace(spec, weight_dtype=w, expert_weight_dtype=w, attn_weight_dtype=w)
+        if kv_cache_dtype is not None:
+            kv = (spec.act_dtype if str(kv_cache_dtype).lower() == "auto"
+                  else normalize_dtype(kv_cache_dtype, where="kv_cache_dtype"))
+            spec = replace(spec, kv_dtype=kv)
+        return spec
+
+
+# ---------------------------------------------------------------- loading
+def list_models() -> list[str]:
+    """Names of the bundled model presets."""
+    return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
+
+
+def load_model(name_or_path: str | Path) -> ModelSpec:
+    """A ``ModelSpec`` from a preset name, a ``config.json`` path or its folder.
+
+    Raises:
+        ConfigError: unknown preset (the message lists the presets), unreadable or
+            invalid config (the message names the file and field).
+    """
+    text = str(name_or_path)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    elif not path.exists():
+        preset = PRESET_DIR / f"{text.lower()}.json"
+        if not preset.exists():
+            raise ConfigError(f"unknown model {text!r}: not a file or folder, and not a preset "
+                              f"(available: {', '.join(list_models())})")
+        path = preset
+    try:
+        config = json.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read model config: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: a config.json must hold a JSON object")
+    name = path.stem if path.parent == PRESET_DIR else str(path)
+    return model_from_config(config, name=name, source=str(path))
+
+
+def model_from_config(config: dict[str, Any], *, name: str, source: str = "config") -> ModelSpec:
+    """Build a ``ModelSpec`` from a parsed HF config (see module docstring for fields)."""
+    if isinstance(config.get("text_config"), dict):
+        merged = dict(config["text_config"])
+        merged.setdefault("quantization_config", config.get("quantization_config"))
+        merged.setdefault("torch_dtype", config.get("torch_dtype"))
+        config = merged
+
+    def req(key: str) -> int:
+        value = config.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(f"{source}: field {key!r} must be a positive integer, "
+                              f"got {value!r}")
+        return value
+
+    def opt(*keys: str, default: int = 0) -> int:
+        for key in keys:
+            value = config.get(key)
+            if value is not None:
+                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                    raise ConfigError(f"{source}: field {key!r} must be a non-negative "
+                                      f"integer, got {value!r}")
+                return value
+        return default
+
+    model_type = str(config.get("model_type", ""))
+    layers = req("num_hidden_layers")
+    hidden = req("hidden_size")
+    heads = req("num_attention_heads")
+    vocab = req("vocab_size")
+    kv_heads = opt("num_key_value_heads", default=heads)
+    head_dim = opt("head_dim", default=hidden // heads)
+
+    mla = opt("kv_lora_rank") > 0
+    fields: dict[str, Any] = {}
+    if mla:
+        fields.update(
+            attention="mla", q_lora_rank=opt("q_lora_rank"), kv_lora_rank=req("kv_lora_rank"),
+            qk_nope_head_dim=req("qk_nope_head_dim"), qk_rope_head_dim=req("qk_rope_head_dim"),
+            v_head_dim=req("v_head_dim"))
+        head_dim = fields["qk_nope_head_dim"] + fields["qk_rope_head_dim"]
+        kv_heads = heads
+
+    experts = opt("num_local_experts", "n_routed_experts", "num_experts")
+    if experts:
+        top_k = opt("num_experts_per_tok", "experts_per_token", "num_experts_per_token")
+        if top_k <= 0 or top_k > experts:
+            raise ConfigError(f"{source}: field 'num_experts_per_tok' must be in "
+                              f"[1, {experts}], got {top_k}")
+        moe_inter = opt("moe_intermediate_size") or req("intermediate_size")
+        shared = opt("n_shared_experts") * moe_inter + opt("shared_expert_intermediate_size")
+        moe_layers = _count_moe_layers(config, layers, source)
+        fields.update(num_experts=experts, num_experts_per_tok=top_k,
+                      moe_intermediate_size=moe_inter, shared_expert_intermediate_size=shared,
+                      num_moe_layers=moe_layers, expert_bias=model_type == "gpt_oss")
+        intermediate = opt("intermediate_size") if moe_layers < layers else 0
+    else:
+        intermediate = req("intermediate_size")
+
+    window, sliding = _sliding_layers(config, layers)
+    dtypes = _dtypes(config, source)
+    max_pos = opt("max_position_embeddings", default=131072)
+    return ModelSpec(
+        name=name, model_type=model_type, num_layers=layers, hidden_size=hidden,
+        vocab_size=vocab, num_attention_heads=heads, num_kv_heads=kv_heads,
+        head_dim=head_dim, intermediate_size=intermediate,
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        attention_bias=bool(config.get("attention_bias", False) or model_type in ("qwen2", "qwen2_moe")),
+        sliding_window=window, num_sliding_layers=sliding,
+        max_position_embeddings=max_pos, **fields, **dtypes)
+
+
+def _count_moe_layers(config: dict[str, Any], layers: int, source: str) -> int:
+    """Layers with an MoE MLP: DeepSeek ``first_k_dense_replace``/``moe_layer_freq``,
+    Qwen-MoE ``decoder_sparse_step``/``mlp_only_layers``; otherwise every layer."""
+    first_dense = int(config.get("first_k_dense_replace") or 0)
+    freq = int(config.get("moe_layer_freq") or config.get("decoder_sparse_step") or 1)
+    if freq < 1:
+        raise ConfigError(f"{source}: field 'moe_layer_freq' must be >= 1, got {freq}")
+    mlp_only = set(config.get("mlp_only_layers") or [])
+    count = 0
+    for i in range(layers):
+        if i < first_dense or i in mlp_only:
+            continue
+        if "decoder_sparse_step" in config:
+            if (i + 1) % freq == 0:
+                count += 1
+        elif (i - first_dense) % freq == 0:
+            count += 1
+    return count
+
+
+def _sliding_layers(config: dict[str, Any], layers: int) -> tuple[int, int]:
+    """(window, number of sliding-window layers); (0, 0) when every layer is full."""
+    window = config.get("sliding_window")
+    layer_types = config.get("layer_types")
+    if not window or config.get("use_sliding_window") is False:
+        return 0, 0
+    if isinstance(layer_types, list):
+        sliding = sum(1 for t in layer_types[:layers] if t == "sliding_attention")
+        return (int(window), sliding) if sliding else (0, 0)
+    return 0, 0  # a window without layer types (Mistral-style) is not modelled
+
+
+def _dtypes(config: dict[str, Any], source: str) -> dict[str, str]:
+    """Activation, weight and KV dtypes from ``torch_dtype``/``dtype`` and quantization."""
+    act_name = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
+    act = normalize_dtype(act_name, where=f"{source}: torch_dtype")
+    if act == "fp32":
+        act = "bf16"  # vLLM serves fp32 checkpoints in bf16 by default
+    weight = expert = attn = act
+    quant = config.get("quantization_config")
+    if isinstance(quant, dict):
+        method = str(quant.get("quant_method", "")).lower()
+        if method in ("fp8", "fbgemm_fp8", "modelopt"):
+            weight = expert = attn = "fp8"
+        elif method in ("mxfp4", "modelopt_fp4", "nvfp4"):
+            weight = expert = attn = "fp4"
+            skipped = [str(m) for m in quant.get("modules_to_not_convert") or []]
+            if any("self_attn" in m for m in skipped):
+                attn = act  # gpt-oss keeps attention in bf16, only experts are MXFP4
+            if any(m.endswith("mlp") or m.endswith("experts") for m in skipped):
+                weight = expert = act
+        elif method:
+            raise ConfigError(f"{source}: field 'quantization_config.quant_method'={method!r} "
+                              "is not modelled; supported: fp8, mxfp4, nvfp4 (or pass "
+                              "--weight-dtype)")
+    return {"act_dtype": act, "weight_dtype": weight, "expert_weight_dtype": expert,
+            "attn_weight_dtype": attn, "kv_dtype": act}
+
+
+def expected_experts_touched(num_experts: int, top_k: int, num_tokens: float) -> float:
+    """Distinct experts hit by ``num_tokens`` tokens under uniform top-k routing.
+
+    ``E * (1 - (1 - k/E) ** T)``: 1 token hits k experts; many tokens approach E. It
+    is never above ``min(E, T*k)``, the bound it refines.
+    """
+    if num_experts <= 0 or num_tokens <= 0:
+        return 0.0
+    return num_experts * (1.0 - math.pow(1.0 - top_k / num_experts, num_tokens))
