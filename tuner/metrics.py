@@ -193,7 +193,7 @@ class Summary:
     queue_depth_mean: float  # mean over executed steps of waiting requests
     queue_depth_peak: int
     num_running_mean: float  # mean over executed steps of running requests
-    num_steps: int  # executed steps counted (in the window's span)
+    num_steps: int  # executed steps of the whole replay (backend counter; else samples)
     # Replay cost.
     simulated_s: float  # replay-clock span of the whole replay
     wall_s: float  # wall time of the whole replay
@@ -309,6 +309,7 @@ def summarize(result: ReplayResult, *, measure_from_s: float | None = None,
         hits = int(c.get("prefix_cache_hits", sum(r.num_cached_tokens for r in counted)))
         preemptions = int(c.get("preemptions", sum(r.num_preemptions for r in counted)))
     steps = _step_stats(result, t0 if windowed else -math.inf, t1 if windowed else math.inf)
+    steps["num_steps"] = int(result.counters.get("num_steps", steps["num_steps"]))
 
     p = {q: percentile(tpot, q) for q in PERCENTS}
     return Summary(

@@ -25,8 +25,9 @@ if TYPE_CHECKING:
     from tuner.sim.settings import SchedulerSettings, SimOptions
     from tuner.trace import TraceRequest
 
-#: ``progress(done_s, total_s)``: replay-clock seconds done out of the expected total.
-ProgressCallback = Callable[[float, float], None]
+#: ``progress(fraction)``: the share of the replay done so far, in [0, 1] (the twin reports
+#: the fraction of requests issued; backends call it now and then, and with 1.0 at the end).
+ProgressCallback = Callable[[float], None]
 
 
 class Backend(ABC):
@@ -75,7 +76,7 @@ class Backend(ABC):
         """Replay the prepared trace and return its records.
 
         Args:
-            progress: called now and then with (replay-clock seconds done, expected total).
+            progress: called now and then with the fraction done, in [0, 1].
 
         Raises:
             BackendError: the replay failed part-way.

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Union
@@ -72,25 +71,20 @@ def reblock_request(request: "TraceRequest", from_block_size: int,
 
 
 @contextlib.contextmanager
-def _progress_bar(enabled: bool, total_s: float) -> Iterator[ProgressCallback | None]:
-    """A rich progress bar over replay-clock seconds on stderr, or no callback."""
+def _progress_bar(enabled: bool) -> Iterator[ProgressCallback | None]:
+    """A rich progress bar on stderr fed with the fraction done, or no callback."""
     if not enabled:
         yield None
         return
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
-    console = Console(stderr=True)
-    with Progress(TextColumn("replay"), BarColumn(),
-                  TextColumn("{task.completed:,.0f} simulated s"),
-                  TimeElapsedColumn(), console=console, transient=True) as bar:
-        task = bar.add_task("replay", total=total_s if math.isfinite(total_s) else None)
+    with Progress(TextColumn("replay"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("replay", total=1.0)
 
-        def update(done_s: float, total: float) -> None:
-            if math.isfinite(total) and total > 0:
-                bar.update(task, completed=min(done_s, total), total=total)
-            else:
-                bar.update(task, completed=done_s)
+        def update(fraction: float) -> None:
+            bar.update(task, completed=min(max(fraction, 0.0), 1.0))
 
         yield update
 
@@ -110,8 +104,8 @@ def run(trace: TraceLike, settings: SchedulerSettings | None = None, *, backend:
         load: ``OpenLoop(speedup=...)`` (None means ``OpenLoop()``: the trace's own arrival
             times) or ``ClosedLoop(concurrency)``.
         options: twin options (``record_steps``, ``check_invariants``, ...).
-        progress: True for a rich progress bar on stderr, or a ``(done_s, total_s)``
-            callback.
+        progress: True for a rich progress bar on stderr, or a callback taking the
+            fraction done in [0, 1].
         hash_block_size: for a plain request sequence, the block size of its hashes
             (None = already at the KV block size).
         **backend_options: passed to the backend's factory.
@@ -144,10 +138,7 @@ def run(trace: TraceLike, settings: SchedulerSettings | None = None, *, backend:
         instance.prepare(requests, settings, resolved, load, options)
         if callable(progress):
             return instance.run(progress)
-        total_s = requests[-1].arrival_s - requests[0].arrival_s
-        speedup = getattr(load, "speedup", None)
-        total_s = total_s / speedup if speedup else math.nan
-        with _progress_bar(bool(progress), total_s) as callback:
+        with _progress_bar(bool(progress)) as callback:
             return instance.run(callback)
     finally:
         instance.close()

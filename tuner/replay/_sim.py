@@ -30,8 +30,11 @@ class SimBackend(Backend):
                 target: Any, load: Any, options: "SimOptions") -> None:
         from tuner.sim.engine import Simulator
 
+        step_time = target.step_time
+        # The twin takes a plain callable; a StepTimeModel object prices via step_time_s.
+        price = step_time if callable(step_time) else step_time.step_time_s
         self._simulator = Simulator(
-            requests, settings, target.cache, target.step_time,
+            requests, settings, target.cache, price,
             options=options, load=load, num_gpus=target.num_gpus)
 
     def run(self, progress: ProgressCallback | None = None) -> "ReplayResult":
