@@ -1,1 +1,36 @@
-"""tuner.sim"""
+"""tuner.sim: the CPU twin of vLLM's V1 scheduler and prefix cache.
+
+Public names other packages use; implementation modules mirror vLLM's files
+(``block_pool``, ``kv_cache_manager``, ``request_queue``, ``scheduler``) and ``engine``
+holds the event loop. ``tuner.sim`` imports no pyarrow, polars, optuna or click.
+"""
+
+from tuner.sim.batch import StepBatch
+from tuner.sim.block_pool import BlockPool, KVCacheBlock
+from tuner.sim.engine import Simulator
+from tuner.sim.kv_cache_manager import KVCacheManager
+from tuner.sim.load import ClosedLoop, OpenLoop
+from tuner.sim.request import RequestStatus, SimRequest
+from tuner.sim.request_queue import FCFSRequestQueue, PriorityRequestQueue, create_request_queue
+from tuner.sim.scheduler import Scheduler, SchedulerOutput
+from tuner.sim.settings import CacheSettings, SchedulerSettings, SimOptions
+
+__all__ = [
+    "BlockPool",
+    "CacheSettings",
+    "ClosedLoop",
+    "FCFSRequestQueue",
+    "KVCacheBlock",
+    "KVCacheManager",
+    "OpenLoop",
+    "PriorityRequestQueue",
+    "RequestStatus",
+    "Scheduler",
+    "SchedulerOutput",
+    "SchedulerSettings",
+    "SimOptions",
+    "SimRequest",
+    "Simulator",
+    "StepBatch",
+    "create_request_queue",
+]

@@ -1,0 +1,125 @@
+"""KVCacheManager, from spec §2.1, §4.4 and §5.4 (vLLM 0.33.0 kv_cache_manager.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.sim.kv_cache_manager import KVCacheManager
+from tuner.sim.request import RequestStatus, SimRequest
+
+
+def make_request(rid: str, input_len: int, hashes: list[int], bs: int = 16,
+                 status: RequestStatus = RequestStatus.WAITING) -> SimRequest:
+    r = SimRequest(request_id=rid, index=0, arrival_s=0.0, num_prompt_tokens=input_len,
+                   max_tokens=4, block_size=bs, prompt_block_hashes=hashes)
+    r.status = status
+    return r
+
+
+def cached_pool(num_blocks: int, *prompts: tuple[int, list[int]]) -> KVCacheManager:
+    """A pool where each (input_len, hashes) prompt ran and finished (cached, free)."""
+    kvm = KVCacheManager(num_gpu_blocks=num_blocks, block_size=16)
+    for input_len, hashes in prompts:
+        r = make_request("warm0", input_len, hashes)
+        assert kvm.allocate_slots(r, input_len)
+        kvm.free(r)
+    return kvm
+
+
+@pytest.mark.parametrize("input_len,max_cached", [(48, 32), (50, 48), (16, 0), (17, 16)])
+def test_last_token_rule(input_len, max_cached):
+    hashes = [1, 2, 3][: input_len // 16]
+    kvm = cached_pool(10, (input_len, hashes))
+    probe = make_request("p", input_len, hashes)
+    blocks, tokens = kvm.get_computed_blocks(probe)
+    assert tokens == max_cached
+    assert len(blocks) * 16 == tokens
+    assert kvm.get_num_cached_tokens(probe) == max_cached
+
+
+def test_no_hit_when_prefix_caching_is_off():
+    kvm = KVCacheManager(num_gpu_blocks=10, block_size=16, enable_caching=False)
+    r = make_request("a", 48, [1, 2, 3])
+    assert kvm.allocate_slots(r, 48)
+    assert all(b.block_hash is None for b in r.blocks)
+    kvm.free(r)
+    assert kvm.get_computed_blocks(make_request("b", 48, [1, 2, 3])) == ([], 0)
+    assert kvm.get_num_cached_tokens(make_request("b", 48, [1, 2, 3])) == 0
+
+
+def test_hit_stops_at_first_missing_block():
+    kvm = cached_pool(10, (64, [1, 2, 3, 4]))
+    assert kvm.get_num_cached_tokens(make_request("p", 80, [1, 2, 9, 4, 5])) == 32
+
+
+def test_probe_is_side_effect_free():
+    kvm = cached_pool(6, (48, [1, 2, 3]))
+    pool = kvm.block_pool
+    before = ([b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
+              [b.ref_cnt for b in pool.blocks], dict(pool.cached_block_hash_to_block))
+    assert kvm.get_num_cached_tokens(make_request("p", 48, [1, 2, 3])) == 32
+    after = ([b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
+             [b.ref_cnt for b in pool.blocks], dict(pool.cached_block_hash_to_block))
+    assert before == after
+
+
+def test_touched_free_hits_count_as_consumption():
+    # 5 blocks (4 usable): warm prompt cached in 3 free blocks. A 48-token request
+    # hitting 2 of them needs 1 new block + 2 touched free blocks = 3 <= 4: fits.
+    kvm = cached_pool(5, (48, [1, 2, 3]))
+    r = make_request("w", 48, [1, 2, 3])
+    blocks, hit = kvm.get_computed_blocks(r)
+    assert kvm.allocate_slots(r, 48 - hit, hit, blocks, full_sequence_must_fit=True)
+    assert kvm.block_pool.get_num_free_blocks() == 1
+    # 4 blocks needed by a cold 64-token prompt, only 1 free: refused, nothing changes.
+    c = make_request("c", 64, [5, 6, 7, 8])
+    assert not kvm.allocate_slots(c, 16, full_sequence_must_fit=True)
+    assert c.blocks == [] and kvm.block_pool.get_num_free_blocks() == 1
+
+
+def test_full_sequence_must_fit_checks_whole_prompt_not_first_chunk():
+    kvm = KVCacheManager(num_gpu_blocks=4, block_size=16)  # 3 usable
+    r = make_request("a", 64, [1, 2, 3, 4])
+    assert not kvm.allocate_slots(r, 16, full_sequence_must_fit=True)
+    assert kvm.allocate_slots(r, 16, full_sequence_must_fit=False)
+    assert len(r.blocks) == 1
+
+
+def test_watermark_only_for_waiting_while_something_runs():
+    kvm = KVCacheManager(num_gpu_blocks=10, block_size=16, watermark=0.2)  # 2 blocks
+    assert kvm.watermark_blocks == 2
+    filler = make_request("f", 16 * 6, [], status=RequestStatus.RUNNING)
+    assert kvm.allocate_slots(filler, 16 * 6)  # 3 free left
+    waiting = make_request("w", 32, [])
+    assert not kvm.allocate_slots(waiting, 32, has_scheduled_reqs=True)  # 2 + 2 > 3
+    assert kvm.allocate_slots(waiting, 32, has_scheduled_reqs=False)
+    kvm.free(waiting)
+    running = make_request("r", 32, [], status=RequestStatus.RUNNING)
+    assert kvm.allocate_slots(running, 32, has_scheduled_reqs=True)  # no watermark
+
+
+def test_decode_allocates_a_block_only_at_a_block_boundary():
+    kvm = KVCacheManager(num_gpu_blocks=10, block_size=16)
+    r = make_request("a", 32, [1, 2], status=RequestStatus.RUNNING)
+    assert kvm.allocate_slots(r, 32)
+    r.num_computed_tokens = 32
+    r.append_output_token()  # 33 tokens: the 33rd needs block 3
+    assert kvm.allocate_slots(r, 1)
+    assert len(r.blocks) == 3
+    r.num_computed_tokens = 33
+    for _ in range(15):
+        r.append_output_token()
+        assert kvm.allocate_slots(r, 1)
+        r.num_computed_tokens += 1
+    assert len(r.blocks) == 3 and r.num_tokens == 48
+    # The generated block 3 was registered when it became full (at scheduling time).
+    assert r.blocks[2].block_hash == r.block_hashes[2] < 0  # synthetic: never a trace hash
+    assert kvm.block_pool.get_cached_block(r.block_hashes[2]) is r.blocks[2]
+
+
+def test_generated_blocks_take_trace_output_hashes():
+    r = SimRequest(request_id="a", index=3, arrival_s=0.0, num_prompt_tokens=20, max_tokens=40,
+                   block_size=16, prompt_block_hashes=[5], output_block_hashes=[77])
+    for _ in range(28):
+        r.append_output_token()
+    assert r.block_hashes == [5, 77, r.synthetic_hash(2)]

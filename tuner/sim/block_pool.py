@@ -1,0 +1,167 @@
+"""``BlockPool``: every KV block, the free queue and the prefix-cache hash map.
+
+Mirrors ``vllm/v1/core/block_pool.py`` @ 0.33.0 for one full-attention KV-cache group:
+
+* block 0 is the null block, taken out of the free queue at construction and never
+  counted (usage = ``1 - free / (num_gpu_blocks - 1)``);
+* allocation pops the front of the free queue and evicts the popped block's cached
+  hash, if any (``_maybe_evict_cached_block``);
+* ``touch`` adopts a prefix-cache hit: a free hit block leaves the queue, ref count + 1;
+* ``free_blocks`` takes the blocks in the order the manager passes them (a request's
+  blocks tail first): blocks reaching ref count 0 go to the *back* when they carry a
+  hash (kept longest, LRU eviction) and to the *front* when not (reused first);
+* hashes are registered when a block becomes full at scheduling time
+  (``cache_full_blocks``); two blocks may carry the same hash (e.g. the last-token
+  rule recomputes a cached last block), the map then holds both and a lookup returns
+  the first one registered, as vLLM's ``BlockHashToBlockMap`` does.
+
+Divergences: no KV events, no metrics collector, one KV-cache group, hashes are ints
+(trace block hashes; synthetic ones are negative, see ``SimRequest``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable
+
+from tuner.sim._free_queue import FreeBlockQueue, KVCacheBlock
+
+if TYPE_CHECKING:
+    from tuner.sim.request import SimRequest
+
+__all__ = ["BlockPool", "KVCacheBlock"]
+
+
+class BlockPool:
+    """Owns all ``KVCacheBlock`` objects, the free queue and hash -> block map.
+
+    Invariants (``check_invariants`` walks them): the free queue holds exactly the
+    non-null blocks with ``ref_cnt == 0``; ``num_free_blocks`` equals its length; every
+    hashed block is in the map under its hash and every map entry points at a block
+    carrying that hash; ``ref_cnt >= 0``.
+    """
+
+    __slots__ = ("num_gpu_blocks", "enable_caching", "blocks", "free_block_queue",
+                 "cached_block_hash_to_block", "null_block", "num_evictions")
+
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool = True) -> None:
+        if num_gpu_blocks < 2:
+            raise ValueError(f"num_gpu_blocks={num_gpu_blocks} must be >= 2 (block 0 is null)")
+        self.num_gpu_blocks = num_gpu_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
+        self.free_block_queue = FreeBlockQueue(self.blocks)
+        # hash -> block, or -> {block_id: block} when several blocks carry the hash
+        # (a plain block in the common case saves a dict per entry, as in vLLM).
+        self.cached_block_hash_to_block: dict[int, KVCacheBlock | dict[int, KVCacheBlock]] = {}
+        self.null_block = self.free_block_queue.popleft()
+        self.num_evictions = 0  # cached hashes dropped by reallocation
+
+    # ----------------------------------------------------------------- lookups
+    def get_cached_block(self, block_hash: int) -> KVCacheBlock | None:
+        entry = self.cached_block_hash_to_block.get(block_hash)
+        if entry is None or entry.__class__ is KVCacheBlock:
+            return entry  # type: ignore[return-value]
+        return next(iter(entry.values()))  # type: ignore[union-attr]
+
+    def get_num_free_blocks(self) -> int:
+        return self.free_block_queue.num_free_blocks
+
+    def get_usage(self) -> float:
+        """Fraction 0.0-1.0 of usable blocks held by live requests (cached free count as free)."""
+        return 1.0 - self.free_block_queue.num_free_blocks / (self.num_gpu_blocks - 1)
+
+    # ----------------------------------------------------------------- state changes
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Pop ``num_blocks`` from the front, evicting their cached hashes; ref count 1."""
+        blocks = self.free_block_queue.popleft_n(num_blocks)
+        if self.enable_caching:
+            for block in blocks:
+                if block.block_hash is not None:
+                    self._evict(block)
+                block.ref_cnt += 1
+        else:
+            for block in blocks:
+                block.ref_cnt += 1
+        return blocks
+
+    def _evict(self, block: KVCacheBlock) -> None:
+        block_hash = block.block_hash
+        table = self.cached_block_hash_to_block
+        entry = table[block_hash]  # type: ignore[index]
+        if entry.__class__ is KVCacheBlock:
+            assert entry is block, f"hash map points {block_hash} at another block (BlockPool bug)"
+            del table[block_hash]  # type: ignore[arg-type]
+        else:
+            del entry[block.block_id]  # type: ignore[union-attr]
+            if len(entry) == 1:  # type: ignore[arg-type]
+                table[block_hash] = next(iter(entry.values()))  # type: ignore[union-attr,index]
+        block.block_hash = None
+        self.num_evictions += 1
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Adopt prefix-cache hits: free ones leave the free queue; ref count + 1."""
+        queue = self.free_block_queue
+        for block in blocks:
+            if block.ref_cnt == 0:
+                queue.remove(block)
+            block.ref_cnt += 1
+
+    def cache_full_blocks(self, request: "SimRequest", blocks: list[KVCacheBlock],
+                          num_cached_blocks: int, num_full_blocks: int) -> None:
+        """Register hashes of ``blocks[num_cached_blocks:num_full_blocks]``."""
+        hashes = request.block_hashes
+        table = self.cached_block_hash_to_block
+        for i in range(num_cached_blocks, num_full_blocks):
+            block = blocks[i]
+            assert block.block_hash is None, f"{block!r} already cached (BlockPool bug)"
+            block_hash = hashes[i]
+            block.block_hash = block_hash
+            entry = table.get(block_hash)
+            if entry is None:
+                table[block_hash] = block
+            elif entry.__class__ is KVCacheBlock:
+                table[block_hash] = {entry.block_id: entry, block.block_id: block}  # type: ignore[union-attr]
+            else:
+                entry[block.block_id] = block  # type: ignore[index]
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Release blocks in the given order (callers pass a request's blocks tail first).
+
+        Blocks reaching ref count 0 go to the back when hashed (kept longest: FIFO/LRU
+        eviction among cached blocks) and to the front when not (nothing to keep, so
+        they are reused first, as in vLLM 0.31-0.33).
+        """
+        to_back: list[KVCacheBlock] = []
+        to_front: list[KVCacheBlock] = []
+        for block in ordered_blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                (to_back if block.block_hash is not None else to_front).append(block)
+            elif block.ref_cnt < 0:
+                raise RuntimeError(f"{block!r} freed more often than taken (tuner bug)")
+        self.free_block_queue.prepend_n(to_front)
+        self.free_block_queue.append_n(to_back)
+
+    # ----------------------------------------------------------------- checks
+    def check_invariants(self) -> None:
+        """Walk the pool; raise ``AssertionError`` naming the first broken invariant."""
+        free = self.free_block_queue.get_all_free_blocks()
+        assert len(free) == self.free_block_queue.num_free_blocks, (
+            f"free count {self.free_block_queue.num_free_blocks} != list length {len(free)}")
+        free_ids = {b.block_id for b in free}
+        assert len(free_ids) == len(free), "a block appears twice in the free queue"
+        assert 0 not in free_ids, "null block in the free queue"
+        for block in self.blocks[1:]:
+            assert block.ref_cnt >= 0, f"{block!r} has a negative ref count"
+            assert (block.ref_cnt == 0) == (block.block_id in free_ids), (
+                f"{block!r}: ref_cnt 0 <=> in free queue violated")
+            if block.block_hash is not None:
+                entry = self.cached_block_hash_to_block.get(block.block_hash)
+                ok = entry is block or (isinstance(entry, dict)
+                                        and entry.get(block.block_id) is block)
+                assert ok, f"{block!r} carries a hash the map does not point back from"
+        for block_hash, entry in self.cached_block_hash_to_block.items():
+            members = [entry] if isinstance(entry, KVCacheBlock) else list(entry.values())
+            assert members, f"empty map entry for {block_hash}"
+            for block in members:
+                assert block.block_hash == block_hash, f"map {block_hash} -> {block!r}"

@@ -1,0 +1,169 @@
+"""``KVCacheManager``: turns "this request needs N more tokens" into blocks.
+
+Mirrors ``vllm/v1/core/kv_cache_manager.py`` and the full-attention path of
+``single_type_kv_cache_manager.py`` @ 0.33.0 (one KV-cache group, no sliding window,
+no connector, no speculative lookahead), plus PR #54625's side-effect-free probe
+``get_num_cached_tokens``.
+
+Token ranges of ``allocate_slots`` (vLLM's map, without the connector part)::
+
+    | < comp > | < new_comp > | < new > |
+               |   adopted   |  to be computed   |
+               |   < to be allocated (new blocks) >|
+    comp = request.num_computed_tokens, new_comp = prefix hit (whole blocks),
+    new = tokens scheduled this step
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tuner.sim._free_queue import KVCacheBlock
+from tuner.sim.block_pool import BlockPool
+from tuner.sim.request import RequestStatus
+
+if TYPE_CHECKING:
+    from tuner.sim.request import SimRequest
+
+_EMPTY: tuple = ()
+
+
+class KVCacheManager:
+    """Per-request block lists on top of a ``BlockPool``; the scheduler's only cache API."""
+
+    __slots__ = ("block_pool", "block_size", "enable_caching", "max_model_len",
+                 "watermark_blocks")
+
+    def __init__(self, *, num_gpu_blocks: int, block_size: int, enable_caching: bool = True,
+                 max_model_len: int = 1 << 30, watermark: float = 0.0) -> None:
+        self.block_pool = BlockPool(num_gpu_blocks, enable_caching)
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.max_model_len = max_model_len
+        # vLLM: int(watermark * num_gpu_blocks), kept free when admitting while busy.
+        self.watermark_blocks = int(watermark * num_gpu_blocks)
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.get_usage()
+
+    # ----------------------------------------------------------------- prefix lookups
+    def _longest_hit(self, request: "SimRequest") -> list["KVCacheBlock"]:
+        # Last-token rule: cap at num_tokens - 1 so a fully cached prompt still runs
+        # its last token; hits are whole blocks, so a block-aligned prompt recomputes
+        # its whole last block (48 tokens -> <= 32 cached; 50 -> <= 48).
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hashes = request.block_hashes
+        if max_blocks > len(hashes):
+            max_blocks = len(hashes)
+        get = self.block_pool.cached_block_hash_to_block.get
+        out = []
+        for i in range(max_blocks):
+            entry = get(hashes[i])
+            if entry is None:
+                break
+            if entry.__class__ is not KVCacheBlock:
+                entry = next(iter(entry.values()))  # type: ignore[union-attr]
+            out.append(entry)
+        return out
+
+    def get_computed_blocks(self, request: "SimRequest") -> tuple[list["KVCacheBlock"], int]:
+        """Longest cached prefix: (blocks, tokens). Zero when prefix caching is off."""
+        if not self.enable_caching:
+            return [], 0
+        blocks = self._longest_hit(request)
+        return blocks, len(blocks) * self.block_size
+
+    def get_num_cached_tokens(self, request: "SimRequest") -> int:
+        """PR #54625 probe: cached prefix tokens, without touch, allocation or stats."""
+        if not self.enable_caching:
+            return 0
+        return len(self._longest_hit(request)) * self.block_size
+
+    # ----------------------------------------------------------------- allocation
+    def allocate_slots(self, request: "SimRequest", num_new_tokens: int,
+                       num_new_computed_tokens: int = 0,
+                       new_computed_blocks: "list[KVCacheBlock] | tuple" = _EMPTY, *,
+                       full_sequence_must_fit: bool = False,
+                       has_scheduled_reqs: bool = True) -> bool:
+        """Give ``request`` slots for ``num_new_tokens`` more tokens; False if it cannot fit.
+
+        Capacity counts new blocks *plus* hit blocks that sit in the free queue
+        (touching them consumes free capacity). With ``full_sequence_must_fit``
+        (``scheduler_reserve_full_isl``) the whole current sequence must fit first.
+        The watermark applies only to WAITING/PREEMPTED requests while something is
+        scheduled. On success, hashes of every block that becomes full are registered.
+        """
+        if num_new_tokens <= 0:
+            raise ValueError("num_new_tokens must be greater than 0")
+        bs = self.block_size
+        pool = self.block_pool
+        held = len(request.blocks)
+        num_hit = len(new_computed_blocks)
+        num_local_computed = request.num_computed_tokens + num_new_computed_tokens
+        total_computed = min(num_local_computed, self.max_model_len)
+        num_evictable = 0
+        if num_hit:
+            for block in new_computed_blocks:
+                if block.ref_cnt == 0:
+                    num_evictable += 1
+        watermark = 0
+        if has_scheduled_reqs and request.status != RequestStatus.RUNNING:
+            watermark = self.watermark_blocks
+        free = pool.free_block_queue.num_free_blocks
+        if full_sequence_must_fit:
+            full = min(request.num_tokens, self.max_model_len)
+            need = -(-full // bs) - held - num_hit
+            if (need if need > 0 else 0) + num_evictable + watermark > free:
+                return False
+        num_slot = total_computed + num_new_tokens
+        if num_slot > self.max_model_len:
+            num_slot = self.max_model_len
+        need = -(-num_slot // bs) - held - num_hit
+        if need < 0:
+            need = 0
+        if need + num_evictable + watermark > free:
+            return False
+        if num_hit:
+            pool.touch(new_computed_blocks)
+            request.blocks.extend(new_computed_blocks)
+            request.num_cached_blocks = len(request.blocks)
+        if need:
+            request.blocks.extend(pool.get_new_blocks(need))
+        if self.enable_caching:
+            num_full = min(total_computed + num_new_tokens, request.num_tokens) // bs
+            if num_full > request.num_cached_blocks:
+                pool.cache_full_blocks(request, request.blocks, request.num_cached_blocks,
+                                       num_full)
+                request.num_cached_blocks = num_full
+        return True
+
+    def free(self, request: "SimRequest") -> None:
+        """Release a finished or preempted request's blocks, tail block first."""
+        blocks = request.blocks
+        if blocks:
+            blocks.reverse()
+            self.block_pool.free_blocks(blocks)
+        request.blocks = []
+        request.num_cached_blocks = 0
+
+    def check_invariants(self, live_requests: "list[SimRequest]") -> None:
+        """Pool invariants plus: no block owned twice by one request, ref counts equal
+        the number of live requests holding each block, free + held = usable blocks."""
+        pool = self.block_pool
+        pool.check_invariants()
+        owners: dict[int, int] = {}
+        for request in live_requests:
+            ids = [b.block_id for b in request.blocks]
+            assert len(set(ids)) == len(ids), f"{request!r} holds a block twice"
+            assert 0 not in ids, f"{request!r} holds the null block"
+            for block_id in ids:
+                owners[block_id] = owners.get(block_id, 0) + 1
+            assert request.num_cached_blocks <= len(request.blocks)
+        for block in pool.blocks[1:]:
+            assert block.ref_cnt == owners.get(block.block_id, 0), (
+                f"{block!r}: ref_cnt != number of holders {owners.get(block.block_id, 0)}")
+        used = len(owners)
+        free = pool.get_num_free_blocks()
+        assert free + used == pool.num_gpu_blocks - 1, (
+            f"free {free} + used {used} != usable {pool.num_gpu_blocks - 1}")

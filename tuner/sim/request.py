@@ -1,0 +1,112 @@
+"""``SimRequest``: the twin's live, mutable request (``vllm/v1/request.py`` @ 0.33.0).
+
+Only the fields the scheduler and the prefix cache need. The token ids themselves are
+never known: a request carries the chained block hashes of its prompt (at the KV block
+size, full blocks only) and, where the trace knows them, of the blocks its generated
+tokens complete. ``block_hashes`` grows like vLLM's ``Request.block_hashes``: one hash
+per *full* block of the tokens known so far (prompt + generated).
+
+Hashes of generated blocks the trace does not know are synthetic and unique per
+(request, block index): negative ints, so they never equal a trace hash (uint64 >= 0),
+yet a preempted request that recomputes finds its own generated blocks again.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Any, Sequence
+
+
+class RequestStatus(IntEnum):
+    """Order matters: ``status >= FINISHED`` means done (one comparison, as in vLLM)."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED = 3
+    REJECTED = 4
+
+
+def _as_int_list(values: Any) -> list[int]:
+    if values is None:
+        return []
+    if hasattr(values, "tolist"):  # numpy / pyarrow arrays
+        return [int(v) for v in values.tolist()]
+    return [int(v) for v in values]
+
+
+class SimRequest:
+    """A request inside the twin, from arrival to finish.
+
+    ``num_tokens = num_prompt_tokens + num_output_tokens`` (the tokens known so far);
+    ``num_computed_tokens`` catches up with it step by step (vLLM's model: there are no
+    prefill and decode phases). The last sampled token is never computed; the request
+    finishes when ``num_output_tokens == max_tokens`` (``ignore_eos``).
+    """
+
+    __slots__ = (
+        "request_id", "index", "arrival_s", "num_prompt_tokens", "max_tokens", "priority",
+        "status", "num_computed_tokens", "num_output_tokens", "num_tokens", "num_preemptions",
+        "is_prefill_chunk", "blocks", "num_cached_blocks", "block_hashes", "_output_hashes",
+        "_block_size", "first_scheduled_s", "first_token_s", "last_token_s", "finish_s",
+        "num_cached_tokens", "session_id",
+    )
+
+    def __init__(self, *, request_id: str, index: int, arrival_s: float, num_prompt_tokens: int,
+                 max_tokens: int, block_size: int, prompt_block_hashes: Sequence[int] | Any = (),
+                 output_block_hashes: Sequence[int] | Any = None, priority: int = 0,
+                 session_id: str | None = None) -> None:
+        self.request_id = request_id
+        self.index = index  # position in the input trace; seeds synthetic hashes
+        self.arrival_s = arrival_s  # when it reached the engine (replay clock, s)
+        self.num_prompt_tokens = num_prompt_tokens
+        self.max_tokens = max_tokens  # output tokens to generate (>= 1)
+        self.priority = priority  # lower is served first under the "priority" policy
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_output_tokens = 0
+        self.num_tokens = num_prompt_tokens
+        self.num_preemptions = 0
+        self.is_prefill_chunk = False  # set after each scheduling: computed < num_tokens
+        self.blocks: list = []  # KVCacheBlocks held, in sequence order (vLLM req_to_blocks)
+        self.num_cached_blocks = 0  # leading blocks whose hashes are registered
+        self._block_size = block_size
+        n_full = num_prompt_tokens // block_size
+        hashes = _as_int_list(prompt_block_hashes)[:n_full]
+        while len(hashes) < n_full:  # trace lacks some prompt hashes: unique ones
+            hashes.append(self.synthetic_hash(len(hashes)))
+        self.block_hashes: list[int] = hashes
+        self._output_hashes = _as_int_list(output_block_hashes)
+        self.first_scheduled_s = float("nan")
+        self.first_token_s = float("nan")
+        self.last_token_s = float("nan")
+        self.finish_s = float("nan")
+        self.num_cached_tokens = -1  # local prefix hit at first admission; -1 until then
+        self.session_id = session_id
+
+    def synthetic_hash(self, block_index: int) -> int:
+        """Unique, deterministic hash of block ``block_index`` of this request (< 0)."""
+        return -1 - ((self.index << 32) | block_index)
+
+    def generated_block_hash(self, block_index: int) -> int:
+        """Hash of block ``block_index`` completed by generated tokens."""
+        j = block_index - self.num_prompt_tokens // self._block_size
+        if 0 <= j < len(self._output_hashes):
+            return self._output_hashes[j]
+        return self.synthetic_hash(block_index)
+
+    def append_output_token(self) -> None:
+        """One sampled token: extend ``block_hashes`` when it completes a block."""
+        self.num_output_tokens += 1
+        self.num_tokens += 1
+        if self.num_tokens % self._block_size == 0:
+            self.block_hashes.append(self.generated_block_hash(len(self.block_hashes)))
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status >= RequestStatus.FINISHED
+
+    def __repr__(self) -> str:
+        return (f"SimRequest({self.request_id!r}, {self.status.name}, computed="
+                f"{self.num_computed_tokens}/{self.num_tokens}, out={self.num_output_tokens}/"
+                f"{self.max_tokens}, blocks={len(self.blocks)})")

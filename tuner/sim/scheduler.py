@@ -1,0 +1,355 @@
+"""``Scheduler``: the twin of ``vllm/v1/core/sched/scheduler.py`` @ 0.33.0 (synchronous).
+
+NOTE(model): as in vLLM there are no prefill and decode phases. Each request has
+``num_computed_tokens`` and ``num_tokens``; every step gives tokens to requests so the
+first catches up with the second, RUNNING requests first (in admission order), then
+WAITING ones (queue order), within ``max_num_batched_tokens`` and ``max_num_seqs``.
+
+Mapping (vLLM 0.33.0 ``schedule()`` 699-1785): ``_defer_prefills`` = 750-791 (DP
+throttle and the local ``prefill_schedule_interval`` cadence); ``_schedule_running`` =
+793-1035 (running loop, preemption 916-980); ``_reorder_waiting_by_cached_prefix`` =
+PR #54625; ``_schedule_waiting`` = 1049-1616; the cadence stamp = 1618-1629;
+``_update_after_schedule`` = 1845-1877; ``update_from_output`` = 2259-2676 with the fake
+runner of spec §7.2 (no token while a prefill is partial, one token when the scheduled
+tokens complete the sequence), ``ignore_eos`` and ``max_tokens`` as the only stop.
+
+Deliberate divergences: no async scheduling (as ``--no-async-scheduling``), no spec
+decode, encoders, LoRA, connectors, structured output or pause states, so the
+``kv_holding_waiting`` queue and the skipped/deferred-waiting set are always empty and
+not modelled (preempted requests have ``num_computed_tokens == 0``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from tuner.sim.batch import StepBatch
+from tuner.sim.kv_cache_manager import KVCacheManager
+from tuner.sim.request import RequestStatus, SimRequest
+from tuner.sim.request_queue import FCFSRequestQueue, create_request_queue
+from tuner.sim.settings import CacheSettings, SchedulerSettings, SimOptions
+
+_RUNNING = RequestStatus.RUNNING
+_WAITING = RequestStatus.WAITING
+_PREEMPTED = RequestStatus.PREEMPTED
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """What one ``schedule()`` call decided (vLLM's ``SchedulerOutput``, trimmed)."""
+
+    # (request, tokens scheduled) in vLLM's dict order: running loop, then admissions.
+    scheduled: list[tuple[SimRequest, int]] = field(default_factory=list)
+    total_num_scheduled_tokens: int = 0  # sum of the tokens above
+    preempted: list[SimRequest] = field(default_factory=list)  # during this step
+    admitted: list[tuple[SimRequest, int]] = field(default_factory=list)  # (req, local hit)
+    batch: StepBatch = field(default_factory=StepBatch)  # aggregate work for the step time
+    deferred: bool = False  # prefill_schedule_interval held prefill back this step
+
+
+class Scheduler:
+    """Decides, step by step, which requests run and how many tokens each computes.
+
+    Call order per step: ``add_request`` for arrivals, ``schedule()``, then
+    ``update_from_output(output)`` once the step's tokens exist; it returns the
+    requests that finished. Invariants asserted at the end of each ``schedule()``:
+    scheduled tokens <= ``max_num_batched_tokens``, ``len(running) <= max_num_seqs``.
+    """
+
+    def __init__(self, settings: SchedulerSettings, cache: CacheSettings,
+                 options: SimOptions | None = None) -> None:
+        settings.validate()
+        cache.validate()
+        self.settings = settings
+        self.cache = cache
+        self.options = options or SimOptions()
+        self.block_size = cache.block_size
+        self.max_model_len = cache.max_model_len
+        self.kv_cache_manager = KVCacheManager(
+            num_gpu_blocks=cache.num_gpu_blocks, block_size=cache.block_size,
+            enable_caching=cache.enable_prefix_caching, max_model_len=cache.max_model_len,
+            watermark=settings.watermark)
+        self.policy = settings.policy
+        self.waiting = create_request_queue(settings.policy)
+        self.running: list[SimRequest] = []
+        self.max_num_running_reqs = settings.max_num_seqs
+        self.max_num_scheduled_tokens = settings.max_num_batched_tokens
+        # PR #54625: the window only exists for fcfs + prefix caching.
+        self.cache_aware_window = (
+            settings.cache_aware_admission_window
+            if settings.policy == "fcfs" and cache.enable_prefix_caching else 0)
+        self.cache_aware_threshold = settings.cache_aware_admission_threshold
+        # prefill_schedule_interval clocks (see _defer_prefills).
+        mode = self.options.prefill_interval_mode
+        interval = settings.prefill_schedule_interval
+        self.local_prefill_interval = interval if mode == "local" else 1
+        self.dp_prefill_interval = interval if mode == "dp" else 1
+        self.num_executed_steps = 0  # steps that scheduled > 0 tokens
+        self.last_prefill_step = -self.local_prefill_interval  # first step never gated
+        self.dp_step_counter = 0  # DP engine step counter, 0 at the start of a wave
+        self.prefill_capacity_bound = False  # #44558 escape: a release step left a queue
+        # Counters (vLLM's PrefixCacheStats for non-preempted admissions, num_preemptions).
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self.num_preemptions = 0
+
+    # ----------------------------------------------------------------- requests
+    def add_request(self, request: SimRequest) -> None:
+        request.status = _WAITING
+        self.waiting.add_request(request)
+
+    def has_requests(self) -> bool:
+        return bool(self.running) or bool(self.waiting)
+
+    # ----------------------------------------------------------------- schedule
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        running = self.running
+        token_budget = self.max_num_scheduled_tokens
+        threshold = self.settings.long_prefill_token_threshold
+        if len(running) + len(self.waiting) <= 1:
+            threshold = 0  # the chunk cap is not applied to a lone request
+        defer = self._defer_prefills()
+        out.deferred = defer
+        token_budget, prefill_scheduled = self._schedule_running(out, token_budget, threshold,
+                                                                 defer)
+        prefill_admitted = False
+        if not out.preempted:
+            if self.cache_aware_window and not defer:
+                self._reorder_waiting_by_cached_prefix()
+            prefill_admitted = self._schedule_waiting(out, token_budget, threshold, defer)
+            if not defer:
+                self.prefill_capacity_bound = bool(self.waiting)
+        # Cadence stamp (1618-1629).
+        if out.total_num_scheduled_tokens > 0:
+            self.num_executed_steps += 1
+            if self.local_prefill_interval > 1 and (prefill_scheduled or prefill_admitted):
+                self.last_prefill_step = self.num_executed_steps
+        self.dp_step_counter += 1
+        assert out.total_num_scheduled_tokens <= self.max_num_scheduled_tokens
+        assert len(running) <= self.max_num_running_reqs
+        self._update_after_schedule(out)
+        return out
+
+    def _defer_prefills(self) -> bool:
+        """Whether this step carries no prefill at all (spec §3)."""
+        if self.prefill_capacity_bound:
+            return False
+        if self.dp_prefill_interval > 1:
+            throttle = self.dp_step_counter % self.dp_prefill_interval != 0
+        elif self.local_prefill_interval > 1:
+            throttle = ((self.num_executed_steps + 1) - self.last_prefill_step
+                        < self.local_prefill_interval)
+        else:
+            return False
+        if not throttle:
+            return False
+        # Only defer while something can decode: the model is never left idle.
+        for request in self.running:
+            if not request.is_prefill_chunk:
+                return True
+        return False
+
+    def _schedule_running(self, out: SchedulerOutput, token_budget: int, threshold: int,
+                          defer: bool) -> tuple[int, bool]:
+        running = self.running
+        kvm = self.kv_cache_manager
+        scheduled = out.scheduled
+        max_model_len = self.max_model_len
+        prefill_scheduled = False
+        req_index = 0
+        while req_index < len(running) and token_budget > 0:
+            request = running[req_index]
+            if defer and request.is_prefill_chunk:
+                req_index += 1
+                continue
+            num_new = request.num_tokens - request.num_computed_tokens
+            if 0 < threshold < num_new:
+                num_new = threshold
+            if num_new > token_budget:
+                num_new = token_budget
+            cap = max_model_len - 1 - request.num_computed_tokens
+            if num_new > cap:
+                num_new = cap
+            if num_new <= 0:
+                req_index += 1
+                continue
+            while not kvm.allocate_slots(request, num_new):
+                victim = self._pick_victim()
+                if victim is not request and self.policy == "priority":
+                    for j, (req, n) in enumerate(scheduled):
+                        if req is victim:  # already scheduled this step: give back budget
+                            del scheduled[j]
+                            token_budget += n
+                            out.total_num_scheduled_tokens -= n
+                            req_index -= 1
+                            break
+                self._preempt_request(victim)
+                out.preempted.append(victim)
+                if victim is request:
+                    break
+            else:
+                scheduled.append((request, num_new))
+                out.total_num_scheduled_tokens += num_new
+                token_budget -= num_new
+                if request.is_prefill_chunk:
+                    prefill_scheduled = True
+                req_index += 1
+                continue
+            break  # the request preempted itself
+        return token_budget, prefill_scheduled
+
+    def _pick_victim(self) -> SimRequest:
+        running = self.running
+        if self.policy == "priority":
+            victim = max(running, key=lambda r: (r.priority, r.arrival_s))
+            running.remove(victim)
+            return victim
+        return running.pop()
+
+    def _preempt_request(self, request: SimRequest) -> None:
+        """Recompute preemption (1799-1843): free blocks, back to the queue front."""
+        assert request.status == _RUNNING, f"only RUNNING requests are preempted: {request!r}"
+        self.kv_cache_manager.free(request)
+        request.status = _PREEMPTED
+        request.num_computed_tokens = 0
+        request.is_prefill_chunk = False
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.prepend_request(request)
+
+    def _reorder_waiting_by_cached_prefix(self) -> None:
+        """PR #54625: stable-sort the window's plain-WAITING peers by cached tokens, desc.
+
+        Skipped when fewer than 2 waiting or usage is strictly below the threshold.
+        Peers (status WAITING, nothing computed) are permuted among their own slots;
+        everything else in the window, and everything past it, keeps its index.
+        """
+        waiting = self.waiting
+        if len(waiting) < 2:
+            return
+        kvm = self.kv_cache_manager
+        if kvm.usage < self.cache_aware_threshold:
+            return
+        assert isinstance(waiting, FCFSRequestQueue)
+        window = self.cache_aware_window
+        head = [waiting[i] for i in range(min(window, len(waiting)))]
+        slots = [i for i, r in enumerate(head)
+                 if r.status == _WAITING and r.num_computed_tokens == 0]
+        if len(slots) < 2:
+            return
+        cached = {i: kvm.get_num_cached_tokens(head[i]) for i in slots}
+        order = sorted(slots, key=lambda i: (-cached[i], i))
+        if order == slots:
+            return
+        new_head = list(head)
+        for slot, src in zip(slots, order):
+            new_head[slot] = head[src]
+        for _ in range(len(head)):
+            waiting.popleft()
+        waiting.extendleft(reversed(new_head))
+
+    def _schedule_waiting(self, out: SchedulerOutput, token_budget: int, threshold: int,
+                          defer: bool) -> bool:
+        waiting = self.waiting
+        running = self.running
+        kvm = self.kv_cache_manager
+        chunked = self.settings.enable_chunked_prefill
+        full_fit = self.settings.scheduler_reserve_full_isl
+        prefill_admitted = False
+        while waiting and token_budget > 0:
+            if len(running) >= self.max_num_running_reqs:
+                break
+            request = waiting[0]
+            # Twin: every waiting request has num_computed_tokens == 0 (no connector).
+            hit_blocks, num_hit = kvm.get_computed_blocks(request)
+            needs_prefill = num_hit < request.num_tokens - 1
+            if defer and needs_prefill:
+                break
+            num_new = request.num_tokens - num_hit
+            if 0 < threshold < num_new:
+                num_new = threshold
+            if not chunked and num_new > token_budget:
+                break
+            if num_new > token_budget:
+                num_new = token_budget
+            if not kvm.allocate_slots(request, num_new, num_hit, hit_blocks,
+                                      full_sequence_must_fit=full_fit,
+                                      has_scheduled_reqs=bool(running)):
+                break  # head-of-line blocking: no preemption from the waiting loop
+            if request.num_preemptions == 0:
+                self.prefix_cache_queries += request.num_tokens
+                self.prefix_cache_hits += num_hit
+            waiting.pop_request()
+            running.append(request)
+            request.status = _RUNNING
+            request.num_computed_tokens = num_hit
+            out.scheduled.append((request, num_new))
+            out.admitted.append((request, num_hit))
+            out.total_num_scheduled_tokens += num_new
+            token_budget -= num_new
+            if needs_prefill:
+                prefill_admitted = True
+        return prefill_admitted
+
+    def _update_after_schedule(self, out: SchedulerOutput) -> None:
+        """Advance computed tokens before execution (so the next chunk can be planned)
+        and build the step's ``StepBatch`` (same rule as ``StepBatch.from_requests``)."""
+        npr = ndr = npt = pctx = dctx = 0
+        pairs = 0.0
+        for request, n in out.scheduled:
+            ctx = request.num_computed_tokens
+            if n == 1:
+                ndr += 1
+                dctx += ctx + 1
+            else:
+                npr += 1
+                npt += n
+                pctx += ctx
+                pairs += n * (ctx + (n + 1) / 2)
+            ctx += n
+            request.num_computed_tokens = ctx
+            request.is_prefill_chunk = ctx < request.num_tokens
+        out.batch = StepBatch(npr, ndr, npt, pctx, pairs, dctx)
+
+    # ----------------------------------------------------------------- outputs
+    def update_from_output(self, out: SchedulerOutput, now_s: float = 0.0,
+                           gaps: dict[float, int] | None = None) -> list[SimRequest]:
+        """Apply the step's model output at time ``now_s``.
+
+        Each request whose scheduled tokens completed its sequence gets one token (a
+        partial prefill gets none: the runner discards that sample); its first-token
+        time or its inter-token gap (pooled into ``gaps``: gap_s -> count) is recorded.
+        Requests reaching ``max_tokens`` finish and free their blocks, in output order.
+        """
+        finished: list[SimRequest] = []
+        for request, _ in out.scheduled:
+            if request.num_computed_tokens < request.num_tokens:
+                continue
+            request.append_output_token()
+            last = request.last_token_s
+            if last != last:  # nan: the first token
+                request.first_token_s = now_s
+            elif gaps is not None:
+                gap = now_s - last
+                gaps[gap] = gaps.get(gap, 0) + 1
+            request.last_token_s = now_s
+            if request.num_output_tokens >= request.max_tokens:
+                request.status = RequestStatus.FINISHED
+                request.finish_s = now_s
+                self.kv_cache_manager.free(request)
+                finished.append(request)
+        if finished:
+            done = {id(r) for r in finished}
+            self.running = [r for r in self.running if id(r) not in done]
+        return finished
+
+    def check_invariants(self) -> None:
+        live = list(self.running) + list(self.waiting)
+        self.kv_cache_manager.check_invariants(live)
+        assert len(self.running) <= self.max_num_running_reqs, "running > max_num_seqs"
+        for request in self.waiting:
+            assert request.status in (_WAITING, _PREEMPTED), f"{request!r} in waiting"
+            assert not request.blocks, f"waiting {request!r} holds blocks"
+        for request in self.running:
+            assert request.status == _RUNNING, f"{request!r} in running"
+            assert request.num_output_tokens < request.max_tokens
