@@ -187,7 +187,7 @@ class RooflineStepTimeModel(StepTimeModel):
                  coefficients: Coefficients | None = None) -> None:
         if tp < 1:
             raise ConfigError(f"tp={tp} must be >= 1")
-        if model.attention == "gqa" and model.num_attention_heads % tp:
+        if model.num_attention_heads % tp:
             raise ConfigError(f"tp={tp} must divide num_attention_heads="
                               f"{model.num_attention_heads} of {model.name}")
         self.hardware = hardware
@@ -202,9 +202,9 @@ class RooflineStepTimeModel(StepTimeModel):
         # attribute access on self is the cheapest lookup Python offers here).
         self._dense_mem_t = k["dense_bytes"] / bw_w
         self._dense_p_t = k["dense_flop_tok_s"] / c.mfu_prefill  # s per prefill token
-        self._dense_d_t = k["dense_flop_tok_s"] / c.mfu_decode
         self._lm_p_t = k["lm_flop_req_s"] / c.mfu_prefill  # s per prefill request
-        self._lm_d_t = k["lm_flop_req_s"] / c.mfu_decode
+        # a decode request is one token and one LM-head row: one constant for both
+        self._decode_t = (k["dense_flop_tok_s"] + k["lm_flop_req_s"]) / c.mfu_decode
         self._moe = model.is_moe
         self._num_experts = float(model.num_experts)
         self._expert_q = (1.0 - model.num_experts_per_tok / model.num_experts) if self._moe else 1.0
@@ -222,9 +222,9 @@ class RooflineStepTimeModel(StepTimeModel):
         self._sliding = model.num_sliding_layers > 0
         lat = hardware.allreduce_latency_s if c.allreduce_latency_s is None \
             else c.allreduce_latency_s
-        self._ar_fixed = k["ar_calls"] * lat
+        # all-reduce latency and the step overhead are both paid once per step
+        self._fixed = k["ar_calls"] * lat + c.step_overhead_s
         self._ar_tok = k["ar_bytes_tok_s"] / c.allreduce_bw_eff
-        self._step = c.step_overhead_s
         self._req = c.request_overhead_s
         self._layers_mixed = model.num_layers * c.layer_overhead_mixed_s
         self._layers_decode = model.num_layers * c.layer_overhead_decode_s
@@ -296,7 +296,7 @@ class RooflineStepTimeModel(StepTimeModel):
             return 0.0  # vLLM does not run the model for an empty schedule
         npr = batch.num_prefill_reqs
         # dense linear layers: weights once per step vs. FLOPs per token
-        t = self._dense_p_t * npt + self._dense_d_t * ndr + self._lm_p_t * npr + self._lm_d_t * ndr
+        t = self._dense_p_t * npt + self._lm_p_t * npr + self._decode_t * ndr
         if t < self._dense_mem_t:
             t = self._dense_mem_t
         if self._moe:
@@ -315,11 +315,9 @@ class RooflineStepTimeModel(StepTimeModel):
             mem += self._kv_slide_t * (sd + min(pctx + npt, npt + npr * w))
             cmp += self._slide_p_t * min(pairs, npt * w) + self._slide_d_t * sd
         t += mem if mem > cmp else cmp
-        # all-reduce, then fixed overheads
-        t += self._ar_fixed + self._ar_tok * tokens
-        t += self._step + self._req * (npr + ndr)
-        t += self._layers_mixed if npt else self._layers_decode
-        return t
+        # all-reduce and overheads
+        t += self._fixed + self._ar_tok * tokens + self._req * (npr + ndr)
+        return t + (self._layers_mixed if npt else self._layers_decode)
 
     # ------------------------------------------------- slow, explained paths
     def _raw(self, batch: StepBatch) -> dict[str, float]:

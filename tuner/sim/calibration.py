@@ -1,0 +1,128 @@
+"""Calibration files: step-time coefficients fitted for one (GPU, model, TP).
+
+``tuner calibrate`` (a later stage) fits :class:`~tuner.sim.step_time.Coefficients`
+against step times measured on a real vLLM server and writes them here;
+``Target.calibration`` points the twin at the file. Layout (YAML)::
+
+    hardware: mi355x              # preset name or hardware YAML it was fitted on
+    model: llama-3.1-70b          # preset name or config path
+    tp: 8
+    coefficients:                 # any subset of Coefficients' fields; the rest keep
+      weight_bw_eff: 0.77         # their defaults
+      mfu_prefill: 0.52
+      step_overhead_s: 0.00031
+    fit:                          # free-form provenance, kept verbatim
+      vllm_version: 0.33.0
+      num_steps: 4210
+      rmse_ms: 0.41
+
+Every error names the file and the field (``ConfigError``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tuner.errors import ConfigError
+from tuner.sim.step_time import Coefficients
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """Coefficients plus what they were fitted for."""
+
+    hardware: str  # hardware preset name (or YAML path) the fit used
+    model: str  # model preset name (or config path) the fit used
+    tp: int  # tensor-parallel size of the fit (step times depend on it)
+    coefficients: Coefficients
+    fit: dict[str, Any] = field(default_factory=dict)  # provenance: data, error, version
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hardware": self.hardware, "model": self.model, "tp": self.tp,
+                "coefficients": self.coefficients.to_dict(), "fit": dict(self.fit)}
+
+
+def load_calibration(path: str | Path) -> Calibration:
+    """Read and validate a calibration YAML.
+
+    Raises:
+        ConfigError: missing/unreadable file, invalid YAML, missing or invalid field;
+            the message starts with the path and names the field.
+    """
+    p = Path(path).expanduser()
+    try:
+        data = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: calibration file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read calibration file: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{p}{line}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    return calibration_from_dict(data, source=str(p))
+
+
+def calibration_from_dict(data: Any, *, source: str = "calibration") -> Calibration:
+    """Validate a parsed calibration mapping (see the module docstring)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: a calibration file must hold a mapping with hardware, "
+                          "model, tp and coefficients")
+    for key in ("hardware", "model"):
+        if not isinstance(data.get(key), str) or not data[key]:
+            raise ConfigError(f"{source}: field {key!r} must be a non-empty string, "
+                              f"got {data.get(key)!r}")
+    tp = data.get("tp")
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ConfigError(f"{source}: field 'tp' must be a positive integer, got {tp!r}")
+    coeffs = data.get("coefficients")
+    if not isinstance(coeffs, dict):
+        raise ConfigError(f"{source}: field 'coefficients' must be a mapping of coefficient "
+                          f"names to numbers, got {coeffs!r}")
+    known = {f.name for f in dataclasses.fields(Coefficients)}
+    for key, value in coeffs.items():
+        if key not in known:
+            raise ConfigError(f"{source}: field 'coefficients.{key}' is not a coefficient; "
+                              f"known: {', '.join(sorted(known))}")
+        if value is None and key == "allreduce_latency_s":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{source}: field 'coefficients.{key}' must be a number, "
+                              f"got {value!r}")
+    try:
+        coefficients = Coefficients(**{k: (float(v) if v is not None else None)
+                                       for k, v in coeffs.items()})
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: field 'coefficients': {exc}") from None
+    fit = data.get("fit", {}) or {}
+    if not isinstance(fit, dict):
+        raise ConfigError(f"{source}: field 'fit' must be a mapping, got {fit!r}")
+    unknown = sorted(set(data) - {"hardware", "model", "tp", "coefficients", "fit"})
+    if unknown:
+        raise ConfigError(f"{source}: unknown top-level field(s) {unknown}; expected "
+                          "hardware, model, tp, coefficients, fit")
+    return Calibration(hardware=data["hardware"], model=data["model"], tp=tp,
+                       coefficients=coefficients, fit=fit)
+
+
+def save_calibration(path: str | Path, calibration: Calibration) -> Path:
+    """Write ``calibration`` as YAML atomically (temp file in the same folder, rename)."""
+    p = Path(path).expanduser()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(calibration.to_dict(), sort_keys=False)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p

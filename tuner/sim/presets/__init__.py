@@ -1,0 +1,148 @@
+"""Presets: turn a :class:`~tuner.sim.target.Target` into what the twin runs with.
+
+``resolve_target`` loads the hardware and model presets (or files), applies dtype
+overrides and a calibration file, builds the step-time model, and sizes the KV cache
+the way vLLM would on that deployment (or takes ``Target.num_gpu_blocks``).
+
+Data files live beside this module: ``hardware/<name>.yaml`` and
+``models/<name>.json`` (Hugging Face ``config.json`` files, see ``models/SOURCES.md``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.errors import ConfigError
+from tuner.sim.calibration import Calibration, load_calibration, save_calibration
+from tuner.sim.capacity import KVCapacity, kv_capacity, num_gpu_blocks
+from tuner.sim.hardware import HardwareSpec, list_hardware, load_hardware
+from tuner.sim.models import ModelSpec, list_models, load_model
+from tuner.sim.settings import CacheSettings, SchedulerSettings
+from tuner.sim.step_time import Coefficients, RooflineStepTimeModel, StepTimeModel
+from tuner.sim.target import Target
+
+__all__ = [
+    "Calibration", "Coefficients", "HardwareSpec", "KVCapacity", "ModelSpec",
+    "ResolvedTarget", "default_scheduler_settings", "kv_capacity", "list_hardware",
+    "list_models", "load_calibration", "load_hardware", "load_model", "num_gpu_blocks",
+    "resolve_target", "save_calibration",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedTarget:
+    """A ``Target`` made concrete: the pieces one replay engine needs."""
+
+    target: Target  # what the user asked for
+    hardware: HardwareSpec
+    model: ModelSpec  # with Target's dtype overrides applied
+    step_time: StepTimeModel  # per engine (one TP group)
+    cache: CacheSettings  # per engine: block size, num_gpu_blocks, prefix caching, max_model_len
+    num_gpus: int  # tp x dp
+    default_settings: SchedulerSettings  # ``vllm serve`` defaults on this GPU
+    description: str  # one line for logs and reports
+    capacity: KVCapacity | None = None  # the memory budget behind cache (None if overridden)
+
+    @property
+    def tp(self) -> int:
+        return self.target.tp
+
+    @property
+    def dp(self) -> int:
+        return self.target.dp
+
+
+def default_scheduler_settings(hardware: str | HardwareSpec) -> SchedulerSettings:
+    """``SchedulerSettings.vllm_defaults`` for the GPU's memory (batch caps by size)."""
+    hw = hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware)
+    return hw.batch_defaults()
+
+
+def resolve_target(target: Target, *,
+                   scheduler_settings: SchedulerSettings | None = None) -> ResolvedTarget:
+    """Load presets, build the step-time model and size the KV cache for ``target``.
+
+    ``scheduler_settings`` matter only for the activation reserve of the KV sizing
+    (vLLM profiles a forward of ``max_num_batched_tokens`` tokens and a sampler run
+    of ``max_num_seqs`` rows); ``None`` means vLLM's defaults for this GPU.
+
+    Raises:
+        ConfigError: unknown preset, bad file, a calibration fitted for another
+            target, a model that does not fit, or a KV cache smaller than one
+            ``max_model_len`` sequence (vLLM refuses to start then, too).
+    """
+    for name in ("tp", "dp"):
+        value = getattr(target, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name}={value!r} must be a positive integer")
+    hardware = load_hardware(target.hardware)
+    model = load_model(target.model).with_dtypes(weight_dtype=target.weight_dtype,
+                                                 kv_cache_dtype=target.kv_cache_dtype)
+    coefficients = Coefficients()
+    if target.calibration:
+        calibration = load_calibration(target.calibration)
+        _check_calibration_matches(calibration, target, hardware, model)
+        coefficients = calibration.coefficients
+    step_time = RooflineStepTimeModel(hardware, model, target.tp, coefficients)
+
+    block_size = target.block_size or hardware.block_size_for(model.attention)
+    defaults = hardware.batch_defaults()
+    sched = scheduler_settings or defaults
+    max_model_len = target.max_model_len or model.max_position_embeddings
+    if max_model_len < 1:
+        raise ConfigError(f"max_model_len={max_model_len} must be >= 1")
+    capacity: KVCapacity | None = None
+    if target.num_gpu_blocks is not None:
+        blocks = target.num_gpu_blocks
+    else:
+        capacity = kv_capacity(hardware, model, target.tp, block_size,
+                               target.gpu_memory_utilization,
+                               max_num_batched_tokens=sched.max_num_batched_tokens,
+                               max_num_seqs=sched.max_num_seqs)
+        blocks = capacity.num_gpu_blocks
+        if capacity.num_tokens < max_model_len:
+            raise ConfigError(
+                f"max_model_len={max_model_len} needs {max_model_len} KV tokens but "
+                f"{model.name} on {target.tp}x {hardware.name} has room for "
+                f"{capacity.num_tokens}; pass a smaller --max-model-len, a larger --tp or "
+                "--gpu-memory-utilization (vLLM refuses to start here too)")
+    cache = CacheSettings(block_size=block_size, num_gpu_blocks=blocks,
+                          enable_prefix_caching=True, max_model_len=max_model_len)
+    cache.validate()
+    tokens = (blocks - 1) * block_size
+    description = (
+        f"{model.name} ({model.weight_dtype} weights, {model.kv_dtype} KV) on "
+        f"{target.num_gpus}x {hardware.display_name} (TP{target.tp} x DP{target.dp}), "
+        f"block {block_size}, {blocks:,} blocks = {tokens / 1e6:.2f}M tokens/engine"
+        + (" (override)" if capacity is None else "")
+        + (", calibrated" if target.calibration else ""))
+    return ResolvedTarget(target=target, hardware=hardware, model=model, step_time=step_time,
+                          cache=cache, num_gpus=target.num_gpus, default_settings=defaults,
+                          description=description, capacity=capacity)
+
+
+def _same_name(a: str, b: str) -> bool:
+    def norm(x: str) -> str:
+        p = Path(x.strip().lower())
+        if p.name in ("config.json",):
+            p = p.parent
+        return p.stem if p.suffix in (".json", ".yaml", ".yml") else p.name
+
+    return norm(a) == norm(b)
+
+
+def _check_calibration_matches(cal: Calibration, target: Target, hardware: HardwareSpec,
+                               model: ModelSpec) -> None:
+    """Coefficients fitted on another GPU, model or TP would silently mislead."""
+    where = target.calibration
+    if not (_same_name(cal.hardware, target.hardware) or _same_name(cal.hardware, hardware.name)):
+        raise ConfigError(f"{where}: field 'hardware' is {cal.hardware!r} but the target "
+                          f"hardware is {target.hardware!r}; calibrate for this GPU")
+    if not (_same_name(cal.model, target.model) or _same_name(cal.model, model.name)):
+        raise ConfigError(f"{where}: field 'model' is {cal.model!r} but the target model is "
+                          f"{target.model!r}; calibrate for this model")
+    if cal.tp != target.tp:
+        raise ConfigError(f"{where}: field 'tp' is {cal.tp} but the target runs tp="
+                          f"{target.tp}; calibrate for this tensor-parallel size")
+
