@@ -1,1 +1,67 @@
-"""tuner.trace"""
+"""Canonical request traces: schema, ingestion from production logs, synthesis, stats.
+
+Public names are re-exported here. ``TraceRequest`` and ``reblock`` load eagerly and
+stay plain Python (``tuner.sim`` imports them inside vLLM environments); everything that
+needs pyarrow or polars loads on first use (PEP 562), so ``from tuner.trace import
+TraceRequest`` never imports them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from tuner.trace.reblock import reblock, reblock_request_hashes
+from tuner.trace.request import TRACE_FORMAT_VERSION, TraceRequest
+
+if TYPE_CHECKING:
+    from tuner.trace.ingest import IngestReport, ingest
+    from tuner.trace.schema import TraceMetadata
+    from tuner.trace.slicing import slice_trace
+    from tuner.trace.sources import detect_format
+    from tuner.trace.stats import TraceStats, trace_stats
+    from tuner.trace.store import Trace, TraceWriter, read_trace, write_trace
+    from tuner.trace.synth import synthesize
+
+_LAZY = {
+    "Trace": "tuner.trace.store",
+    "TraceWriter": "tuner.trace.store",
+    "read_trace": "tuner.trace.store",
+    "write_trace": "tuner.trace.store",
+    "TraceMetadata": "tuner.trace.schema",
+    "ingest": "tuner.trace.ingest",
+    "IngestReport": "tuner.trace.ingest",
+    "detect_format": "tuner.trace.sources",
+    "trace_stats": "tuner.trace.stats",
+    "TraceStats": "tuner.trace.stats",
+    "slice_trace": "tuner.trace.slicing",
+    "synthesize": "tuner.trace.synth",
+}
+
+__all__ = [
+    "TRACE_FORMAT_VERSION",
+    "IngestReport",
+    "Trace",
+    "TraceMetadata",
+    "TraceRequest",
+    "TraceStats",
+    "TraceWriter",
+    "detect_format",
+    "ingest",
+    "read_trace",
+    "reblock",
+    "reblock_request_hashes",
+    "slice_trace",
+    "synthesize",
+    "trace_stats",
+    "write_trace",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tuner.trace' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

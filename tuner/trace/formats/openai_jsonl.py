@@ -1,0 +1,294 @@
+"""OpenAI-style gateway logs: one JSON object per request with its body and response.
+
+Accepted layouts (the first match wins):
+
+* request body under ``request``, ``body`` or ``request_body`` (an OpenAI Batch-API line
+  ``{"custom_id", "body": {...}}`` or a gateway's ``{"request": {"body": {...}}}`` is
+  unwrapped), or the body's fields (``messages`` / ``prompt``) at top level;
+* response under ``response`` (``response.body`` unwrapped) or ``response_body``, with
+  ``usage.prompt_tokens`` / ``usage.completion_tokens`` and ``choices[0]``'s
+  ``message.content`` or ``text``;
+* time under ``timestamp``, ``time``, ``created_at``, ``start_time`` or
+  ``request_time`` (ISO-8601, naive = UTC, or Unix seconds / milliseconds), else
+  ``response.created``;
+* id under ``request_id``, ``id``, ``custom_id`` or ``response.id``; ``session_id`` /
+  ``conversation_id`` at top level or in ``metadata``; ``priority`` and ``cache_salt``
+  from the body (vLLM extensions).
+
+Tokenization: with ``--tokenizer PATH`` (a directory with ``tokenizer.json`` or the file
+itself) the ``tokenizers`` package encodes the text; messages go through the chat
+template from ``tokenizer_config.json`` when there is one (rendered with jinja2, as
+``transformers`` does, ``add_generation_prompt=True``). Without a tokenizer a documented
+fallback applies: messages are rendered as ``<|role|>\\n{content}\\n`` followed by
+``<|assistant|>\\n``, and every 4 UTF-8 bytes form one pseudo-token. Either way the
+prompt is followed by the output text to form the token stream whose full blocks give
+``output_block_hashes``, so a next turn that repeats the conversation hits them.
+
+Lengths come from ``usage`` when present. The block list is then fitted to
+``ceil(input_len / hash_block_size)``: cut when the text gives more blocks, extended with
+request-unique hashes when it gives fewer (equal text prefixes still hash equally).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import pyarrow as pa
+
+from tuner.errors import ConfigError
+from tuner.trace.ingest import IngestContext, make_batch
+from tuner.trace.sources import iter_lines
+
+_BATCH_ROWS = 8192
+_TIME_KEYS = ("timestamp", "time", "created_at", "start_time", "request_time")
+_ID_KEYS = ("request_id", "id", "custom_id")
+
+
+class FallbackTokenizer:
+    """4 UTF-8 bytes per pseudo-token; deterministic and prefix-stable."""
+
+    identity = "fallback:utf8-4byte"
+
+    def encode_text(self, text: str) -> list[int]:
+        data = text.encode("utf-8")
+        pad = (-len(data)) % 4
+        arr = np.frombuffer(data + b"\0" * pad, dtype="<u4")
+        return arr.tolist()
+
+    def render(self, messages: list[dict[str, Any]]) -> str:
+        return "".join(f"<|{m.get('role', 'user')}|>\n{_content_text(m.get('content'))}\n"
+                       for m in messages) + "<|assistant|>\n"
+
+    def encode_prompt(self, body: dict[str, Any]) -> list[int]:
+        return self.encode_text(_prompt_text(body, self.render))
+
+    def encode_stream(self, body: dict[str, Any], output_text: str) -> list[int]:
+        return self.encode_text(_prompt_text(body, self.render) + output_text)
+
+
+class HFTokenizer:
+    """A local Hugging Face tokenizer (``tokenizers``) plus its chat template."""
+
+    def __init__(self, path: str) -> None:
+        from tokenizers import Tokenizer
+        p = Path(path)
+        file = p / "tokenizer.json" if p.is_dir() else p
+        if not file.exists():
+            raise ConfigError(f"{path}: no tokenizer.json found; pass a tokenizer directory "
+                              "or its tokenizer.json")
+        self._tok = Tokenizer.from_file(str(file))
+        digest = hashlib.sha256(file.read_bytes()).hexdigest()[:12]
+        self.identity = f"{p.name}:{digest}"
+        self._template = None
+        self._special: dict[str, str] = {}
+        config = file.parent / "tokenizer_config.json"
+        if config.exists():
+            cfg = json.loads(config.read_text())
+            tmpl = cfg.get("chat_template")
+            if isinstance(tmpl, list):
+                tmpl = next((t.get("template") for t in tmpl if t.get("name") == "default"), None)
+            if tmpl:
+                self._template = _compile_template(tmpl)
+            for key in ("bos_token", "eos_token"):
+                v = cfg.get(key)
+                self._special[key] = v.get("content", "") if isinstance(v, dict) else (v or "")
+
+    def encode_text(self, text: str, *, special: bool = False) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=special).ids
+
+    def _render(self, messages: list[dict[str, Any]]) -> tuple[str, bool]:
+        if self._template is None:
+            return FallbackTokenizer().render(messages), True
+        text = self._template.render(messages=messages, add_generation_prompt=True,
+                                     **self._special)
+        return text, False
+
+    def encode_prompt(self, body: dict[str, Any]) -> list[int]:
+        if "messages" in body:
+            text, special = self._render(body["messages"])
+            return self.encode_text(text, special=special)
+        return self.encode_text(_prompt_text(body, None), special=True)
+
+    def encode_stream(self, body: dict[str, Any], output_text: str) -> list[int]:
+        return self.encode_prompt(body) + self.encode_text(output_text)
+
+
+def _compile_template(source: str) -> Any:
+    try:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError:
+        raise ConfigError("the tokenizer has a chat template; install jinja2 "
+                          "(pip install 'vllm-sched-tuner[tokenizers]') to render it") from None
+
+    def raise_exception(message: str) -> None:
+        raise ValueError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(source)
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return str(content)
+
+
+def _prompt_text(body: dict[str, Any], render: Any) -> str:
+    if "messages" in body and render is not None:
+        return render(body["messages"])
+    prompt = body.get("prompt")
+    if isinstance(prompt, list):
+        prompt = "".join(p for p in prompt if isinstance(p, str))
+    return prompt or ""
+
+
+def _unwrap(obj: Any, key: str = "body") -> Any:
+    if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+        return obj[key]
+    return obj
+
+
+def _parse_time(v: Any) -> float | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return float(v) / 1000.0 if v > 1e11 else float(v)
+    if isinstance(v, str):
+        try:
+            dt = datetime.fromisoformat(v.strip().replace("Z", "+00:00"))
+        except ValueError:
+            try:
+                return _parse_time(float(v))
+            except ValueError:
+                return None
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=timezone.utc)
+        return dt.timestamp()
+    return None
+
+
+class OpenAIJsonlReader:
+    HAS_IDS = True
+    EPOCH_CLOCK = True
+
+    def read(self, fh: IO[bytes], ctx: IngestContext) -> Iterator[pa.Table]:
+        tok: Any = HFTokenizer(ctx.tokenizer) if ctx.tokenizer else FallbackTokenizer()
+        ctx.tokenizer_identity = tok.identity
+        rows: list[dict[str, Any]] = []
+        for line_no, raw in iter_lines(fh):
+            if not raw.strip():
+                continue
+            row = self._parse(raw, line_no, ctx, tok)
+            if row is not None:
+                rows.append(row)
+            if len(rows) >= _BATCH_ROWS:
+                yield self._batch(rows)
+                rows = []
+        if rows:
+            yield self._batch(rows)
+
+    def _batch(self, rows: list[dict[str, Any]]) -> pa.Table:
+        keys = [k for k in rows[0] if k != "_line"]
+        cols = {k: [r[k] for r in rows] for k in keys}
+        return make_batch(cols, np.asarray([r["_line"] for r in rows], dtype=np.int64),
+                          field_names={"arrival_s": "timestamp",
+                                       "input_len": "usage.prompt_tokens",
+                                       "output_len": "usage.completion_tokens"})
+
+    def _parse(self, raw: bytes, line_no: int, ctx: IngestContext, tok: Any) -> dict[str, Any] | None:
+        try:
+            obj = json.loads(raw)
+        except ValueError as exc:
+            ctx.bad(line_no, "json", f"not valid JSON ({exc.msg})", raw)
+            return None
+        if not isinstance(obj, dict):
+            ctx.bad(line_no, "json", "not a JSON object", raw)
+            return None
+        body = _unwrap(_unwrap(obj.get("request") or obj.get("body") or obj.get("request_body")
+                               or obj))
+        if not isinstance(body, dict) or not ("messages" in body or "prompt" in body):
+            ctx.bad(line_no, "request", "no request body with messages or prompt", raw)
+            return None
+        resp = _unwrap(obj.get("response") or obj.get("response_body") or {})
+        resp = resp if isinstance(resp, dict) else {}
+        t = None
+        for key in _TIME_KEYS:
+            if key in obj:
+                t = _parse_time(obj[key])
+                if t is None:
+                    ctx.bad(line_no, key, f"not a time ({obj[key]!r})", raw)
+                    return None
+                break
+        if t is None and "created" in resp:
+            t = _parse_time(resp["created"])
+        if t is None:
+            ctx.bad(line_no, "timestamp", f"missing (one of {', '.join(_TIME_KEYS)})", raw)
+            return None
+        rid = next((str(obj[k]) for k in _ID_KEYS if obj.get(k) is not None), None)
+        rid = rid or (str(resp["id"]) if resp.get("id") else f"{ctx.stem}-{line_no}")
+        usage = resp.get("usage") or obj.get("usage") or {}
+        output_text = _output_text(resp)
+        try:
+            prompt_ids = tok.encode_prompt(body)
+        except (ValueError, TypeError) as exc:
+            ctx.bad(line_no, "messages", f"cannot render ({exc})", raw)
+            return None
+        input_len = usage.get("prompt_tokens", len(prompt_ids))
+        output_len = usage.get("completion_tokens")
+        if output_len is None:
+            output_len = len(tok.encode_text(output_text)) if output_text else body.get("max_tokens")
+        for name, v in (("usage.prompt_tokens", input_len), ("usage.completion_tokens", output_len)):
+            if not isinstance(v, int) or isinstance(v, bool):
+                ctx.bad(line_no, name, f"not an integer ({v!r})", raw)
+                return None
+        hbs = ctx.hash_block_size
+        h = ctx.hasher
+        blocks = _fit(h.token_block_hashes(prompt_ids, hbs), -(-input_len // hbs), h, rid, "p")
+        n_full = input_len // hbs
+        out_blocks: list[int] = []
+        n_out = (input_len + output_len) // hbs - n_full
+        if output_text and n_out > 0:
+            stream = tok.encode_stream(body, output_text)
+            start = min(len(prompt_ids) // hbs, n_full) * hbs
+            parent = blocks[n_full - 1] if n_full else 0
+            out_blocks = _fit(h.token_block_hashes(stream, hbs, parent=parent,
+                                                   include_partial=False, start=start),
+                              n_out, h, rid, "o")
+        meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        session = obj.get("session_id") or obj.get("conversation_id") or meta.get("session_id")
+        status = "failed" if (obj.get("error") or resp.get("error")
+                              or obj.get("status_code", 200) >= 400) else None
+        return {
+            "_line": line_no, "request_id": rid, "arrival_s": t, "input_len": input_len,
+            "output_len": output_len, "block_hashes": blocks, "output_block_hashes": out_blocks,
+            "session_id": None if session is None else str(session),
+            "priority": int(body.get("priority") or 0),
+            "cache_salt": body.get("cache_salt"), "model": body.get("model"), "status": status,
+        }
+
+
+def _output_text(resp: dict[str, Any]) -> str:
+    choices = resp.get("choices") or []
+    if not choices or not isinstance(choices[0], dict):
+        return ""
+    c = choices[0]
+    msg = c.get("message") or {}
+    return _content_text(msg.get("content")) if msg else (c.get("text") or "")
+
+
+def _fit(blocks: list[int], n: int, h: Any, rid: str, tag: str) -> list[int]:
+    """Cut or extend (with request-unique hashes) ``blocks`` to exactly ``n`` entries."""
+    if len(blocks) >= n:
+        return blocks[:n]
+    return blocks + [h.unique_hash(rid, tag, i) for i in range(len(blocks), n)]

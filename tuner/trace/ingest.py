@@ -1,0 +1,402 @@
+"""``ingest``: production logs in, one canonical Parquet trace out.
+
+Call order: detect each source's format -> the format's reader yields Arrow batches
+(salted hashes already computed, arrivals on the source's clock) -> shared validation
+(lengths, hash counts, duplicate ids; each bad record becomes ``file:line: field:
+reason``) -> arrivals shifted to the trace origin -> :class:`TraceWriter` (temp file,
+atomic rename). Memory stays bounded by the reader's chunk size; only out-of-order input
+needs a final in-memory sort (counted in the report).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any, Literal
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tuner.errors import TraceFormatError
+from tuner.trace.hashing import Hasher, load_salt
+from tuner.trace.schema import SCHEMA, TraceMetadata
+from tuner.trace.sources import FORMATS, detect_format, open_binary
+from tuner.trace.store import TraceWriter
+
+OnError = Literal["fail", "skip"]
+
+#: Longest prompt or output accepted (tokens); anything longer is a corrupt record.
+MAX_TOKENS = 16 * 1024 * 1024
+
+#: The block size each format's ids (or our token hashing) use when not overridden.
+DEFAULT_HASH_BLOCK_SIZE = {
+    "mooncake": 512, "bailian": 16, "vllm-log": 16, "openai-jsonl": 16,
+    "azure-csv": 16, "burstgpt-csv": 16,
+}
+
+#: Internal batch column: 1-based source line of each row (dropped before writing).
+LINE = "_line"
+
+
+@dataclass
+class IngestReport:
+    """What one ingest did (``--json`` prints :meth:`to_dict`)."""
+
+    output: str
+    format: str
+    sources: list[str]
+    requests: int = 0
+    skipped: int = 0  # malformed records quarantined under --on-error skip
+    out_of_order: int = 0  # records older than one before them (the trace is sorted)
+    duplicates: int = 0  # duplicate request ids (quarantined under skip)
+    quarantine: str | None = None  # path of the quarantine file, when records were skipped
+    hash_block_size: int = 0
+    salt_fingerprint: str = ""
+    origin_utc: str | None = None
+    duration_s: float = 0.0  # last - first arrival
+    bytes_read: int = 0
+    wall_s: float = 0.0
+    records_per_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class IngestContext:
+    """Per-source state a reader needs: hashing, block size, and bad-record handling."""
+
+    def __init__(self, *, path: str, hasher: Hasher, hash_block_size: int, on_error: OnError,
+                 quarantine: "Quarantine", tokenizer: str | None = None,
+                 source_index: int = 0) -> None:
+        self.path = path
+        self.hasher = hasher
+        self.hash_block_size = hash_block_size
+        self.on_error = on_error
+        self.quarantine = quarantine
+        self.tokenizer = tokenizer
+        self.source_index = source_index
+        self.stem = Path(path).name.split(".")[0] or "src"
+        self.tokenizer_identity: str | None = None
+        self.skipped = 0
+
+    def bad(self, line: int | None, field_name: str, reason: str, raw: bytes | str | None = None) -> None:
+        """Report a malformed record: raise under ``fail``, quarantine under ``skip``."""
+        if self.on_error == "fail":
+            raise TraceFormatError(f"{field_name}: {reason}", path=self.path, line=line,
+                                   field=field_name)
+        self.skipped += 1
+        self.quarantine.add(self.path, line, f"{field_name}: {reason}", raw)
+
+
+class Quarantine:
+    """Bad records under ``--on-error skip``: JSON lines beside the output.
+
+    Each line is ``{"source", "line", "error", "raw"}``; ``raw`` is the offending input
+    line, so the file may hold prompt text: it stays beside the output, never inside it.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.count = 0
+        self._fh: IO[str] | None = None
+
+    def add(self, source: str, line: int | None, error: str, raw: bytes | str | None) -> None:
+        if self._fh is None:
+            self._fh = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
+        if isinstance(raw, bytes):
+            raw = raw.decode("utf-8", "replace")
+        self._fh.write(json.dumps({"source": source, "line": line, "error": error,
+                                   "raw": raw}) + "\n")
+        self.count += 1
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
+           output: str | os.PathLike[str], *, format: str = "auto",
+           hash_block_size: int | None = None, salt: bytes | str | os.PathLike[str] | None = None,
+           tokenizer: str | None = None, on_error: OnError = "fail",
+           progress: bool = True) -> IngestReport:
+    """Ingest log files into one canonical trace at ``output``.
+
+    Args:
+        sources: input files (gzip/zstd transparently); all must share one format.
+        output: the Parquet trace to write (written atomically).
+        format: ``auto`` (detect by content) or one of :data:`FORMATS`.
+        hash_block_size: tokens per block hash; for mooncake/bailian the block size of
+            their ``hash_ids`` (default 512/16), for token formats the hashing granularity
+            (default 16, which re-blocks exactly to 16/32/64-token KV blocks).
+        salt: the secret salt as bytes, or a path to a salt file (created 0600 when
+            missing); ``None`` uses ``$TUNER_SALT`` or the default salt file.
+        tokenizer: a Hugging Face tokenizer directory or tokenizer.json (openai-jsonl).
+        on_error: ``fail`` stops at the first bad record; ``skip`` quarantines it.
+        progress: show a progress bar when stderr is a terminal.
+
+    Raises:
+        TraceFormatError: a bad record (``fail``), empty input, unknown or mixed formats.
+    """
+    t0 = time.perf_counter()
+    paths = [str(sources)] if isinstance(sources, (str, os.PathLike)) else [str(s) for s in sources]
+    if not paths:
+        raise TraceFormatError("empty input: no source files given")
+    if on_error not in ("fail", "skip"):
+        raise TraceFormatError(f"on_error: must be fail or skip, got {on_error!r}")
+    fmt = _resolve_format(paths, format)
+    hbs = hash_block_size or DEFAULT_HASH_BLOCK_SIZE[fmt]
+    if hbs <= 0:
+        raise TraceFormatError(f"hash_block_size: must be positive, got {hbs}")
+    salt_bytes = salt if isinstance(salt, bytes) else load_salt(salt)
+    hasher = Hasher(salt_bytes)
+    out = Path(output)
+    quarantine = Quarantine(out.with_name(out.name + ".quarantine.jsonl"))
+    reader = _reader(fmt)
+    report = IngestReport(output=str(out), format=fmt, sources=paths, hash_block_size=hbs,
+                          salt_fingerprint=hasher.fingerprint)
+    meta = TraceMetadata(hash_block_size=hbs, source_format=fmt,
+                         salt_fingerprint=hasher.fingerprint)
+    state = _TimelineState()
+    bar = _Progress(paths, enabled=progress)
+    writer = TraceWriter(out, meta)
+    try:
+        seen_ids: set[str] | None = set() if reader.HAS_IDS else None
+        for index, path in enumerate(paths):
+            ctx = IngestContext(path=path, hasher=hasher, hash_block_size=hbs,
+                                on_error=on_error, quarantine=quarantine,
+                                tokenizer=tokenizer, source_index=index)
+            with open_binary(path) as fh:
+                for batch in reader.read(fh, ctx):
+                    batch = _validate(batch, ctx, seen_ids, report)
+                    if batch.num_rows:
+                        writer.write(state.place(batch))
+                    bar.update(index, fh)
+            report.skipped += ctx.skipped
+            meta = meta.replace(tokenizer=ctx.tokenizer_identity or meta.tokenizer)
+        bar.close()
+        if writer.num_rows == 0:
+            where = paths[0] if len(paths) == 1 else f"{len(paths)} sources"
+            extra = f" ({report.skipped} skipped; see {quarantine.path})" if report.skipped else ""
+            raise TraceFormatError(f"empty input: no valid records{extra}", path=where)
+        writer.metadata = meta.replace(origin_utc=state.origin_utc(reader.EPOCH_CLOCK))
+        report.out_of_order = state.out_of_order
+        if state.needs_sort:
+            writer.close()
+            _sort_in_place(out, state.min_offset)
+            writer.metadata = writer.metadata.replace(origin_utc=state.origin_utc(
+                reader.EPOCH_CLOCK, shifted=True))
+            _rewrite_metadata(out, writer.metadata)
+        else:
+            writer.close()
+    except BaseException:
+        bar.close()
+        writer.abort()
+        quarantine.close()
+        raise
+    quarantine.close()
+    report.requests = writer.num_rows
+    report.quarantine = str(quarantine.path) if quarantine.count else None
+    report.origin_utc = writer.metadata.origin_utc
+    report.duration_s = state.span()
+    report.bytes_read = sum(Path(p).stat().st_size for p in paths)
+    report.wall_s = time.perf_counter() - t0
+    report.records_per_s = report.requests / report.wall_s if report.wall_s > 0 else 0.0
+    return report
+
+
+def _resolve_format(paths: list[str], fmt: str) -> str:
+    if fmt != "auto":
+        if fmt not in FORMATS:
+            raise TraceFormatError(f"format: unknown format {fmt!r}; choose auto or "
+                                   f"{', '.join(FORMATS)}")
+        for p in paths:
+            if not Path(p).exists():
+                raise TraceFormatError("cannot open: no such file", path=p)
+        return fmt
+    found = {p: detect_format(p) for p in paths}
+    kinds = sorted(set(found.values()))
+    if len(kinds) > 1:
+        desc = ", ".join(f"{Path(p).name} is {f}" for p, f in found.items())
+        raise TraceFormatError(f"format: mixed formats ({desc}); ingest each format separately",
+                               path=paths[0], field="format")
+    return kinds[0]
+
+
+def _reader(fmt: str) -> Any:
+    from tuner.trace.formats import READERS
+    return READERS[fmt]
+
+
+def _validate(batch: pa.Table, ctx: IngestContext, seen_ids: set[str] | None,
+              report: IngestReport) -> pa.Table:
+    """Drop (skip) or raise on rows with bad lengths, hash counts or duplicate ids."""
+    raw_names = (batch.schema.metadata or {}).get(b"tuner.fields")
+    names: dict[str, str] = json.loads(raw_names) if raw_names else {}
+    inp = batch.column("input_len").to_numpy()
+    outp = batch.column("output_len").to_numpy()
+    t = batch.column("arrival_s").to_numpy()
+    nh = pc.list_value_length(batch.column("block_hashes")).to_numpy(zero_copy_only=False)
+    hbs = ctx.hash_block_size
+    ok = ((inp >= 1) & (inp <= MAX_TOKENS) & (outp >= 0) & (outp <= MAX_TOKENS)
+          & np.isfinite(t) & (nh >= inp // hbs) & (nh <= -(-inp // hbs)))
+    drop = ~ok
+    if seen_ids is not None:
+        ids = batch.column("request_id").to_pylist()
+        for i, rid in enumerate(ids):
+            if not ok[i]:
+                continue
+            if rid in seen_ids:
+                report.duplicates += 1
+                drop[i] = True
+                line = int(batch.column(LINE)[i].as_py())
+                ctx.bad(line, "request_id", f"duplicate request id {rid!r}")
+            else:
+                seen_ids.add(rid)
+    bad_rows = np.flatnonzero(~ok)  # validation order: one reason per row
+    lines = batch.column(LINE).to_numpy()
+    for i in bad_rows:
+        _report_row(ctx, int(lines[i]), int(inp[i]), int(outp[i]), float(t[i]), int(nh[i]), names)
+    if drop.any():
+        batch = batch.filter(pa.array(~drop))
+    return batch
+
+
+def _report_row(ctx: IngestContext, line: int, inp: int, outp: int, t: float, nh: int,
+                names: dict[str, str]) -> None:
+    hbs = ctx.hash_block_size
+    f_in = names.get("input_len", "input_len")
+    f_out = names.get("output_len", "output_len")
+    if inp < 1:
+        ctx.bad(line, f_in, f"{inp} tokens; a prompt has at least 1")
+    elif inp > MAX_TOKENS:
+        ctx.bad(line, f_in, f"{inp} tokens is absurd (limit {MAX_TOKENS})")
+    elif outp < 0:
+        ctx.bad(line, f_out, f"{outp} tokens is negative")
+    elif outp > MAX_TOKENS:
+        ctx.bad(line, f_out, f"{outp} tokens is absurd (limit {MAX_TOKENS})")
+    elif not np.isfinite(t):
+        ctx.bad(line, names.get("arrival_s", "timestamp"), "not a finite time")
+    else:
+        ctx.bad(line, names.get("block_hashes", "hash_ids"),
+                f"{nh} block ids for {inp} tokens at {hbs}-token blocks "
+                f"(expected {-(-inp // hbs)}; wrong --hash-block-size?)")
+
+
+class _TimelineState:
+    """Shifts arrivals onto the trace origin (the first record) and counts disorder."""
+
+    def __init__(self) -> None:
+        self.origin: float | None = None
+        self.running_max = -np.inf
+        self.out_of_order = 0
+        self.min_offset = 0.0
+        self.max_offset = 0.0
+
+    def place(self, batch: pa.Table) -> pa.Table:
+        t = batch.column("arrival_s").to_numpy()
+        if self.origin is None:
+            self.origin = float(t[0])
+        prev_max = np.maximum.accumulate(np.concatenate([[self.running_max], t]))[:-1]
+        self.out_of_order += int(np.count_nonzero(t < prev_max))
+        self.running_max = max(self.running_max, float(t.max()))
+        rel = t - self.origin
+        self.min_offset = min(self.min_offset, float(rel.min()))
+        self.max_offset = max(self.max_offset, float(rel.max()))
+        idx = batch.schema.get_field_index("arrival_s")
+        batch = batch.set_column(idx, "arrival_s", pa.array(rel, pa.float64()))
+        return batch.drop_columns([LINE])
+
+    @property
+    def needs_sort(self) -> bool:
+        return self.out_of_order > 0 or self.min_offset < 0
+
+    def span(self) -> float:
+        return self.max_offset - self.min_offset
+
+    def origin_utc(self, epoch_clock: bool, *, shifted: bool = False) -> str | None:
+        if not epoch_clock or self.origin is None:
+            return None
+        origin = self.origin + (self.min_offset if shifted else 0.0)
+        return datetime.fromtimestamp(origin, tz=timezone.utc).isoformat()
+
+
+def _sort_in_place(path: Path, min_offset: float) -> None:
+    """Sort a finished trace by arrival (stable) and move its origin to the earliest row."""
+    from tuner.trace.store import _read_metadata
+    meta = _read_metadata(path)
+    df = pl.read_parquet(path).sort("arrival_s", maintain_order=True)
+    df = df.with_columns(pl.col("arrival_s") - min_offset)
+    with TraceWriter(path, meta) as w:
+        w.write(df.to_arrow().cast(SCHEMA))
+
+
+def _rewrite_metadata(path: Path, meta: TraceMetadata) -> None:
+    import pyarrow.parquet as pq
+    table = pq.read_table(path)
+    with TraceWriter(path, meta) as w:
+        w.write(table)
+
+
+class _Progress:
+    """A rich progress bar over source bytes, shown only on a terminal."""
+
+    def __init__(self, paths: list[str], *, enabled: bool) -> None:
+        self._bar = None
+        if not (enabled and sys.stderr.isatty()):
+            return
+        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+        self._sizes = [Path(p).stat().st_size for p in paths]
+        self._bar = Progress("[progress.description]{task.description}", BarColumn(),
+                             DownloadColumn(), TimeRemainingColumn(), transient=True)
+        self._task = self._bar.add_task("ingest", total=sum(self._sizes))
+        self._bar.start()
+
+    def update(self, index: int, fh: Any) -> None:
+        if self._bar is None:
+            return
+        raw = getattr(fh, "fileobj", None) or getattr(fh, "_fp", None) or fh
+        try:
+            pos = raw.tell()
+        except (OSError, AttributeError, ValueError):
+            return
+        self._bar.update(self._task, completed=sum(self._sizes[:index]) + pos)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+def empty_batch() -> pa.Table:
+    return SCHEMA.empty_table().append_column(LINE, pa.array([], pa.int64()))
+
+
+def make_batch(columns: dict[str, Any], lines: Any, *, field_names: dict[str, str] | None = None) -> pa.Table:
+    """A reader's batch: canonical columns (missing optional ones become nulls) + lines.
+
+    ``arrival_s`` holds seconds on the source's own clock; the driver shifts it.
+    """
+    n = len(lines)
+    arrays = []
+    for f in SCHEMA:
+        if f.name in columns:
+            v = columns[f.name]
+            arrays.append(v if isinstance(v, (pa.Array, pa.ChunkedArray)) else pa.array(v, f.type))
+        else:
+            arrays.append(pa.nulls(n, f.type))
+    table = pa.Table.from_arrays(arrays, schema=SCHEMA.remove_metadata())
+    table = table.append_column(LINE, pa.array(lines, pa.int64()))
+    if field_names:
+        # Source field names ride in the schema metadata, so validation errors can say
+        # ``input_length`` (mooncake) rather than ``input_len``.
+        table = table.replace_schema_metadata({b"tuner.fields": json.dumps(field_names).encode()})
+    return table

@@ -1,0 +1,131 @@
+"""Opening log files: transparent gzip/zstd, line chunks, and format detection by content."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+from tuner.errors import TraceFormatError
+
+FORMATS = ("mooncake", "bailian", "vllm-log", "openai-jsonl", "azure-csv", "burstgpt-csv")
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+#: How far into a file detection looks for vLLM request-logger lines (startup logs are long).
+_DETECT_MAX_LINES = 20_000
+
+
+def open_binary(path: str | os.PathLike[str]) -> IO[bytes]:
+    """Open ``path`` for reading bytes, decompressing gzip or zstd (by magic number)."""
+    p = Path(path)
+    try:
+        raw = open(p, "rb")  # noqa: SIM115 - returned to the caller
+    except OSError as exc:
+        raise TraceFormatError(f"cannot open: {exc.strerror}", path=str(p)) from None
+    head = raw.read(4)
+    raw.seek(0)
+    if head[:2] == _GZIP_MAGIC:
+        return gzip.GzipFile(fileobj=raw)  # type: ignore[return-value]
+    if head == _ZSTD_MAGIC:
+        import zstandard
+        return zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)  # type: ignore[return-value]
+    return raw
+
+
+def iter_line_chunks(fh: IO[bytes], chunk_bytes: int = 16 << 20) -> Iterator[tuple[int, bytes]]:
+    """``(first_line_number, bytes)`` pieces of whole lines, about ``chunk_bytes`` each.
+
+    Line numbers are 1-based. Memory stays bounded by the chunk size whatever the file size.
+    """
+    line_no = 1
+    rest = b""
+    while True:
+        block = fh.read(chunk_bytes)
+        if not block:
+            break
+        data = rest + block
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            rest = data
+            continue
+        chunk, rest = data[:cut + 1], data[cut + 1:]
+        yield line_no, chunk
+        line_no += chunk.count(b"\n")
+    if rest:
+        yield line_no, rest + b"\n"
+
+
+def iter_lines(fh: IO[bytes]) -> Iterator[tuple[int, bytes]]:
+    """``(line_number, line_without_newline)`` for every line."""
+    for first, chunk in iter_line_chunks(fh):
+        for i, line in enumerate(chunk.split(b"\n")[:-1]):
+            yield first + i, line.rstrip(b"\r")
+
+
+def detect_format(path: str | os.PathLike[str]) -> str:
+    """The input format of ``path``, judged by content (compressed files included).
+
+    Rules, on the first non-empty lines: a CSV header ``TIMESTAMP,ContextTokens,...`` is
+    azure-csv and ``Timestamp,Model,Request tokens,...`` burstgpt-csv; a JSON object with
+    ``hash_ids`` and ``chat_id`` is bailian, with ``hash_ids`` and ``timestamp`` mooncake;
+    a JSON object with ``messages``, ``prompt``, ``usage``, ``request`` or ``body`` is
+    openai-jsonl; a vLLM request-logger line (``Received request`` / ``Generated
+    response``) within the first 20,000 lines is vllm-log.
+
+    Raises:
+        TraceFormatError: empty file, or no rule matches.
+    """
+    p = str(path)
+    with open_binary(path) as fh:
+        first: bytes | None = None
+        first_no = 0
+        for line_no, line in iter_lines(fh):
+            if line_no > _DETECT_MAX_LINES:
+                break
+            if first is None:
+                if not line.strip():
+                    continue
+                first, first_no = line.strip(), line_no
+                fmt = _classify_first_line(first)
+                if fmt is not None:
+                    return fmt
+            if b"Received request " in line or b"Generated response " in line:
+                return "vllm-log"
+    if first is None:
+        raise TraceFormatError("empty input: no records", path=p)
+    snippet = first[:60].decode("utf-8", "replace")
+    raise TraceFormatError(
+        f"format: unknown format (first line starts {snippet!r}); pass --format "
+        f"{'|'.join(FORMATS)}", path=p, line=first_no, field="format")
+
+
+def _classify_first_line(line: bytes) -> str | None:
+    if line.startswith(b"{"):
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(obj, dict):
+            return None
+        if "hash_ids" in obj:
+            return "bailian" if "chat_id" in obj else "mooncake"
+        if {"messages", "prompt", "usage", "request", "body", "response"} & obj.keys():
+            return "openai-jsonl"
+        return None
+    try:
+        header = next(csv.reader(io.StringIO(line.decode("utf-8-sig", "replace"))))
+    except (StopIteration, csv.Error):
+        return None
+    cols = [c.strip().lower() for c in header]
+    if cols[:3] == ["timestamp", "contexttokens", "generatedtokens"]:
+        return "azure-csv"
+    if cols[:4] == ["timestamp", "model", "request tokens", "response tokens"]:
+        return "burstgpt-csv"
+    return None

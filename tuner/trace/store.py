@@ -1,0 +1,351 @@
+"""Reading and writing canonical traces: the :class:`Trace` handle and :class:`TraceWriter`.
+
+A trace is one Parquet file or a directory of them (any depth, e.g. hive-partitioned by
+date and appended by periodic ingest). Files are written to a temporary name in the
+target directory and renamed into place on success, so a crash or an error never leaves a
+half-written trace behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from datetime import datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tuner.errors import TraceSchemaError
+from tuner.trace.reblock import reblock_request_hashes
+from tuner.trace.request import TRACE_COLUMNS, TraceRequest
+from tuner.trace.schema import (
+    METADATA_KEY,
+    REQUIRED_COLUMNS,
+    SCHEMA,
+    TraceMetadata,
+    requests_to_table,
+    schema_with_metadata,
+)
+
+#: Rows per Parquet row group; keeps readers' memory bounded.
+ROW_GROUP_SIZE = 65_536
+
+
+class TraceWriter:
+    """Streams record batches into one zstd Parquet trace file, atomically.
+
+    Lifecycle: ``with TraceWriter(path, metadata) as w: w.write(batch) ...``. On a clean
+    exit the file gets its final ``num_rows`` and is renamed to ``path``; on an exception
+    the temporary file is deleted and ``path`` is untouched.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], metadata: TraceMetadata) -> None:
+        self.path = Path(path)
+        self.metadata = metadata
+        self.num_rows = 0
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp",
+                                   dir=self.path.parent)
+        os.close(fd)
+        self.tmp_path = Path(tmp)
+        self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
+            self.tmp_path, schema_with_metadata(metadata), compression="zstd",
+            compression_level=6, use_dictionary=["request_id", "session_id", "parent_id",
+                                                 "cache_salt", "model", "status"],
+            write_statistics=["arrival_s"])
+
+    def write(self, data: pa.RecordBatch | pa.Table | list[TraceRequest]) -> None:
+        """Append rows (Arrow data in :data:`SCHEMA`, or request records)."""
+        assert self._writer is not None, "TraceWriter used after close"
+        if isinstance(data, list):
+            data = requests_to_table(data)
+        if isinstance(data, pa.RecordBatch):
+            data = pa.Table.from_batches([data])
+        data = data.select(list(TRACE_COLUMNS)).cast(SCHEMA)
+        self._writer.write_table(data, row_group_size=ROW_GROUP_SIZE)
+        self.num_rows += data.num_rows
+
+    def close(self) -> Path:
+        """Finish the file and move it into place; returns the final path."""
+        assert self._writer is not None, "TraceWriter closed twice"
+        self.metadata = self.metadata.replace(num_rows=self.num_rows)
+        self._writer.add_key_value_metadata({METADATA_KEY: self.metadata.to_json().encode()})
+        self._writer.close()
+        self._writer = None
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(self.tmp_path, 0o666 & ~umask)  # mkstemp made it 0600
+        os.replace(self.tmp_path, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        """Drop the temporary file (idempotent)."""
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            finally:
+                self._writer = None
+        self.tmp_path.unlink(missing_ok=True)
+
+    def __enter__(self) -> "TraceWriter":
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def write_trace(path: str | os.PathLike[str],
+                requests_or_batches: Iterable[TraceRequest] | Iterable[pa.RecordBatch] | pa.Table,
+                metadata: TraceMetadata) -> Path:
+    """Write a whole trace (request records, Arrow batches or a table) atomically."""
+    with TraceWriter(path, metadata) as writer:
+        if isinstance(requests_or_batches, pa.Table):
+            writer.write(requests_or_batches)
+        else:
+            pending: list[TraceRequest] = []
+            for item in requests_or_batches:
+                if isinstance(item, TraceRequest):
+                    pending.append(item)
+                    if len(pending) >= ROW_GROUP_SIZE:
+                        writer.write(pending)
+                        pending = []
+                else:
+                    writer.write(item)
+            if pending:
+                writer.write(pending)
+    return Path(path)
+
+
+class Trace:
+    """A canonical trace: metadata plus rows, read lazily through polars.
+
+    Rows are always served sorted by ``arrival_s`` (stable, so same-time requests keep
+    file order). Build one with :func:`read_trace` or :meth:`Trace.from_requests`.
+    """
+
+    def __init__(self, frame: pl.LazyFrame, metadata: TraceMetadata, *,
+                 source: str | None = None) -> None:
+        self._frame = frame
+        self.metadata = metadata
+        self.source = source
+        self._len: int | None = metadata.num_rows
+
+    # -- construction ----------------------------------------------------------------------
+    @classmethod
+    def from_requests(cls, requests: Iterable[TraceRequest], metadata: TraceMetadata) -> "Trace":
+        """An in-memory trace (tests, synth, re-blocked copies)."""
+        table = requests_to_table(list(requests))
+        meta = metadata.replace(num_rows=table.num_rows)
+        return cls(pl.from_arrow(table).lazy(), meta)  # type: ignore[union-attr]
+
+    @classmethod
+    def from_arrow(cls, table: pa.Table, metadata: TraceMetadata) -> "Trace":
+        table = table.select(list(TRACE_COLUMNS)).cast(SCHEMA)
+        return cls(pl.from_arrow(table).lazy(),  # type: ignore[union-attr]
+                   metadata.replace(num_rows=table.num_rows))
+
+    # -- reading ---------------------------------------------------------------------------
+    def lazy(self) -> pl.LazyFrame:
+        """All rows as a polars LazyFrame, sorted by ``arrival_s``."""
+        return self._frame.sort("arrival_s", maintain_order=True)
+
+    def to_arrow(self) -> pa.Table:
+        return self.lazy().collect().to_arrow().cast(SCHEMA)
+
+    def iter_requests(self, *, batch_size: int = 65_536) -> Iterator[TraceRequest]:
+        """Requests in arrival order."""
+        df = self.lazy().collect()
+        for chunk in df.iter_slices(batch_size):
+            cols = {name: chunk.get_column(name).to_list() for name in TRACE_COLUMNS}
+            n = chunk.height
+            for i in range(n):
+                yield TraceRequest(
+                    request_id=cols["request_id"][i],
+                    arrival_s=cols["arrival_s"][i],
+                    input_len=cols["input_len"][i],
+                    output_len=cols["output_len"][i],
+                    block_hashes=tuple(cols["block_hashes"][i] or ()),
+                    output_block_hashes=tuple(cols["output_block_hashes"][i] or ()),
+                    session_id=cols["session_id"][i],
+                    parent_id=cols["parent_id"][i],
+                    turn=cols["turn"][i],
+                    priority=cols["priority"][i] or 0,
+                    cache_salt=cols["cache_salt"][i],
+                    model=cols["model"][i],
+                    status=cols["status"][i],
+                )
+
+    def requests(self) -> list[TraceRequest]:
+        return list(self.iter_requests())
+
+    def __len__(self) -> int:
+        if self._len is None:
+            self._len = int(self._frame.select(pl.len()).collect().item())
+        return self._len
+
+    def __iter__(self) -> Iterator[TraceRequest]:
+        return self.iter_requests()
+
+    def time_range(self) -> tuple[float, float]:
+        """``(first, last)`` arrival in seconds; ``(0.0, 0.0)`` for an empty trace."""
+        row = self._frame.select(pl.col("arrival_s").min().alias("a"),
+                                 pl.col("arrival_s").max().alias("b")).collect()
+        a, b = row.item(0, "a"), row.item(0, "b")
+        return (float(a), float(b)) if a is not None else (0.0, 0.0)
+
+    def fingerprint(self) -> str:
+        """A stable content hash (hex) of the rows and the hash block size.
+
+        Built from the raw column buffers in arrival order (not from polars' row hash,
+        which is not stable across versions), so equal traces give equal fingerprints on
+        any machine.
+        """
+        h = hashlib.blake2b(digest_size=16, person=b"tuner-trace-fp")
+        h.update(f"hbs={self.metadata.hash_block_size};".encode())
+        df = self.lazy().collect()
+        for chunk in df.iter_slices(65_536):
+            table = chunk.to_arrow().select(list(TRACE_COLUMNS)).cast(SCHEMA)
+            for name in TRACE_COLUMNS:
+                _update_column(h, table.column(name), name)
+        return h.hexdigest()
+
+    def reblocked(self, block_size: int) -> "Trace":
+        """This trace with block hashes at ``block_size`` tokens (the KV block size).
+
+        Prompt hashes become exactly ``floor(input_len / block_size)`` full blocks and
+        output hashes the full blocks the generated tokens complete (see
+        :func:`tuner.trace.reblock.reblock_request_hashes`).
+        """
+        src = self.metadata.hash_block_size
+        if block_size == src:
+            return self._with_floor_blocks()
+        out = []
+        for r in self.iter_requests():
+            prompt, output = reblock_request_hashes(
+                r.block_hashes, r.output_block_hashes, r.input_len, r.output_len, src,
+                block_size)
+            out.append(_replace_hashes(r, prompt, output))
+        return Trace.from_requests(out, self.metadata.replace(hash_block_size=block_size))
+
+    def _with_floor_blocks(self) -> "Trace":
+        b = self.metadata.hash_block_size
+        frame = self._frame.with_columns(
+            pl.col("block_hashes").list.head(pl.col("input_len") // b))
+        return Trace(frame, self.metadata, source=self.source)
+
+    def __repr__(self) -> str:
+        return (f"Trace({self.source or 'in-memory'!s}, rows={self._len}, "
+                f"hash_block_size={self.metadata.hash_block_size})")
+
+
+def _replace_hashes(r: TraceRequest, prompt: tuple[int, ...], output: tuple[int, ...]) -> TraceRequest:
+    import dataclasses
+    return dataclasses.replace(r, block_hashes=prompt, output_block_hashes=output)
+
+
+def _update_column(h: Any, col: pa.ChunkedArray, name: str) -> None:
+    h.update(name.encode() + b"\0")
+    for chunk in col.chunks:
+        if pa.types.is_list(chunk.type):
+            offsets = np.asarray(chunk.offsets, dtype=np.int64)
+            h.update((offsets - offsets[0]).tobytes())
+            h.update(np.asarray(chunk.flatten().fill_null(0), dtype=np.uint64).tobytes())
+            h.update(np.asarray(chunk.is_null(), dtype=np.bool_).tobytes())
+        elif pa.types.is_string(chunk.type) or pa.types.is_large_string(chunk.type):
+            for v in chunk.to_pylist():
+                h.update(b"\1" if v is None else b"\2" + v.encode() + b"\0")
+        else:
+            h.update(np.asarray(chunk.is_null(), dtype=np.bool_).tobytes())
+            h.update(chunk.fill_null(0).to_numpy(zero_copy_only=False).tobytes())
+
+
+def read_trace(path: str | os.PathLike[str]) -> Trace:
+    """Open a trace file or a directory of trace files (recursively, hive layout allowed).
+
+    Files of one directory must share ``hash_block_size`` and salt fingerprint; when their
+    ``origin_utc`` differ, arrivals are shifted onto the earliest origin so the rows form
+    one timeline.
+
+    Raises:
+        TraceSchemaError: missing path, no Parquet files, missing columns or metadata, or
+            files that disagree on block size or salt.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise TraceSchemaError(f"{p}: no such trace file or directory")
+    files = sorted(f for f in p.rglob("*.parquet") if not f.name.startswith(".")) if p.is_dir() else [p]
+    if not files:
+        raise TraceSchemaError(f"{p}: directory holds no .parquet trace files")
+    metas = [(_read_metadata(f), f) for f in files]
+    first, _ = metas[0]
+    for meta, f in metas[1:]:
+        if meta.hash_block_size != first.hash_block_size:
+            raise TraceSchemaError(
+                f"{f}: hash_block_size {meta.hash_block_size} differs from {files[0]}'s "
+                f"{first.hash_block_size}; re-block one of them first")
+        if meta.salt_fingerprint != first.salt_fingerprint:
+            raise TraceSchemaError(
+                f"{f}: salt fingerprint {meta.salt_fingerprint} differs from {files[0]}'s "
+                f"{first.salt_fingerprint}: hashes from different salts never match")
+    origins = [_parse_utc(m.origin_utc) for m, _ in metas]
+    base = min((o for o in origins if o is not None), default=None)
+    frames = []
+    for (meta, f), origin in zip(metas, origins):
+        frame = _scan_file(f)
+        if base is not None and origin is not None and origin != base:
+            frame = frame.with_columns(pl.col("arrival_s") + (origin - base).total_seconds())
+        frames.append(frame)
+    num_rows = sum((m.num_rows or 0) for m, _ in metas) if all(
+        m.num_rows is not None for m, _ in metas) else None
+    meta = first.replace(num_rows=num_rows,
+                         origin_utc=base.isoformat() if base is not None else first.origin_utc)
+    frame = frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical")
+    return Trace(frame, meta, source=str(p))
+
+
+def _parse_utc(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def _read_metadata(path: Path) -> TraceMetadata:
+    try:
+        schema = pq.read_schema(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise TraceSchemaError(f"{path}: not a Parquet trace ({exc})") from None
+    missing = [c for c in REQUIRED_COLUMNS if c not in schema.names]
+    if missing:
+        raise TraceSchemaError(f"{path}: missing column(s) {missing}; see docs/trace-format.md")
+    raw = (schema.metadata or {}).get(METADATA_KEY)
+    if raw is None:
+        raise TraceSchemaError(f"{path}: no tuner.trace metadata (hash_block_size unknown); "
+                               "write traces with tuner ingest or write_trace")
+    meta = TraceMetadata.from_json(raw, where=str(path))
+    if meta.num_rows is None:
+        meta = meta.replace(num_rows=pq.ParquetFile(path).metadata.num_rows)
+    return meta
+
+
+def _scan_file(path: Path) -> pl.LazyFrame:
+    names = pq.read_schema(path).names
+    frame = pl.scan_parquet(path, hive_partitioning=False)
+    fill = [pl.lit(None, dtype=_polars_type(c)).alias(c) for c in TRACE_COLUMNS if c not in names]
+    if fill:
+        frame = frame.with_columns(fill)
+    return frame.select(list(TRACE_COLUMNS))
+
+
+def _polars_type(name: str) -> pl.DataType:
+    return pl.from_arrow(pa.table({name: pa.array([], SCHEMA.field(name).type)})).schema[name]  # type: ignore[union-attr]
