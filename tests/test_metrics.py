@@ -200,6 +200,10 @@ def test_itl_from_steps_with_chunked_prefill_and_preemption():
     gaps = itl_samples_from_steps(steps, reqs)
     assert gaps["a"] == [(1.5, 1), (1.5, 1)]  # tokens at 2.0, 3.5, 5.0
     assert gaps["b"] == [(1.0, 1), (3.0, 1)]  # tokens at 1.0, 2.0, 5.0
+    # an admission with a prefix hit starts from the hit: c has 7 prompt tokens, 6 cached
+    hit = [StepRecord(0, 0.0, 1.0, {"c": 1}, (), 1, 0, 0.1, {"c": 6}),
+           StepRecord(1, 1.0, 2.0, {"c": 1}, (), 1, 0, 0.1)]
+    assert itl_samples_from_steps(hit, [req("c", 0.0, 1.0, 3.0, 2, inp=7)])["c"] == [(2.0, 1)]
     # a recompute that has not caught up emits nothing
     partial = steps[:3] + [StepRecord(3, 3.5, 1.5, {"b": 3}, (), 1, 0, 0.5)]
     assert itl_samples_from_steps(partial, reqs)["b"] == [(1.0, 1)]

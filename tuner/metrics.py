@@ -108,8 +108,9 @@ def itl_samples_from_steps(
     pooled ``ReplayResult.itl_samples`` carry no request ids. Token production follows
     vLLM's model (``NOTE(woosuk)`` in ``schedule()``): a request's computed tokens catch
     up with its token count (prompt + generated so far); a step after which they have
-    caught up emits one token at the step's end. A preemption resets computed tokens to
-    0 (recompute), so the next emission waits for the whole sequence again.
+    caught up emits one token at the step's end. An admission starts computed tokens at
+    its prefix-cache hit (``StepRecord.cached_tokens``); a preemption resets them to 0
+    (recompute), so the next emission waits for the whole sequence again.
 
     Returns:
         request id -> list of ``(gap_s, 1)`` pairs in emission order.
@@ -122,6 +123,8 @@ def itl_samples_from_steps(
     for step in steps:
         for rid in step.preempted:
             computed[rid] = 0
+        for rid, hit in step.cached_tokens.items():  # (re-)admitted this step
+            computed[rid] = hit
         end_s = step.start_s + step.duration_s
         for rid, num_new in step.num_scheduled_tokens.items():
             if rid not in prompt:

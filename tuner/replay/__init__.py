@@ -19,14 +19,17 @@ from tuner.replay._backend import (
     create_backend,
     register_backend,
 )
+from tuner.replay._ideal import IdealHitRate, ideal_hit_rate
 from tuner.replay._run import load_requests, reblock_request, run
 from tuner.replay._settings import parse_settings
 
 __all__ = [
     "Backend",
+    "IdealHitRate",
     "ProgressCallback",
     "available_backends",
     "create_backend",
+    "ideal_hit_rate",
     "load_requests",
     "parse_settings",
     "reblock_request",
