@@ -1,0 +1,269 @@
+"""The profile: a tuned scheduler configuration with the evidence behind it.
+
+A profile is a YAML file (``profiles/NAME.yaml``, format in ``docs/profiles.md``) with six
+sections:
+
+* ``scheduler`` -- the recommended settings under vLLM ``SchedulerConfig`` field names;
+* ``target`` -- what it was tuned for (hardware, GPU count, model, TP/DP, block size,
+  async scheduling) and the vLLM versions whose flags and semantics it uses;
+* ``predicted`` -- the twin's metrics for the baseline (vLLM defaults) and the tuned
+  settings, with deltas, on the training and the held-out window;
+* ``pareto`` -- the Pareto set of the study (each point's settings and metrics), which a
+  later ``--warm-start`` enqueues;
+* ``provenance`` -- trace fingerprint and time range, study name and redacted storage,
+  trial number, tuner and twin versions, seed, creation time (UTC);
+* ``name`` / ``description``.
+
+:func:`load_profile` validates everything it reads and raises ``ProfileError`` naming the
+file and the field; :func:`save_profile` writes atomically (temp file + rename), so a
+crash never leaves half a profile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import pathlib
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from tuner.errors import ConfigError, ProfileError
+from tuner.sim.settings import SchedulerSettings
+
+#: Bumped when the file layout changes incompatibly; load_profile refuses newer files.
+PROFILE_VERSION = 1
+
+_TOP_KEYS = ("profile_version", "name", "description", "scheduler", "target", "predicted",
+             "pareto", "provenance")
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileTarget:
+    """The deployment a profile was tuned for."""
+
+    hardware: str  # hardware preset name (e.g. mi355x) or a hardware YAML path
+    model: str  # model preset name or HF config path
+    tp: int = 1  # tensor-parallel size
+    dp: int = 1  # data-parallel engines
+    num_gpus: int = 1  # tp * dp
+    block_size: int | None = None  # KV block size the twin used (tokens)
+    async_scheduling: bool = True  # vLLM's default (resolved True); picks the plugin class
+    #: vLLM releases whose flags and scheduler semantics the profile was produced for.
+    vllm_versions: tuple[str, ...] = ("0.33.0",)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["vllm_versions"] = list(self.vllm_versions)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """A loaded, validated profile (see the module docstring for the sections)."""
+
+    name: str
+    scheduler: SchedulerSettings
+    target: ProfileTarget
+    description: str = ""
+    predicted: dict[str, Any] = field(default_factory=dict)
+    pareto: tuple[dict[str, Any], ...] = ()
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "profile_version": PROFILE_VERSION,
+            "name": self.name,
+            "description": self.description,
+            "scheduler": self.scheduler.to_dict(),
+            "target": self.target.to_dict(),
+            "predicted": _plain(self.predicted),
+            "pareto": [_plain(p) for p in self.pareto],
+            "provenance": _plain(self.provenance),
+        }
+
+    def to_yaml(self) -> str:
+        header = (f"# tuner profile {self.name!r}: written by tuner; regenerate it with the tool "
+                  "rather than editing by hand.\n"
+                  "# Export: tuner export THIS_FILE --format flags|yaml|json|python|env|plugin\n")
+        return header + yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False,
+                                       width=100)
+
+    def pareto_settings(self) -> list[SchedulerSettings]:
+        """The stored Pareto set as settings (invalid entries were refused at load)."""
+        return [SchedulerSettings.from_dict(p["settings"]) for p in self.pareto]
+
+
+def _plain(obj: Any) -> Any:
+    """YAML-safe plain data: tuples -> lists, NaN/inf -> None, numpy scalars -> Python."""
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
+        return _plain(obj.item())
+    return obj
+
+
+def save_profile(profile: Profile, path: str | os.PathLike[str]) -> pathlib.Path:
+    """Write ``profile`` to ``path`` atomically (temp file in the same folder + rename)."""
+    out = pathlib.Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = profile.to_yaml()
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tuner-tmp", dir=out.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return out
+
+
+def load_profile(path: str | os.PathLike[str]) -> Profile:
+    """Read and validate a profile.
+
+    Raises:
+        ProfileError: unreadable file, bad YAML, or a missing/invalid field; the message is
+            ``PATH: field: what is wrong``.
+    """
+    p = pathlib.Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ProfileError(f"{p}: cannot read profile: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
+        raise ProfileError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    return profile_from_dict(data, source=str(p))
+
+
+def profile_from_dict(data: Any, *, source: str = "<profile>") -> Profile:
+    """Validate the dict form of a profile (see :func:`load_profile`)."""
+    def fail(fieldname: str, msg: str) -> ProfileError:
+        return ProfileError(f"{source}: {fieldname}: {msg}")
+
+    if not isinstance(data, dict):
+        raise ProfileError(f"{source}: a profile is a YAML mapping (got {type(data).__name__})")
+    unknown = set(data) - set(_TOP_KEYS)
+    if unknown:
+        raise fail(sorted(unknown)[0], f"unknown section; allowed: {', '.join(_TOP_KEYS)}")
+    version = data.get("profile_version", PROFILE_VERSION)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise fail("profile_version", f"must be a positive integer (got {version!r})")
+    if version > PROFILE_VERSION:
+        raise fail("profile_version", f"{version} is newer than this tuner understands "
+                                      f"({PROFILE_VERSION}); upgrade tuner")
+    name = data.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise fail("name", "missing or not a non-empty string")
+    description = data.get("description") or ""
+    if not isinstance(description, str):
+        raise fail("description", "must be a string")
+    scheduler = _settings(data.get("scheduler"), "scheduler", fail)
+    target = _target(data.get("target"), fail)
+    predicted = data.get("predicted") or {}
+    if not isinstance(predicted, dict):
+        raise fail("predicted", "must be a mapping")
+    _check_predicted(predicted, fail)
+    pareto_raw = data.get("pareto") or []
+    if not isinstance(pareto_raw, list):
+        raise fail("pareto", "must be a list of points")
+    pareto = []
+    for i, point in enumerate(pareto_raw):
+        if not isinstance(point, dict):
+            raise fail(f"pareto[{i}]", "must be a mapping with a 'settings' key")
+        _settings(point.get("settings"), f"pareto[{i}].settings", fail)
+        pareto.append(point)
+    provenance = data.get("provenance") or {}
+    if not isinstance(provenance, dict):
+        raise fail("provenance", "must be a mapping")
+    return Profile(name=name, scheduler=scheduler, target=target, description=description,
+                   predicted=predicted, pareto=tuple(pareto), provenance=provenance)
+
+
+def _settings(raw: Any, where: str, fail: Any) -> SchedulerSettings:
+    if not isinstance(raw, dict) or not raw:
+        raise fail(where, "missing or not a mapping of SchedulerConfig fields")
+    known = {f.name: f for f in dataclasses.fields(SchedulerSettings)}
+    defaults = SchedulerSettings()
+    for key, value in raw.items():
+        if key not in known:
+            raise fail(f"{where}.{key}", f"not a scheduler setting; known: {', '.join(known)}")
+        expected = type(getattr(defaults, key))
+        ok = (isinstance(value, bool) if expected is bool
+              else isinstance(value, str) if expected is str
+              else isinstance(value, int) and not isinstance(value, bool) if expected is int
+              else isinstance(value, (int, float)) and not isinstance(value, bool))
+        if not ok:
+            raise fail(f"{where}.{key}", f"{value!r} is not a {expected.__name__}")
+    try:
+        return SchedulerSettings.from_dict(
+            {k: float(v) if type(getattr(defaults, k)) is float else v for k, v in raw.items()})
+    except ConfigError as exc:
+        raise fail(where, str(exc)) from None
+
+
+def _target(raw: Any, fail: Any) -> ProfileTarget:
+    if not isinstance(raw, dict):
+        raise fail("target", "missing or not a mapping (hardware, model, tp, ...)")
+    known = {f.name for f in dataclasses.fields(ProfileTarget)}
+    for key in raw:
+        if key not in known:
+            raise fail(f"target.{key}", f"unknown field; known: {', '.join(sorted(known))}")
+    for key in ("hardware", "model"):
+        if not isinstance(raw.get(key), str) or not raw[key]:
+            raise fail(f"target.{key}", "missing or not a non-empty string")
+    for key in ("tp", "dp", "num_gpus"):
+        value = raw.get(key, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise fail(f"target.{key}", f"must be an integer >= 1 (got {value!r})")
+    block = raw.get("block_size")
+    if block is not None and (not isinstance(block, int) or isinstance(block, bool) or block < 1):
+        raise fail("target.block_size", f"must be an integer >= 1 or null (got {block!r})")
+    if not isinstance(raw.get("async_scheduling", True), bool):
+        raise fail("target.async_scheduling", "must be true or false")
+    versions = raw.get("vllm_versions", ["0.33.0"])
+    if (not isinstance(versions, list) or not versions
+            or not all(isinstance(v, str) and _is_version(v) for v in versions)):
+        raise fail("target.vllm_versions", f"must be a list of versions like '0.33.0' "
+                                           f"(got {versions!r})")
+    return ProfileTarget(hardware=raw["hardware"], model=raw["model"], tp=raw.get("tp", 1),
+                         dp=raw.get("dp", 1), num_gpus=raw.get("num_gpus", 1),
+                         block_size=block, async_scheduling=raw.get("async_scheduling", True),
+                         vllm_versions=tuple(versions))
+
+
+def _is_version(text: str) -> bool:
+    parts = text.split(".")
+    return 2 <= len(parts) <= 3 and all(p.isdigit() for p in parts)
+
+
+def _check_predicted(predicted: dict[str, Any], fail: Any) -> None:
+    for window in ("train", "holdout"):
+        section = predicted.get(window)
+        if section is None:
+            continue
+        if not isinstance(section, dict):
+            raise fail(f"predicted.{window}", "must be a mapping (baseline, tuned, delta_pct)")
+        for part in ("baseline", "tuned", "delta_pct"):
+            values = section.get(part)
+            if values is None:
+                continue
+            if not isinstance(values, dict):
+                raise fail(f"predicted.{window}.{part}", "must be a mapping of metric -> number")
+            for key, value in values.items():
+                if value is not None and (isinstance(value, bool)
+                                          or not isinstance(value, (int, float, str))):
+                    raise fail(f"predicted.{window}.{part}.{key}", f"{value!r} is not a number")

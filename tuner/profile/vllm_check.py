@@ -1,0 +1,151 @@
+"""Check an export against vLLM itself: build its ``SchedulerConfig`` and parse the flags
+and the ``--config`` file with vLLM's own argument parser.
+
+vLLM is usually not importable where tuner runs (it is a heavy GPU package), so
+:func:`check_with_vllm` runs :data:`_CHECK_SCRIPT` (it needs only vLLM and the standard
+library) in a subprocess: of this interpreter when ``import vllm`` works here, or of
+another one (``python=".../vllm-env/bin/python"``); otherwise it returns
+``status="skipped"`` with a note saying why. A subprocess keeps vLLM's import-time side
+effects (torch, logging) out of tuner. It never raises for a failed check; the caller decides.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from tuner.profile.export import plan_export
+from tuner.profile.model import Profile
+
+#: Runs inside a vLLM environment: reads a JSON payload on stdin, prints a JSON verdict.
+_CHECK_SCRIPT = r'''
+import contextlib, io, json, os, sys, tempfile
+payload = json.load(sys.stdin)
+out = {"errors": [], "checked": []}
+try:
+    import vllm
+    out["vllm_version"] = getattr(vllm, "__version__", "?")
+    from vllm.config import SchedulerConfig
+    from vllm.engine.arg_utils import EngineArgs
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:
+        from vllm.utils import FlexibleArgumentParser
+except Exception as exc:  # noqa: BLE001
+    out["skipped"] = f"vllm is not importable here: {type(exc).__name__}: {exc}"
+    print(json.dumps(out)); sys.exit(0)
+
+try:
+    SchedulerConfig(max_model_len=payload["max_model_len"], is_encoder_decoder=False,
+                    **payload["scheduler_kwargs"])
+    out["checked"].append("SchedulerConfig(**kwargs)")
+except Exception as exc:  # noqa: BLE001
+    out["errors"].append(f"SchedulerConfig rejected the kwargs: {type(exc).__name__}: {exc}")
+
+def parse(args, what):
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            ns = parser.parse_args(args)
+    except SystemExit:
+        msg = err.getvalue().strip().splitlines()
+        out["errors"].append(f"{what}: vLLM's parser refused it: {msg[-1] if msg else '?'}")
+        return
+    for attr, want in payload["expect"].items():
+        got = getattr(ns, attr, "<missing>")
+        if attr == "additional_config" and isinstance(got, str):
+            got = json.loads(got)
+        if got != want and not (isinstance(want, float) and isinstance(got, (int, float))
+                                and abs(got - want) < 1e-12):
+            out["errors"].append(f"{what}: {attr} parsed as {got!r}, expected {want!r}")
+    out["checked"].append(what)
+
+parse(payload["serve_args"], "vllm serve flags")
+with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
+    fh.write(payload["config_yaml"])
+try:
+    parse(["--config", fh.name], "vllm serve --config file")
+finally:
+    os.unlink(fh.name)
+print(json.dumps(out))
+'''
+
+
+@dataclass(frozen=True, slots=True)
+class VllmCheck:
+    status: Literal["ok", "failed", "skipped"]
+    vllm_version: str | None = None
+    checked: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "vllm_version": self.vllm_version,
+                "checked": list(self.checked), "errors": list(self.errors), "note": self.note}
+
+
+def _payload(profile: Profile, *, vllm_version: str, native_admission: bool,
+             max_model_len: int) -> dict[str, Any]:
+    import yaml
+
+    plan = plan_export(profile, vllm_version=vllm_version, native_admission=native_admission)
+    expect: dict[str, Any] = {}
+    for name, value in plan.native:
+        expect["scheduling_policy" if name == "policy" else name] = value
+    if plan.scheduler_cls is not None:
+        expect["scheduler_cls"] = plan.scheduler_cls
+    if plan.async_scheduling is False:
+        expect["async_scheduling"] = False
+    if plan.additional_config is not None:
+        expect["additional_config"] = plan.additional_config
+    return {
+        "scheduler_kwargs": plan.scheduler_kwargs(),
+        "serve_args": plan.serve_args(),
+        "config_yaml": yaml.safe_dump(plan.config_mapping(), sort_keys=False),
+        "expect": expect,
+        "max_model_len": max_model_len,
+    }
+
+
+def check_with_vllm(profile: Profile, *, vllm_version: str = "0.33.0",
+                    native_admission: bool = False, python: str | None = None,
+                    max_model_len: int = 131072, timeout_s: float = 300.0) -> VllmCheck:
+    """Validate ``profile``'s export for ``vllm_version`` with vLLM's own classes.
+
+    Args:
+        python: an interpreter of a vLLM environment; None = this process if ``vllm`` is
+            importable, else the check is skipped.
+        max_model_len: passed to ``SchedulerConfig`` (its validation depends on it).
+
+    Returns:
+        ``ok`` (SchedulerConfig built, flags and config file parsed to the same values),
+        ``failed`` (``errors`` says what vLLM refused) or ``skipped`` (``note`` says why).
+    """
+    payload = json.dumps(_payload(profile, vllm_version=vllm_version,
+                                  native_admission=native_admission, max_model_len=max_model_len))
+    if python is None:
+        if importlib.util.find_spec("vllm") is None:
+            return VllmCheck("skipped", note="vllm is not importable in this environment; "
+                                             "pass python=<a vLLM env's interpreter> to check")
+        import sys
+
+        python = sys.executable
+    try:
+        proc = subprocess.run([python, "-c", _CHECK_SCRIPT], input=payload, text=True,
+                              capture_output=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return VllmCheck("skipped", note=f"could not run {python}: {exc}")
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return VllmCheck("failed", errors=(f"check script exited {proc.returncode}: {tail}",))
+    verdict = json.loads(lines[-1])
+    if "skipped" in verdict:
+        return VllmCheck("skipped", note=verdict["skipped"])
+    errors = tuple(verdict.get("errors", ()))
+    return VllmCheck("failed" if errors else "ok", vllm_version=verdict.get("vllm_version"),
+                     checked=tuple(verdict.get("checked", ())), errors=errors)

@@ -1,0 +1,212 @@
+"""Evaluators: settings + a time window of the trace -> the replay's ``Summary`` dict.
+
+The study never replays anything itself; it asks an :class:`Evaluator`. The real one,
+:class:`ReplayEvaluator`, replays a trace window with ``tuner.replay.run`` and measures it
+with ``tuner.metrics.summarize``. Tests use an analytic evaluator with the same interface.
+
+Windows (``Windows``; times on the trace clock)::
+
+    t0                    t_stage1          t_split                 t1
+    |---- stage1 ---------|                 |                       |
+    |---- train ----------------------------|---- holdout ----------|
+
+* ``stage1``: the first ``stage1_fraction`` of the training window (cheap screening).
+* ``train``: the whole training window (stage 2, the survivors).
+* ``holdout``: the last ``holdout`` fraction of the trace, never used to rank; it is
+  replayed from ``t0`` (so the cache and queues arrive warm, as they would in production)
+  and measured only over ``[t_split, t1]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Sequence
+
+from tuner.errors import ConfigError
+from tuner.sim.settings import SchedulerSettings
+from tuner.sim.target import Target
+
+if TYPE_CHECKING:
+    pass
+
+WindowName = Literal["stage1", "train", "holdout"]
+
+
+@dataclass(frozen=True, slots=True)
+class Windows:
+    """The three windows of a tuning run, in seconds on the trace clock."""
+
+    t0: float
+    t_stage1: float
+    t_split: float
+    t1: float
+
+    @classmethod
+    def split(cls, t0: float, t1: float, *, holdout: float, stage1_fraction: float) -> "Windows":
+        if not 0.0 <= holdout < 1.0:
+            raise ConfigError(f"holdout={holdout}: must be in [0, 1) (fraction of the trace)")
+        if not 0.0 < stage1_fraction <= 1.0:
+            raise ConfigError(f"stage1_fraction={stage1_fraction}: must be in (0, 1]")
+        if not t1 > t0:
+            raise ConfigError(f"the trace spans no time ({t0}..{t1}); nothing to tune on")
+        t_split = t0 + (t1 - t0) * (1.0 - holdout)
+        return cls(t0, t0 + (t_split - t0) * stage1_fraction, t_split, t1)
+
+    @property
+    def staged(self) -> bool:
+        return self.t_stage1 < self.t_split
+
+    @property
+    def has_holdout(self) -> bool:
+        return self.t_split < self.t1
+
+    def bounds(self, window: WindowName) -> tuple[float, float, float]:
+        """``(replay_from, measure_from, measure_to)`` for ``window``."""
+        if window == "stage1":
+            return self.t0, self.t0, self.t_stage1
+        if window == "train":
+            return self.t0, self.t0, self.t_split
+        return self.t0, self.t_split, self.t1
+
+    def to_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+class Evaluator(Protocol):
+    """What the study needs from a replay.
+
+    Call order: the study reads ``default_settings`` (the baseline), ``max_model_len``,
+    ``known_metrics`` and ``spec()`` once, then calls ``evaluate`` once per trial and window,
+    possibly from several processes (each holds its own evaluator).
+    """
+
+    windows: Windows
+    default_settings: SchedulerSettings  # vLLM's defaults for the target: the baseline
+    max_model_len: int | None  # for SchedulerConfig's max_model_len checks
+    known_metrics: Sequence[str] | None  # Summary keys, to validate objectives early
+
+    def spec(self) -> dict[str, Any]:
+        """JSON-safe description stored in the study so a joiner can rebuild the evaluator."""
+        ...
+
+    def evaluate(self, settings: SchedulerSettings, window: WindowName) -> dict[str, Any]:
+        """``Summary.to_dict()`` of replaying ``window`` under ``settings``."""
+        ...
+
+
+def clean_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Scalars only, NaN/inf as ``None``: what Optuna user attrs and YAML can hold."""
+    out: dict[str, Any] = {}
+    for key, value in metrics.items():
+        if isinstance(value, bool) or value is None or isinstance(value, str):
+            out[key] = value
+        elif isinstance(value, (int, float)):
+            out[key] = float(value) if math.isfinite(value) else None
+        elif hasattr(value, "item"):
+            v = value.item()
+            out[key] = v if not isinstance(v, float) or math.isfinite(v) else None
+    return out
+
+
+def target_to_dict(target: Target) -> dict[str, Any]:
+    return dataclasses.asdict(target)
+
+
+def target_from_dict(data: dict[str, Any]) -> Target:
+    known = {f.name for f in dataclasses.fields(Target)}
+    return Target(**{k: v for k, v in data.items() if k in known})
+
+
+class ReplayEvaluator:
+    """Replays windows of one trace on a backend (``sim`` by default) for one target.
+
+    The trace is read once; each window's slice is cut once and kept, so a trial costs one
+    replay. The trace fingerprint is checked against ``expect_fingerprint`` (a joiner passes
+    the study's), so a worker never mixes results from a different trace into a study.
+    """
+
+    FACTORY = "tuner.tune.evaluate:ReplayEvaluator"
+
+    def __init__(self, trace: Any, *, target: Target, backend: str = "sim",
+                 holdout: float = 0.25, stage1_fraction: float = 0.25,
+                 expect_fingerprint: str | None = None) -> None:
+        from tuner.sim.presets import resolve_target
+        from tuner.trace import read_trace
+
+        self.trace_path = str(trace) if not hasattr(trace, "requests") else getattr(
+            trace, "path", None)
+        self._trace = read_trace(trace) if not hasattr(trace, "requests") else trace
+        self.fingerprint = str(self._trace.fingerprint())
+        if expect_fingerprint is not None and expect_fingerprint != self.fingerprint:
+            raise ConfigError(
+                f"trace {self.trace_path} has fingerprint {self.fingerprint[:16]}..., but the "
+                f"study was created on a trace with fingerprint {expect_fingerprint[:16]}...; "
+                "join with the same trace file (pass it as TRACE)")
+        self.target = target
+        self.backend = backend
+        self.resolved = resolve_target(target)
+        self.default_settings: SchedulerSettings = self.resolved.default_settings
+        self.max_model_len = getattr(getattr(self.resolved, "cache", None), "max_model_len",
+                                     None) or target.max_model_len
+        self.num_gpus = int(getattr(self.resolved, "num_gpus", target.num_gpus))
+        t0, t1 = (float(x) for x in self._trace.time_range())
+        self.windows = Windows.split(t0, t1, holdout=holdout, stage1_fraction=stage1_fraction)
+        self.known_metrics = None  # filled after the first summary (the Summary defines them)
+        self._slices: dict[float, Any] = {}
+
+    def spec(self) -> dict[str, Any]:
+        return {
+            "factory": self.FACTORY,
+            "trace_path": self.trace_path,
+            "trace_fingerprint": self.fingerprint,
+            "target": target_to_dict(self.target),
+            "backend": self.backend,
+            "windows": self.windows.to_dict(),
+        }
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any], *, trace: Any = None) -> "ReplayEvaluator":
+        """Rebuild from a study's stored spec; ``trace`` overrides the stored path."""
+        w = spec["windows"]
+        span = w["t1"] - w["t0"]
+        holdout = (w["t1"] - w["t_split"]) / span
+        stage1 = (w["t_stage1"] - w["t0"]) / (w["t_split"] - w["t0"])
+        return cls(trace if trace is not None else spec["trace_path"],
+                   target=target_from_dict(spec["target"]), backend=spec.get("backend", "sim"),
+                   holdout=holdout, stage1_fraction=stage1,
+                   expect_fingerprint=spec["trace_fingerprint"])
+
+    def _slice(self, end_s: float) -> Any:
+        from tuner.trace import slice_trace
+
+        if end_s not in self._slices:
+            if end_s >= self.windows.t1:
+                self._slices[end_s] = self._trace
+            else:
+                self._slices[end_s] = slice_trace(self._trace, start_s=self.windows.t0,
+                                                  end_s=end_s)
+        return self._slices[end_s]
+
+    def evaluate(self, settings: SchedulerSettings, window: WindowName) -> dict[str, Any]:
+        from tuner import metrics, replay
+
+        _, measure_from, measure_to = self.windows.bounds(window)
+        trace = self._slice(measure_to)
+        result = replay.run(trace, settings, backend=self.backend, target=self.target)
+        summary = metrics.summarize(result, measure_from_s=measure_from, measure_to_s=measure_to)
+        out = clean_metrics(summary.to_dict())
+        if self.known_metrics is None:
+            self.known_metrics = tuple(out)
+        return out
+
+
+def evaluator_from_spec(spec: dict[str, Any], *, trace: Any = None) -> Evaluator:
+    """Rebuild a study's evaluator; only tuner's own evaluators are constructed this way
+    (a study in a shared database must not make a joiner import arbitrary code)."""
+    factory = spec.get("factory")
+    if factory != ReplayEvaluator.FACTORY:
+        raise ConfigError(f"the study's evaluator {factory!r} cannot be rebuilt by a joiner; "
+                          "only trace-replay studies created by `tuner tune` can be joined")
+    return ReplayEvaluator.from_spec(spec, trace=trace)

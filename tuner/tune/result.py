@@ -1,0 +1,219 @@
+"""``TuneResult``: what a tuning run found, and its conversion into a profile.
+
+The result keeps both windows apart: ``metrics`` of a point are on the training window
+(what the search ranked on), ``holdout`` on the later held-out window (never used to
+rank). :meth:`TuneResult.to_profile` writes both, with the deltas against the baseline.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Sequence
+
+from tuner import VLLM_TWIN_VERSION, __version__
+from tuner.sim.settings import SchedulerSettings
+from tuner.tune.evaluate import Windows
+from tuner.tune.objectives import Constraint, Objective
+from tuner.tune.select import Point, Selection
+from tuner.tune.space import SearchSpace
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from tuner.profile import Profile
+
+#: Metrics copied into a profile's ``predicted`` section (objectives/constraints are added).
+PROFILE_METRICS = ("p90_interactivity", "output_throughput_per_gpu", "total_throughput_per_gpu",
+                   "prefix_cache_hit_rate", "ttft_p90_s", "tpot_p90_s", "itl_p99_s",
+                   "preemptions", "kv_usage_mean", "num_finished", "num_requests")
+
+
+def delta_pct(tuned: float | None, base: float | None) -> float | None:
+    """``(tuned - base) / base`` in percent, rounded to 0.01; None if undefined."""
+    if tuned is None or base is None or not (math.isfinite(tuned) and math.isfinite(base)) \
+            or base == 0:
+        return None
+    return round((tuned - base) / abs(base) * 100.0, 2)
+
+
+@dataclass(slots=True)
+class TuneResult:
+    """The outcome of :func:`tuner.tune.tune` (see the study module for the stages)."""
+
+    study_name: str
+    storage: str | None  # redacted URL or journal path; None = in memory
+    config_attrs: dict[str, Any]  # the StudyConfig as stored in the study
+    space: SearchSpace
+    objectives: tuple[Objective, ...]
+    constraints: tuple[Constraint, ...]
+    windows: Windows
+    baseline: Point  # vLLM's defaults, on the training window (+ holdout)
+    selection: Selection  # the recommended point and the rule that picked it
+    front: list[Point]  # stage-2 Pareto front (training window), holdout filled
+    stage2: list[Point]  # every point replayed on the training window
+    n_complete: int  # stage-1 trials that finished
+    n_refused: int  # stage-1 trials refused before running (vLLM would reject them)
+    n_pruned: int  # refused + undefined objective
+    n_failed: int  # crashed or left by a dead process
+    n_infeasible: int  # completed stage-1 points violating a constraint
+    prefer: str
+    seed: int
+    wall_s: float
+    notes: list[str] = field(default_factory=list)
+    evaluator_spec: dict[str, Any] = field(default_factory=dict)
+    num_gpus: int = 1
+    block_size: int | None = None
+
+    @property
+    def recommended(self) -> Point:
+        return self.selection.point
+
+    def comparison(self, window: str = "train") -> dict[str, dict[str, Any]]:
+        """``{"baseline": {...}, "tuned": {...}, "delta_pct": {...}}`` on ``window``."""
+        keys = list(dict.fromkeys(list(PROFILE_METRICS) + [o.key for o in self.objectives]
+                                  + [c.key for c in self.constraints]))
+        base = self.baseline.metrics if window == "train" else (self.baseline.holdout or {})
+        tuned = (self.recommended.metrics if window == "train"
+                 else (self.recommended.holdout or {}))
+        return {
+            "baseline": {k: base.get(k) for k in keys if k in base},
+            "tuned": {k: tuned.get(k) for k in keys if k in tuned},
+            "delta_pct": {k: delta_pct(tuned.get(k), base.get(k)) for k in keys
+                          if isinstance(tuned.get(k), (int, float))
+                          and isinstance(base.get(k), (int, float))},
+        }
+
+    def confirms(self) -> dict[str, Any]:
+        """Whether the tuned point is no worse on every objective and better on one, on the
+        training window and on the held-out window."""
+        def verdict(window: str) -> bool | None:
+            cmp = self.comparison(window)
+            if not cmp["tuned"]:
+                return None
+            not_worse = all(o.at_least_as_good(cmp["tuned"].get(o.key, math.nan),
+                                               cmp["baseline"].get(o.key, math.nan))
+                            for o in self.objectives)
+            better = any(not o.at_least_as_good(cmp["baseline"].get(o.key, math.nan),
+                                                cmp["tuned"].get(o.key, math.nan))
+                         for o in self.objectives)
+            return not_worse and better
+
+        return {"train": verdict("train"),
+                "holdout": verdict("holdout") if self.windows.has_holdout else None}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form for ``tuner tune --json``."""
+        return {
+            "study": self.study_name, "storage": self.storage,
+            "space": self.space.name, "objectives": [str(o) for o in self.objectives],
+            "constraints": [str(c) for c in self.constraints], "prefer": self.prefer,
+            "windows": self.windows.to_dict(),
+            "trials": {"complete": self.n_complete, "refused": self.n_refused,
+                       "pruned": self.n_pruned, "failed": self.n_failed,
+                       "infeasible": self.n_infeasible, "stage2": len(self.stage2)},
+            "recommended": {"trial": self.recommended.number,
+                            "is_baseline": self.recommended.is_baseline,
+                            "params": self.recommended.params,
+                            "settings": self.recommended.settings,
+                            "rule": self.selection.rule, "reason": self.selection.reason},
+            "train": self.comparison("train"),
+            "holdout": self.comparison("holdout") if self.windows.has_holdout else None,
+            "confirms": self.confirms(),
+            "front": [_point_dict(p, self.objectives) for p in self.front],
+            "notes": self.notes, "wall_s": round(self.wall_s, 3), "seed": self.seed,
+        }
+
+    def front_table(self) -> "Table":
+        """The Pareto front (training window, held-out beside it) as a rich table."""
+        from rich.table import Table
+
+        table = Table(title=f"Pareto front of {self.study_name} (train window; held-out in "
+                            "brackets)")
+        table.add_column("trial", justify="right")
+        for p in self.space.names:
+            table.add_column(p.replace("cache_aware_admission_", "adm_"), justify="right")
+        for o in self.objectives:
+            table.add_column(o.key, justify="right")
+        table.add_column("")
+        rows = list(self.front)
+        if all(p is not self.baseline for p in rows):
+            rows.append(self.baseline)
+        for p in rows:
+            mark = ("baseline" if p.is_baseline else "") + (
+                " <- recommended" if p is self.recommended else "")
+            cells = [str(p.number)] + [_fmt(p.settings.get(n)) for n in self.space.names]
+            for o in self.objectives:
+                held = (p.holdout or {}).get(o.key)
+                cells.append(f"{_fmt(p.metrics.get(o.key))} [{_fmt(held)}]")
+            table.add_row(*cells, mark.strip())
+        return table
+
+    def to_profile(self, name: str, *, description: str = "") -> "Profile":
+        """The recommended point as a :class:`tuner.profile.Profile`."""
+        from tuner.profile import Profile, ProfileTarget
+
+        spec = self.evaluator_spec
+        target = spec.get("target", {})
+        point = self.recommended
+        predicted: dict[str, Any] = {
+            "objectives": [str(o) for o in self.objectives],
+            "constraints": [str(c) for c in self.constraints],
+            "selection": {"prefer": self.prefer, "rule": self.selection.rule,
+                          "reason": self.selection.reason,
+                          "stage1_trial": None if point.number < 0 else point.number,
+                          "is_baseline": point.is_baseline},
+            "train": {"window_s": [self.windows.t0, self.windows.t_split],
+                      **self.comparison("train")},
+        }
+        if self.windows.has_holdout:
+            predicted["holdout"] = {"window_s": [self.windows.t_split, self.windows.t1],
+                                    **self.comparison("holdout")}
+        predicted["confirms"] = self.confirms()
+        pareto = [{"trial": p.number, "params": p.params, "settings": p.settings,
+                   "train": {o.key: p.metrics.get(o.key) for o in self.objectives},
+                   "holdout": ({o.key: p.holdout.get(o.key) for o in self.objectives}
+                               if p.holdout else None)} for p in self.front]
+        provenance = {
+            "trace": {"path": spec.get("trace_path"),
+                      "fingerprint": spec.get("trace_fingerprint"),
+                      "time_range_s": [self.windows.t0, self.windows.t1]},
+            "windows": self.windows.to_dict(),
+            "study": {"name": self.study_name, "storage": self.storage,
+                      "stage2_study": self.study_name + ".full",
+                      "trial": None if point.number < 0 else point.number},
+            "search": {"space": self.space.to_dict(), "backend": spec.get("backend"),
+                       "trials": {"complete": self.n_complete, "refused": self.n_refused,
+                                  "pruned": self.n_pruned, "failed": self.n_failed},
+                       "survivors": len(self.stage2)},
+            "tool_version": __version__,
+            "twin_version": VLLM_TWIN_VERSION,
+            "seed": self.seed,
+            "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        return Profile(
+            name=name, description=description,
+            scheduler=SchedulerSettings.from_dict(point.settings),
+            target=ProfileTarget(hardware=str(target.get("hardware", "?")),
+                                 model=str(target.get("model", "?")),
+                                 tp=int(target.get("tp", 1)), dp=int(target.get("dp", 1)),
+                                 num_gpus=self.num_gpus, block_size=self.block_size,
+                                 vllm_versions=(VLLM_TWIN_VERSION,)),
+            predicted=predicted, pareto=tuple(pareto), provenance=provenance)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _point_dict(p: Point, objectives: Sequence[Objective]) -> dict[str, Any]:
+    return {"trial": p.number, "baseline": p.is_baseline, "params": p.params,
+            "train": {o.key: p.metrics.get(o.key) for o in objectives},
+            "holdout": {o.key: p.holdout.get(o.key) for o in objectives} if p.holdout else None}

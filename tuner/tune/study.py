@@ -1,0 +1,662 @@
+"""The tuning study: staged multi-objective Optuna search, held-out check, selection.
+
+NOTE(tuner): the model in one paragraph. Optuna cannot prune a multi-objective study
+(``Trial.report``/``should_prune`` raise), so fidelity is staged by hand. Stage 1 is an
+Optuna study (TPE, Optuna 5's default multi-objective sampler; constraints through
+``trial.set_constraint``, which TPE honours) whose trials replay a short slice of the
+training window. Its best points by non-dominated rank -- the survivors -- are replayed on
+the whole training window in stage 2, recorded as trials of a second study
+``<study>.full`` (values, constraints and settings; no params, so any point fits). The
+Pareto front of stage 2 and the baseline (vLLM's defaults, also trial 0 of stage 1) are
+then replayed on the held-out window, and the recommended point is picked from the
+stage-2 front by the rule in :mod:`tuner.tune.select`. Every result lives in the storage,
+so a rerun with the same study name resumes where the last run stopped.
+
+Call order inside :func:`tune`::
+
+    open/create study -> fail own dead trials -> enqueue baseline (+ warm start)
+    -> stage 1 (1 process, or N forked workers sharing the storage; remote joiners too)
+    -> survivors -> stage 2 (train window) -> held-out window -> select -> TuneResult
+
+A joiner (:func:`join`, ``tuner tune --join``) only runs stage-1 trials; the process that
+created the study runs stages 2 and 3.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import multiprocessing
+import os
+import pathlib
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+
+from tuner import __version__
+from tuner.errors import ConfigError, StudyNotFound
+from tuner.sim.settings import SchedulerSettings
+from tuner.sim.target import Target
+from tuner.tune._progress import StudyProgress, best_so_far
+from tuner.tune.evaluate import Evaluator, ReplayEvaluator, Windows, evaluator_from_spec
+from tuner.tune.objectives import (Constraint, Objective, parse_constraints, parse_objectives)
+from tuner.tune.result import TuneResult
+from tuner.tune.select import Point, pareto_front, select
+from tuner.tune.space import SearchSpace, load_space, space_from_dict
+from tuner.tune.storage import default_journal_path, open_storage, redact_url
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+    from tuner.profile import Profile
+
+#: Study user-attr key holding the StudyConfig (a joiner rebuilds the objective from it).
+_CONFIG_ATTR = "tuner"
+_STAGE2_SUFFIX = ".full"
+
+
+@dataclass(frozen=True, slots=True)
+class StudyConfig:
+    """What defines a study; stored in its user attrs so a joiner can rebuild it."""
+
+    space: SearchSpace
+    objectives: tuple[Objective, ...]
+    constraints: tuple[Constraint, ...]
+    n_trials: int  # stage-1 trials in total (COMPLETE + PRUNED), all workers together
+    seed: int
+    evaluator: dict[str, Any]  # Evaluator.spec()
+
+    def to_attrs(self) -> dict[str, Any]:
+        return {"space": self.space.to_dict(), "objectives": [str(o) for o in self.objectives],
+                "constraints": [str(c) for c in self.constraints], "n_trials": self.n_trials,
+                "seed": self.seed, "evaluator": self.evaluator, "tool_version": __version__}
+
+    @classmethod
+    def from_attrs(cls, data: dict[str, Any]) -> "StudyConfig":
+        return cls(space=space_from_dict(data["space"], source="study attrs"),
+                   objectives=parse_objectives(data["objectives"]),
+                   constraints=parse_constraints(data["constraints"]),
+                   n_trials=int(data["n_trials"]), seed=int(data["seed"]),
+                   evaluator=data["evaluator"])
+
+    def same_search(self, other: "StudyConfig") -> str | None:
+        """Why ``other`` cannot continue this study, or None when it can."""
+        if self.space.to_dict() != other.space.to_dict():
+            return "a different search space"
+        if self.objectives != other.objectives:
+            return "different objectives"
+        if self.constraints != other.constraints:
+            return "different constraints"
+        mine = self.evaluator.get("trace_fingerprint")
+        theirs = other.evaluator.get("trace_fingerprint")
+        if mine != theirs:
+            return "a different trace (fingerprint)"
+        if self.evaluator.get("target") != other.evaluator.get("target"):
+            return "a different target"
+        if self.evaluator.get("windows") != other.evaluator.get("windows"):
+            return "different windows (--holdout / stage1 fraction)"
+        return None
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSpace" = "admission",
+         objectives: "str | Sequence[str] | None" = None, constraints: Sequence[str] = (),
+         n_trials: int = 100, storage: str | None = None, study_name: str | None = None,
+         workers: int = 1, seed: int = 0, warm_start: "str | os.PathLike[str] | Profile | None" = None,
+         holdout: float = 0.25, prefer: str = "throughput", stage1_fraction: float = 0.25,
+         n_survivors: int | None = None, backend: str = "sim",
+         output: "str | os.PathLike[str] | None" = None, evaluator: Evaluator | None = None,
+         progress: bool = False) -> TuneResult:
+    """Search scheduler settings for ``trace`` on ``target`` and pick a recommended point.
+
+    Args:
+        trace: a trace path or ``Trace`` (ignored when ``evaluator`` is given).
+        target: the deployment (hardware, model, TP/DP, KV cache).
+        space: ``"admission"``, ``"scheduler"``, a YAML path or a ``SearchSpace``.
+        objectives: Summary keys to optimise (``"key"``, ``"key:max"``, ``"key:min"``);
+            None = p90_interactivity and output_throughput_per_gpu, both maximised.
+        constraints: ``"ttft_p90_s<=2.0"`` style bounds; infeasible points are never picked.
+        n_trials: stage-1 trials in total (baseline and warm-start trials included).
+        storage: database URL or journal path; None = a journal file next to ``output``
+            (in memory when there is no output and a single worker).
+        study_name: None = the output file's stem, or ``tune-<fingerprint>-<space>``.
+        workers: processes on this machine sharing the storage.
+        seed: sampler seed (worker ``i`` uses ``seed + i``).
+        warm_start: a profile (or its path) whose settings and Pareto set are enqueued.
+        holdout: fraction of the trace at its end kept out of the search (0 = none).
+        prefer: ``throughput``, ``interactivity`` or ``balanced`` (see tuner.tune.select).
+        stage1_fraction: stage 1 replays this leading fraction of the training window;
+            1.0 disables staging.
+        n_survivors: points promoted to stage 2; None = ``min(32, max(8, n_trials // 10))``.
+        evaluator: replaces the trace replay (tests, custom backends).
+        progress: rich progress on stderr.
+
+    Raises:
+        ConfigError: bad space/objectives/constraints, an existing study with another
+            configuration, unreachable storage.
+    """
+    import optuna
+
+    if n_trials < 1:
+        raise ConfigError(f"n_trials={n_trials}: at least one trial is needed")
+    if workers < 1:
+        raise ConfigError(f"workers={workers}: must be >= 1")
+    the_space = load_space(space)
+    if evaluator is None:
+        if trace is None:
+            raise ConfigError("tune() needs a trace (or an evaluator)")
+        evaluator = ReplayEvaluator(trace, target=target, backend=backend, holdout=holdout,
+                                    stage1_fraction=stage1_fraction)
+    objs = parse_objectives(objectives, evaluator.known_metrics)
+    cons = parse_constraints(constraints, evaluator.known_metrics)
+    config = StudyConfig(space=the_space, objectives=objs, constraints=cons, n_trials=n_trials,
+                         seed=seed, evaluator=evaluator.spec())
+    with contextlib.ExitStack() as stack:
+        storage_url = storage
+        if storage_url is None and output is not None:
+            storage_url = str(default_journal_path(output))
+        if storage_url is None and workers > 1:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tuner-study-"))
+            storage_url = os.path.join(tmp, "study.optuna-journal")
+        if study_name is None:
+            study_name = (pathlib.Path(output).stem if output is not None else
+                          f"tune-{str(config.evaluator.get('trace_fingerprint', 'x'))[:12]}-"
+                          f"{the_space.name}")
+        stack.enter_context(_quiet_optuna())
+        started = time.perf_counter()
+        storage_obj = open_storage(storage_url) if storage_url else optuna.storages.InMemoryStorage()
+        study = _create_or_load(storage_obj, study_name, config)
+        notes = _fail_dead_local_trials(study)
+        notes += _enqueue_start_points(study, config, evaluator, warm_start)
+        with StudyProgress(progress) as bar:
+            _run_stage1(study, storage_url, config, evaluator, workers, bar)
+            stage1 = _stage1_points(study)
+            baseline_key = _key(evaluator.default_settings)
+            survivors = _survivors(stage1, objs, n_survivors or min(32, max(8, n_trials // 10)),
+                                   baseline_key)
+            stage2 = _run_stage2(storage_obj, study_name, config, evaluator, survivors, stage1,
+                                 workers, bar)
+        baseline = next(p for p in stage2 if p.is_baseline)
+        front = pareto_front(stage2, objs)
+        _run_holdout(storage_obj, study_name, evaluator, front + [baseline], workers)
+        selection = select(front, baseline, objs, prefer)  # type: ignore[arg-type]
+        if selection.point.holdout is None and evaluator.windows.has_holdout:
+            _run_holdout(storage_obj, study_name, evaluator, [selection.point], workers)
+        counts = _counts(study)
+        return TuneResult(
+            study_name=study_name, storage=redact_url(storage_url), config_attrs=config.to_attrs(),
+            space=the_space, objectives=objs, constraints=cons, windows=evaluator.windows,
+            baseline=baseline, selection=selection, front=front, stage2=stage2,
+            n_complete=counts["complete"], n_refused=counts["refused"],
+            n_pruned=counts["pruned"], n_failed=counts["failed"],
+            n_infeasible=sum(1 for p in stage1 if not p.feasible), prefer=prefer,
+            seed=seed, wall_s=time.perf_counter() - started, notes=notes,
+            evaluator_spec=config.evaluator,
+            num_gpus=int(getattr(evaluator, "num_gpus", 1)),
+            block_size=getattr(evaluator, "block_size", None))
+
+
+def join(study_name: str, storage: str, n_trials: int | None = None, *, trace: Any = None,
+         evaluator: Evaluator | None = None, progress: bool = False) -> dict[str, Any]:
+    """Work on an existing study's stage 1 from another process or machine.
+
+    The study's user attrs hold the space, objectives, constraints, target and trace
+    (path and fingerprint); the trace is read from ``trace`` or the stored path and must
+    have the same fingerprint. Runs until the study has its ``n_trials`` or this joiner has
+    run ``n_trials`` (when given).
+
+    Returns:
+        ``{"study": name, "trials_run": k, "study_trials": total, "n_trials": target}``.
+
+    Raises:
+        StudyNotFound: no such study in ``storage``.
+        ConfigError: the trace differs from the study's, or the study was not made by tuner.
+    """
+    import optuna
+
+    with _quiet_optuna():
+        storage_obj = open_storage(storage)
+        study = _load(storage_obj, study_name)
+        attrs = study.user_attrs.get(_CONFIG_ATTR)
+        if attrs is None:
+            raise ConfigError(f"study {study_name!r} in {redact_url(storage)} was not created by "
+                              "`tuner tune`; nothing to join")
+        config = StudyConfig.from_attrs(attrs)
+        if evaluator is None:
+            evaluator = evaluator_from_spec(config.evaluator, trace=trace)
+        theirs = evaluator.spec().get("trace_fingerprint")
+        if theirs != config.evaluator.get("trace_fingerprint"):
+            raise ConfigError(f"cannot join study {study_name!r}: the trace fingerprint "
+                              f"{str(theirs)[:16]} differs from the study's "
+                              f"{str(config.evaluator.get('trace_fingerprint'))[:16]}; "
+                              "use the same trace file")
+        before = _finished(study)
+        with StudyProgress(progress) as bar:
+            bar.stage(f"join {study_name}", config.n_trials, before)
+            _optimize(study, config, evaluator, worker_cap=n_trials,
+                      seed=config.seed + 1000 + os.getpid() % 1000, bar=bar)
+        study = optuna.load_study(study_name=study_name, storage=storage_obj)
+        after = _finished(study)
+        return {"study": study_name, "trials_run": after - before, "study_trials": after,
+                "n_trials": config.n_trials}
+
+
+# --------------------------------------------------------------------------- study set-up
+
+
+@contextlib.contextmanager
+def _quiet_optuna() -> Iterator[None]:
+    """Optuna logs every trial at INFO; the progress bar says it better."""
+    import optuna
+
+    level = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(level)
+
+
+def _sampler(seed: int) -> "optuna.samplers.BaseSampler":
+    import optuna
+
+    # TPE is Optuna 5's default multi-objective sampler; it reads trial.constraints itself.
+    # constant_liar keeps parallel workers from proposing the same point.
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+
+
+def _load(storage: Any, name: str) -> "optuna.Study":
+    import optuna
+
+    try:
+        return optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        names = optuna.get_all_study_names(storage)
+        raise StudyNotFound(f"no study {name!r} in this storage; existing: "
+                            f"{', '.join(n for n in names if not n.endswith(_STAGE2_SUFFIX)) or 'none'}"
+                            ) from None
+
+
+def _create_or_load(storage: Any, name: str, config: StudyConfig) -> "optuna.Study":
+    import optuna
+
+    study = optuna.create_study(storage=storage, study_name=name, load_if_exists=True,
+                                directions=[o.direction for o in config.objectives],
+                                sampler=_sampler(config.seed))
+    stored = study.user_attrs.get(_CONFIG_ATTR)
+    if stored is None:
+        study.set_user_attr(_CONFIG_ATTR, config.to_attrs())
+        return study
+    why = StudyConfig.from_attrs(stored).same_search(config)
+    if why is not None:
+        raise ConfigError(f"study {name!r} already exists with {why}; pass another --study name "
+                          "(or the original settings to resume it)")
+    if stored["n_trials"] != config.n_trials:  # resuming with a new budget is allowed
+        study.set_user_attr(_CONFIG_ATTR, {**stored, "n_trials": config.n_trials})
+    return study
+
+
+def _fail_dead_local_trials(study: "optuna.Study") -> list[str]:
+    """Fail RUNNING trials whose worker (this host, by pid) is gone: a killed run's
+    leftovers, which would otherwise count as in flight forever in a journal file."""
+    from optuna.trial import TrialState
+
+    host, notes = socket.gethostname(), []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if trial.user_attrs.get("host") != host:
+            continue
+        pid = trial.user_attrs.get("pid")
+        if isinstance(pid, int) and not _pid_alive(pid):
+            # NOTE(tuner): Study has no public call to fail another process's trial.
+            study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+            notes.append(f"trial {trial.number} was left running by a dead process; marked failed")
+    return notes
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _enqueue_start_points(study: "optuna.Study", config: StudyConfig, evaluator: Evaluator,
+                          warm_start: Any) -> list[str]:
+    """Enqueue vLLM's defaults (trial 0 of a new study) and the warm-start points."""
+    notes: list[str] = []
+    space = config.space
+    base = space.project(evaluator.default_settings)
+    if space.contains(base):
+        study.enqueue_trial(base, user_attrs={"role": "baseline"}, skip_if_exists=True)
+    else:
+        notes.append(f"vLLM's defaults {base} lie outside space {space.name!r}; the baseline is "
+                     "evaluated in stage 2 only")
+    if warm_start is None:
+        return notes
+    from tuner.profile import Profile, load_profile
+
+    profile = warm_start if isinstance(warm_start, Profile) else load_profile(warm_start)
+    candidates = [("profile", profile.scheduler)] + [
+        ("pareto", s) for s in profile.pareto_settings()]
+    n = 0
+    for role, settings in candidates:
+        params = space.project(settings)
+        if not space.contains(params):
+            notes.append(f"warm start: {role} point {params} is outside space {space.name!r}; "
+                         "skipped")
+            continue
+        study.enqueue_trial(params, user_attrs={"role": f"warm-start-{role}",
+                                                "warm_start": profile.name}, skip_if_exists=True)
+        n += 1
+    notes.append(f"warm start: enqueued {n} point(s) from profile {profile.name!r}")
+    return notes
+
+
+# --------------------------------------------------------------------------- stage 1
+
+
+def _finished(study: "optuna.Study") -> int:
+    from optuna.trial import TrialState
+
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+
+def _counts(study: "optuna.Study") -> dict[str, int]:
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    pruned = [t for t in trials if t.state == TrialState.PRUNED]
+    return {"complete": sum(t.state == TrialState.COMPLETE for t in trials),
+            "pruned": len(pruned),
+            "refused": sum("refused" in t.user_attrs for t in pruned),
+            "failed": sum(t.state == TrialState.FAIL for t in trials)}
+
+
+def _round(value: Any) -> Any:
+    # Optuna's float grid gives 0.35000000000000003; profiles should say 0.35.
+    return round(value, 6) if isinstance(value, float) else value
+
+
+def _make_objective(config: StudyConfig, evaluator: Evaluator, window: str
+                    ) -> Callable[["optuna.Trial"], Sequence[float]]:
+    import optuna
+
+    host, pid = socket.gethostname(), os.getpid()
+    base = evaluator.default_settings
+
+    def objective(trial: "optuna.Trial") -> Sequence[float]:
+        trial.set_user_attr("host", host)
+        trial.set_user_attr("pid", pid)
+        params = {k: _round(v) for k, v in config.space.suggest(trial).items()}
+        try:
+            settings = config.space.settings_for(base, params,
+                                                 max_model_len=evaluator.max_model_len)
+        except ConfigError as exc:
+            # Refused before anything runs: vLLM itself would reject this combination.
+            trial.set_user_attr("refused", str(exc))
+            raise optuna.TrialPruned(f"refused: {exc}") from None
+        metrics = evaluator.evaluate(settings, window)  # type: ignore[arg-type]
+        trial.set_user_attr("settings", settings.to_dict())
+        trial.set_user_attr("metrics", metrics)
+        for con in config.constraints:
+            trial.set_constraint(str(con), con.violation(metrics))
+        values = []
+        for obj in config.objectives:
+            if obj.key not in metrics:
+                raise ConfigError(f"objective {obj.key!r} is not a replay metric; known: "
+                                  f"{', '.join(sorted(metrics))}")
+            v = metrics[obj.key]
+            if v is None or not math.isfinite(float(v)):
+                trial.set_user_attr("refused", f"{obj.key} is undefined on this window "
+                                               "(no request finished?)")
+                raise optuna.TrialPruned(f"{obj.key} undefined")
+            values.append(float(v))
+        return values
+
+    return objective
+
+
+def _optimize(study: "optuna.Study", config: StudyConfig, evaluator: Evaluator, *,
+              worker_cap: int | None, seed: int, bar: StudyProgress | None = None) -> None:
+    """Run stage-1 trials in this process until the study has ``config.n_trials``
+    (COMPLETE + PRUNED, all workers together) or this process ran ``worker_cap``."""
+    import optuna
+
+    study.sampler = _sampler(seed)
+    window = "stage1" if evaluator.windows.staged else "train"
+    objective = _make_objective(config, evaluator, window)
+    ran = 0
+
+    def stop_when_done(st: "optuna.Study", _trial: "FrozenTrial") -> None:
+        nonlocal ran
+        ran += 1
+        trials = st.get_trials(deepcopy=False)
+        done = sum(t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+                   for t in trials)
+        if bar is not None:
+            bar.update(min(done, config.n_trials), best_so_far(trials, config.objectives))
+        if done >= config.n_trials or (worker_cap is not None and ran >= worker_cap):
+            st.stop()
+
+    if _finished(study) >= config.n_trials or worker_cap == 0:
+        return
+    study.optimize(objective, callbacks=[stop_when_done], gc_after_trial=False)
+
+
+def _worker_main(storage_url: str, study_name: str, config: StudyConfig, evaluator: Evaluator,
+                 seed: int) -> None:
+    """Entry of a forked stage-1 worker: its own storage connection, its own sampler."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name=study_name, storage=open_storage(storage_url))
+    _optimize(study, config, evaluator, worker_cap=None, seed=seed)
+
+
+def _run_stage1(study: "optuna.Study", storage_url: str | None, config: StudyConfig,
+                evaluator: Evaluator, workers: int, bar: StudyProgress) -> None:
+    label = "stage 1 (short slice)" if evaluator.windows.staged else "search (train window)"
+    bar.stage(label, config.n_trials, min(_finished(study), config.n_trials))
+    if workers == 1 or storage_url is None:
+        _optimize(study, config, evaluator, worker_cap=None, seed=config.seed, bar=bar)
+        return
+    # Fork, not spawn: the evaluator (trace slices already in memory) is inherited, and the
+    # parent's storage handle is never used by a child (each opens its own).
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_worker_main, name=f"tuner-worker-{i}",
+                         args=(storage_url, study.study_name, config, evaluator, config.seed + i))
+             for i in range(workers)]
+    for proc in procs:
+        proc.start()
+    try:
+        while any(p.is_alive() for p in procs):
+            time.sleep(0.5)
+            trials = study.get_trials(deepcopy=False)
+            bar.update(min(_finished(study), config.n_trials), best_so_far(trials, config.objectives))
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+            proc.join()
+    failed = [p.name for p in procs if p.exitcode not in (0, None)]
+    if failed:
+        raise ConfigError(f"stage-1 worker(s) {', '.join(failed)} failed (exit code "
+                          f"{[p.exitcode for p in procs]}); rerun with --workers 1 to see the error")
+    bar.update(min(_finished(study), config.n_trials),
+               best_so_far(study.get_trials(deepcopy=False), config.objectives))
+
+
+def _key(settings: SchedulerSettings | dict[str, Any]) -> str:
+    data = settings.to_dict() if isinstance(settings, SchedulerSettings) else settings
+    return json.dumps(data, sort_keys=True)
+
+
+def _stage1_points(study: "optuna.Study") -> list[Point]:
+    from optuna.trial import TrialState
+
+    points: dict[str, Point] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        settings = t.user_attrs.get("settings")
+        if settings is None:
+            continue
+        key = _key(settings)
+        if key in points:  # the same point sampled twice: keep the first
+            continue
+        points[key] = Point(number=t.number, params={k: _round(v) for k, v in t.params.items()},
+                            settings=settings,
+                            metrics=t.user_attrs.get("metrics", {}),
+                            feasible=all(v <= 0 for v in t.constraints.values()),
+                            is_baseline=t.user_attrs.get("role") == "baseline",
+                            extra={"role": t.user_attrs.get("role")})
+    return list(points.values())
+
+
+def _survivors(points: Sequence[Point], objectives: Sequence[Objective], n: int,
+               baseline_key: str) -> list[Point]:
+    """The best ``n`` stage-1 points by non-dominated rank (feasible first), plus the
+    whole first front even if it is larger (capped at 2n)."""
+    remaining = [p for p in points if p.feasible]
+    chosen: list[Point] = []
+    while remaining and len(chosen) < n:
+        front = pareto_front(remaining, objectives)
+        if not front:
+            break
+        room = max(n - len(chosen), 0) if chosen else 2 * n
+        chosen += front[:room]
+        ids = {id(p) for p in front}
+        remaining = [p for p in remaining if id(p) not in ids]
+    return [p for p in chosen if _key(p.settings) != baseline_key]
+
+
+# --------------------------------------------------------------------------- stages 2 and 3
+
+_POOL_EVALUATOR: Evaluator | None = None  # set in the parent before forking a Pool
+
+
+def _pool_eval(args: tuple[dict[str, Any], str]) -> dict[str, Any]:
+    settings, window = args
+    assert _POOL_EVALUATOR is not None, "tuner bug: pool evaluator not set before fork"
+    return _POOL_EVALUATOR.evaluate(SchedulerSettings.from_dict(settings), window)  # type: ignore[arg-type]
+
+
+def _evaluate_many(evaluator: Evaluator, jobs: list[tuple[dict[str, Any], str]], workers: int,
+                   on_done: Callable[[int, dict[str, Any]], None]) -> None:
+    """Evaluate ``jobs`` ((settings, window) pairs), calling ``on_done(i, metrics)`` in the
+    parent as each finishes (so every result is stored before the next one)."""
+    global _POOL_EVALUATOR
+    if workers <= 1 or len(jobs) <= 1:
+        for i, (settings, window) in enumerate(jobs):
+            on_done(i, evaluator.evaluate(SchedulerSettings.from_dict(settings), window))  # type: ignore[arg-type]
+        return
+    _POOL_EVALUATOR = evaluator
+    try:
+        with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
+            for i, metrics in enumerate(pool.imap(_pool_eval, jobs)):
+                on_done(i, metrics)
+    finally:
+        _POOL_EVALUATOR = None
+
+
+def _run_stage2(storage: Any, study_name: str, config: StudyConfig, evaluator: Evaluator,
+                survivors: list[Point], stage1: list[Point], workers: int,
+                bar: StudyProgress) -> list[Point]:
+    """Replay the survivors and the baseline on the whole training window (stage 2).
+
+    Results are trials of ``<study>.full`` (no params; settings and metrics in user attrs),
+    so a resumed run replays only what is missing. Without staging, stage-1 metrics are
+    already on the training window and are reused.
+    """
+    import optuna
+    from optuna.trial import TrialState
+
+    study2 = optuna.create_study(storage=storage, study_name=study_name + _STAGE2_SUFFIX,
+                                 load_if_exists=True,
+                                 directions=[o.direction for o in config.objectives])
+    done = {t.user_attrs["key"]: t for t in study2.get_trials(deepcopy=False,
+                                                               states=(TrialState.COMPLETE,))}
+    base_settings = evaluator.default_settings.to_dict()
+    by_key = {_key(p.settings): p for p in stage1}
+    base_stage1 = by_key.get(_key(base_settings))
+    todo: list[Point] = [Point(number=base_stage1.number if base_stage1 else -1,
+                               params=config.space.project(evaluator.default_settings),
+                               settings=base_settings, metrics={}, is_baseline=True)]
+    todo += survivors
+    results: list[Point | None] = [None] * len(todo)
+    jobs: list[tuple[int, dict[str, Any]]] = []
+    for i, p in enumerate(todo):
+        key = _key(p.settings)
+        trial = done.get(key)
+        if trial is not None:
+            results[i] = _point_from_stage2(p, trial.user_attrs["metrics"], config)
+        elif not evaluator.windows.staged and key in by_key:
+            # Unstaged: stage 1 already replayed the whole training window.
+            results[i] = _point_from_stage2(p, by_key[key].metrics, config)
+            _record_stage2(study2, config, results[i])  # type: ignore[arg-type]
+        else:
+            jobs.append((i, p.settings))
+    bar.stage("stage 2 (train window)", len(todo), len(todo) - len(jobs))
+
+    def store(j: int, metrics: dict[str, Any]) -> None:
+        i = jobs[j][0]
+        results[i] = _point_from_stage2(todo[i], metrics, config)
+        _record_stage2(study2, config, results[i])  # type: ignore[arg-type]
+        bar.update(sum(r is not None for r in results))
+
+    _evaluate_many(evaluator, [(s, "train") for _, s in jobs], workers, store)
+    return [r for r in results if r is not None]
+
+
+def _point_from_stage2(p: Point, metrics: dict[str, Any], config: StudyConfig) -> Point:
+    feasible = all(c.violation(metrics) <= 0 for c in config.constraints)
+    return Point(number=p.number, params=p.params, settings=p.settings, metrics=metrics,
+                 feasible=feasible, is_baseline=p.is_baseline, extra=dict(p.extra))
+
+
+def _record_stage2(study2: "optuna.Study", config: StudyConfig, p: Point) -> None:
+    from optuna.trial import TrialState, create_trial
+
+    values = [p.value(o) for o in config.objectives]
+    ok = all(math.isfinite(v) for v in values)
+    study2.add_trial(create_trial(
+        state=TrialState.COMPLETE if ok else TrialState.FAIL, values=values if ok else None,
+        constraints={str(c): c.violation(p.metrics) for c in config.constraints} or None,
+        user_attrs={"key": _key(p.settings), "settings": p.settings, "params": p.params,
+                    "metrics": p.metrics, "stage1_trial": p.number,
+                    "role": "baseline" if p.is_baseline else "survivor"}))
+
+
+def _run_holdout(storage: Any, study_name: str, evaluator: Evaluator, points: list[Point],
+                 workers: int) -> None:
+    """Fill ``point.holdout`` (replays stored in the stage-2 study's user attrs)."""
+    import optuna
+
+    if not evaluator.windows.has_holdout:
+        return
+    study2 = optuna.load_study(study_name=study_name + _STAGE2_SUFFIX, storage=storage)
+    stored = study2.user_attrs
+    jobs: list[Point] = []
+    for p in points:
+        key = "holdout:" + _key(p.settings)
+        if key in stored:
+            p.holdout = stored[key]
+        elif all(q is not p for q in jobs):
+            jobs.append(p)
+
+    def store(j: int, metrics: dict[str, Any]) -> None:
+        jobs[j].holdout = metrics
+        study2.set_user_attr("holdout:" + _key(jobs[j].settings), metrics)
+
+    _evaluate_many(evaluator, [(p.settings, "holdout") for p in jobs], workers, store)
+    for p in points:  # the same settings may appear as two Point objects
+        if p.holdout is None:
+            p.holdout = study2.user_attrs.get("holdout:" + _key(p.settings))
