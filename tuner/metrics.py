@@ -405,24 +405,23 @@ def summary_table(summary: Summary) -> "Table":
     window = ("all requests" if s.measure_from_s is None and s.measure_to_s is None
               else f"arrivals in [{s.measure_from_s or 0:g}, "
                    f"{'end' if s.measure_to_s is None else f'{s.measure_to_s:g}'}) s")
-    table = Table(title=f"Replay summary ({s.backend}, {s.num_gpus} GPU, {window})",
-                  show_header=True, header_style="bold")
-    table.add_column("metric")
-    table.add_column("p50", justify="right")
-    table.add_column("p90", justify="right")
-    table.add_column("p99", justify="right")
-    table.add_row("TTFT (ms)", _fmt(s.ttft_p50_s, scale=1e3, digits=1),
-                  _fmt(s.ttft_p90_s, scale=1e3, digits=1), _fmt(s.ttft_p99_s, scale=1e3, digits=1))
-    table.add_row("TPOT (ms)", _fmt(s.tpot_p50_s, scale=1e3, digits=2),
-                  _fmt(s.tpot_p90_s, scale=1e3, digits=2), _fmt(s.tpot_p99_s, scale=1e3, digits=2))
+    latency = Table(title=f"Replay summary ({s.backend}, {s.num_gpus} GPU, {window})",
+                    header_style="bold")
+    latency.add_column("latency")
+    for p in PERCENTS:
+        latency.add_column(f"p{p}", justify="right")
+    ms = {"scale": 1e3, "digits": 2}
+    latency.add_row("TTFT (ms)", *(_fmt(getattr(s, f"ttft_p{p}_s"), **ms) for p in PERCENTS))
+    latency.add_row("TPOT (ms)", *(_fmt(getattr(s, f"tpot_p{p}_s"), **ms) for p in PERCENTS))
     itl_label = "ITL (ms)" if s.itl_scope == "window" else "ITL (ms, whole replay)"
-    table.add_row(itl_label, _fmt(s.itl_p50_s, scale=1e3, digits=2),
-                  _fmt(s.itl_p90_s, scale=1e3, digits=2), _fmt(s.itl_p99_s, scale=1e3, digits=2))
-    table.add_row("E2E latency (s)", _fmt(s.e2e_p50_s, digits=2), _fmt(s.e2e_p90_s, digits=2),
-                  _fmt(s.e2e_p99_s, digits=2))
-    table.add_row("interactivity (tok/s/user)", _fmt(s.p50_interactivity, digits=1),
-                  _fmt(s.p90_interactivity, digits=1), _fmt(s.p99_interactivity, digits=1))
-    table.add_section()
+    latency.add_row(itl_label, *(_fmt(getattr(s, f"itl_p{p}_s"), **ms) for p in PERCENTS))
+    latency.add_row("E2E latency (s)", *(_fmt(getattr(s, f"e2e_p{p}_s"), digits=2)
+                                         for p in PERCENTS))
+    latency.add_row("interactivity (tok/s/user)",
+                    *(_fmt(getattr(s, f"p{p}_interactivity"), digits=1) for p in PERCENTS))
+    totals = Table(header_style="bold")
+    totals.add_column("throughput, cache and state")
+    totals.add_column("value", justify="right")
     rows = [
         ("output throughput (tok/s/GPU)", _fmt(s.output_throughput_per_gpu, digits=1)),
         ("total throughput, input+output (tok/s/GPU)", _fmt(s.total_throughput_per_gpu, digits=1)),
@@ -437,7 +436,8 @@ def summary_table(summary: Summary) -> "Table":
         ("speed (simulated s per wall s)", _fmt(s.speed_ratio, "x", digits=0)),
     ]
     for name, value in rows:
-        table.add_row(name, value, "", "")
-    table.caption = ("p90 interactivity = 1 / p90 over requests of per-request mean "
-                     "inter-token latency: the speed the slowest 10% of users get")
+        totals.add_row(name, value)
+    table = Table.grid(padding=(1, 0))
+    table.add_row(latency)
+    table.add_row(totals)
     return table

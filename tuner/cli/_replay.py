@@ -128,11 +128,13 @@ def replay_command(trace: str, backend: str, hardware: str, model: str, tp: int,
         echo_json({**summary.to_dict(), "settings": settings.to_dict(),
                    "target": resolved.description, "notes": result.notes})
         return
-    console = Console()
-    console.print(f"[bold]{resolved.description}[/bold]")
+    click.echo(resolved.description)
+    # A pipe gets a fixed, wide table instead of rich's 80-column fallback.
+    console = Console() if sys.stdout.isatty() else Console(width=120)
     console.print(summary_table(summary))
+    click.echo(P90_HELP)
     if out is not None:
-        console.print(f"wrote {len(result.requests):,} request rows to {out}")
+        click.echo(f"wrote {len(result.requests):,} request rows to {out}")
 
 
 def register(cli: click.Group) -> None:
