@@ -19,10 +19,13 @@ def _h(*parts: int) -> int:
 
 
 def make_requests(n: int = 30, *, seed: int = 0, hbs: int = 16, spacing_s: float = 0.05,
-                  follow_ups: bool = True) -> list[TraceRequest]:
+                  follow_ups: bool = True, aligned: bool = False) -> list[TraceRequest]:
     """``n`` requests over 3 shared system prompts, unique suffixes, partial tails
     (``ceil`` hash lists), and some second turns that extend an earlier request's prompt
-    and output (through ``output_block_hashes``)."""
+    and output (through ``output_block_hashes``). ``aligned``: every prompt is whole
+    blocks (no partial tail) and there are no follow-ups or output hashes."""
+    if aligned:
+        follow_ups = False
     rng = random.Random(seed)
     system_blocks = [4, 9, 2]
     out: list[TraceRequest] = []
@@ -45,12 +48,14 @@ def make_requests(n: int = 30, *, seed: int = 0, hbs: int = 16, spacing_s: float
             # every 10th request is exactly a system prompt: fully cached, so vLLM's
             # last-token rule caps its hit one block short
             input_len = sys_len if i % 10 == 9 else sys_len + rng.randint(1, 5 * hbs)
+            if aligned:
+                input_len -= input_len % hbs
             hashes = [_h(1, g, j) for j in range(system_blocks[g])]
             hashes += [_h(2, i, j) for j in range(system_blocks[g], -(-input_len // hbs))]
         # output blocks: full blocks of the (prompt + output) stream from floor(input/hbs) on
         n_stream = (input_len + output_len) // hbs
         first = input_len // hbs
-        out_hashes = tuple(_h(3, i, j) for j in range(first, n_stream))
+        out_hashes = () if aligned else tuple(_h(3, i, j) for j in range(first, n_stream))
         out.append(TraceRequest(request_id=f"r{i:03d}", arrival_s=round(t, 6), input_len=input_len,
                                 output_len=output_len, block_hashes=tuple(hashes),
                                 output_block_hashes=out_hashes))

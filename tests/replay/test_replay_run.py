@@ -81,6 +81,31 @@ def test_unbounded_cache_hit_rate_equals_ideal_with_last_token_rule(small_reques
     assert s.prefix_cache_hits == sum(r.num_cached_tokens for r in result.requests)
 
 
+def test_unbounded_hit_rate_equals_trace_stats_ideal_minus_last_token_rule():
+    """Against ``tuner trace stats``' ideal rate (an independent implementation): with
+    whole-block prompts the only difference is vLLM's last-token rule, which takes exactly
+    one block from every prompt that is entirely cached already."""
+    from tuner.trace.schema import TraceMetadata
+    from tuner.trace.stats import trace_stats
+    from tuner.trace.store import Trace
+
+    requests = make_requests(40, seed=11, aligned=True)
+    stats = trace_stats(Trace.from_requests(requests, TraceMetadata(
+        hash_block_size=16, source_format="synth:test")))
+    seen: set[int] = set()
+    fully_cached = 0
+    for r in requests:
+        fully_cached += all(h in seen for h in r.block_hashes)
+        seen.update(r.block_hashes)
+    assert fully_cached >= 2
+    result = replay.run(requests, target=SMALL, hash_block_size=16, load=ClosedLoop(1))
+    s = summarize(result)
+    assert s.prefix_cache_queries == sum(r.input_len for r in requests)
+    assert s.prefix_cache_hits == stats.ideal_hit_tokens - 16 * fully_cached
+    assert s.prefix_cache_hit_rate == pytest.approx(
+        stats.ideal_prefix_hit_rate - 16 * fully_cached / s.prefix_cache_queries, abs=1e-15)
+
+
 def test_unbounded_hit_rate_through_reblocking():
     """A trace hashed at 64 tokens replayed at 16: same rule after re-blocking."""
     coarse = make_requests(25, seed=5, hbs=64)
