@@ -327,3 +327,20 @@ def test_every_preset_resolves_somewhere():
             r = resolve_target(Target(hardware=hw, model=model, tp=8, max_model_len=32768))
             t = r.step_time.step_time_s(StepBatch.from_requests([(2000, 1)] * 32))
             assert 1e-4 < t < 1.0, (model, hw, t)
+
+
+def test_doc_preset_table_matches_the_code():
+    """docs/step-time-model.md §5 lists each preset's counts; they must be the code's."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "step-time-model.md").read_text()
+    for name in list_models():
+        row = re.search(rf"^\| `{re.escape(name)}` \|[^|]*\| ([\d.]+) B \| ([\d.]+) B \| (\d+) \| (\d+)",
+                        doc, re.M)
+        assert row, f"docs/step-time-model.md has no preset row for {name}"
+        m = load_model(name)
+        total, active, kv1, kv8 = row.groups()
+        assert float(total) == pytest.approx(m.total_params / 1e9, abs=0.006), name
+        assert float(active) == pytest.approx(m.active_params / 1e9, abs=0.006), name
+        assert (int(kv1), int(kv8)) == (m.kv_bytes_per_token(1), m.kv_bytes_per_token(8)), name

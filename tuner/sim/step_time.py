@@ -310,10 +310,20 @@ class RooflineStepTimeModel(StepTimeModel):
         mem = self._kv_read_t * (dctx + pctx + npt) + self._kv_write_t * tokens
         cmp = self._attn_p_t * pairs + self._attn_d_t * dctx
         if self._sliding:
+            # sliding-window layers see at most `window` keys per query; conditional
+            # expressions instead of min(): a builtin call costs ~60 ns here
             w = self._window
-            sd = min(dctx, ndr * w)
-            mem += self._kv_slide_t * (sd + min(pctx + npt, npt + npr * w))
-            cmp += self._slide_p_t * min(pairs, npt * w) + self._slide_d_t * sd
+            sd = ndr * w
+            if dctx < sd:
+                sd = dctx
+            sp = npr * w
+            if pctx < sp:
+                sp = pctx
+            pp = npt * w
+            if pairs < pp:
+                pp = pairs
+            mem += self._kv_slide_t * (sd + sp + npt)
+            cmp += self._slide_p_t * pp + self._slide_d_t * sd
         t += mem if mem > cmp else cmp
         # all-reduce and overheads
         t += self._fixed + self._ar_tok * tokens + self._req * (npr + ndr)
