@@ -22,14 +22,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol, Sequence
+from typing import Any, Literal, Protocol, Sequence
 
 from tuner.errors import ConfigError
 from tuner.sim.settings import SchedulerSettings
 from tuner.sim.target import Target
-
-if TYPE_CHECKING:
-    pass
 
 WindowName = Literal["stage1", "train", "holdout"]
 
@@ -135,8 +132,8 @@ class ReplayEvaluator:
         from tuner.sim.presets import resolve_target
         from tuner.trace import read_trace
 
-        self.trace_path = str(trace) if not hasattr(trace, "requests") else getattr(
-            trace, "path", None)
+        self.trace_path = (str(trace) if not hasattr(trace, "requests")
+                           else getattr(trace, "source", None))
         self._trace = read_trace(trace) if not hasattr(trace, "requests") else trace
         self.fingerprint = str(self._trace.fingerprint())
         if expect_fingerprint is not None and expect_fingerprint != self.fingerprint:
@@ -148,13 +145,13 @@ class ReplayEvaluator:
         self.backend = backend
         self.resolved = resolve_target(target)
         self.default_settings: SchedulerSettings = self.resolved.default_settings
-        self.max_model_len = getattr(getattr(self.resolved, "cache", None), "max_model_len",
-                                     None) or target.max_model_len
-        self.num_gpus = int(getattr(self.resolved, "num_gpus", target.num_gpus))
+        self.max_model_len = int(self.resolved.cache.max_model_len)
+        self.num_gpus = int(self.resolved.num_gpus)
         t0, t1 = (float(x) for x in self._trace.time_range())
         self.windows = Windows.split(t0, t1, holdout=holdout, stage1_fraction=stage1_fraction)
-        self.known_metrics = None  # filled after the first summary (the Summary defines them)
-        self._slices: dict[float, Any] = {}
+        self.block_size = int(self.resolved.cache.block_size)
+        self.known_metrics = _summary_keys()
+        self._slices: dict[float, list[Any]] = {}
 
     def spec(self) -> dict[str, Any]:
         return {
@@ -178,28 +175,45 @@ class ReplayEvaluator:
                    holdout=holdout, stage1_fraction=stage1,
                    expect_fingerprint=spec["trace_fingerprint"])
 
-    def _slice(self, end_s: float) -> Any:
+    def _requests(self, window: WindowName) -> list[Any]:
+        """The window's requests, re-blocked to the KV block size once (not per trial)."""
+        from tuner.replay import load_requests, reblock_request
         from tuner.trace import slice_trace
 
+        end_s = self.windows.t_split if window == "train" else (
+            self.windows.t_stage1 if window == "stage1" else self.windows.t1)
         if end_s not in self._slices:
-            if end_s >= self.windows.t1:
-                self._slices[end_s] = self._trace
-            else:
-                self._slices[end_s] = slice_trace(self._trace, start_s=self.windows.t0,
-                                                  end_s=end_s)
+            trace = self._trace if end_s >= self.windows.t1 else slice_trace(
+                self._trace, start_s=self.windows.t0, end_s=end_s)
+            requests, size = load_requests(trace)
+            block = self.block_size
+            if size is not None and size != block:
+                requests = [reblock_request(r, size, block) for r in requests]
+            self._slices[end_s] = requests
         return self._slices[end_s]
 
     def evaluate(self, settings: SchedulerSettings, window: WindowName) -> dict[str, Any]:
+        """Replay ``window`` under ``settings`` and summarise it.
+
+        ``stage1``/``train`` replay a slice that starts at ``t0`` (re-based to 0) and are
+        measured whole; ``holdout`` replays the whole trace and measures from ``t_split``.
+        """
         from tuner import metrics, replay
 
-        _, measure_from, measure_to = self.windows.bounds(window)
-        trace = self._slice(measure_to)
-        result = replay.run(trace, settings, backend=self.backend, target=self.target)
-        summary = metrics.summarize(result, measure_from_s=measure_from, measure_to_s=measure_to)
-        out = clean_metrics(summary.to_dict())
-        if self.known_metrics is None:
-            self.known_metrics = tuple(out)
-        return out
+        requests = self._requests(window)
+        result = replay.run(requests, settings, backend=self.backend, target=self.target,
+                            hash_block_size=self.block_size)
+        measure_from = self.windows.t_split if window == "holdout" else None
+        summary = metrics.summarize(result, measure_from_s=measure_from)
+        return clean_metrics(summary.to_dict())
+
+
+def _summary_keys() -> tuple[str, ...]:
+    """Numeric ``Summary`` fields: the names objectives and constraints may use."""
+    from tuner.metrics import Summary
+
+    return tuple(f.name for f in dataclasses.fields(Summary)
+                 if f.type in ("int", "float", int, float))
 
 
 def evaluator_from_spec(spec: dict[str, Any], *, trace: Any = None) -> Evaluator:

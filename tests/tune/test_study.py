@@ -1,0 +1,201 @@
+"""The study machinery on the analytic evaluator: baseline, refusals, constraints, resume,
+warm start, parallel workers and joining."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pathlib
+import signal
+import socket
+import time
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tests.tune.fake import FakeEvaluator
+from tuner.errors import ConfigError, StudyNotFound
+from tuner.profile import Profile, ProfileTarget, save_profile
+from tuner.sim.settings import SchedulerSettings
+from tuner.tune import join, open_storage, redact_url, tune
+
+
+def _study(path: pathlib.Path, name: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=open_storage(str(path)))
+
+
+def test_baseline_is_trial_zero_and_the_pick_beats_it(fake: FakeEvaluator) -> None:
+    result = tune(evaluator=fake, n_trials=30, seed=1)
+    assert result.front, "a Pareto front"
+    stage1 = [c for c in fake.calls if c[1] == "stage1"]
+    assert stage1[0][0] == fake.default_settings.to_dict()  # trial 0 = vLLM's defaults
+    assert result.baseline.is_baseline and result.baseline.number == 0
+    rec = result.recommended
+    assert not rec.is_baseline
+    assert rec.metrics["p90_interactivity"] >= result.baseline.metrics["p90_interactivity"]
+    assert rec.metrics["output_throughput_per_gpu"] > result.baseline.metrics[
+        "output_throughput_per_gpu"]
+    assert result.confirms() == {"train": True, "holdout": True}
+    # Stage 2 replays survivors on the train window, stage 3 the front on the held-out one.
+    assert {w for _, w in fake.calls} == {"stage1", "train", "holdout"}
+    assert rec.holdout is not None and result.baseline.holdout is not None
+
+
+def test_refused_combinations_are_pruned_and_never_replayed() -> None:
+    fake = FakeEvaluator()
+    result = tune(evaluator=fake, space="scheduler", n_trials=40, seed=2)
+    assert result.n_refused > 0
+    for settings, _ in fake.calls:
+        assert settings["max_num_batched_tokens"] >= settings["max_num_seqs"]
+    study_trials = result.n_complete + result.n_pruned
+    assert study_trials >= 40
+
+
+def test_refused_trial_states_reason(tmp_path: pathlib.Path) -> None:
+    journal = tmp_path / "s.optuna-journal"
+    tune(evaluator=FakeEvaluator(), space="scheduler", n_trials=40, seed=2, storage=str(journal),
+         study_name="s")
+    pruned = _study(journal, "s").get_trials(states=(TrialState.PRUNED,))
+    assert pruned and all("must be greater than or equal to max_num_seqs" in t.user_attrs["refused"]
+                          for t in pruned)
+
+
+def test_constraints_reach_optuna_and_the_pick_is_feasible(tmp_path: pathlib.Path) -> None:
+    journal = tmp_path / "c.optuna-journal"
+    result = tune(evaluator=FakeEvaluator(), n_trials=30, seed=1, storage=str(journal),
+                  study_name="c", constraints=["ttft_p90_s<=1.3"])
+    trials = _study(journal, "c").get_trials(states=(TrialState.COMPLETE,))
+    assert all("ttft_p90_s<=1.3" in t.constraints for t in trials)
+    assert any(t.constraints["ttft_p90_s<=1.3"] > 0 for t in trials)
+    assert result.n_infeasible > 0
+    assert result.recommended.metrics["ttft_p90_s"] <= 1.3
+    assert result.recommended.settings["cache_aware_admission_window"] <= 8
+    assert all(p.metrics["ttft_p90_s"] <= 1.3 for p in result.front)
+
+
+def test_resume_continues_to_n_and_refuses_a_different_search(tmp_path: pathlib.Path) -> None:
+    journal = tmp_path / "r.optuna-journal"
+    first = FakeEvaluator()
+    tune(evaluator=first, n_trials=6, seed=0, storage=str(journal), study_name="r")
+    assert len([c for c in first.calls if c[1] == "stage1"]) == 6
+    second = FakeEvaluator()
+    result = tune(evaluator=second, n_trials=14, seed=0, storage=str(journal), study_name="r")
+    assert len([c for c in second.calls if c[1] == "stage1"]) == 8
+    assert result.n_complete == 14
+    # stage-2 and held-out results of the first run are reused, not replayed again
+    third = FakeEvaluator()
+    tune(evaluator=third, n_trials=14, seed=0, storage=str(journal), study_name="r")
+    assert [c for c in third.calls if c[1] != "train"] == [] or all(
+        c[1] == "holdout" for c in third.calls if c[1] != "train")
+    assert not [c for c in third.calls if c[1] == "stage1"]
+    with pytest.raises(ConfigError, match="already exists with a different search space"):
+        tune(evaluator=FakeEvaluator(), space="scheduler", n_trials=14, storage=str(journal),
+             study_name="r")
+    with pytest.raises(ConfigError, match=r"a different trace \(fingerprint\)"):
+        tune(evaluator=FakeEvaluator(fingerprint="other"), n_trials=14, storage=str(journal),
+             study_name="r")
+
+
+def _run_slow(journal: str) -> None:
+    tune(evaluator=FakeEvaluator(delay_s=0.05), n_trials=200, seed=0, storage=journal,
+         study_name="k")
+
+
+def test_killed_run_resumes(tmp_path: pathlib.Path) -> None:
+    journal = tmp_path / "k.optuna-journal"
+    proc = multiprocessing.get_context("fork").Process(target=_run_slow, args=(str(journal),))
+    proc.start()
+    deadline = time.time() + 60
+    try:
+        while time.time() < deadline:
+            time.sleep(0.2)
+            if journal.exists():
+                done = _study(journal, "k").get_trials(states=(TrialState.COMPLETE,))
+                if len(done) >= 5:
+                    break
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join()
+    killed = _study(journal, "k")
+    done_before = len(killed.get_trials(states=(TrialState.COMPLETE,)))
+    assert 5 <= done_before < 200
+    assert killed.get_trials(states=(TrialState.RUNNING,)), "the kill left a trial running"
+    fresh = FakeEvaluator()
+    result = tune(evaluator=fresh, n_trials=done_before + 4, seed=0, storage=str(journal),
+                  study_name="k")
+    assert any("left running by a dead process" in n for n in result.notes)
+    after = _study(journal, "k")
+    assert not after.get_trials(states=(TrialState.RUNNING,))
+    assert len(after.get_trials(states=(TrialState.COMPLETE,))) == done_before + 4
+    assert len([c for c in fresh.calls if c[1] == "stage1"]) == 4
+
+
+def test_warm_start_enqueues_the_profile_and_its_pareto_set(tmp_path: pathlib.Path) -> None:
+    base = SchedulerSettings.vllm_defaults(288)
+    prof = Profile(name="prev", scheduler=base.replace(cache_aware_admission_window=64,
+                                                      cache_aware_admission_threshold=0.7),
+                   target=ProfileTarget(hardware="mi355x", model="llama-3.1-70b", tp=8, num_gpus=8),
+                   pareto=({"settings": base.replace(cache_aware_admission_window=4).to_dict()},
+                           {"settings": base.replace(cache_aware_admission_window=300 // 10 + 2,
+                                                     ).to_dict()}))
+    path = save_profile(prof, tmp_path / "prev.yaml")
+    journal = tmp_path / "w.optuna-journal"
+    result = tune(evaluator=FakeEvaluator(), n_trials=8, storage=str(journal), study_name="w",
+                  warm_start=path)
+    trials = _study(journal, "w").trials
+    assert trials[0].user_attrs["role"] == "baseline"
+    assert trials[1].user_attrs["role"] == "warm-start-profile"
+    assert trials[1].params == {"cache_aware_admission_window": 64,
+                                "cache_aware_admission_threshold": 0.7}
+    assert trials[2].user_attrs["role"] == "warm-start-pareto"
+    assert trials[2].params["cache_aware_admission_window"] == 4
+    # window 32 is a choice; 300 // 10 + 2 = 32 -> enqueued as well
+    assert trials[3].params["cache_aware_admission_window"] == 32
+    assert any("enqueued 3 point(s)" in n for n in result.notes)
+
+
+def test_two_workers_share_a_journal(tmp_path: pathlib.Path) -> None:
+    journal = tmp_path / "p.optuna-journal"
+    result = tune(evaluator=FakeEvaluator(delay_s=0.02), n_trials=16, workers=2,
+                  storage=str(journal), study_name="p")
+    trials = _study(journal, "p").get_trials(states=(TrialState.COMPLETE,))
+    assert 16 <= len(trials) <= 17  # a worker may start one more while the other finishes
+    assert len({t.user_attrs["pid"] for t in trials}) == 2
+    assert result.recommended is not None
+
+
+def test_join_checks_the_trace_and_runs_up_to_the_budget(tmp_path: pathlib.Path) -> None:
+    journal = str(tmp_path / "j.optuna-journal")
+    tune(evaluator=FakeEvaluator(), n_trials=4, storage=journal, study_name="j")
+    with pytest.raises(ConfigError, match="trace fingerprint"):
+        join("j", journal, evaluator=FakeEvaluator(fingerprint="another-trace"))
+    with pytest.raises(StudyNotFound, match="no study 'nope'.*existing: j"):
+        join("nope", journal)
+    study = optuna.load_study(study_name="j", storage=open_storage(journal))
+    study.set_user_attr("tuner", {**study.user_attrs["tuner"], "n_trials": 9})
+    out = join("j", journal, evaluator=FakeEvaluator())
+    assert out["trials_run"] == 5 and out["study_trials"] == 9
+    assert join("j", journal, evaluator=FakeEvaluator())["trials_run"] == 0
+
+
+def test_join_refuses_studies_it_cannot_rebuild(tmp_path: pathlib.Path) -> None:
+    journal = str(tmp_path / "f.optuna-journal")
+    tune(evaluator=FakeEvaluator(), n_trials=2, storage=journal, study_name="f")
+    with pytest.raises(ConfigError, match="cannot be rebuilt by a joiner"):
+        join("f", journal)
+
+
+def test_redact_url() -> None:
+    assert redact_url("postgresql://tuner:s3cret@db:5432/tuner") == "postgresql://tuner:***@db:5432/tuner"
+    assert redact_url("postgresql://tuner@db/tuner") == "postgresql://tuner@db/tuner"
+    assert redact_url("postgresql://db/t?user=u&password=x&sslmode=require") == \
+        "postgresql://db/t?user=u&password=***&sslmode=require"
+    assert redact_url(None) is None
+
+
+def test_host_attr_is_recorded(tmp_path: pathlib.Path) -> None:
+    journal = tmp_path / "h.optuna-journal"
+    tune(evaluator=FakeEvaluator(), n_trials=2, storage=str(journal), study_name="h")
+    t = _study(journal, "h").trials[0]
+    assert t.user_attrs["host"] == socket.gethostname() and isinstance(t.user_attrs["pid"], int)
