@@ -1,9 +1,256 @@
-"""Command registration (filled in by its stage)."""
+"""``tuner ingest`` and the ``tuner trace`` group (stats, slice, synth): thin shells over
+:mod:`tuner.trace`."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+from typing import Any
+
 import click
+
+from tuner.cli._common import echo_json, handle_errors
+from tuner.errors import ConfigError
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?", re.IGNORECASE)
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``30m``, ``1h30m``, ``2d`` -> seconds."""
+    pos, total, s = 0, 0.0, text.strip()
+    if not s:
+        raise ConfigError("empty duration")
+    while pos < len(s):
+        m = _DURATION.match(s, pos)
+        if m is None or m.end() == pos:
+            raise ConfigError(f"bad duration {text!r}; use e.g. 90, 90s, 30m, 1h30m")
+        unit = m.group(2).lower() if m.group(2) else None
+        total += float(m.group(1)) * _UNIT_S[unit]
+        pos = m.end()
+    return total
+
+
+class Duration(click.ParamType):
+    name = "duration"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        if isinstance(value, (int, float)):
+            return float(value)
+        try:
+            return parse_duration(str(value))
+        except ConfigError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+DURATION = Duration()
+
+
+@click.command("ingest")
+@click.argument("sources", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="Parquet trace to write (atomically).")
+@click.option("--format", "fmt", default="auto", show_default=True,
+              type=click.Choice(["auto", "mooncake", "bailian", "vllm-log", "openai-jsonl",
+                                 "azure-csv", "burstgpt-csv"]),
+              help="Input format; auto detects it from the content.")
+@click.option("--hash-block-size", type=click.IntRange(min=1), default=None,
+              help="Tokens per block hash (mooncake 512, bailian 16, others 16 by default).")
+@click.option("--salt-file", type=click.Path(dir_okay=False), default=None,
+              help="Secret salt file (created 0600 when missing); default $TUNER_SALT or "
+                   "~/.config/tuner/salt.")
+@click.option("--tokenizer", type=click.Path(exists=True), default=None,
+              help="Hugging Face tokenizer directory or tokenizer.json (openai-jsonl).")
+@click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail",
+              show_default=True,
+              help="fail: stop at the first bad record; skip: quarantine it beside the output.")
+@click.option("--json", "as_json", is_flag=True, help="Print the ingest report as JSON.")
+@handle_errors
+def ingest_cmd(sources: tuple[str, ...], output: str, fmt: str, hash_block_size: int | None,
+               salt_file: str | None, tokenizer: str | None, on_error: str, as_json: bool) -> None:
+    """Ingest request logs into a canonical Parquet trace (salted block hashes, no text).
+
+    Formats: mooncake, bailian, vllm-log, openai-jsonl, azure-csv, burstgpt-csv; gzip and
+    zstd files are read transparently. A bad record stops the run with exit code 2 and
+    leaves no output (or, with --on-error skip, goes to OUTPUT.quarantine.jsonl).
+
+    \b
+    Example:
+      tuner ingest traces/mooncake_synthetic.jsonl -o mooncake.parquet
+      tuner ingest vllm-*.log.gz -o trace.parquet --salt-file ~/.tuner-salt --on-error skip
+    """
+    from tuner.trace.ingest import ingest
+
+    report = ingest(list(sources), output, format=fmt, hash_block_size=hash_block_size,
+                    salt=salt_file, tokenizer=tokenizer, on_error=on_error,  # type: ignore[arg-type]
+                    progress=not as_json)
+    if as_json:
+        echo_json(report.to_dict())
+        return
+    click.echo(f"Ingested {report.requests:,} requests ({report.format}, "
+               f"{report.hash_block_size}-token blocks) -> {report.output}")
+    click.echo(f"  span {report.duration_s:,.1f} s, {report.records_per_s:,.0f} records/s")
+    if report.out_of_order:
+        click.echo(f"  {report.out_of_order:,} records were out of order (sorted by arrival)")
+    if report.skipped:
+        click.echo(f"  skipped {report.skipped:,} bad records -> {report.quarantine}")
+
+
+@click.group("trace")
+def trace_group() -> None:
+    """Inspect, cut and synthesize canonical traces."""
+
+
+@trace_group.command("stats")
+@click.argument("trace", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
+@handle_errors
+def stats_cmd(trace: str, as_json: bool) -> None:
+    """Print a trace's statistics: rates, lengths, sessions, ideal prefix-hit rate.
+
+    The ideal prefix-hit rate assumes an unbounded KV cache: prompt tokens covered by the
+    longest run of already-seen leading blocks, over all prompt tokens.
+
+    \b
+    Example:
+      tuner trace stats traces/agentic_1h.parquet
+      tuner trace stats trace.parquet --json | jq .ideal_prefix_hit_rate
+    """
+    from tuner.trace import read_trace, trace_stats
+
+    stats = trace_stats(read_trace(trace))
+    if as_json:
+        echo_json(stats.to_dict())
+        return
+    d = stats.to_dict()
+    rows = [
+        ("requests", f"{d['requests']:,}"),
+        ("span", f"{d['duration_s']:,.1f} s"),
+        ("arrival rate", f"{d['arrival_rate_mean_per_s']:.2f}/s mean, "
+                         f"{d['arrival_rate_peak_per_min']:,}/min peak"),
+        ("input tokens", f"mean {d['input_len_mean']:,.0f}, p50 {d['input_len_p50']:,.0f}, "
+                         f"p90 {d['input_len_p90']:,.0f}, p99 {d['input_len_p99']:,.0f}, "
+                         f"max {d['input_len_max']:,}"),
+        ("output tokens", f"mean {d['output_len_mean']:,.0f}, p50 {d['output_len_p50']:,.0f}, "
+                          f"p90 {d['output_len_p90']:,.0f}, p99 {d['output_len_p99']:,.0f}, "
+                          f"max {d['output_len_max']:,}"),
+        ("sessions", f"{d['sessions']:,} ({d['turns_per_session_mean']:.1f} turns mean, "
+                     f"{d['turns_per_session_max']} max)"),
+        ("ideal prefix-hit rate", f"{d['ideal_prefix_hit_rate']:.4f} (unbounded cache)"),
+        ("distinct KV blocks", f"{d['distinct_blocks']:,} x {d['hash_block_size']} tokens "
+                               f"= {d['distinct_block_tokens']:,} tokens"),
+        ("reuse distance", f"p50 {d['reuse_distance_p50_s']:.1f} s, "
+                           f"p90 {d['reuse_distance_p90_s']:.1f} s, "
+                           f"p99 {d['reuse_distance_p99_s']:.1f} s"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        click.echo(f"{k:<{width}}  {v}")
+
+
+@trace_group.command("slice")
+@click.argument("trace", type=click.Path())
+@click.option("--start", type=DURATION, default=None, help="Window start (e.g. 600, 10m).")
+@click.option("--end", type=DURATION, default=None, help="Window end (exclusive).")
+@click.option("--last", type=DURATION, default=None, help="The final part of the trace (e.g. 2h).")
+@click.option("--speedup", type=float, default=1.0, show_default=True,
+              help="Divide arrival times by this factor.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
+@handle_errors
+def slice_cmd(trace: str, start: float | None, end: float | None, last: float | None,
+              speedup: float, output: str, as_json: bool) -> None:
+    """Cut a time window out of a trace (re-based to 0) and optionally speed it up.
+
+    \b
+    Example:
+      tuner trace slice trace.parquet --start 0 --end 45m -o train.parquet
+      tuner trace slice trace.parquet --last 15m --speedup 2 -o holdout.parquet
+    """
+    from tuner.trace import read_trace, slice_trace
+
+    if last is None and start is None and end is None:
+        raise ConfigError("give --start/--end or --last")
+    cut = slice_trace(read_trace(trace), start_s=start, end_s=end, last_s=last, speedup=speedup)
+    cut.write(output)
+    a, b = cut.time_range()
+    if as_json:
+        echo_json({"output": output, "requests": len(cut), "start_s": a, "end_s": b})
+    else:
+        click.echo(f"Wrote {len(cut):,} requests spanning {b - a:,.1f} s -> {output}")
+
+
+@trace_group.command("synth")
+@click.option("--kind", type=click.Choice(["agentic", "chat", "rag", "random"]), required=True)
+@click.option("--duration", type=DURATION, default=None, help="Trace length (e.g. 1h, 30m).")
+@click.option("--rate", type=float, default=None,
+              help="Mean requests per second (random: Poisson rate; omit for all at t=0).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--hash-block-size", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--isl", type=int, default=None, help="random: max input length.")
+@click.option("--osl", type=int, default=None, help="random: max output length.")
+@click.option("--range-ratio", type=float, default=None,
+              help="random: lengths uniform in [ratio*L, L].")
+@click.option("--num-prompts", type=int, default=None, help="random: number of requests.")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
+              help="A field of the kind's parameters (e.g. turns=30, max_context_tokens=65536).")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
+@handle_errors
+def synth_cmd(kind: str, duration: float | None, rate: float | None, seed: int,
+              hash_block_size: int, isl: int | None, osl: int | None, range_ratio: float | None,
+              num_prompts: int | None, params: tuple[str, ...], output: str, as_json: bool) -> None:
+    """Generate a deterministic synthetic trace (same arguments, same bytes).
+
+    agentic: shared system prompts, growing multi-turn contexts, tool-call loops;
+    chat: short sessions with human think times; rag: shared system prompt + Zipf-popular
+    documents; random: unique prompts of uniform random lengths (as vllm bench random).
+
+    \b
+    Example:
+      tuner trace synth --kind agentic --duration 1h --rate 14 --seed 42 -o agentic.parquet
+      tuner trace synth --kind random --isl 8192 --osl 1024 --range-ratio 0.8 \\
+          --num-prompts 640 -o random.parquet
+    """
+    from tuner.trace import synthesize
+
+    extra = _parse_params(params)
+    for key, value in (("isl", isl), ("osl", osl), ("range_ratio", range_ratio),
+                       ("num_prompts", num_prompts)):
+        if value is not None:
+            if kind != "random":
+                raise ConfigError(f"--{key.replace('_', '-')} applies to --kind random only")
+            extra[key] = value
+    trace = synthesize(kind, duration_s=duration, rate=rate, seed=seed,  # type: ignore[arg-type]
+                       hash_block_size=hash_block_size, **extra)
+    trace.write(output)
+    if as_json:
+        echo_json({"output": output, "requests": len(trace), "kind": kind, "seed": seed})
+    else:
+        click.echo(f"Wrote {len(trace):,} {kind} requests -> {output}")
+
+
+def _parse_params(params: tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in params:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--param {item!r}: expected KEY=VALUE")
+        value: Any
+        try:
+            value = int(raw)
+        except ValueError:
+            try:
+                value = float(raw)
+            except ValueError:
+                parts = raw.split(",")
+                value = tuple(int(p) for p in parts) if len(parts) == 2 and all(
+                    p.strip().isdigit() for p in parts) else raw
+        out[key.strip().replace("-", "_")] = value
+    return out
 
 
 def register(cli: click.Group) -> None:
-    """Add this module's commands to ``cli``."""
+    """Add ``ingest`` and the ``trace`` group to ``cli``."""
+    cli.add_command(ingest_cmd)
+    cli.add_command(trace_group)

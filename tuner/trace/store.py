@@ -189,6 +189,15 @@ class Trace:
     def requests(self) -> list[TraceRequest]:
         return list(self.iter_requests())
 
+    def write(self, path: str | os.PathLike[str]) -> Path:
+        """Write this trace to ``path`` (atomically) in its stored row order.
+
+        Ingested traces are stored in arrival order; synthesized ones grouped by session,
+        which lets zstd fold each turn's repeated prefix into a back-reference.
+        """
+        table = self._frame.collect().to_arrow().select(list(TRACE_COLUMNS)).cast(SCHEMA)
+        return write_trace(path, table, self.metadata)
+
     def __len__(self) -> int:
         if self._len is None:
             self._len = int(self._frame.select(pl.len()).collect().item())
