@@ -116,8 +116,8 @@ def replay_command(trace: str, backend: str, hardware: str, model: str, tp: int,
     target = make_target(hardware, model, tp, dp, block_size, num_gpu_blocks,
                          gpu_memory_utilization, max_model_len, calibration)
     load = make_load(speedup, concurrency)
-    resolved = resolve_target(target)
-    settings = replay.parse_settings(assignments, resolved.default_settings)
+    settings = replay.parse_settings(assignments, resolve_target(target).default_settings)
+    resolved = resolve_target(target, scheduler_settings=settings)  # what run() will model
     show = sys.stderr.isatty() if progress is None else progress
     result = replay.run(trace, settings, backend=backend, target=target, load=load,
                         progress=show)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from tuner.errors import ConfigError
 from tuner.replay._backend import ProgressCallback, create_backend
+from tuner.sim.load import ClosedLoop, OpenLoop
 from tuner.sim.settings import SchedulerSettings, SimOptions
 from tuner.sim.target import Target
 from tuner.trace.reblock import reblock_request_hashes
@@ -90,7 +91,8 @@ def _progress_bar(enabled: bool) -> Iterator[ProgressCallback | None]:
 
 
 def run(trace: TraceLike, settings: SchedulerSettings | None = None, *, backend: str = "sim",
-        target: Target = Target(), load: Any = None, options: SimOptions = SimOptions(),
+        target: Target = Target(), load: OpenLoop | ClosedLoop | None = OpenLoop(),
+        options: SimOptions = SimOptions(),
         progress: bool | ProgressCallback = False, hash_block_size: int | None = None,
         **backend_options: Any) -> "ReplayResult":
     """Replay ``trace`` under ``settings`` on ``backend`` and return its records.
@@ -101,8 +103,8 @@ def run(trace: TraceLike, settings: SchedulerSettings | None = None, *, backend:
             (``resolve_target(target).default_settings``).
         backend: a registered backend name (``tuner.replay.available_backends()``).
         target: the deployment to model (hardware, model, TP/DP, KV cache).
-        load: ``OpenLoop(speedup=...)`` (None means ``OpenLoop()``: the trace's own arrival
-            times) or ``ClosedLoop(concurrency)``.
+        load: ``OpenLoop(speedup=...)`` (default ``OpenLoop()``: the trace's own arrival
+            times; None means the same) or ``ClosedLoop(concurrency)``.
         options: twin options (``record_steps``, ``check_invariants``, ...).
         progress: True for a rich progress bar on stderr, or a callback taking the
             fraction done in [0, 1].
@@ -119,7 +121,6 @@ def run(trace: TraceLike, settings: SchedulerSettings | None = None, *, backend:
         TraceSchemaError: the trace file is not a valid trace.
         BackendError: the backend failed.
     """
-    from tuner.sim.load import OpenLoop
     from tuner.sim.presets import resolve_target
 
     requests, size = load_requests(trace, hash_block_size=hash_block_size)
