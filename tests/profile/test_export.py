@@ -1,0 +1,132 @@
+"""Exporters: golden files for every format and version rule, and the vLLM check's skip.
+
+Regenerate the golden files after an intended change with
+``TUNER_UPDATE_GOLDEN=1 .venv/bin/pytest tests/profile`` and review the diff.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shlex
+
+import pytest
+import yaml
+
+from tuner.errors import ConfigError, UnsupportedVllmVersion
+from tuner.profile import (FORMATS, Profile, ProfileTarget, check_with_vllm, export_profile,
+                           flag_name, parse_version)
+from tuner.sim.settings import SchedulerSettings
+
+GOLDEN = pathlib.Path(__file__).parent / "golden"
+
+
+def make_profile(*, window: int = 16, interval: int = 4, async_scheduling: bool = True,
+                 chunked: bool = True) -> Profile:
+    settings = SchedulerSettings.vllm_defaults(288).replace(
+        cache_aware_admission_window=window, cache_aware_admission_threshold=0.35,
+        prefill_schedule_interval=interval, watermark=0.02, enable_chunked_prefill=chunked)
+    return Profile(name="golden", scheduler=settings,
+                   target=ProfileTarget(hardware="mi355x", model="llama-3.1-70b", tp=8, dp=1,
+                                        num_gpus=8, block_size=16,
+                                        async_scheduling=async_scheduling))
+
+
+CASES = [(fmt, version, native) for fmt in FORMATS
+         for version, native in (("0.33.0", False), ("0.34.0", True), ("0.32.0", False))]
+
+
+def _check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("TUNER_UPDATE_GOLDEN"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"missing golden file {path}; run with TUNER_UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"{name} differs from its golden file"
+
+
+@pytest.mark.parametrize("fmt, version, native", CASES)
+def test_golden(fmt: str, version: str, native: bool) -> None:
+    text = export_profile(make_profile(), fmt, vllm_version=version, native_admission=native)
+    ext = {"flags": "sh", "plugin": "sh", "env": "sh", "yaml": "yaml", "json": "json",
+           "python": "py"}[fmt]
+    _check_golden(f"{fmt}-{version}{'-native' if native else ''}.{ext}", text)
+
+
+def test_golden_window_zero_and_sync_scheduling() -> None:
+    _check_golden("flags-0.33.0-window0.sh",
+                  export_profile(make_profile(window=0, interval=1, chunked=False), "flags"))
+    _check_golden("flags-0.33.0-sync.sh",
+                  export_profile(make_profile(async_scheduling=False), "flags"))
+
+
+def _serve_args(text: str) -> list[str]:
+    body = "\n".join(ln for ln in text.splitlines() if not ln.startswith("#"))
+    return shlex.split(body.replace("\\\n", " "))
+
+
+def test_flags_use_vllm_names_and_the_plugin_before_pr_54625() -> None:
+    text = export_profile(make_profile(), "flags", vllm_version="0.33.0")
+    args = _serve_args(text)
+    assert args[args.index("--scheduling-policy") + 1] == "fcfs"
+    assert "--policy" not in args and "--enable-chunked-prefill" in args
+    assert "--cache-aware-admission-window" not in args
+    assert args[args.index("--scheduler-cls") + 1] == "tuner.vllm_plugin.CacheAwareAsyncScheduler"
+    extra = json.loads(args[args.index("--additional-config") + 1])
+    assert extra == {"cache_aware_admission_window": 16, "cache_aware_admission_threshold": 0.35}
+    assert "PR #54625 is unmerged" in text
+    sync = _serve_args(export_profile(make_profile(async_scheduling=False), "flags"))
+    assert "tuner.vllm_plugin.CacheAwareScheduler" in sync and "--no-async-scheduling" in sync
+    native = _serve_args(export_profile(make_profile(), "flags", vllm_version="0.34.0",
+                                        native_admission=True))
+    assert native[native.index("--cache-aware-admission-window") + 1] == "16"
+    assert "--scheduler-cls" not in native
+    off = _serve_args(export_profile(make_profile(chunked=False), "flags"))
+    assert "--no-enable-chunked-prefill" in off
+
+
+def test_yaml_config_keys_are_long_flag_names() -> None:
+    text = export_profile(make_profile(), "yaml")
+    data = yaml.safe_load(text)
+    assert data["max-num-seqs"] == 1024 and data["scheduling-policy"] == "fcfs"
+    assert data["scheduler-cls"] == "tuner.vllm_plugin.CacheAwareAsyncScheduler"
+    assert json.loads(data["additional-config"])["cache_aware_admission_window"] == 16
+    assert all(not k.startswith("-") for k in data)
+
+
+def test_python_and_json_are_valid() -> None:
+    code = export_profile(make_profile(), "python").replace(
+        "from vllm.config import SchedulerConfig", "")
+    scope: dict = {}
+    exec(compile(code, "export.py", "exec"), scope)  # noqa: S102 - our own output
+    assert scope["scheduler_kwargs"]["policy"] == "fcfs"
+    assert scope["scheduler_kwargs"]["scheduler_cls"] == "tuner.vllm_plugin.CacheAwareAsyncScheduler"
+    assert scope["additional_config"]["cache_aware_admission_threshold"] == 0.35
+    data = json.loads(export_profile(make_profile(), "json"))
+    assert data["scheduler_config"]["max_num_batched_tokens"] == 16384
+
+
+def test_version_rules() -> None:
+    old = export_profile(make_profile(), "flags", vllm_version="0.32.0")
+    assert "applies --prefill-schedule-interval only to data-parallel" in old
+    assert "applies --prefill-schedule-interval" not in export_profile(make_profile(), "flags")
+    with pytest.raises(UnsupportedVllmVersion, match="no cache-aware admission fields"):
+        export_profile(make_profile(), "flags", vllm_version="0.33.0", native_admission=True)
+    with pytest.raises(UnsupportedVllmVersion, match=">= 0.30.0 only"):
+        export_profile(make_profile(), "flags", vllm_version="0.28.1")
+    with pytest.raises(UnsupportedVllmVersion, match="not of the form"):
+        parse_version("latest")
+    assert parse_version("0.33.0+cpu") == (0, 33, 0) and parse_version("0.34.0rc1") == (0, 34, 0)
+    with pytest.raises(ConfigError, match="unknown export format"):
+        export_profile(make_profile(), "toml")
+    assert flag_name("policy") == "--scheduling-policy"
+
+
+def test_check_with_vllm_skips_with_a_note_without_vllm() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is importable here; tests/vllm runs the real check")
+    result = check_with_vllm(make_profile())
+    assert result.status == "skipped" and "not importable" in result.note
