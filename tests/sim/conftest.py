@@ -85,6 +85,13 @@ def random_trace(seed: int, n: int = 40, *, block_size: int = 16, families: int 
     return out
 
 
-@pytest.fixture
-def req_factory():
-    return Req
+#: Which scheduler path the scheduler-level tests build: the decode-group fast path
+#: (SimOptions.fast_forward=True) or the plain step. ``both_paths`` runs a test on each.
+PATH = {"fast_forward": True}
+
+
+@pytest.fixture(params=[False, True], ids=["plain", "fast"])
+def both_paths(request):
+    PATH["fast_forward"] = request.param
+    yield request.param
+    PATH["fast_forward"] = True

@@ -8,6 +8,10 @@ from tuner.sim.request import RequestStatus, SimRequest
 from tuner.sim.scheduler import Scheduler
 from tuner.sim.settings import CacheSettings, SchedulerSettings, SimOptions
 
+from conftest import PATH
+
+pytestmark = pytest.mark.usefixtures("both_paths")
+
 WARM = [101, 102, 103]  # 48 tokens of one value
 COLD = [201, 202, 203]  # 48 other tokens
 
@@ -15,6 +19,11 @@ COLD = [201, 202, 203]  # 48 other tokens
 def sched(num_blocks: int = 1000, options: SimOptions | None = None, **kw) -> Scheduler:
     kw.setdefault("max_num_batched_tokens", 8192)
     kw.setdefault("max_num_seqs", 16)
+    if options is None:
+        options = SimOptions(fast_forward=PATH["fast_forward"])
+    elif options.fast_forward != PATH["fast_forward"]:
+        options = SimOptions(prefill_interval_mode=options.prefill_interval_mode,
+                             fast_forward=PATH["fast_forward"])
     return Scheduler(SchedulerSettings(**kw), CacheSettings(num_gpu_blocks=num_blocks,
                                                             block_size=16), options)
 
@@ -32,9 +41,10 @@ def req(rid: str, input_len: int = 48, hashes=None, max_tokens: int = 1, priorit
 
 def step(s: Scheduler) -> dict[str, int]:
     out = s.schedule()
+    scheduled = s.scheduled_tokens(out)
     s.update_from_output(out)
     s.check_invariants()
-    return {r.request_id: n for r, n in out.scheduled}
+    return scheduled
 
 
 def waiting_ids(s: Scheduler) -> list[str]:
@@ -200,7 +210,7 @@ def test_preemption_recomputes_and_self_hits():
     assert [r.request_id for r in out.preempted] == ["b"]
     assert b.status == RequestStatus.PREEMPTED and b.num_computed_tokens == 0
     assert b.num_output_tokens == 1 and b.num_preemptions == 1
-    assert {r.request_id: n for r, n in out.scheduled} == {"a": 1}  # no admission
+    assert s.scheduled_tokens(out) == {"a": 1}  # no admission
     assert waiting_ids(s) == ["b"]
     s.update_from_output(out)
     s.check_invariants()
@@ -208,7 +218,7 @@ def test_preemption_recomputes_and_self_hits():
     queries, hits = s.prefix_cache_queries, s.prefix_cache_hits
     out = s.schedule()
     assert [(r.request_id, hit) for r, hit in out.admitted] == [("b", 16)]
-    assert {r.request_id: n for r, n in out.scheduled} == {"b": 33 - 16}  # prompt + output
+    assert s.scheduled_tokens(out) == {"b": 33 - 16}  # prompt + output
     assert (s.prefix_cache_queries, s.prefix_cache_hits) == (queries, hits)  # not counted
     s.update_from_output(out)
     while s.has_requests():
@@ -240,7 +250,7 @@ def test_priority_preempts_lowest_priority_and_returns_its_budget():
     assert step(s) == {"lo": 32, "hi": 32}  # lo arrived first? no: heap by priority
     out = s.schedule()
     assert [r.request_id for r in out.preempted] == ["lo"]
-    assert {r.request_id: n for r, n in out.scheduled} == {"hi": 1}
+    assert s.scheduled_tokens(out) == {"hi": 1}
 
 
 def test_priority_queue_orders_by_priority_then_arrival_then_id():

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tuner.sim.settings import SimOptions
 
 from test_scheduler import req, sched, step
+
+pytestmark = pytest.mark.usefixtures("both_paths")
 
 
 def run_spacing(mode: str = "local"):

@@ -64,13 +64,11 @@ class Simulator:
         self._in_flight = 0  # closed loop
         self.now_s = 0.0
         self.num_steps = 0
-        self.num_fast_forward_steps = 0
         self.itl_samples: list[tuple[float, int]] = []
         self.steps: list[StepRecord] | None = [] if options.record_steps else None
         self._ts: dict[str, list[float]] = {k: [] for k in (
             "t_s", "kv_usage", "num_running", "num_waiting", "num_scheduled_tokens")}
         self._ts_stride = 1
-        self._fast_forward = None  # TODO(sim, #3): fast-forward of pure-decode stretches
 
     # ----------------------------------------------------------------- arrivals
     def _arrival_time(self, index: int) -> float:
@@ -130,6 +128,7 @@ class Simulator:
         """Replay to the end; ``progress`` gets the fraction of requests issued."""
         wall0 = time.perf_counter()
         scheduler = self.scheduler
+        scheduler.materialize_all()
         total = max(1, len(self._order))
         check = self.options.check_invariants
         while True:
@@ -141,16 +140,14 @@ class Simulator:
                 self.now_s = max(self.now_s, nxt)
                 scheduler.dp_step_counter = 0  # idle engine: the next DP wave starts at 0
                 continue
-            if self._fast_forward is not None and self._fast_forward.try_advance():
-                pass
-            else:
-                self.step()
+            self.step()
             if check:
                 scheduler.check_invariants()
             if progress is not None and self.num_steps % 1000 == 0:
                 progress(self._next / total)
         if progress is not None:
             progress(1.0)
+        scheduler.materialize_all()
         return self._result(time.perf_counter() - wall0)
 
     def step(self) -> None:
@@ -158,7 +155,7 @@ class Simulator:
         scheduler = self.scheduler
         t = self.now_s
         out = scheduler.schedule()
-        if out.total_num_scheduled_tokens == 0:
+        if out.total_num_scheduled_tokens == 0 and not out.preempted:
             raise RuntimeError(f"step at t={t} scheduled nothing with {len(scheduler.running)} "
                                f"running and {len(scheduler.waiting)} waiting (tuner bug)")
         for request, hit in out.admitted:
@@ -166,13 +163,16 @@ class Simulator:
                 request.first_scheduled_s = t
                 request.num_cached_tokens = hit
         usage = scheduler.kv_cache_manager.usage
-        duration = float(self.step_time(out.batch))
+        # A step can schedule nothing: the first running request that needed a block
+        # preempted itself (priority policy), which ends the running loop and, having
+        # preempted, admits nobody. vLLM's runner returns at once on an empty batch.
+        duration = float(self.step_time(out.batch)) if out.total_num_scheduled_tokens else 0.0
         t_end = t + duration
         self._record_step(t, duration, out, usage)
         gaps: dict[float, int] = {}
         finished = scheduler.update_from_output(out, t_end, gaps)
-        for gap, count in gaps.items():
-            self.itl_samples.append((gap, count))
+        for gap in sorted(gaps):  # sorted: the same pairs whichever path ran the step
+            self.itl_samples.append((gap, gaps[gap]))
         self._in_flight -= len(finished)
         for request in finished:
             request.block_hashes = []  # drop per-request memory early
@@ -187,7 +187,7 @@ class Simulator:
         if self.steps is not None:
             self.steps.append(StepRecord(
                 step=self.num_steps, start_s=t, duration_s=duration,
-                num_scheduled_tokens={r.request_id: n for r, n in out.scheduled},
+                num_scheduled_tokens=scheduler.scheduled_tokens(out),
                 preempted=tuple(r.request_id for r in out.preempted),
                 num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
                 kv_usage=usage,
@@ -247,8 +247,7 @@ class Simulator:
         }
         first_arrival = min((r.arrival_s for r in results if r.arrival_s == r.arrival_s),
                             default=0.0)
-        notes = [f"timeseries stride: every {self._ts_stride} step(s)",
-                 f"fast-forwarded steps: {self.num_fast_forward_steps} of {self.num_steps}"]
+        notes = [f"timeseries stride: every {self._ts_stride} step(s)"]
         return ReplayResult(
             backend="sim", requests=results, itl_samples=self.itl_samples,
             timeseries=self._ts, counters=counters,

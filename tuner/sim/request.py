@@ -49,7 +49,7 @@ class SimRequest:
         "status", "num_computed_tokens", "num_output_tokens", "num_tokens", "num_preemptions",
         "is_prefill_chunk", "blocks", "num_cached_blocks", "block_hashes", "_output_hashes",
         "_block_size", "first_scheduled_s", "first_token_s", "last_token_s", "finish_s",
-        "num_cached_tokens", "session_id",
+        "num_cached_tokens", "session_id", "seq", "steady", "g0", "next_event",
     )
 
     def __init__(self, *, request_id: str, index: int, arrival_s: float, num_prompt_tokens: int,
@@ -83,6 +83,14 @@ class SimRequest:
         self.finish_s = float("nan")
         self.num_cached_tokens = -1  # local prefix hit at first admission; -1 until then
         self.session_id = session_id
+        # Decode-group bookkeeping (tuner.sim._decode_group): ``seq`` orders running
+        # requests (admission order); a ``steady`` request's token counters lag the
+        # group counter by ``G - g0`` steps; ``next_event`` is its next group step with
+        # a block allocation, a block registration or its finish.
+        self.seq = 0
+        self.steady = False
+        self.g0 = 0
+        self.next_event = -1
 
     def synthetic_hash(self, block_index: int) -> int:
         """Unique, deterministic hash of block ``block_index`` of this request (< 0)."""

@@ -22,6 +22,7 @@ not modelled (preempted requests have ``num_computed_tokens == 0``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from tuner.sim._decode_group import DecodeGroup
 from tuner.sim.batch import StepBatch
 from tuner.sim.kv_cache_manager import KVCacheManager
 from tuner.sim.request import RequestStatus, SimRequest
@@ -44,6 +45,12 @@ class SchedulerOutput:
     admitted: list[tuple[SimRequest, int]] = field(default_factory=list)  # (req, local hit)
     batch: StepBatch = field(default_factory=StepBatch)  # aggregate work for the step time
     deferred: bool = False  # prefill_schedule_interval held prefill back this step
+    # Group step (SimOptions.fast_forward): ``scheduled`` then lists only requests outside
+    # the decode group; each of the ``group_size`` members got one token.
+    lazy: bool = False
+    group_size: int = 0  # steady decoders scheduled with one token each
+    group_sum_tokens: int = 0  # sum of their num_tokens (= their decode context)
+    group_events: list[SimRequest] = field(default_factory=list)  # members with an event
 
 
 class Scheduler:
@@ -91,6 +98,11 @@ class Scheduler:
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
         self.num_preemptions = 0
+        # Fast path: steady decoders advanced together (see tuner.sim._decode_group).
+        self.group = (DecodeGroup(cache.block_size, cache.enable_prefix_caching)
+                      if self.options.fast_forward else None)
+        self.nonsteady: list[SimRequest] = []  # running requests outside the group, in order
+        self._next_seq = 0
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request: SimRequest) -> None:
@@ -110,8 +122,17 @@ class Scheduler:
             threshold = 0  # the chunk cap is not applied to a lone request
         defer = self._defer_prefills()
         out.deferred = defer
-        token_budget, prefill_scheduled = self._schedule_running(out, token_budget, threshold,
-                                                                 defer)
+        group = self.group
+        if group is not None and group.size:
+            plan = self._plan_group_step(token_budget, threshold, defer)
+            if plan is None:
+                self._dissolve_group()
+            else:
+                out.lazy = True
+                token_budget, prefill_scheduled = self._run_group_step(out, token_budget, *plan)
+        if not out.lazy:
+            token_budget, prefill_scheduled = self._schedule_running(out, token_budget,
+                                                                     threshold, defer)
         prefill_admitted = False
         if not out.preempted:
             if self.cache_aware_window and not defer:
@@ -281,6 +302,10 @@ class Scheduler:
                 self.prefix_cache_hits += num_hit
             waiting.pop_request()
             running.append(request)
+            request.seq = self._next_seq
+            self._next_seq += 1
+            if self.group is not None:
+                self.nonsteady.append(request)
             request.status = _RUNNING
             request.num_computed_tokens = num_hit
             out.scheduled.append((request, num_new))
@@ -309,6 +334,9 @@ class Scheduler:
             ctx += n
             request.num_computed_tokens = ctx
             request.is_prefill_chunk = ctx < request.num_tokens
+        if out.lazy:  # each steady decoder: one token over its whole sequence
+            ndr += out.group_size
+            dctx += out.group_sum_tokens
         out.batch = StepBatch(npr, ndr, npt, pctx, pairs, dctx)
 
     # ----------------------------------------------------------------- outputs
@@ -321,7 +349,12 @@ class Scheduler:
         time or its inter-token gap (pooled into ``gaps``: gap_s -> count) is recorded.
         Requests reaching ``max_tokens`` finish and free their blocks, in output order.
         """
+        if gaps is None:
+            gaps = {}
         finished: list[SimRequest] = []
+        group = self.group
+        if out.lazy:
+            self._group_tokens(out, now_s, gaps, finished)
         for request, _ in out.scheduled:
             if request.num_computed_tokens < request.num_tokens:
                 continue
@@ -329,21 +362,209 @@ class Scheduler:
             last = request.last_token_s
             if last != last:  # nan: the first token
                 request.first_token_s = now_s
-            elif gaps is not None:
+            else:
                 gap = now_s - last
                 gaps[gap] = gaps.get(gap, 0) + 1
             request.last_token_s = now_s
             if request.num_output_tokens >= request.max_tokens:
                 request.status = RequestStatus.FINISHED
                 request.finish_s = now_s
-                self.kv_cache_manager.free(request)
                 finished.append(request)
         if finished:
-            done = {id(r) for r in finished}
-            self.running = [r for r in self.running if id(r) not in done]
+            if out.lazy:
+                finished.sort(key=_seq)  # the plain path frees in scheduled (= seq) order
+            free = self.kv_cache_manager.free
+            for request in finished:
+                free(request)
+            self.running = [r for r in self.running if r.status == _RUNNING]
+        if group is not None:
+            group.last_end_s = now_s
+            if out.lazy:
+                size = group.size
+                for request, _ in out.scheduled:
+                    if request.status == _RUNNING and not request.steady:
+                        self._maybe_promote(request, now_s)
+                if finished or group.size != size:
+                    self.nonsteady = [r for r in self.nonsteady
+                                      if r.status == _RUNNING and not r.steady]
+            else:
+                for request in self.running:
+                    if not request.steady:
+                        self._maybe_promote(request, now_s)
+                self.nonsteady = [r for r in self.running if not r.steady]
         return finished
 
+    # ----------------------------------------------------------------- decode group
+    def _plan_group_step(self, token_budget: int, threshold: int, defer: bool
+                         ) -> tuple[list[tuple[SimRequest, int]], list[SimRequest]] | None:
+        """Tokens for the running requests outside the group, if this step can be a
+        group step: every member gets its token and no allocation can fail. Same rules
+        as ``_schedule_running``, evaluated without touching the pool."""
+        group = self.group
+        assert group is not None
+        running = self.running
+        bs = self.block_size
+        max_model_len = self.max_model_len
+        n_steady = group.size
+        last = len(running) - 1
+        while not running[last].steady:
+            last -= 1
+        items: list[tuple[SimRequest, int]] = []
+        spent = spent_before_last = need_blocks = 0
+        for k, request in enumerate(self.nonsteady):
+            pos = running.index(request)
+            steady_before = pos - k
+            budget_here = token_budget - steady_before - spent
+            if budget_here <= 0:
+                if steady_before < n_steady:
+                    return None  # the running loop would stop before a member
+                break
+            if defer and request.is_prefill_chunk:
+                continue
+            n = request.num_tokens - request.num_computed_tokens
+            if 0 < threshold < n:
+                n = threshold
+            if n > budget_here:
+                n = budget_here
+            cap = max_model_len - 1 - request.num_computed_tokens
+            if n > cap:
+                n = cap
+            if n <= 0:
+                continue
+            items.append((request, n))
+            spent += n
+            if pos < last:
+                spent_before_last += n
+            slot = min(request.num_computed_tokens + n, max_model_len)
+            nb = -(-slot // bs) - len(request.blocks)
+            if nb > 0:
+                need_blocks += nb
+        if token_budget - (n_steady - 1) - spent_before_last <= 0:
+            return None
+        events = group.take_events()
+        g = group.G
+        for request in events:
+            if (request.num_tokens + (g - request.g0) - 1) % bs == 0:
+                need_blocks += 1
+        if need_blocks > self.kv_cache_manager.block_pool.free_block_queue.num_free_blocks:
+            return None  # an allocation could fail and preempt: take the plain path
+        return items, events
+
+    def _run_group_step(self, out: SchedulerOutput, token_budget: int,
+                        items: list[tuple[SimRequest, int]], events: list[SimRequest]
+                        ) -> tuple[int, bool]:
+        """The running loop of a group step: allocations and registrations of members
+        with an event and of the other running requests, merged in running order."""
+        group = self.group
+        assert group is not None
+        kvm = self.kv_cache_manager
+        prefill_scheduled = False
+        spent = 0
+        i = j = 0
+        n_items, n_events = len(items), len(events)
+        while i < n_items or j < n_events:
+            if j < n_events and (i >= n_items or events[j].seq < items[i][0].seq):
+                member = events[j]
+                j += 1
+                group.materialize(member)
+                ok = kvm.allocate_slots(member, 1)
+                assert ok, f"group step allocation failed for {member!r} (tuner bug)"
+                continue
+            request, n = items[i]
+            i += 1
+            ok = kvm.allocate_slots(request, n)
+            assert ok, f"group step allocation failed for {request!r} (tuner bug)"
+            out.scheduled.append((request, n))
+            spent += n
+            if request.is_prefill_chunk:
+                prefill_scheduled = True
+        out.group_size = group.size
+        out.group_sum_tokens = group.sum_tokens
+        out.group_events = events
+        out.total_num_scheduled_tokens += group.size + spent
+        return token_budget - group.size - spent, prefill_scheduled
+
+    def _group_tokens(self, out: SchedulerOutput, now_s: float, gaps: dict[float, int],
+                      finished: list[SimRequest]) -> None:
+        """Every member got one token at ``now_s``; members with an event finish or
+        get their next event."""
+        group = self.group
+        assert group is not None
+        odd, group.odd = group.odd, []
+        n_main = out.group_size
+        for member in odd:
+            if member.steady:  # joined with an older last token: its own gap
+                gap = now_s - member.last_token_s
+                gaps[gap] = gaps.get(gap, 0) + 1
+                n_main -= 1
+        if n_main:
+            gap = now_s - group.last_end_s
+            gaps[gap] = gaps.get(gap, 0) + n_main
+        group.G += 1
+        group.sum_tokens += out.group_size
+        group.last_end_s = now_s
+        for member in out.group_events:
+            group.materialize(member)
+            if member.num_output_tokens >= member.max_tokens:
+                group.remove(member)
+                member.status = RequestStatus.FINISHED
+                member.finish_s = now_s
+                finished.append(member)
+            else:
+                group.schedule(member)
+
+    def _maybe_promote(self, request: SimRequest, now_s: float) -> None:
+        """Move a decode-ready running request into the group."""
+        if (request.num_computed_tokens == request.num_tokens - 1
+                and len(request.blocks) == -(-request.num_computed_tokens // self.block_size)
+                and not request.is_prefill_chunk):
+            self.group.add(request, now_s)  # type: ignore[union-attr]
+
+    def _dissolve_group(self) -> None:
+        """Materialise every member and leave them to the plain path."""
+        group = self.group
+        assert group is not None
+        for request in self.running:
+            if request.steady:
+                group.materialize(request)
+                request.steady = False
+                request.next_event = -1
+        group.clear()
+        self.nonsteady = list(self.running)
+
+    def materialize_all(self) -> None:
+        """Bring every member's counters up to date (pure bookkeeping; for checks)."""
+        if self.group is not None:
+            for request in self.running:
+                if request.steady:
+                    self.group.materialize(request)
+
+    def scheduled_tokens(self, out: SchedulerOutput) -> dict[str, int]:
+        """request id -> tokens scheduled in ``out``, in vLLM's order (for StepRecords)."""
+        if not out.lazy:
+            return {r.request_id: n for r, n in out.scheduled}
+        others = {id(r): n for r, n in out.scheduled}
+        result = {}
+        for request in self.running:
+            if request.steady:
+                result[request.request_id] = 1
+            else:
+                n = others.get(id(request))
+                if n is not None:
+                    result[request.request_id] = n
+        return result
+
     def check_invariants(self) -> None:
+        self.materialize_all()
+        group = self.group
+        if group is not None:
+            members = [r for r in self.running if r.steady]
+            assert len(members) == group.size, "group size != steady running requests"
+            assert sum(r.num_tokens for r in members) == group.sum_tokens, "group token sum"
+            assert [r for r in self.running if not r.steady] == self.nonsteady, "nonsteady list"
+            for r in members:
+                assert r.num_computed_tokens == r.num_tokens - 1, f"member {r!r} not decoding"
+                assert r.next_event >= group.G and r in group.calendar.get(r.next_event, ())
         live = list(self.running) + list(self.waiting)
         self.kv_cache_manager.check_invariants(live)
         assert len(self.running) <= self.max_num_running_reqs, "running > max_num_seqs"
@@ -353,3 +574,7 @@ class Scheduler:
         for request in self.running:
             assert request.status == _RUNNING, f"{request!r} in running"
             assert request.num_output_tokens < request.max_tokens
+
+
+def _seq(request: SimRequest) -> int:
+    return request.seq

@@ -1,0 +1,114 @@
+"""Differential test: the decode-group fast path (``SimOptions.fast_forward``) must give
+byte-identical results to the plain step, on randomized traces and settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.sim.engine import Simulator
+from tuner.sim.load import ClosedLoop, OpenLoop
+from tuner.sim.settings import CacheSettings, SchedulerSettings, SimOptions
+
+from conftest import check_result, random_trace
+
+
+def step_time(batch) -> float:
+    # Nonlinear in the sums so that a wrong batch changes the clock.
+    return (0.004 + 3e-6 * batch.num_prefill_tokens + 2e-5 * batch.num_decode_reqs
+            + 1e-8 * batch.decode_ctx_tokens + 1e-12 * batch.prefill_attn_pairs
+            + 1e-7 * batch.num_decode_reqs ** 1.5)
+
+
+def run(reqs, settings, cache, fast: bool, load=OpenLoop(), mode: str = "local"):
+    options = SimOptions(fast_forward=fast, record_steps=True, check_invariants=True,
+                         prefill_interval_mode=mode)
+    return Simulator(reqs, settings, cache, step_time, options=options, load=load).run()
+
+
+def assert_identical(a, b) -> None:
+    assert repr(a.requests) == repr(b.requests)
+    assert a.counters == b.counters
+    assert repr(a.steps) == repr(b.steps)
+    assert repr(a.itl_samples) == repr(b.itl_samples)
+    assert repr(a.timeseries) == repr(b.timeseries)
+    assert repr(a.simulated_s) == repr(b.simulated_s)
+
+
+CASES = {
+    # name: (scheduler settings, num_gpu_blocks, block_size)
+    "roomy": (SchedulerSettings(max_num_batched_tokens=512, max_num_seqs=32), 2000, 16),
+    "tiny_pool_preempts": (SchedulerSettings(max_num_batched_tokens=256, max_num_seqs=16), 40, 16),
+    "window": (SchedulerSettings(max_num_batched_tokens=256, max_num_seqs=16,
+                                 cache_aware_admission_window=8,
+                                 cache_aware_admission_threshold=0.3), 60, 16),
+    "window_thr0_tiny": (SchedulerSettings(max_num_batched_tokens=128, max_num_seqs=12,
+                                           cache_aware_admission_window=4,
+                                           cache_aware_admission_threshold=0.0), 30, 16),
+    "interval4": (SchedulerSettings(max_num_batched_tokens=256, max_num_seqs=16,
+                                    prefill_schedule_interval=4), 200, 16),
+    "interval4_window_tiny": (SchedulerSettings(max_num_batched_tokens=128, max_num_seqs=16,
+                                                prefill_schedule_interval=4,
+                                                cache_aware_admission_window=4,
+                                                cache_aware_admission_threshold=0.2), 35, 16),
+    "priority_tiny": (SchedulerSettings(max_num_batched_tokens=200, max_num_seqs=10,
+                                        policy="priority"), 35, 16),
+    "threshold_watermark": (SchedulerSettings(max_num_batched_tokens=300, max_num_seqs=20,
+                                              long_prefill_token_threshold=64,
+                                              watermark=0.05), 80, 16),
+    "no_chunking": (SchedulerSettings(max_num_batched_tokens=400, max_num_seqs=20,
+                                      enable_chunked_prefill=False), 100, 16),
+    "budget_starved": (SchedulerSettings(max_num_batched_tokens=24, max_num_seqs=24), 500, 16),
+    "block_size_4": (SchedulerSettings(max_num_batched_tokens=256, max_num_seqs=16), 200, 4),
+    "block_size_1": (SchedulerSettings(max_num_batched_tokens=256, max_num_seqs=16), 600, 1),
+}
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fast_path_is_identical(case, seed):
+    settings, num_blocks, bs = CASES[case]
+    max_input = 300 if bs > 1 else 60
+    reqs = random_trace(seed, 50, block_size=bs, max_input=max_input, max_output=80,
+                        with_output_hashes=True, rate=30.0)
+    cache = CacheSettings(num_gpu_blocks=num_blocks, block_size=bs)
+    slow = run(reqs, settings, cache, False)
+    fast = run(reqs, settings, cache, True)
+    check_result(reqs, slow)
+    assert_identical(slow, fast)
+    if case.endswith("preempts") or case.endswith("tiny"):
+        assert slow.counters["preemptions"] > 0  # the case exercises preemption
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_fast_path_identical_closed_loop_dp_and_no_caching(seed):
+    reqs = random_trace(seed + 10, 40, with_output_hashes=True)
+    settings = SchedulerSettings(max_num_batched_tokens=256, max_num_seqs=16,
+                                 prefill_schedule_interval=3)
+    for cache in (CacheSettings(num_gpu_blocks=60, block_size=16),
+                  CacheSettings(num_gpu_blocks=60, block_size=16, enable_prefix_caching=False)):
+        for load, mode in ((ClosedLoop(6), "local"), (OpenLoop(2.0), "dp")):
+            slow = run(reqs, settings, cache, False, load, mode)
+            fast = run(reqs, settings, cache, True, load, mode)
+            assert_identical(slow, fast)
+
+
+def test_long_decode_stretch_uses_group_steps():
+    """Few long decoders: most steps must be group steps, and still identical."""
+    reqs = random_trace(3, 12, max_input=64, max_output=400, rate=100.0)
+    settings = SchedulerSettings(max_num_batched_tokens=512, max_num_seqs=16)
+    cache = CacheSettings(num_gpu_blocks=1000)
+    slow = run(reqs, settings, cache, False)
+    options = SimOptions(fast_forward=True, record_steps=True)
+    sim = Simulator(reqs, settings, cache, step_time, options=options)
+    lazy_steps = []
+    original = sim.scheduler.schedule
+
+    def spy():
+        out = original()
+        lazy_steps.append(out.lazy)
+        return out
+
+    sim.scheduler.schedule = spy  # type: ignore[method-assign]
+    fast = sim.run()
+    assert_identical(slow, fast)
+    assert sum(lazy_steps) > 0.8 * len(lazy_steps)
