@@ -150,15 +150,25 @@ def test_hardware_presets():
 
 
 def test_default_block_size_per_backend():
-    assert load_hardware("mi355x").block_size_for("gqa") == 64  # ROCm AITER unified attention
+    """vLLM 0.33.0's default backends and the block size each implies (docs §4)."""
+    mi = load_hardware("mi355x")
+    assert (mi.backend_for("gqa"), mi.block_size_for("gqa")) == ("ROCM_ATTN", 16)
+    assert (mi.backend_for("gqa_sinks"), mi.block_size_for("gqa_sinks")) == (
+        "ROCM_AITER_UNIFIED_ATTN", 64)
     assert load_hardware("h100").block_size_for("gqa") == 16  # CUDA FlashAttention
-    assert load_hardware("h200").block_size_for("mla") == 64  # FlashMLA
-    assert resolve_target(Target(hardware="mi355x", model="llama-3.1-70b", tp=8)).cache.block_size == 64
-    over = resolve_target(Target(hardware="mi355x", model="llama-3.1-70b", tp=8, block_size=16))
-    assert over.cache.block_size == 16
-    # smaller blocks, same bytes: four times the blocks (to rounding)
+    assert load_hardware("h100").block_size_for("gqa_sinks") == 16  # falls back to gqa
+    assert load_hardware("h200").block_size_for("mla") == 16  # FLASH_ATTN_MLA, multiples of 16
+    assert load_hardware("b200").block_size_for("mla") == 32  # FLASHINFER_MLA: 32 or 64
+    assert load_model("gpt-oss-120b").backend_kind == "gqa_sinks"
+    assert load_model("deepseek-v3").backend_kind == "mla"
+    oss = resolve_target(Target(hardware="mi355x", model="gpt-oss-120b", tp=1))
+    assert oss.cache.block_size == 64
     base = resolve_target(Target(hardware="mi355x", model="llama-3.1-70b", tp=8))
-    assert abs(over.cache.num_gpu_blocks - 4 * base.cache.num_gpu_blocks) <= 4
+    assert base.cache.block_size == 16
+    over = resolve_target(Target(hardware="mi355x", model="llama-3.1-70b", tp=8, block_size=64))
+    assert over.cache.block_size == 64
+    # bigger blocks, same bytes: a quarter of the blocks (to rounding)
+    assert abs(4 * over.cache.num_gpu_blocks - base.cache.num_gpu_blocks) <= 4
 
 
 def test_vllm_batch_defaults_by_memory():
@@ -191,17 +201,17 @@ def test_bad_hardware(tmp_path):
 
 # ---------------------------------------------------------------- capacity
 def test_capacity_matches_a_hand_computation():
-    """Llama-3.1-70B bf16, TP8 on MI355X, block 64, utilization 0.92, 16384/1024."""
+    """Llama-3.1-70B bf16, TP8 on MI355X, block 16, utilization 0.92, 16384/1024."""
     hw, m = load_hardware("mi355x"), load_model("llama-3.1-70b")
     requested = math.ceil(288 * GIB * 0.92)
     weights = sum(m.weight_bytes_per_gpu(8).values())
     assert weights == pytest.approx(m.total_params * 2 / 8, rel=1e-3)
     act = 16384 * 2 * (4 * 8192 + 3 * 28672 / 8) + 1024 * 128256 * 4 * 2
-    per_block = 64 * 2 * 80 * 1 * 128 * 2
+    per_block = 16 * 2 * 80 * 1 * 128 * 2
     expected = int((requested - weights - act - NON_TORCH_BYTES) // per_block)
-    got = num_gpu_blocks(hw, m, 8, 64, 0.92, max_num_batched_tokens=16384, max_num_seqs=1024)
+    got = num_gpu_blocks(hw, m, 8, 16, 0.92, max_num_batched_tokens=16384, max_num_seqs=1024)
     assert got == expected
-    tokens = got * 64
+    tokens = got * 16
     assert 5.5e6 < tokens < 7.0e6  # "about 6 million"
     resolved = resolve_target(Target(hardware="mi355x", model="llama-3.1-70b", tp=8))
     assert resolved.cache.num_gpu_blocks == got
@@ -210,10 +220,10 @@ def test_capacity_matches_a_hand_computation():
 
 def test_capacity_grows_with_utilization_and_fp8_kv():
     hw, m = load_hardware("mi355x"), load_model("llama-3.1-70b")
-    lo = kv_capacity(hw, m, 8, 64, 0.8)
-    hi = kv_capacity(hw, m, 8, 64, 0.92)
+    lo = kv_capacity(hw, m, 8, 16, 0.8)
+    hi = kv_capacity(hw, m, 8, 16, 0.92)
     assert hi.num_gpu_blocks > lo.num_gpu_blocks
-    fp8 = kv_capacity(hw, m.with_dtypes(kv_cache_dtype="fp8"), 8, 64, 0.92)
+    fp8 = kv_capacity(hw, m.with_dtypes(kv_cache_dtype="fp8"), 8, 16, 0.92)
     assert abs(fp8.num_gpu_blocks - 2 * hi.num_gpu_blocks) <= 2
 
 

@@ -207,7 +207,8 @@ def worked_example_markdown() -> str:
     from tuner.sim.capacity import kv_capacity
 
     model = RooflineStepTimeModel(MI355X, L70, 8)
-    cap = kv_capacity(MI355X, L70, 8, 64, 0.92, max_num_batched_tokens=16384,
+    block = MI355X.block_size_for(L70.backend_kind)
+    cap = kv_capacity(MI355X, L70, 8, block, 0.92, max_num_batched_tokens=16384,
                       max_num_seqs=1024)
     lines = ["| quantity | decode: 128 requests at 8k context | prefill: one 8192-token prompt |",
              "|---|---|---|"]
@@ -225,11 +226,11 @@ def worked_example_markdown() -> str:
                  f"| {p['bounds']['dense']} / {p['bounds']['attention']} |")
     lines.append(f"| tokens/s per engine | {128 / td:,.0f} (output) | {8192 / tp_:,.0f} (prompt) |")
     lines.append("")
-    lines.append(f"KV capacity (block 64, gpu_memory_utilization 0.92, 16384/1024 batch defaults): "
+    lines.append(f"KV capacity (block {block}, gpu_memory_utilization 0.92, 16384/1024 batch defaults): "
                  f"requested {cap.requested_bytes / 2**30:.2f} GiB, weights "
                  f"{cap.weight_bytes / 2**30:.2f} GiB, activations {cap.activation_bytes / 2**30:.2f} GiB, "
                  f"non-torch {cap.non_torch_bytes / 2**30:.2f} GiB, KV {cap.kv_bytes / 2**30:.2f} GiB "
-                 f"/ {cap.bytes_per_block / 2**20:.2f} MiB per block = **{cap.num_gpu_blocks:,} blocks "
+                 f"/ {cap.bytes_per_block / 2**10:.0f} KiB per block = **{cap.num_gpu_blocks:,} blocks "
                  f"= {cap.num_tokens:,} tokens** per GPU (and per TP8 engine).")
     return "\n".join(lines)
 

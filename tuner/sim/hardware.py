@@ -3,8 +3,8 @@
 Each preset in ``tuner/sim/presets/hardware/<name>.yaml`` gives vendor peak numbers
 (dense, never sparse; ../shared/spec/landscape.md §5), the scale-up interconnect, and
 what vLLM picks by default on that GPU: the attention backend and hence the KV block
-size (vLLM 0.33.0 ``platforms/interface.py``: 64 with ROCm's AITER unified attention,
-16 with CUDA FlashAttention/FlashInfer, 64 for FlashMLA, 128 for CUTLASS MLA), and the
+size (vLLM 0.33.0 ``platforms/{rocm,cuda}.py`` backend priorities and
+``platforms/interface.py`` block-size choice; see docs/step-time-model.md §4), and the
 ``vllm serve`` batch defaults, which depend only on device memory
 (``EngineArgs.get_batch_defaults``).
 
@@ -42,8 +42,9 @@ class HardwareSpec:
     interconnect_name: str
     interconnect_bandwidth: float  # per GPU, one direction, all links, bytes/s
     allreduce_latency_s: float  # fixed cost of one all-reduce call (small message)
-    attention_backend: dict[str, str] = field(default_factory=dict)  # {"gqa": ..., "mla": ...}
-    default_block_size: dict[str, int] = field(default_factory=dict)  # {"gqa": 64, "mla": 16}
+    # default attention backend and KV block size by model kind ("gqa", "gqa_sinks", "mla")
+    attention_backend: dict[str, str] = field(default_factory=dict)
+    default_block_size: dict[str, int] = field(default_factory=dict)
 
     @property
     def memory_bytes(self) -> int:
@@ -60,12 +61,16 @@ class HardwareSpec:
             return self.peak_flops[dtype]
         return self.peak_flops["bf16"]
 
-    def block_size_for(self, attention: str) -> int:
-        """vLLM's default KV block size for this GPU and attention kind (``gqa``/``mla``)."""
-        return int(self.default_block_size.get(attention, self.default_block_size.get("gqa", 16)))
+    def block_size_for(self, kind: str) -> int:
+        """vLLM's default KV block size here for a model of ``kind``
+        (``ModelSpec.backend_kind``: ``gqa``, ``gqa_sinks`` or ``mla``)."""
+        return int(self.default_block_size.get(kind, self.default_block_size.get(
+            "gqa" if kind == "gqa_sinks" else kind, self.default_block_size.get("gqa", 16))))
 
-    def backend_for(self, attention: str) -> str:
-        return self.attention_backend.get(attention, self.attention_backend.get("gqa", "?"))
+    def backend_for(self, kind: str) -> str:
+        """The attention backend vLLM picks by default for a model of ``kind``."""
+        return self.attention_backend.get(kind, self.attention_backend.get(
+            "gqa" if kind == "gqa_sinks" else kind, self.attention_backend.get("gqa", "?")))
 
     def batch_defaults(self) -> SchedulerSettings:
         """``vllm serve`` batch defaults for this GPU (>= 160 GiB -> 16384/1024, ...)."""
@@ -136,6 +141,12 @@ def hardware_from_dict(data: Any, *, source: str = "hardware") -> HardwareSpec:
             isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block.values()):
         raise ConfigError(f"{source}: field 'default_block_size' must map gqa/mla to "
                           "positive integers")
+    kinds = {"gqa", "gqa_sinks", "mla"}
+    for key in ("default_block_size", "attention_backend"):
+        extra = set(data.get(key) or {}) - kinds
+        if extra:
+            raise ConfigError(f"{source}: field {key!r} has unknown model kind(s) "
+                              f"{sorted(extra)}; use gqa, gqa_sinks, mla")
     name = str(data.get("name") or Path(source).stem)
     return HardwareSpec(
         name=name,

@@ -84,6 +84,7 @@ class ModelSpec:
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # q/k/v (and, for gpt-oss, o) biases
     attention: AttentionKind = "gqa"
+    attention_sinks: bool = False  # learned per-head sinks (gpt-oss); narrows backend choice
     # MLA (DeepSeek-V2/V3); zero for GQA models
     q_lora_rank: int = 0  # 0 = no low-rank query (q_proj directly)
     kv_lora_rank: int = 0  # latent KV width (the cached part, with qk_rope_head_dim)
@@ -112,6 +113,13 @@ class ModelSpec:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def backend_kind(self) -> str:
+        """What the attention backend choice depends on: ``mla``, ``gqa_sinks`` or ``gqa``."""
+        if self.attention == "mla":
+            return "mla"
+        return "gqa_sinks" if self.attention_sinks else "gqa"
 
     @property
     def num_full_layers(self) -> int:
@@ -369,7 +377,7 @@ def model_from_config(config: dict[str, Any], *, name: str, source: str = "confi
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         attention_bias=bool(config.get("attention_bias", False) or model_type in ("qwen2", "qwen2_moe")),
         sliding_window=window, num_sliding_layers=sliding,
-        max_position_embeddings=max_pos, **fields, **dtypes)
+        attention_sinks=model_type == "gpt_oss", max_position_embeddings=max_pos, **fields, **dtypes)
 
 
 def _count_moe_layers(config: dict[str, Any], layers: int, source: str) -> int:

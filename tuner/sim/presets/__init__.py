@@ -86,7 +86,7 @@ def resolve_target(target: Target, *,
         coefficients = calibration.coefficients
     step_time = RooflineStepTimeModel(hardware, model, target.tp, coefficients)
 
-    block_size = target.block_size or hardware.block_size_for(model.attention)
+    block_size = target.block_size or hardware.block_size_for(model.backend_kind)
     defaults = hardware.batch_defaults()
     sched = scheduler_settings or defaults
     max_model_len = target.max_model_len or model.max_position_embeddings
@@ -114,7 +114,7 @@ def resolve_target(target: Target, *,
     description = (
         f"{model.name} ({model.weight_dtype} weights, {model.kv_dtype} KV) on "
         f"{target.num_gpus}x {hardware.display_name} (TP{target.tp} x DP{target.dp}), "
-        f"block {block_size}, {blocks:,} blocks = {tokens / 1e6:.2f}M tokens/engine"
+        f"{hardware.backend_for(model.backend_kind)} block {block_size}, {blocks:,} blocks = {tokens / 1e6:.2f}M tokens/engine"
         + (" (override)" if capacity is None else "")
         + (", calibrated" if target.calibration else ""))
     return ResolvedTarget(target=target, hardware=hardware, model=model, step_time=step_time,
