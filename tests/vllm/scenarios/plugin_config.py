@@ -15,7 +15,7 @@ sys.modules["_vllm_core_driver"] = drv
 spec.loader.exec_module(drv)
 
 from tuner import vllm_plugin  # noqa: E402
-from tuner.profile import vllm_plugin as impl  # noqa: E402
+from tuner import vllm_plugin as impl  # noqa: E402
 
 
 def emit(case, **kw):
