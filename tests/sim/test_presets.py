@@ -13,7 +13,7 @@ import yaml
 from tuner.errors import ConfigError
 from tuner.sim.batch import StepBatch
 from tuner.sim.calibration import Calibration, load_calibration, save_calibration
-from tuner.sim.capacity import NON_TORCH_BYTES, kv_capacity, num_gpu_blocks
+from tuner.sim.capacity import CUDAGRAPH_BYTES, NON_TORCH_BYTES, kv_capacity, num_gpu_blocks
 from tuner.sim.hardware import list_hardware, load_hardware
 from tuner.sim.models import PRESET_DIR, list_models, load_model
 from tuner.sim.presets import default_scheduler_settings, resolve_target
@@ -208,7 +208,7 @@ def test_capacity_matches_a_hand_computation():
     assert weights == pytest.approx(m.total_params * 2 / 8, rel=1e-3)
     act = 16384 * 2 * (4 * 8192 + 3 * 28672 / 8) + 1024 * 128256 * 4 * 2
     per_block = 16 * 2 * 80 * 1 * 128 * 2
-    expected = int((requested - weights - act - NON_TORCH_BYTES) // per_block)
+    expected = int((requested - weights - act - NON_TORCH_BYTES - CUDAGRAPH_BYTES) // per_block)
     got = num_gpu_blocks(hw, m, 8, 16, 0.92, max_num_batched_tokens=16384, max_num_seqs=1024)
     assert got == expected
     tokens = got * 16
@@ -232,6 +232,7 @@ def test_override_and_refusals():
     r = resolve_target(t)
     assert r.cache.num_gpu_blocks == 1234 and r.capacity is None
     assert r.num_gpus == 8 and r.cache.enable_prefix_caching
+    assert CUDAGRAPH_BYTES == 1 << 30 and NON_TORCH_BYTES == 1.5 * (1 << 30)
     with pytest.raises(ConfigError, match="does not fit on 1x h100"):
         resolve_target(Target(hardware="h100", model="llama-3.1-70b", tp=1))
     with pytest.raises(ConfigError, match="max_model_len=131072"):

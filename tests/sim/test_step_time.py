@@ -229,7 +229,8 @@ def worked_example_markdown() -> str:
     lines.append(f"KV capacity (block {block}, gpu_memory_utilization 0.92, 16384/1024 batch defaults): "
                  f"requested {cap.requested_bytes / 2**30:.2f} GiB, weights "
                  f"{cap.weight_bytes / 2**30:.2f} GiB, activations {cap.activation_bytes / 2**30:.2f} GiB, "
-                 f"non-torch {cap.non_torch_bytes / 2**30:.2f} GiB, KV {cap.kv_bytes / 2**30:.2f} GiB "
+                 f"non-torch {cap.non_torch_bytes / 2**30:.2f} GiB, graphs {cap.cudagraph_bytes / 2**30:.2f} GiB, "
+                 f"KV {cap.kv_bytes / 2**30:.2f} GiB "
                  f"/ {cap.bytes_per_block / 2**10:.0f} KiB per block = **{cap.num_gpu_blocks:,} blocks "
                  f"= {cap.num_tokens:,} tokens** per GPU (and per TP8 engine).")
     return "\n".join(lines)

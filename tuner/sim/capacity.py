@@ -4,7 +4,7 @@ Mirrors vLLM 0.33.0's start-up profiling (``gpu_worker.determine_available_memor
 and ``kv_cache_planning``; spec §5.6), per GPU:
 
     requested = ceil(memory x gpu_memory_utilization)
-    kv_bytes  = requested - weights - activation peak - non-torch memory
+    kv_bytes  = requested - weights - activation peak - non-torch memory - CUDA graphs
     num_gpu_blocks = kv_bytes // (block_size x KV bytes per token per GPU)
 
 vLLM *measures* the activation peak with a dummy forward of ``max_num_batched_tokens``
@@ -18,10 +18,13 @@ tokens plus a sampler run over ``max_num_seqs`` rows; tuner estimates it:
 * non-torch memory: a fixed 1.5 GiB (runtime, RCCL/NCCL and custom all-reduce
   buffers; vLLM logs 0.5-2 GiB).
 
-CUDA/HIP graph memory is not subtracted: in 0.33 graphs are captured after the KV
-cache is allocated, out of the ``1 - gpu_memory_utilization`` head-room (unless
-``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` is set). ``Target.num_gpu_blocks``
-(``--num-gpu-blocks-override``) replaces the result.
+* CUDA/HIP graphs: a fixed 1 GiB. vLLM 0.33.0 profiles the graph memory
+  (``profile_cudagraph_memory``) and subtracts it because
+  ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` defaults to 1 (``envs.py``; the
+  worker code, ``gpu_worker.py`` 707-757, wins over spec §5.6's "only if"); vLLM logs
+  a few hundred MiB to ~2 GiB for graph capture.
+
+``Target.num_gpu_blocks`` (``--num-gpu-blocks-override``) replaces the result.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from tuner.sim.hardware import GIB, HardwareSpec
 from tuner.sim.models import DTYPE_BYTES, ModelSpec
 
 NON_TORCH_BYTES = int(1.5 * GIB)  # fixed non-torch reserve (see module docstring)
+CUDAGRAPH_BYTES = 1 * GIB  # CUDA/HIP graph memory estimate vLLM 0.33 subtracts by default
 ACT_HIDDEN_TENSORS = 4  # hidden-wide activation tensors live at the peak
 ACT_MLP_TENSORS = 3  # intermediate-wide tensors live at the peak (gate+up, product)
 SAMPLER_COPIES = 2  # fp32 logits + one working copy
@@ -50,6 +54,7 @@ class KVCapacity:
     weight_bytes: float  # this rank's share of the weights
     activation_bytes: float  # estimated forward + sampler peak
     non_torch_bytes: int
+    cudagraph_bytes: int  # graph-capture memory subtracted before the KV cache
     kv_bytes: float  # what is left for the KV cache
 
     @property
@@ -87,19 +92,21 @@ def kv_capacity(hardware: HardwareSpec, model: ModelSpec, tp: int, block_size: i
     weights = sum(model.weight_bytes_per_gpu(tp).values())
     act = activation_bytes(model, tp, max_num_batched_tokens=max_num_batched_tokens,
                            max_num_seqs=max_num_seqs)
-    kv_bytes = requested - weights - act - NON_TORCH_BYTES
+    kv_bytes = requested - weights - act - NON_TORCH_BYTES - CUDAGRAPH_BYTES
     per_block = block_size * model.kv_bytes_per_token(tp)
     if kv_bytes < per_block:
         raise ConfigError(
             f"{model.name} does not fit on {tp}x {hardware.name}: weights "
             f"{weights / GIB:.1f} GiB + activations {act / GIB:.1f} GiB + non-torch "
-            f"{NON_TORCH_BYTES / GIB:.1f} GiB per GPU exceed {requested / GIB:.1f} GiB "
+            f"{NON_TORCH_BYTES / GIB:.1f} GiB + graphs {CUDAGRAPH_BYTES / GIB:.1f} GiB per GPU "
+            f"exceed {requested / GIB:.1f} GiB "
             f"(gpu_memory_utilization={gpu_memory_utilization}); raise --tp or "
             "--gpu-memory-utilization")
     return KVCapacity(
         num_gpu_blocks=int(kv_bytes // per_block), block_size=block_size,
         bytes_per_block=per_block, requested_bytes=requested, weight_bytes=weights,
-        activation_bytes=act, non_torch_bytes=NON_TORCH_BYTES, kv_bytes=kv_bytes)
+        activation_bytes=act, non_torch_bytes=NON_TORCH_BYTES,
+        cudagraph_bytes=CUDAGRAPH_BYTES, kv_bytes=kv_bytes)
 
 
 def num_gpu_blocks(hardware: HardwareSpec, model: ModelSpec, tp: int, block_size: int,
