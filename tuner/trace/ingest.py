@@ -187,16 +187,12 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
             where = paths[0] if len(paths) == 1 else f"{len(paths)} sources"
             extra = f" ({report.skipped} skipped; see {quarantine.path})" if report.skipped else ""
             raise TraceFormatError(f"empty input: no valid records{extra}", path=where)
-        writer.metadata = meta.replace(origin_utc=state.origin_utc(reader.EPOCH_CLOCK))
         report.out_of_order = state.out_of_order
+        writer.metadata = meta.replace(
+            origin_utc=state.origin_utc(reader.EPOCH_CLOCK, shifted=state.needs_sort))
+        writer.close()
         if state.needs_sort:
-            writer.close()
-            _sort_in_place(out, state.min_offset)
-            writer.metadata = writer.metadata.replace(origin_utc=state.origin_utc(
-                reader.EPOCH_CLOCK, shifted=True))
-            _rewrite_metadata(out, writer.metadata)
-        else:
-            writer.close()
+            _sort_in_place(out, state.min_offset, writer.metadata)
     except BaseException:
         bar.close()
         writer.abort()
@@ -249,22 +245,23 @@ def _validate(batch: pa.Table, ctx: IngestContext, seen_ids: set[str] | None,
     ok = ((inp >= 1) & (inp <= MAX_TOKENS) & (outp >= 0) & (outp <= MAX_TOKENS)
           & np.isfinite(t) & (nh >= inp // hbs) & (nh <= -(-inp // hbs)))
     drop = ~ok
-    if seen_ids is not None:
-        ids = batch.column("request_id").to_pylist()
-        for i, rid in enumerate(ids):
-            if not ok[i]:
-                continue
+    lines = batch.column(LINE).to_numpy()
+    if seen_ids is None and ok.all():
+        return batch
+    ids = batch.column("request_id").to_pylist() if seen_ids is not None else None
+    for i in range(batch.num_rows):  # line order, so --on-error fail names the first bad line
+        if not ok[i]:
+            _report_row(ctx, int(lines[i]), int(inp[i]), int(outp[i]), float(t[i]), int(nh[i]),
+                        names)
+        elif ids is not None and seen_ids is not None:
+            rid = ids[i]
             if rid in seen_ids:
                 report.duplicates += 1
                 drop[i] = True
-                line = int(batch.column(LINE)[i].as_py())
-                ctx.bad(line, "request_id", f"duplicate request id {rid!r}")
+                ctx.bad(int(lines[i]), names.get("request_id", "request_id"),
+                        f"duplicate request id {rid!r}")
             else:
                 seen_ids.add(rid)
-    bad_rows = np.flatnonzero(~ok)  # validation order: one reason per row
-    lines = batch.column(LINE).to_numpy()
-    for i in bad_rows:
-        _report_row(ctx, int(lines[i]), int(inp[i]), int(outp[i]), float(t[i]), int(nh[i]), names)
     if drop.any():
         batch = batch.filter(pa.array(~drop))
     return batch
@@ -329,21 +326,16 @@ class _TimelineState:
         return datetime.fromtimestamp(origin, tz=timezone.utc).isoformat()
 
 
-def _sort_in_place(path: Path, min_offset: float) -> None:
-    """Sort a finished trace by arrival (stable) and move its origin to the earliest row."""
-    from tuner.trace.store import _read_metadata
-    meta = _read_metadata(path)
+def _sort_in_place(path: Path, min_offset: float, meta: TraceMetadata) -> None:
+    """Sort a finished trace by arrival (stable) and move its origin to the earliest row.
+
+    Needs the trace in memory (compressed columns; about 10 bytes per block hash), the one
+    step of ingest that is not bounded by the chunk size; in-order logs never take it.
+    """
     df = pl.read_parquet(path).sort("arrival_s", maintain_order=True)
     df = df.with_columns(pl.col("arrival_s") - min_offset)
     with TraceWriter(path, meta) as w:
-        w.write(df.to_arrow().cast(SCHEMA))
-
-
-def _rewrite_metadata(path: Path, meta: TraceMetadata) -> None:
-    import pyarrow.parquet as pq
-    table = pq.read_table(path)
-    with TraceWriter(path, meta) as w:
-        w.write(table)
+        w.write(df.to_arrow())
 
 
 class _Progress:

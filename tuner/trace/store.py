@@ -31,7 +31,6 @@ from tuner.trace.schema import (
     SCHEMA,
     TraceMetadata,
     requests_to_table,
-    schema_with_metadata,
 )
 
 #: Rows per Parquet row group; keeps readers' memory bounded.
@@ -56,7 +55,7 @@ class TraceWriter:
         os.close(fd)
         self.tmp_path = Path(tmp)
         self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
-            self.tmp_path, schema_with_metadata(metadata), compression="zstd",
+            self.tmp_path, SCHEMA, compression="zstd",
             compression_level=6, use_dictionary=["request_id", "session_id", "parent_id",
                                                  "cache_salt", "model", "status"],
             write_statistics=["arrival_s"])
@@ -331,19 +330,22 @@ def _parse_utc(text: str | None) -> datetime | None:
 
 def _read_metadata(path: Path) -> TraceMetadata:
     try:
-        schema = pq.read_schema(path)
+        pf = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as exc:
         raise TraceSchemaError(f"{path}: not a Parquet trace ({exc})") from None
-    missing = [c for c in REQUIRED_COLUMNS if c not in schema.names]
+    names = pf.schema_arrow.names
+    missing = [c for c in REQUIRED_COLUMNS if c not in names]
     if missing:
         raise TraceSchemaError(f"{path}: missing column(s) {missing}; see docs/trace-format.md")
-    raw = (schema.metadata or {}).get(METADATA_KEY)
+    # The file-level key-value metadata, not the embedded Arrow schema: the writer adds the
+    # final metadata (row count, origin) when it closes.
+    raw = (pf.metadata.metadata or {}).get(METADATA_KEY)
     if raw is None:
         raise TraceSchemaError(f"{path}: no tuner.trace metadata (hash_block_size unknown); "
                                "write traces with tuner ingest or write_trace")
     meta = TraceMetadata.from_json(raw, where=str(path))
     if meta.num_rows is None:
-        meta = meta.replace(num_rows=pq.ParquetFile(path).metadata.num_rows)
+        meta = meta.replace(num_rows=pf.metadata.num_rows)
     return meta
 
 

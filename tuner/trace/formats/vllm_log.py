@@ -72,18 +72,24 @@ class _Pending:
     done: bool = False
 
 
+_IDS_RE = {
+    # The real id list follows the prompt/output text and is followed by a known field (or
+    # the end of the line), so ids quoted inside the text itself are never taken for it.
+    _IDS_INPUT: re.compile(r"prompt_token_ids: (\[[^\]]*\]|None)"
+                           r"(?=, prompt_embeds|, lora_request|\.?$)"),
+    _IDS_OUTPUT: re.compile(r"output_token_ids: (\[[^\]]*\]|None)(?=, finish_reason: \S+$|$)"),
+}
+
+
 def _parse_ids(rest: str, key: str) -> list[int] | None | str:
-    """The id list after the last ``key`` in ``rest``; ``None`` if absent; "None" if logged None."""
-    at = rest.rfind(key)
-    if at < 0:
+    """The logged id list for ``key``; ``None`` if absent; "None" if logged as None."""
+    found = list(_IDS_RE[key].finditer(rest))
+    if not found:
         return None
-    tail = rest[at + len(key):]
-    if tail.startswith("None"):
+    text = found[-1].group(1)
+    if text == "None":
         return "None"
-    end = tail.find("]")
-    if not tail.startswith("[") or end < 0:
-        return "bad"
-    body = tail[1:end].strip()
+    body = text[1:-1].strip()
     if not body:
         return []
     try:
@@ -96,7 +102,11 @@ class VllmLogReader:
     HAS_IDS = True
     EPOCH_CLOCK = True
 
+    def __init__(self) -> None:
+        self._early: dict[str, list[int]] = {}  # prompt ids logged before their request line
+
     def read(self, fh: IO[bytes], ctx: IngestContext) -> Iterator[pa.Table]:
+        self._early = {}
         pending: dict[str, _Pending] = {}
         rows: list[tuple[str, _Pending]] = []
         year = _file_year(fh)
@@ -148,7 +158,7 @@ class VllmLogReader:
             if t is None:
                 ctx.bad(line_no, "timestamp", f"not a date ({m.group('ts')!r})", raw)
                 return
-            req = _Pending(line=line_no, arrival_s=t)
+            req = _Pending(line=line_no, arrival_s=t, prompt_ids=self._early.pop(rid, None))
             ids = _parse_ids(r.group("rest"), _IDS_INPUT)
             if ids == "bad":
                 ctx.bad(line_no, "prompt_token_ids", "not a list of integers", raw)
@@ -157,14 +167,16 @@ class VllmLogReader:
                 req.prompt_ids = ids
             pending[rid] = req
         elif (r := _DETAILS_IN.match(msg)) is not None:
-            req = pending.get(r.group("id"))
-            if req is None:
-                return
+            # Newer vLLM logs this DEBUG line *before* "Received request": park the ids.
             ids = _parse_ids(r.group("rest"), _IDS_INPUT)
             if ids == "bad":
                 ctx.bad(line_no, "prompt_token_ids", "not a list of integers", raw)
             elif isinstance(ids, list):
-                req.prompt_ids = ids
+                req = pending.get(r.group("id"))
+                if req is not None:
+                    req.prompt_ids = ids
+                else:
+                    self._early[r.group("id")] = ids
         elif (r := _GENERATED.match(msg)) is not None:
             req = pending.get(r.group("id"))
             if req is None or req.done:
