@@ -194,6 +194,11 @@ def test_bad_hardware(tmp_path):
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(ConfigError, match="unknown dtype"):
         load_hardware(path)
+    data["peak_tflops"].pop("int8")
+    data["default_block_size"] = {"gqa": 16, "mamba": 528}
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"field 'default_block_size' has unknown model kind"):
+        load_hardware(path)
     path.write_text("name: [unclosed")
     with pytest.raises(ConfigError, match=r"gpu.yaml:\d+: invalid YAML"):
         load_hardware(path)

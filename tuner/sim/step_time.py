@@ -35,7 +35,7 @@ from typing import Any
 from tuner.errors import ConfigError
 from tuner.sim.batch import StepBatch
 from tuner.sim.hardware import HardwareSpec
-from tuner.sim.models import DTYPE_BYTES, ModelSpec
+from tuner.sim.models import DTYPE_BYTES, ModelSpec, expected_experts_touched
 
 #: Names of :meth:`RooflineStepTimeModel.features`, in order, and the coefficient
 #: each one's weight stands for (``1/x`` for an efficiency ``x``).
@@ -338,9 +338,7 @@ class RooflineStepTimeModel(StepTimeModel):
         npt, ndr, npr = batch.num_prefill_tokens, batch.num_decode_reqs, batch.num_prefill_reqs
         tokens = npt + ndr
         dctx, pctx, pairs = batch.decode_ctx_tokens, batch.prefill_ctx_tokens, batch.prefill_attn_pairs
-        touched = 0.0
-        if m.is_moe and tokens > 0:
-            touched = m.num_experts * (1.0 - self._expert_q ** tokens)
+        touched = expected_experts_touched(m.num_experts, m.num_experts_per_tok, tokens)
         w = float(m.sliding_window)
         sd = min(dctx, ndr * w) if m.num_sliding_layers else 0.0
         sp_kv = min(pctx + npt, npt + npr * w) if m.num_sliding_layers else 0.0

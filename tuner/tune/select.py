@@ -74,15 +74,20 @@ def dominates(a: Point, b: Point, objectives: Sequence[Objective]) -> bool:
 def pareto_front(points: Sequence[Point], objectives: Sequence[Objective]) -> list[Point]:
     """Feasible points with finite objective values that no other such point dominates.
 
-    Points with identical objective values are all kept (their settings differ), sorted by
-    the first objective (best first), then trial number.
+    Points with identical objective values collapse into one: the baseline if it is among
+    them, else the lowest trial number (the search cannot tell them apart, and a tie must
+    not move an operator off vLLM's defaults). Sorted by the first objective (best first),
+    then trial number.
     """
     valid = [p for p in points if p.feasible
              and all(math.isfinite(p.value(o)) for o in objectives)]
     front = [p for p in valid if not any(dominates(q, p, objectives) for q in valid if q is not p)]
+    unique: dict[tuple[float, ...], Point] = {}
+    for p in sorted(front, key=lambda p: (not p.is_baseline, p.number)):
+        unique.setdefault(tuple(p.value(o) for o in objectives), p)
     first = objectives[0]
     sign = -1.0 if first.direction == "maximize" else 1.0
-    return sorted(front, key=lambda p: (sign * p.value(first), p.number))
+    return sorted(unique.values(), key=lambda p: (sign * p.value(first), p.number))
 
 
 def _find(objectives: Sequence[Objective], word: str, fallback: int) -> Objective:
