@@ -47,3 +47,9 @@ def test_baseline_when_nothing_qualifies() -> None:
 def test_ties_go_to_the_lower_trial_number() -> None:
     pts = [BASE, pt(7, 12.6, 8300), pt(4, 12.6, 8300)]
     assert select(pts, BASE, OBJS).point.number == 4
+
+
+def test_identical_points_collapse_to_the_baseline_or_lowest_trial() -> None:
+    same = [pt(5, 12.5, 8000), BASE, pt(3, 12.5, 8000)]
+    assert pareto_front(same, OBJS) == [BASE]
+    assert [p.number for p in pareto_front([pt(9, 1, 1), pt(6, 1, 1)], OBJS)] == [6]

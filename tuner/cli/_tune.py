@@ -1,9 +1,246 @@
-"""Command registration (filled in by its stage)."""
+"""``tuner tune``, ``tuner tune-log`` and ``tuner export``: search, and deployable output."""
 
 from __future__ import annotations
 
+import pathlib
+import sys
+from typing import Any
+
 import click
+
+from tuner.cli._common import echo_json, handle_errors
+from tuner.cli._replay import make_target, target_options
+from tuner.errors import ConfigError
+
+METRICS_HELP = (
+    "p90 interactivity = 1 / (90th percentile over requests of the per-request mean "
+    "inter-token latency), in tokens/s: the speed the slowest 10% of users get (SemiAnalysis "
+    "AgentX definition). Throughput per GPU = output tokens/s of the deployment / its GPUs "
+    "(total_throughput_per_gpu counts input + output tokens).")
+
+
+def search_options(func):  # type: ignore[no-untyped-def]
+    """The search flags shared by ``tune`` and ``tune-log``."""
+    from tuner.tune.select import PREFER_CHOICES
+
+    opts = [
+        click.option("--trials", type=click.IntRange(min=1), default=200, show_default=True,
+                     help="Stage-1 trials in total (all workers), baseline included."),
+        click.option("--space", default="admission", show_default=True,
+                     help="admission (PR #54625's window and threshold), scheduler (adds "
+                          "prefill cadence, batch caps, watermark, ...) or a YAML space file."),
+        click.option("--objective", "objectives", multiple=True, metavar="KEY[:max|min]",
+                     help="Replay metric to optimise (repeatable or comma-separated) "
+                          "[default: p90_interactivity,output_throughput_per_gpu]."),
+        click.option("--constraint", "constraints", multiple=True, metavar="KEY<=X|KEY>=X",
+                     help='Bound on a metric, e.g. "ttft_p90_s<=2.0" (repeatable).'),
+        click.option("--backend", default="sim", show_default=True,
+                     help="Replay backend for the trials."),
+        click.option("--storage", default=None, metavar="URL",
+                     help="postgresql://... (parallel/multi-machine) or a journal file "
+                          "[default: OUTPUT's folder, NAME.optuna-journal]. Give the password "
+                          "through PGPASSWORD or ~/.pgpass, not in the URL."),
+        click.option("--study", "study_name", default=None,
+                     help="Study name; the same name resumes [default: OUTPUT's stem]."),
+        click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="Processes on this machine sharing the study."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Sampler seed."),
+        click.option("--warm-start", type=click.Path(exists=True, dir_okay=False), default=None,
+                     help="Profile whose settings and Pareto set start the search."),
+        click.option("--prefer", type=click.Choice(PREFER_CHOICES), default="throughput",
+                     show_default=True,
+                     help="Pick from the Pareto front: highest throughput keeping the "
+                          "baseline's interactivity, the reverse, or the best product of gains."),
+        click.option("--holdout", type=click.FloatRange(0, 1, max_open=True), default=0.25,
+                     show_default=True, help="Fraction at the end of the trace kept out of "
+                                             "the search and used to confirm the result."),
+        click.option("--stage1-fraction", type=click.FloatRange(0, 1, min_open=True),
+                     default=0.25, show_default=True,
+                     help="Stage 1 replays this leading part of the training window; the "
+                          "survivors are replayed on all of it (1 = no staging)."),
+        click.option("--survivors", type=click.IntRange(min=1), default=None,
+                     help="Points promoted to stage 2 [default: trials/10, 8..32]."),
+        click.option("--vllm-version", default="0.33.0", show_default=True,
+                     help="vLLM version for the flags printed at the end."),
+        click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
+        click.option("--progress/--no-progress", default=None,
+                     help="Progress bars [default: on when stderr is a terminal]."),
+    ]
+    for opt in reversed(opts):
+        func = opt(func)
+    return func
+
+
+def _split(values: tuple[str, ...]) -> list[str] | None:
+    items = [v.strip() for value in values for v in value.split(",") if v.strip()]
+    return items or None
+
+
+def _run_tune(trace: str, output: str, kw: dict[str, Any], target_kw: dict[str, Any]) -> None:
+    """Tune, write the profile, report (shared by ``tune`` and ``tune-log``)."""
+    from rich.console import Console
+
+    from tuner.profile import export_profile, save_profile
+    from tuner.tune import tune
+
+    progress = sys.stderr.isatty() if kw["progress"] is None else kw["progress"]
+    result = tune(trace, target=make_target(**target_kw), space=kw["space"],
+                  objectives=_split(kw["objectives"]), constraints=_split(kw["constraints"]) or (),
+                  n_trials=kw["trials"], storage=kw["storage"], study_name=kw["study_name"],
+                  workers=kw["workers"], seed=kw["seed"], warm_start=kw["warm_start"],
+                  holdout=kw["holdout"], prefer=kw["prefer"],
+                  stage1_fraction=kw["stage1_fraction"], n_survivors=kw["survivors"],
+                  backend=kw["backend"], output=output, progress=progress)
+    name = pathlib.Path(output).stem
+    profile = result.to_profile(name, description=f"tuned by `tuner tune` on {trace}")
+    path = save_profile(profile, output)
+    flags = export_profile(profile, "flags", vllm_version=kw["vllm_version"])
+    if kw["as_json"]:
+        echo_json({**result.to_dict(), "profile": str(path), "flags": flags})
+        return
+    console = Console()
+    console.print(result.front_table())
+    for window in ("train", "holdout"):
+        if window == "holdout" and not result.windows.has_holdout:
+            continue
+        cmp = result.comparison(window)
+        parts = [f"{k} {cmp['baseline'].get(k, float('nan')):.4g} -> "
+                 f"{cmp['tuned'].get(k, float('nan')):.4g} ({cmp['delta_pct'].get(k)}%)"
+                 for k in (o.key for o in result.objectives) if k in cmp["tuned"]]
+        console.print(f"[bold]{window}[/bold]: " + "; ".join(parts))
+    console.print(f"selection: {result.selection.reason} ({result.selection.rule})")
+    confirm = result.confirms()
+    console.print(f"beats vLLM defaults on train: {confirm['train']}; held-out confirms: "
+                  f"{confirm['holdout']}")
+    for note in result.notes:
+        console.print(f"note: {note}")
+    console.print(f"profile written to {path} (study {result.study_name!r} in {result.storage})")
+    click.echo(flags, nl=False)
+
+
+@click.command(name="tune", epilog=METRICS_HELP)
+@click.argument("trace", type=click.Path(exists=True), required=False)
+@target_options
+@search_options
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Profile to write (profiles/NAME.yaml); NAME names the study and profile.")
+@click.option("--join", "join_study", default=None, metavar="STUDY",
+              help="Work on an existing study (needs --storage); TRACE overrides its path.")
+@handle_errors
+def tune_command(trace: str | None, output: str | None, join_study: str | None,
+                 **kw: Any) -> None:
+    """Search scheduler settings for TRACE and write a deployable profile.
+
+    Stage 1 screens --trials points on a short slice of the training window, stage 2
+    replays the best on the whole training window, and the Pareto front is checked on the
+    held-out window. vLLM's defaults are trial 0; the pick never loses to them on the
+    guarded objective (see --prefer).
+
+    \b
+    Example:
+      tuner tune traces/agentic_1h.parquet --hardware mi355x --model llama-3.1-70b \\
+          --tp 8 --trials 200 --constraint "ttft_p90_s<=2.0" -o profiles/agentic.yaml
+      tuner tune traces/agentic_1h.parquet --tp 8 --workers 4 \\
+          --storage postgresql://tuner@db/tuner --study agentic -o profiles/agentic.yaml
+      tuner tune --join agentic --storage postgresql://tuner@db/tuner --trials 50
+    """
+    target_kw = {k: kw.pop(k) for k in ("hardware", "model", "tp", "dp", "block_size",
+                                        "num_gpu_blocks", "gpu_memory_utilization",
+                                        "max_model_len", "calibration")}
+    if join_study is not None:
+        from tuner.tune import join
+
+        if kw["storage"] is None:
+            raise ConfigError("--join needs --storage URL (the study's database or journal)")
+        progress = sys.stderr.isatty() if kw["progress"] is None else kw["progress"]
+        out = join(join_study, kw["storage"], kw["trials"], trace=trace, progress=progress)
+        if kw["as_json"]:
+            echo_json(out)
+        else:
+            click.echo(f"joined {out['study']}: ran {out['trials_run']} trial(s); the study "
+                       f"has {out['study_trials']} of {out['n_trials']}")
+        return
+    if trace is None:
+        raise ConfigError("missing TRACE (or use --join STUDY --storage URL)")
+    if output is None:
+        raise ConfigError("missing -o/--output profiles/NAME.yaml")
+    _run_tune(trace, output, kw, target_kw)
+
+
+@click.command(name="tune-log", epilog=METRICS_HELP)
+@click.argument("logfiles", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--format", "log_format", default="auto", show_default=True,
+              help="Log format (as `tuner ingest --format`).")
+@target_options
+@search_options
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
+              help="Profile to write; the trace goes beside it as NAME.trace.parquet.")
+@handle_errors
+def tune_log_command(logfiles: tuple[str, ...], log_format: str, output: str,
+                     **kw: Any) -> None:
+    """Tune straight from request logs: ingest, tune and export in one command.
+
+    \b
+    Example:
+      tuner tune-log /var/log/vllm/requests-*.jsonl.zst --hardware mi355x \\
+          --model llama-3.1-70b --tp 8 -o profiles/prod.yaml
+    """
+    from tuner.trace import ingest
+
+    target_kw = {k: kw.pop(k) for k in ("hardware", "model", "tp", "dp", "block_size",
+                                        "num_gpu_blocks", "gpu_memory_utilization",
+                                        "max_model_len", "calibration")}
+    out = pathlib.Path(output)
+    trace = out.with_name(out.stem + ".trace.parquet")
+    progress = sys.stderr.isatty() if kw["progress"] is None else kw["progress"]
+    ingest(list(logfiles), trace, format=log_format, progress=progress)
+    _run_tune(str(trace), output, kw, target_kw)
+
+
+@click.command(name="export")
+@click.argument("profile", type=click.Path(exists=True, dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["flags", "yaml", "json", "python", "env",
+                                                    "plugin"]),
+              default="flags", show_default=True, help="What to print.")
+@click.option("--vllm-version", default="0.33.0", show_default=True,
+              help="Target vLLM release; decides flag spelling and the plugin form.")
+@click.option("--native-admission", is_flag=True,
+              help="The target vLLM has PR #54625's --cache-aware-admission-* flags (no "
+                   "release up to 0.33.0 does); emit them instead of the plugin.")
+@click.option("--async-scheduling/--no-async-scheduling", "async_scheduling", default=None,
+              help="Override the profile's async scheduling (picks the plugin class).")
+@click.option("--check-vllm", "check_python", default=None, metavar="PYTHON",
+              help="Also validate with vLLM: build SchedulerConfig and parse the flags with "
+                   "vLLM's parser, using this vLLM environment's interpreter.")
+@handle_errors
+def export_command(profile: str, fmt: str, vllm_version: str, native_admission: bool,
+                   async_scheduling: bool | None, check_python: str | None) -> None:
+    """Print PROFILE as vLLM configuration: serve flags, a --config YAML, SchedulerConfig
+    kwargs, JSON, a shell snippet, or the scheduler-plugin form.
+
+    \b
+    Example:
+      tuner export profiles/agentic.yaml --format flags --vllm-version 0.33.0
+      tuner export profiles/agentic.yaml --format yaml > vllm-config.yaml
+      vllm serve meta-llama/Llama-3.1-70B-Instruct --config vllm-config.yaml
+    """
+    from tuner.profile import check_with_vllm, export_profile, load_profile
+
+    prof = load_profile(profile)
+    click.echo(export_profile(prof, fmt, vllm_version=vllm_version,
+                              native_admission=native_admission,
+                              async_scheduling=async_scheduling), nl=False)
+    if check_python is not None:
+        check = check_with_vllm(prof, vllm_version=vllm_version,
+                                native_admission=native_admission, python=check_python)
+        click.echo(f"vLLM check: {check.status} {check.vllm_version or ''} "
+                   f"{'; '.join(check.errors) or check.note}", err=True)
+        if check.status == "failed":
+            sys.exit(1)
 
 
 def register(cli: click.Group) -> None:
-    """Add this module's commands to ``cli``."""
+    """Add ``tune``, ``tune-log`` and ``export``."""
+    cli.add_command(tune_command)
+    cli.add_command(tune_log_command)
+    cli.add_command(export_command)

@@ -1,0 +1,73 @@
+"""`tuner tune`, `tuner tune --join` and `tuner export` through Click."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+from click.testing import CliRunner
+
+from tests.profile.test_export import make_profile
+from tuner.cli import cli
+from tuner.profile import save_profile
+
+TARGET = ["--hardware", "mi355x", "--model", "llama-3.1-70b", "--tp", "8",
+          "--num-gpu-blocks", "1500"]
+
+
+def test_tune_json_and_export(small_trace: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "p.yaml"
+    res = CliRunner().invoke(cli, ["tune", str(small_trace), *TARGET, "--trials", "4", "--json",
+                                   "-o", str(out)], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["profile"] == str(out) and out.exists()
+    assert data["trials"]["complete"] == 4
+    assert "--max-num-batched-tokens" in data["flags"]
+    res = CliRunner().invoke(cli, ["export", str(out), "--format", "yaml"])
+    assert res.exit_code == 0 and "max-num-seqs:" in res.output
+    # same study name resumes: 2 more trials
+    res = CliRunner().invoke(cli, ["tune", str(small_trace), *TARGET, "--trials", "6", "--json",
+                                   "-o", str(out)], catch_exceptions=False)
+    assert json.loads(res.output)["trials"]["complete"] == 6
+
+
+def test_tune_text_output_shows_front_and_flags(small_trace: pathlib.Path,
+                                                tmp_path: pathlib.Path) -> None:
+    res = CliRunner().invoke(cli, ["tune", str(small_trace), *TARGET, "--trials", "3",
+                                   "-o", str(tmp_path / "t.yaml")], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert "Pareto front of t" in res.output and "held-out confirms" in res.output
+    assert "--scheduling-policy fcfs" in res.output
+
+
+def test_cli_errors_are_one_line() -> None:
+    runner = CliRunner()
+    res = runner.invoke(cli, ["tune", "--join", "s"])
+    assert res.exit_code == 2
+    assert res.output.strip() == "Error: --join needs --storage URL (the study's database or journal)"
+    res = runner.invoke(cli, ["tune"])
+    assert res.output.strip() == "Error: missing TRACE (or use --join STUDY --storage URL)"
+
+
+def test_export_errors(tmp_path: pathlib.Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nscheduler: {max_num_seqs: 0}\ntarget: {hardware: a, model: b}\n")
+    res = CliRunner().invoke(cli, ["export", str(bad)])
+    assert res.exit_code == 2
+    assert res.output.strip() == f"Error: {bad}: scheduler: max_num_seqs=0 must be >= 1"
+    good = save_profile(make_profile(), tmp_path / "g.yaml")
+    res = CliRunner().invoke(cli, ["export", str(good), "--vllm-version", "0.33.0",
+                                   "--native-admission"])
+    assert res.exit_code == 2 and "no cache-aware admission fields" in res.output
+    res = CliRunner().invoke(cli, ["export", str(good), "--format", "plugin",
+                                   "--no-async-scheduling"])
+    assert "tuner.vllm_plugin.CacheAwareScheduler" in res.output
+    assert "--no-async-scheduling" in res.output
+
+
+def test_help_defines_the_metrics() -> None:
+    for cmd in ("tune", "tune-log"):
+        res = CliRunner().invoke(cli, [cmd, "--help"])
+        assert "the speed the slowest 10% of users get" in res.output
+        assert "Throughput per GPU" in res.output and "Example:" in res.output
