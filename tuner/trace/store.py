@@ -215,13 +215,14 @@ class Trace:
     def fingerprint(self) -> str:
         """A stable content hash (hex) of the rows and the hash block size.
 
-        Built from the raw column buffers in arrival order (not from polars' row hash,
+        Built from the raw column buffers in (arrival, id) order (not polars' row hash,
         which is not stable across versions), so equal traces give equal fingerprints on
         any machine.
         """
         h = hashlib.blake2b(digest_size=16, person=b"tuner-trace-fp")
         h.update(f"hbs={self.metadata.hash_block_size};".encode())
-        df = self.lazy().collect()
+        # Canonical order: arrival, then id, so file row order does not matter.
+        df = self._frame.sort(["arrival_s", "request_id"]).collect()
         for chunk in df.iter_slices(65_536):
             table = chunk.to_arrow().select(list(TRACE_COLUMNS)).cast(SCHEMA)
             for name in TRACE_COLUMNS:

@@ -1,0 +1,88 @@
+"""Re-blocking against hand-computed expectations (issue 2: re-blocking rules)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tuner.errors import ConfigError
+from tuner.trace.reblock import combine, mix64, reblock, reblock_request_hashes
+
+GROUP_SEED = 0x6772_6F75_7062_6C6B
+SPLIT_SEED = 0x7370_6C69_7462_6C6B
+
+
+def test_mix64_known_values() -> None:
+    # splitmix64 finaliser; mix64(0) == 0 and a published first output of splitmix64(seed=0):
+    # next() = mix64(0 + golden) = 0xE220A8397B1DCDAF.
+    assert mix64(0) == 0
+    assert mix64(0x9E3779B97F4A7C15) == 0xE220A8397B1DCDAF
+
+
+def test_identity_keeps_full_blocks_only() -> None:
+    # 50 tokens at 16: blocks [0,16) [16,32) [32,48) full, [48,50) partial -> 3 hashes.
+    assert reblock([11, 22, 33, 44], 50, 16, 16) == (11, 22, 33)
+    assert reblock([11, 22, 33], 48, 16, 16) == (11, 22, 33)
+    assert reblock([11], 15, 16, 16) == ()
+
+
+def test_group_chains_pairs_by_hand() -> None:
+    # 16 -> 32 with 5 source hashes over 80 tokens: floor(80/32) = 2 target blocks.
+    h = [1, 2, 3, 4, 5]
+    t0 = combine(combine(GROUP_SEED, 1), 2)
+    t1 = combine(combine(t0, 3), 4)
+    assert reblock(h, 80, 16, 32) == (t0, t1)
+    # 70 tokens: still 2 full 32-token blocks; 64 tokens: exactly 2; 63: 1.
+    assert reblock(h, 70, 16, 32) == (t0, t1)
+    assert reblock(h, 63, 16, 32) == (t0,)
+
+
+def test_split_derives_sub_blocks_by_hand() -> None:
+    # 64 -> 16, 2 source blocks (second partial) over 100 tokens: floor(100/16) = 6.
+    h = [7, 9]
+    expect = tuple(combine(combine(SPLIT_SEED, h[n // 4]), n % 4) for n in range(6))
+    assert reblock(h, 100, 64, 16) == expect
+    # The partial source block (tokens 64..100) yields sub-blocks 4 and 5 (64..96), not 6.
+    assert len(reblock(h, 100, 64, 16)) == 6
+
+
+@pytest.mark.parametrize("src,dst", [(48, 64), (64, 48), (16, 24)])
+def test_incompatible_sizes_raise(src: int, dst: int) -> None:
+    with pytest.raises(ConfigError, match="multiple"):
+        reblock([1, 2, 3], 100, src, dst)
+
+
+def test_too_few_hashes_raise() -> None:
+    with pytest.raises(ConfigError, match="cannot cover"):
+        reblock([1], 64, 16, 32)
+
+
+def test_output_chain_makes_next_turn_hit_group_and_split() -> None:
+    # Turn 1: 40-token prompt at 16-token source blocks: [a, b, partial p]; its output
+    # (30 tokens) completes block c (tokens 32..48) and d (48..64); 70 tokens total.
+    a, b, p, c, d = 101, 102, 999, 103, 104
+    # Turn 2's prompt is turn 1's prompt + output + more: source blocks a b c d e.
+    nxt = [a, b, c, d, 105]
+    for target in (32, 64, 8):
+        prompt1, out1 = reblock_request_hashes([a, b, p], [c, d], 40, 30, 16, target)
+        assert len(prompt1) == 40 // target
+        assert len(prompt1) + len(out1) == 70 // target
+        second = reblock(nxt, 80, 16, target)
+        cached = prompt1 + out1
+        assert second[:len(cached)] == cached, target
+
+
+@given(st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=12),
+       st.integers(0, 3), st.sampled_from([(16, 32), (16, 64), (64, 16), (32, 16), (16, 16)]))
+def test_shared_prefix_gives_shared_target_blocks(prefix: list[int], extra: int,
+                                                  sizes: tuple[int, int]) -> None:
+    src, dst = sizes
+    a = prefix + [1] * extra
+    b = prefix + [2] * extra
+    ra = reblock(a, len(a) * src, src, dst)
+    rb = reblock(b, len(b) * src, src, dst)
+    shared = (len(prefix) * src) // dst
+    assert ra[:shared] == rb[:shared]
+    if extra and len(ra) > shared:
+        assert ra[shared] != rb[shared]
