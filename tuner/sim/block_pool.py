@@ -72,17 +72,57 @@ class BlockPool:
 
     # ----------------------------------------------------------------- state changes
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
-        """Pop ``num_blocks`` from the front, evicting their cached hashes; ref count 1."""
-        blocks = self.free_block_queue.popleft_n(num_blocks)
-        if self.enable_caching:
-            for block in blocks:
-                if block.block_hash is not None:
-                    self._evict(block)
-                block.ref_cnt += 1
+        """Pop ``num_blocks`` from the front, evicting their cached hashes; ref count 1.
+
+        One pass unlinks, evicts and counts each block (``popleft_n`` plus a second
+        loop would walk them twice; a prefill takes hundreds of blocks at once).
+        """
+        queue = self.free_block_queue
+        if num_blocks > queue.num_free_blocks:
+            raise ValueError(f"cannot take {num_blocks} blocks, only "
+                             f"{queue.num_free_blocks} free")
+        table = self.cached_block_hash_to_block
+        out = []
+        block = queue.head.next_free
+        for _ in range(num_blocks):
+            nxt = block.next_free  # type: ignore[union-attr]
+            block.prev_free = block.next_free = None  # type: ignore[union-attr]
+            block_hash = block.block_hash  # type: ignore[union-attr]
+            if block_hash is not None:
+                if table.get(block_hash) is block:  # the common case: sole holder
+                    del table[block_hash]
+                    block.block_hash = None  # type: ignore[union-attr]
+                    self.num_evictions += 1
+                else:
+                    self._evict(block)  # type: ignore[arg-type]
+            block.ref_cnt += 1  # type: ignore[union-attr]
+            out.append(block)
+            block = nxt
+        queue.head.next_free = block
+        block.prev_free = queue.head  # type: ignore[union-attr]
+        queue.num_free_blocks -= num_blocks
+        return out  # type: ignore[return-value]
+
+    def get_new_block(self) -> KVCacheBlock:
+        """``get_new_blocks(1)[0]`` without the list (decode-group hot path)."""
+        block = self.free_block_queue.popleft()
+        if block.block_hash is not None:
+            self._evict(block)
+        block.ref_cnt += 1
+        return block
+
+    def cache_block(self, block: KVCacheBlock, block_hash: int) -> None:
+        """Register one full block's hash (``cache_full_blocks`` for a single block)."""
+        assert block.block_hash is None, f"{block!r} already cached (BlockPool bug)"
+        block.block_hash = block_hash
+        table = self.cached_block_hash_to_block
+        entry = table.get(block_hash)
+        if entry is None:
+            table[block_hash] = block
+        elif entry.__class__ is KVCacheBlock:
+            table[block_hash] = {entry.block_id: entry, block.block_id: block}  # type: ignore[union-attr]
         else:
-            for block in blocks:
-                block.ref_cnt += 1
-        return blocks
+            entry[block.block_id] = block  # type: ignore[index]
 
     def _evict(self, block: KVCacheBlock) -> None:
         block_hash = block.block_hash

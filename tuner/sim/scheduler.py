@@ -458,6 +458,9 @@ class Scheduler:
         group = self.group
         assert group is not None
         kvm = self.kv_cache_manager
+        pool = kvm.block_pool
+        bs = self.block_size
+        caching = kvm.enable_caching
         prefill_scheduled = False
         spent = 0
         i = j = 0
@@ -466,9 +469,17 @@ class Scheduler:
             if j < n_events and (i >= n_items or events[j].seq < items[i][0].seq):
                 member = events[j]
                 j += 1
+                # allocate_slots(member, 1) for a decode-ready request, inlined: a new
+                # block when the computed token starts one, then the hash of a block
+                # the computed tokens fill (the plan checked the free blocks).
                 group.materialize(member)
-                ok = kvm.allocate_slots(member, 1)
-                assert ok, f"group step allocation failed for {member!r} (tuner bug)"
+                t = member.num_tokens
+                if (t - 1) % bs == 0:
+                    member.blocks.append(pool.get_new_block())
+                if caching and t % bs == 0:
+                    index = t // bs - 1
+                    pool.cache_block(member.blocks[index], member.block_hashes[index])
+                    member.num_cached_blocks = index + 1
                 continue
             request, n = items[i]
             i += 1
@@ -501,17 +512,46 @@ class Scheduler:
             gap = now_s - group.last_end_s
             gaps[gap] = gaps.get(gap, 0) + n_main
         group.G += 1
+        g = group.G
         group.sum_tokens += out.group_size
         group.last_end_s = now_s
+        bs = self.block_size
+        caching = group.caching
+        calendar = group.calendar
         for member in out.group_events:
-            group.materialize(member)
-            if member.num_output_tokens >= member.max_tokens:
+            # group.materialize(member) for the one step since _run_group_step, inlined
+            t = member.num_tokens + 1
+            member.num_tokens = t
+            member.num_computed_tokens += 1
+            out_tokens = member.num_output_tokens + 1
+            member.num_output_tokens = out_tokens
+            member.last_token_s = now_s
+            member.g0 = g
+            if t % bs == 0:
+                hashes = member.block_hashes
+                hashes.append(member.generated_block_hash(len(hashes)))
+            if out_tokens >= member.max_tokens:
                 group.remove(member)
                 member.status = RequestStatus.FINISHED
                 member.finish_s = now_s
                 finished.append(member)
+                continue
+            # group.schedule(member), inlined
+            k = (1 - t) % bs
+            if caching:
+                k_reg = (-t) % bs
+                if k_reg < k:
+                    k = k_reg
+            k_fin = member.max_tokens - 1 - out_tokens
+            if k_fin < k:
+                k = k_fin
+            ev = g + k
+            member.next_event = ev
+            bucket = calendar.get(ev)
+            if bucket is None:
+                calendar[ev] = [member]
             else:
-                group.schedule(member)
+                bucket.append(member)
 
     def _maybe_promote(self, request: SimRequest, now_s: float) -> None:
         """Move a decode-ready running request into the group."""
