@@ -24,9 +24,11 @@ fallback applies: messages are rendered as ``<|role|>\\n{content}\\n`` followed 
 prompt is followed by the output text to form the token stream whose full blocks give
 ``output_block_hashes``, so a next turn that repeats the conversation hits them.
 
-Lengths come from ``usage`` when present. The block list is then fitted to
-``ceil(input_len / hash_block_size)``: cut when the text gives more blocks, extended with
-request-unique hashes when it gives fewer (equal text prefixes still hash equally).
+Lengths come from ``usage`` when present; block *positions* come from the prompt+output
+token stream (see :func:`_stream_hashes`), so consecutive turns share their blocks even
+when the fallback's pseudo-tokens do not count exactly like the server's tokenizer. The
+fallback is an approximation of where block boundaries fall; with ``--tokenizer`` set to
+the served model's tokenizer the blocks are exactly vLLM's.
 """
 
 from __future__ import annotations
@@ -244,31 +246,23 @@ class OpenAIJsonlReader:
         except (ValueError, TypeError) as exc:
             ctx.bad(line_no, "messages", f"cannot render ({exc})", raw)
             return None
+        failed = bool(obj.get("error") or resp.get("error")
+                      or _int_or(obj.get("status_code"), 200) >= 400)
         input_len = usage.get("prompt_tokens", len(prompt_ids))
         output_len = usage.get("completion_tokens")
-        if output_len is None:
-            output_len = len(tok.encode_text(output_text)) if output_text else body.get("max_tokens")
+        if output_len is None:  # no usage: count the output text, or nothing for a failure
+            output_len = (len(tok.encode_text(output_text)) if output_text
+                          else 0 if failed else body.get("max_tokens"))
         for name, v in (("usage.prompt_tokens", input_len), ("usage.completion_tokens", output_len)):
             if not isinstance(v, int) or isinstance(v, bool):
                 ctx.bad(line_no, name, f"not an integer ({v!r})", raw)
                 return None
-        hbs = ctx.hash_block_size
-        h = ctx.hasher
-        blocks = _fit(h.token_block_hashes(prompt_ids, hbs), -(-input_len // hbs), h, rid, "p")
-        n_full = input_len // hbs
-        out_blocks: list[int] = []
-        n_out = (input_len + output_len) // hbs - n_full
-        if output_text and n_out > 0:
-            stream = tok.encode_stream(body, output_text)
-            start = min(len(prompt_ids) // hbs, n_full) * hbs
-            parent = blocks[n_full - 1] if n_full else 0
-            out_blocks = _fit(h.token_block_hashes(stream, hbs, parent=parent,
-                                                   include_partial=False, start=start),
-                              n_out, h, rid, "o")
+        blocks, out_blocks = _stream_hashes(
+            ctx, rid, tok.encode_stream(body, output_text) if output_text else prompt_ids,
+            input_len, output_len)
         meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
         session = obj.get("session_id") or obj.get("conversation_id") or meta.get("session_id")
-        status = "failed" if (obj.get("error") or resp.get("error")
-                              or obj.get("status_code", 200) >= 400) else None
+        status = "failed" if failed else None
         return {
             "_line": line_no, "request_id": rid, "arrival_s": t, "input_len": input_len,
             "output_len": output_len, "block_hashes": blocks, "output_block_hashes": out_blocks,
@@ -276,6 +270,13 @@ class OpenAIJsonlReader:
             "priority": int(body.get("priority") or 0),
             "cache_salt": body.get("cache_salt"), "model": body.get("model"), "status": status,
         }
+
+
+def _int_or(v: Any, default: int) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return default
 
 
 def _output_text(resp: dict[str, Any]) -> str:
@@ -287,8 +288,25 @@ def _output_text(resp: dict[str, Any]) -> str:
     return _content_text(msg.get("content")) if msg else (c.get("text") or "")
 
 
-def _fit(blocks: list[int], n: int, h: Any, rid: str, tag: str) -> list[int]:
-    """Cut or extend (with request-unique hashes) ``blocks`` to exactly ``n`` entries."""
-    if len(blocks) >= n:
-        return blocks[:n]
-    return blocks + [h.unique_hash(rid, tag, i) for i in range(len(blocks), n)]
+def _stream_hashes(ctx: IngestContext, rid: str, stream: list[int], input_len: int,
+                   output_len: int) -> tuple[list[int], list[int]]:
+    """Prompt and output block hashes from the prompt+output token stream.
+
+    Positions come from the stream, lengths from ``usage``: the prompt gets the stream's
+    first ``floor(input_len / B)`` full blocks plus a partial-block hash, the output the
+    next ``floor((input_len + output_len) / B) - floor(input_len / B)``. A next turn whose
+    text starts with this prompt + output then shares every one of those blocks, even
+    when the fallback's 4-byte pseudo-tokens do not count exactly like the server's
+    tokenizer. Where the stream is too short, request-unique hashes fill in.
+    """
+    hbs, h = ctx.hash_block_size, ctx.hasher
+    full = h.token_block_hashes(stream, hbs, include_partial=False)
+    n_in = input_len // hbs
+    n_all = (input_len + output_len) // hbs
+    full = full + [h.unique_hash(rid, "pad", i) for i in range(len(full), max(n_all, n_in + 1))]
+    prompt = full[:n_in]
+    if input_len % hbs:
+        # The partial block's hash names the block that will complete it plus its length,
+        # so it never equals a full block's hash.
+        prompt.append(h.unique_hash("partial", full[n_in], input_len % hbs))
+    return prompt, full[n_in:n_all]
