@@ -1,0 +1,343 @@
+#!/usr/bin/env python3
+"""Replay speed of the twin, side by side with aisimulate (not a test: prints ratios).
+
+Measures simulated seconds per wall second on one core for:
+
+* traces/agentic_1h.parquet and the Mooncake-format sample (traces/mooncake_synthetic.jsonl,
+  ingested to Parquet), Llama-3.1-70B on 8x MI355X with 16-token blocks, cache-aware
+  admission window 0 (off) and 16 (threshold 0.5). Target: >= 300x real time.
+* Peak memory of each replay (max RSS of a child process that does only that replay).
+* The prefix-hit check: with an effectively unbounded KV cache the twin's hit rate on the
+  Mooncake sample against the trace's ideal rate (tuner.trace stats), with every
+  difference accounted for (block granularity, vLLM's last-token rule, in-flight timing).
+* aisimulate (when a venv with it exists at $AISIM_VENV or .venv-aisim) on the Mooncake
+  sample with the closest configuration (Llama-3.1-8B, TP4 on H200, 16-token blocks,
+  prefix caching; ../shared/spec/landscape.md §7): our speed ratio over it and both
+  tools' TTFT p50/p99, ITL p99 and prefix-hit rate.
+
+Usage:  .venv/bin/python bench/replay.py [--quick] [--no-aisim] [--json OUT]
+Each replay runs in its own child process pinned to one CPU, so peak RSS is its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET_RATIO = 300.0
+AISIM_VERSION = "0.13.0.dev202610270000000085"
+
+
+# ----------------------------------------------------------------------------- child side
+
+
+def _child(spec: dict[str, Any]) -> dict[str, Any]:
+    """One replay in this process; returns its figures (called in a fresh child)."""
+    try:
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    except (AttributeError, OSError):
+        pass
+    from tuner import replay
+    from tuner.metrics import summarize
+    from tuner.sim.load import ClosedLoop, OpenLoop
+    from tuner.sim.presets import resolve_target
+    from tuner.sim.target import Target
+
+    target = Target(**spec["target"])
+    resolved = resolve_target(target)
+    settings = replay.parse_settings(spec.get("set", []), resolved.default_settings)
+    load = ClosedLoop(spec["concurrency"]) if spec.get("concurrency") else OpenLoop()
+    t0 = time.perf_counter()
+    result = replay.run(spec["trace"], settings, target=target, load=load)
+    total_wall = time.perf_counter() - t0
+    s = summarize(result)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB (Linux)
+    return {"summary": s.to_dict(), "total_wall_s": total_wall, "peak_rss_mib": rss,
+            "target": resolved.description, "num_gpu_blocks": resolved.cache.num_gpu_blocks,
+            "block_size": resolved.cache.block_size,
+            "max_model_len": resolved.cache.max_model_len}
+
+
+def _run_child(spec: dict[str, Any]) -> dict[str, Any]:
+    env = dict(os.environ, POLARS_MAX_THREADS="1", OMP_NUM_THREADS="1",
+               OPENBLAS_NUM_THREADS="1", RAYON_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)],
+                          capture_output=True, text=True, env=env, cwd=ROOT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"child failed ({spec}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ----------------------------------------------------------------------------- traces
+
+
+def _mooncake_parquet(src: Path, workdir: Path) -> Path:
+    from tuner.trace import ingest
+
+    out = workdir / "mooncake_synthetic.parquet"
+    ingest(src, out, format="mooncake", salt=b"bench-replay", progress=False)
+    return out
+
+
+def _ideal_hit_rate(trace_path: Path) -> float:
+    from tuner.trace import read_trace
+    from tuner.trace.stats import trace_stats
+
+    return float(trace_stats(read_trace(trace_path)).ideal_prefix_hit_rate)
+
+
+def _hit_accounting(trace_path: Path, block_size: int, max_model_len: int) -> dict[str, float]:
+    """The trace's ideal hit rate taken, one exact step at a time, to what vLLM can reach.
+
+    1. ``stats_rule_engine``: tuner trace stats' rule (leading run of seen hash blocks at
+       the trace's granularity, a seen partial tail counting up to ``input_len``), without
+       the requests the engine rejects (``input_len + output_len > max_model_len``).
+    2. ``kv_block_ideal``: at ``block_size``-token full KV blocks (a partial tail's last
+       ``< block_size`` tokens never hit), ``tuner.replay.ideal_hit_rate``.
+    3. ``kv_block_ideal_capped``: plus vLLM's last-token rule: the attainable ideal.
+    """
+    from tuner import replay
+
+    requests, size = replay.load_requests(str(trace_path))
+    seen: set[int] = set()
+    queries = hits = 0
+    for r in requests:
+        if r.input_len + r.output_len > max_model_len:
+            continue
+        run = 0
+        for h in r.block_hashes:
+            if h not in seen:
+                break
+            run += 1
+        queries += r.input_len
+        hits += min(run * size, r.input_len)
+        seen.update(r.block_hashes)
+        seen.update(r.output_block_hashes)
+    kv = [replay.reblock_request(r, size, block_size) for r in requests]
+    ideal = replay.ideal_hit_rate(kv, block_size=block_size, max_model_len=max_model_len)
+    return {"stats_rule_engine": hits / queries,
+            "kv_block_ideal": ideal.full_block_rate,
+            "kv_block_ideal_capped": ideal.attainable_rate,
+            "requests_counted": ideal.num_requests,
+            "requests_total": len(requests)}
+
+
+# ----------------------------------------------------------------------------- aisimulate
+
+
+def _aisim_venv() -> Path | None:
+    for cand in (os.environ.get("AISIM_VENV"), str(ROOT / ".venv-aisim")):
+        if cand and (Path(cand) / "bin" / "aisimulate").exists():
+            return Path(cand)
+    return None
+
+
+def _try_install_aisim() -> Path | None:
+    """Create .venv-aisim once (about 1.5 GB); None when it cannot be installed."""
+    venv = ROOT / ".venv-aisim"
+    marker = ROOT / ".venv-aisim.failed"
+    if marker.exists():
+        return None
+    print(f"installing aisimulate=={AISIM_VERSION} into {venv} (once, ~1.5 GB) ...", flush=True)
+    ok = subprocess.run([sys.executable, "-m", "venv", str(venv)]).returncode == 0 and \
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q",
+                        f"aisimulate=={AISIM_VERSION}"]).returncode == 0
+    if not ok:
+        marker.write_text("aisimulate install failed once; delete this file to retry\n")
+        return None
+    return venv
+
+
+def _run_aisim(venv: Path, trace_jsonl: Path, workdir: Path, *,
+               kv_blocks: int | None = None) -> dict[str, Any]:
+    cfg = workdir / f"aisim_{kv_blocks or 'default'}.yaml"
+    out = workdir / f"aisim_out_{kv_blocks or 'default'}"
+    capacity = (f"\n        capacity: {{type: fixed, blocks: {kv_blocks}}}" if kv_blocks else "")
+    cfg.write_text(f"""traffic:
+  source: {{type: trace, paths: [{trace_jsonl}], format: mooncake, block_size: 512}}
+  load:   {{type: trace_timestamps, speedup: 1.0}}
+engine:
+  mode: aggregated
+  model: meta-llama/Meta-Llama-3.1-8B
+  hardware: h200_sxm
+  backend: vllm
+  backend_version: "0.24.0"
+  workers:
+    aggregated:
+      parallelism: {{replicas: 1, tensor: 4}}
+      scheduler: {{max_batched_tokens: 8192, max_sequences: 256}}
+      kv_cache:
+        block_size: 16
+        prefix_caching: true{capacity}
+""")
+    t0 = time.perf_counter()
+    proc = subprocess.run(["taskset", "-c", "0", str(venv / "bin" / "aisimulate"), "predict",
+                           "-c", str(cfg), "--output-dir", str(out)],
+                          capture_output=True, text=True)
+    process_wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"aisimulate failed:\n{proc.stderr[-3000:]}")
+    pred = json.loads((out / "prediction.json").read_text())
+    return {
+        "simulated_s": pred["duration_ms"] / 1e3,
+        "wall_s": pred["wall_time_ms"] / 1e3,
+        "process_wall_s": process_wall,
+        "ttft_p50_s": pred["median_ttft_ms"] / 1e3,
+        "ttft_p99_s": pred["p99_ttft_ms"] / 1e3,
+        "itl_p99_s": pred["p99_itl_ms"] / 1e3,
+        "prefix_cache_hit_rate": pred["prefix_cache_reused_ratio"],
+        "completed": pred["completed_requests"],
+    }
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def _fmt_ratio(x: float) -> str:
+    return f"{x:,.0f}x"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--no-aisim", action="store_true", help="skip the aisimulate comparison")
+    ap.add_argument("--install-aisim", action="store_true",
+                    help="create .venv-aisim when no aisimulate venv is found")
+    ap.add_argument("--skip-agentic", action="store_true", help="only the Mooncake sample")
+    ap.add_argument("--json", help="also write all figures to this JSON file")
+    ap.add_argument("--agentic", default=str(ROOT / "traces" / "agentic_1h.parquet"),
+                    help="the agentic trace (default: the bundled one)")
+    ap.add_argument("--mooncake", default=str(ROOT / "traces" / "mooncake_synthetic.jsonl"),
+                    help="the Mooncake-format JSONL sample (default: the bundled one)")
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(_child(json.loads(args.child))))
+        return 0
+
+    figures: dict[str, Any] = {"speed": [], "target_ratio": TARGET_RATIO}
+    with tempfile.TemporaryDirectory(prefix="bench-replay-") as tmp:
+        work = Path(tmp)
+        mooncake_src = Path(args.mooncake)
+        mooncake = _mooncake_parquet(mooncake_src, work)
+        traces = [("mooncake_synthetic", mooncake)]
+        if not args.skip_agentic:
+            traces.insert(0, ("agentic_1h", Path(args.agentic)))
+        big = {"hardware": "mi355x", "model": "llama-3.1-70b", "tp": 8, "block_size": 16}
+
+        print("== Speed: Llama-3.1-70B on 8x MI355X, 16-token blocks, one core ==")
+        print(f"{'trace':<20} {'window':>6} {'requests':>9} {'simulated s':>12} {'wall s':>8} "
+              f"{'sim s/wall s':>13} {'vs 300x':>8} {'peak RSS':>10}")
+        for name, path in traces:
+            for window in (0, 16):
+                spec = {"trace": str(path), "target": big,
+                        "set": [f"cache_aware_admission_window={window}",
+                                "cache_aware_admission_threshold=0.5"]}
+                out = _run_child(spec)
+                s = out["summary"]
+                row = {"trace": name, "window": window, "requests": s["num_requests"],
+                       "simulated_s": s["simulated_s"], "wall_s": s["wall_s"],
+                       "speed_ratio": s["speed_ratio"],
+                       "vs_target": s["speed_ratio"] / TARGET_RATIO,
+                       "peak_rss_mib": out["peak_rss_mib"],
+                       "p90_interactivity": s["p90_interactivity"],
+                       "output_throughput_per_gpu": s["output_throughput_per_gpu"],
+                       "prefix_cache_hit_rate": s["prefix_cache_hit_rate"],
+                       "preemptions": s["preemptions"], "kv_usage_peak": s["kv_usage_peak"]}
+                figures["speed"].append(row)
+                print(f"{name:<20} {window:>6} {row['requests']:>9,} {row['simulated_s']:>12,.1f} "
+                      f"{row['wall_s']:>8.2f} {_fmt_ratio(row['speed_ratio']):>13} "
+                      f"{row['vs_target']:>7.2f}x {row['peak_rss_mib']:>7.0f} MiB")
+                print(f"{'':<20} {'':>6}   p90 interactivity {row['p90_interactivity']:.1f} tok/s, "
+                      f"output {row['output_throughput_per_gpu']:.0f} tok/s/GPU, hit rate "
+                      f"{row['prefix_cache_hit_rate']:.4f}, preemptions {row['preemptions']}, "
+                      f"peak KV {row['kv_usage_peak']:.3f}")
+
+        # --- the aisimulate configuration on our side -----------------------------------
+        small = {"hardware": "h200", "model": "llama-3.1-8b", "tp": 4, "block_size": 16}
+        small_set = ["max_num_batched_tokens=8192", "max_num_seqs=256"]
+        ours = _run_child({"trace": str(mooncake), "target": small, "set": small_set})
+        figures["ours_8b_h200"] = ours
+
+        # --- the unbounded-cache prefix-hit check ---------------------------------------
+        from tuner import replay as _replay
+
+        reqs, _ = _replay.load_requests(str(mooncake))
+        unbounded = sum(-(-(r.input_len + r.output_len) // 16) for r in reqs) + 2
+        ub_target = dict(small, num_gpu_blocks=unbounded)
+        ub_open = _run_child({"trace": str(mooncake), "target": ub_target, "set": small_set})
+        ub_c1 = _run_child({"trace": str(mooncake), "target": ub_target, "set": small_set,
+                            "concurrency": 1})
+        ideal = _ideal_hit_rate(mooncake)
+        acct = _hit_accounting(mooncake, 16, int(ours.get("max_model_len") or 1 << 30))
+        hit = {"trace_ideal_stats": ideal, **acct,
+               "sim_unbounded_open_loop": ub_open["summary"]["prefix_cache_hit_rate"],
+               "sim_unbounded_concurrency_1": ub_c1["summary"]["prefix_cache_hit_rate"],
+               "unbounded_blocks": unbounded}
+        figures["prefix_hit_check"] = hit
+        print("\n== Prefix-hit check, Mooncake sample, unbounded KV cache "
+              f"({unbounded:,} blocks of 16 tokens) ==")
+        print(f"  trace ideal (tuner trace stats, 512-token hash blocks) {ideal:.6f}"
+              f"  all {acct['requests_total']:,} requests")
+        print(f"  ... without the {acct['requests_total'] - acct['requests_counted']} requests "
+              f"the engine rejects (> max_model_len)  {acct['stats_rule_engine']:.6f}")
+        print(f"  ideal at 16-token full KV blocks                       {acct['kv_block_ideal']:.6f}"
+              "  (partial tails' last < 16 tokens never hit)")
+        print(f"  ... with vLLM's last-token rule (the attainable ideal) {acct['kv_block_ideal_capped']:.6f}")
+        print(f"  twin, closed loop concurrency 1 (no in-flight overlap) {hit['sim_unbounded_concurrency_1']:.6f}"
+              f"  {'== attainable ideal' if abs(hit['sim_unbounded_concurrency_1'] - acct['kv_block_ideal_capped']) < 1e-12 else '!= attainable ideal'}")
+        print(f"  twin, open loop at trace times                         {hit['sim_unbounded_open_loop']:.6f}")
+
+        # --- aisimulate side by side ----------------------------------------------------
+        if not args.no_aisim:
+            venv = _aisim_venv() or (_try_install_aisim() if args.install_aisim else None)
+            if venv is None:
+                print("\naisimulate: no venv at $AISIM_VENV or .venv-aisim (create it with "
+                      "--install-aisim); side-by-side skipped")
+            else:
+                theirs = _run_aisim(venv, mooncake_src.resolve(), work)
+                theirs_ub = _run_aisim(venv, mooncake_src.resolve(), work, kv_blocks=unbounded)
+                figures["aisimulate"] = {"default": theirs, "unbounded": theirs_ub}
+                s = ours["summary"]
+                ours_ratio = s["speed_ratio"]
+                ours_process = s["simulated_s"] / ours["total_wall_s"]
+                their_ratio = theirs["simulated_s"] / theirs["wall_s"]
+                their_process = theirs["simulated_s"] / theirs["process_wall_s"]
+                print("\n== Side by side with aisimulate on the Mooncake sample "
+                      "(Llama-3.1-8B, TP4, H200, 16-token blocks, prefix caching) ==")
+                print(f"{'':<34} {'tuner sim':>14} {'aisimulate':>14}")
+                rows = [
+                    ("simulated s", f"{s['simulated_s']:,.1f}", f"{theirs['simulated_s']:,.1f}"),
+                    ("sim s / wall s (replay only)", _fmt_ratio(ours_ratio), _fmt_ratio(their_ratio)),
+                    ("sim s / wall s (whole run)", _fmt_ratio(ours_process), _fmt_ratio(their_process)),
+                    ("TTFT p50 (ms)", f"{s['ttft_p50_s'] * 1e3:,.1f}", f"{theirs['ttft_p50_s'] * 1e3:,.1f}"),
+                    ("TTFT p99 (ms)", f"{s['ttft_p99_s'] * 1e3:,.1f}", f"{theirs['ttft_p99_s'] * 1e3:,.1f}"),
+                    ("ITL p99 (ms)", f"{s['itl_p99_s'] * 1e3:,.2f}", f"{theirs['itl_p99_s'] * 1e3:,.2f}"),
+                    ("prefix-hit rate", f"{s['prefix_cache_hit_rate']:.4f}",
+                     f"{theirs['prefix_cache_hit_rate']:.4f}"),
+                    ("prefix-hit rate, unbounded cache",
+                     f"{hit['sim_unbounded_open_loop']:.4f}",
+                     f"{theirs_ub['prefix_cache_hit_rate']:.4f}"),
+                    ("finished requests", f"{s['num_finished']:,}", f"{theirs['completed']:,}"),
+                ]
+                for label, a, b in rows:
+                    print(f"{label:<34} {a:>14} {b:>14}")
+                print(f"speed ratio tuner/aisimulate: {ours_ratio / their_ratio:.2f}x (replay only), "
+                      f"{ours_process / their_process:.2f}x (whole run incl. start-up)")
+                figures["ratio_over_aisimulate"] = ours_ratio / their_ratio
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
