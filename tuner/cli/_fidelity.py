@@ -1,9 +1,79 @@
-"""Command registration (filled in by its stage)."""
+"""``tuner fidelity``: replay a trace on the twin and on vLLM's own scheduler, step by step."""
 
 from __future__ import annotations
 
 import click
 
+from tuner.cli._common import echo_json, handle_errors
+from tuner.cli._replay import make_load, make_target, target_options
+
+
+@click.command(name="fidelity")
+@click.argument("trace", type=click.Path(exists=True))
+@click.option("--vllm-python", type=click.Path(exists=True, dir_okay=False), default=None,
+              envvar="TUNER_VLLM_PYTHON", show_envvar=True,
+              help="Python of an environment with vLLM 0.32/0.33 (.ci/setup-vllm.sh builds "
+                   "one); the vllm-core side runs there.")
+@target_options
+@click.option("--set", "assignments", multiple=True, metavar="FIELD=VALUE",
+              help="Scheduler setting, vLLM field name (repeatable), e.g. --set "
+                   "cache_aware_admission_window=16.")
+@click.option("--speedup", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Open loop: replay arrivals this many times faster.")
+@click.option("--concurrency", type=click.IntRange(min=1), default=None,
+              help="Closed loop: keep this many requests in flight.")
+@click.option("--prefill-interval-mode", type=click.Choice(["local", "off"]), default=None,
+              help="The twin's prefill_schedule_interval clock: 'local' is vLLM 0.33's "
+                   "single-engine cadence, 'off' models 0.32 (no effect without DP) "
+                   "[default: picked from the vLLM version].")
+@click.option("--context", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Steps shown before the first divergence.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@handle_errors
+def fidelity_command(trace: str, vllm_python: str | None, hardware: str, model: str, tp: int,
+                     dp: int, block_size: int | None, num_gpu_blocks: int | None,
+                     gpu_memory_utilization: float, max_model_len: int | None,
+                     calibration: str | None, assignments: tuple[str, ...],
+                     speedup: float | None, concurrency: int | None,
+                     prefill_interval_mode: str | None, context: int, as_json: bool) -> None:
+    """Check that the twin schedules TRACE exactly as vLLM's own Scheduler does.
+
+    Replays TRACE on the twin and on vLLM's Scheduler class (in --vllm-python, with
+    tuner.vllm_plugin for the cache-aware admission window), on the same clock, and
+    compares every step: scheduled requests and token counts, preemptions, prefix-cache
+    hits at admission, KV usage. Prints the first divergence with the steps before it,
+    a summary and the twin's speed ratio over vllm-core. Exit code 1 when they differ.
+
+    \b
+    Example:
+      tuner fidelity traces/agentic_1h.parquet --vllm-python /opt/tuner-vllm-envs/vllm-0.33.0/bin/python \\
+          --hardware h200 --model llama-3.1-8b --block-size 16 --num-gpu-blocks 2000 \\
+          --set cache_aware_admission_window=16 --set cache_aware_admission_threshold=0.5
+    """
+    from tuner import replay
+    from tuner.replay.parity import run_parity
+    from tuner.replay.vllm_core import find_vllm_python, vllm_version
+    from tuner.sim.presets import resolve_target
+    from tuner.sim.settings import SimOptions
+
+    python = find_vllm_python(vllm_python)
+    target = make_target(hardware, model, tp, dp, block_size, num_gpu_blocks,
+                         gpu_memory_utilization, max_model_len, calibration)
+    load = make_load(speedup, concurrency)
+    settings = replay.parse_settings(assignments, resolve_target(target).default_settings)
+    if prefill_interval_mode is None:
+        prefill_interval_mode = "off" if vllm_version(python).startswith("0.32") else "local"
+    report, _, _ = run_parity(trace, settings, vllm_python=python, target=target, load=load,
+                              options=SimOptions(prefill_interval_mode=prefill_interval_mode),
+                              context=context)
+    if as_json:
+        echo_json({**report.to_dict(), "settings": settings.to_dict()})
+    else:
+        click.echo(report.format_text())
+    if not report.identical:
+        raise SystemExit(1)
+
 
 def register(cli: click.Group) -> None:
-    """Add this module's commands to ``cli``."""
+    """Add ``tuner fidelity`` to ``cli``."""
+    cli.add_command(fidelity_command)

@@ -487,12 +487,17 @@ class VllmCoreReplay:
 
 
 def main(argv: list[str]) -> int:
+    """``JOB.pickle RESULT.pickle``: a job dict gives a ``ReplayResult``; a list of jobs
+    (one vLLM import for many replays, as the parity tests use) gives a list."""
     if len(argv) != 3:
         print("usage: _vllm_core_driver.py JOB.pickle RESULT.pickle", file=sys.stderr)
         return 2
     with open(argv[1], "rb") as f:
         job = pickle.load(f)
-    result = VllmCoreReplay(job).run()
+    if isinstance(job, list):
+        result: Any = [VllmCoreReplay(j).run() for j in job]
+    else:
+        result = VllmCoreReplay(job).run()
     tmp = argv[2] + ".tmp"
     with open(tmp, "wb") as f:
         pickle.dump(result, f, protocol=pickle.HIGHEST_PROTOCOL)

