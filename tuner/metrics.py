@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 __all__ = [
+    "PooledSamples",
     "Summary",
     "itl_samples_from_steps",
     "summarize",
@@ -61,42 +62,55 @@ def percentile(values: Sequence[float] | np.ndarray, q: float) -> float:
     return float(np.percentile(arr, q, method="linear"))
 
 
+class PooledSamples:
+    """A multiset of values given as ``(value, count)`` pairs, sorted once for percentiles.
+
+    A replay of a busy hour has hundreds of millions of token gaps but only one pair per
+    step; sorting the pairs once serves every percentile and the mean.
+    """
+
+    __slots__ = ("values", "cum", "n", "total")
+
+    def __init__(self, samples: Iterable[tuple[float, int]]) -> None:
+        arr = np.asarray(list(samples), dtype=np.float64).reshape(-1, 2)
+        keep = arr[:, 1] > 0
+        values, counts = arr[keep, 0], arr[keep, 1].astype(np.int64)
+        order = np.argsort(values, kind="stable")
+        self.values = values[order]
+        self.cum = np.cumsum(counts[order])  # cum[i] - 1 = highest rank held by values[i]
+        self.n = int(self.cum[-1]) if self.cum.size else 0
+        self.total = float(np.dot(values, counts)) if self.n else 0.0
+
+    def mean(self) -> float:
+        return self.total / self.n if self.n else _NAN
+
+    def percentile(self, q: float) -> float:
+        """Exactly ``np.percentile(np.repeat(values, counts), q, method="linear")``.
+
+        numpy's linear method reads rank ``h = (N - 1) * q / 100`` of the N sorted samples
+        and interpolates between ranks ``floor(h)`` and ``floor(h) + 1``; the value at a
+        rank is found by a binary search on the cumulative counts.
+        """
+        if self.n == 0:
+            return _NAN
+        h = (self.n - 1) * (q / 100.0)
+        lo = int(math.floor(h))
+        hi = min(lo + 1, self.n - 1)
+        v_lo = self.values[int(np.searchsorted(self.cum, lo, side="right"))]
+        v_hi = self.values[int(np.searchsorted(self.cum, hi, side="right"))]
+        frac = h - lo
+        # numpy's _lerp: a + (b - a) * t, switching to b - (b - a) * (1 - t) for t >= 0.5
+        diff = v_hi - v_lo
+        return float(v_hi - diff * (1 - frac)) if frac >= 0.5 else float(v_lo + diff * frac)
+
+
 def weighted_percentile(samples: Iterable[tuple[float, int]], q: float) -> float:
-    """Exact numpy-``linear`` percentile of a multiset given as ``(value, count)`` pairs.
+    """Exact numpy-``linear`` percentile ``q`` (0-100) of ``(value, count)`` pairs.
 
     Equal to ``np.percentile(np.repeat(values, counts), q)`` without materialising one
-    float per token: a replay of a busy hour has hundreds of millions of token gaps but
-    only one pair per step. With N samples sorted, numpy's linear method reads rank
-    ``h = (N - 1) * q / 100`` and interpolates between the values at ranks
-    ``floor(h)`` and ``floor(h) + 1``; the value at a rank is found by a binary search
-    on the cumulative counts.
-
-    Args:
-        samples: ``(value, count)`` pairs; counts <= 0 are ignored.
-        q: percentile in [0, 100].
-
-    Returns:
-        The percentile, or nan when there are no samples.
+    float per token; counts <= 0 are ignored; nan when there are no samples.
     """
-    pairs = [(float(v), int(c)) for v, c in samples if c > 0]
-    if not pairs:
-        return _NAN
-    values = np.fromiter((v for v, _ in pairs), dtype=np.float64, count=len(pairs))
-    counts = np.fromiter((c for _, c in pairs), dtype=np.int64, count=len(pairs))
-    order = np.argsort(values, kind="stable")
-    values = values[order]
-    cum = np.cumsum(counts[order])  # cum[i] = number of samples with rank <= cum[i]-1
-    n = int(cum[-1])
-    h = (n - 1) * (q / 100.0)
-    lo = int(math.floor(h))
-    hi = min(lo + 1, n - 1)
-    # value at rank r = values[first i with cum[i] > r]
-    v_lo = values[int(np.searchsorted(cum, lo, side="right"))]
-    v_hi = values[int(np.searchsorted(cum, hi, side="right"))]
-    frac = h - lo
-    # numpy's _lerp: a + (b - a) * t, with the t >= 0.5 branch b - (b - a) * (1 - t)
-    diff = v_hi - v_lo
-    return float(v_hi - diff * (1 - frac)) if frac >= 0.5 else float(v_lo + diff * frac)
+    return PooledSamples(samples).percentile(q)
 
 
 def itl_samples_from_steps(
@@ -224,12 +238,12 @@ def _itl_pool(result: ReplayResult, counted: list[RequestResult],
               windowed: bool) -> tuple[list[tuple[float, int]], str]:
     """The pooled gaps for ITL percentiles and whether they honour the window."""
     if not windowed:
-        return list(result.itl_samples), "window"
+        return result.itl_samples, "window"
     if result.steps is not None:
         per_request = itl_samples_from_steps(result.steps, counted)
         return [g for gaps in per_request.values() for g in gaps], "window"
     # Without step records the pool cannot be split by request: report it whole and say so.
-    return list(result.itl_samples), "all"
+    return result.itl_samples, "all"
 
 
 def _step_stats(result: ReplayResult, t0: float, t1: float) -> dict[str, float]:
@@ -287,9 +301,8 @@ def summarize(result: ReplayResult, *, measure_from_s: float | None = None,
     ttft = np.array([r.ttft_s for r in counted if math.isfinite(r.first_token_s)])
     tpot = np.array([r.mean_itl_s for r in finished if r.output_len >= 2])
     e2e = np.array([r.finish_s - r.arrival_s for r in finished])
-    pool, itl_scope = _itl_pool(result, counted, windowed)
-    itl_n = sum(c for _, c in pool if c > 0)
-    itl_mean = _safe_div(sum(g * c for g, c in pool if c > 0), itl_n)
+    pool_pairs, itl_scope = _itl_pool(result, counted, windowed)
+    pool = PooledSamples(pool_pairs)
 
     if finished:
         t0 = min(r.first_scheduled_s for r in finished)
@@ -324,9 +337,9 @@ def summarize(result: ReplayResult, *, measure_from_s: float | None = None,
         **_percentiles(ttft, "ttft"),
         tpot_mean_s=float(tpot.mean()) if tpot.size else _NAN,
         tpot_p50_s=p[50], tpot_p90_s=p[90], tpot_p99_s=p[99],
-        itl_mean_s=itl_mean,
-        itl_p50_s=weighted_percentile(pool, 50), itl_p90_s=weighted_percentile(pool, 90),
-        itl_p99_s=weighted_percentile(pool, 99), itl_scope=itl_scope,
+        itl_mean_s=pool.mean(),
+        itl_p50_s=pool.percentile(50), itl_p90_s=pool.percentile(90),
+        itl_p99_s=pool.percentile(99), itl_scope=itl_scope,
         **_percentiles(e2e, "e2e"),
         p50_interactivity=_safe_div(1.0, p[50]), p90_interactivity=_safe_div(1.0, p[90]),
         p99_interactivity=_safe_div(1.0, p[99]),
