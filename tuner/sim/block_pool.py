@@ -139,12 +139,22 @@ class BlockPool:
         self.num_evictions += 1
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Adopt prefix-cache hits: free ones leave the free queue; ref count + 1."""
+        """Adopt prefix-cache hits: free ones leave the free queue; ref count + 1.
+
+        ``FreeBlockQueue.remove`` is inlined: an admission touches every hit block
+        (thousands for an agentic prompt) and the call overhead dominated.
+        """
         queue = self.free_block_queue
+        removed = 0
         for block in blocks:
             if block.ref_cnt == 0:
-                queue.remove(block)
+                prev, nxt = block.prev_free, block.next_free
+                prev.next_free = nxt  # type: ignore[union-attr]
+                nxt.prev_free = prev  # type: ignore[union-attr]
+                block.prev_free = block.next_free = None
+                removed += 1
             block.ref_cnt += 1
+        queue.num_free_blocks -= removed
 
     def cache_full_blocks(self, request: "SimRequest", blocks: list[KVCacheBlock],
                           num_cached_blocks: int, num_full_blocks: int) -> None:
@@ -169,18 +179,30 @@ class BlockPool:
 
         Blocks reaching ref count 0 go to the back when hashed (kept longest: FIFO/LRU
         eviction among cached blocks) and to the front when not (nothing to keep, so
-        they are reused first, as in vLLM 0.31-0.33).
+        they are reused first, as in vLLM 0.31-0.33). The back is linked in the same
+        pass (``append_n`` inlined); unhashed blocks are few and prepended after.
         """
-        to_back: list[KVCacheBlock] = []
+        queue = self.free_block_queue
         to_front: list[KVCacheBlock] = []
+        last = queue.tail.prev_free
+        appended = 0
         for block in ordered_blocks:
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                (to_back if block.block_hash is not None else to_front).append(block)
-            elif block.ref_cnt < 0:
+            ref = block.ref_cnt - 1
+            block.ref_cnt = ref
+            if ref == 0:
+                if block.block_hash is not None:
+                    last.next_free = block  # type: ignore[union-attr]
+                    block.prev_free = last
+                    last = block
+                    appended += 1
+                else:
+                    to_front.append(block)
+            elif ref < 0:
                 raise RuntimeError(f"{block!r} freed more often than taken (tuner bug)")
-        self.free_block_queue.prepend_n(to_front)
-        self.free_block_queue.append_n(to_back)
+        last.next_free = queue.tail  # type: ignore[union-attr]
+        queue.tail.prev_free = last
+        queue.num_free_blocks += appended
+        queue.prepend_n(to_front)
 
     # ----------------------------------------------------------------- checks
     def check_invariants(self) -> None:

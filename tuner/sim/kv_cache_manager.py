@@ -57,14 +57,16 @@ class KVCacheManager:
         if max_blocks > len(hashes):
             max_blocks = len(hashes)
         get = self.block_pool.cached_block_hash_to_block.get
+        block_cls = KVCacheBlock
         out = []
-        for i in range(max_blocks):
-            entry = get(hashes[i])
+        append = out.append
+        for block_hash in (hashes if max_blocks == len(hashes) else hashes[:max_blocks]):
+            entry = get(block_hash)
             if entry is None:
                 break
-            if entry.__class__ is not KVCacheBlock:
+            if entry.__class__ is not block_cls:
                 entry = next(iter(entry.values()))  # type: ignore[union-attr]
-            out.append(entry)
+            append(entry)
         return out
 
     def get_computed_blocks(self, request: "SimRequest") -> tuple[list["KVCacheBlock"], int]:

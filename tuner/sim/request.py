@@ -28,11 +28,15 @@ class RequestStatus(IntEnum):
 
 
 def _as_int_list(values: Any) -> list[int]:
+    """A fresh list of Python ints (the request extends it; the trace's stays intact)."""
     if values is None:
         return []
-    if hasattr(values, "tolist"):  # numpy / pyarrow arrays
-        return [int(v) for v in values.tolist()]
-    return [int(v) for v in values]
+    if hasattr(values, "tolist"):  # numpy / pyarrow arrays give Python ints
+        return list(values.tolist())
+    out = list(values)  # trace hashes are ints already: no per-element conversion
+    if out and out[0].__class__ is not int:
+        out = [int(v) for v in out]
+    return out
 
 
 class SimRequest:
