@@ -295,12 +295,16 @@ class ParityCase:
 
 def run_parity_many(cases: "list[ParityCase]", *, vllm_python: str | None = None,
                     model_dir: str | None = None, context: int = 3,
-                    timeout_s: float | None = None) -> list[ParityReport]:
+                    timeout_s: float | None = None
+                    ) -> list[tuple[ParityReport, "ReplayResult", "ReplayResult"]]:
     """:func:`run_parity` for several cases with one vLLM driver process (one vLLM import).
 
     Prepares each case exactly as :func:`tuner.replay.run` does (trace loading, target
     resolution, settings defaults and validation, re-blocking), then runs every vLLM-side
     replay in one driver.
+
+    Returns:
+        One (report, twin result, vllm-core result) per case, in order.
     """
     from tuner.replay._run import load_requests, reblock_request, run
     from tuner.replay.vllm_core import VllmCoreBackend, run_driver
@@ -338,7 +342,7 @@ def run_parity_many(cases: "list[ParityCase]", *, vllm_python: str | None = None
         report.vllm_total_s = total / len(jobs)
         report.notes.append(f"case {case.name}; " + (vllm.notes[0] if vllm.notes else ""))
         report.notes.append(_activity(vllm))
-        reports.append(report)
+        reports.append((report, twin, vllm))
     return reports
 
 
