@@ -181,3 +181,36 @@ def test_hash_block_size_override(tmp_path: Path) -> None:
     report = ingest([src], tmp_path / "o.parquet", hash_block_size=16, progress=False)
     assert read_trace(tmp_path / "o.parquet").metadata.hash_block_size == 16
     assert report.requests == 1
+
+
+def test_fast_parser_agrees_with_json(data: Path) -> None:
+    from tuner.trace.formats._mooncake_fast import parse_chunk
+
+    raw = (data / "mooncake_synthetic.jsonl").read_bytes()
+    ts, inp, outp, offsets, ids = parse_chunk(raw)
+    for i, line in enumerate(raw.splitlines()):
+        rec = json.loads(line)
+        assert (ts[i], inp[i], outp[i]) == (rec["timestamp"], rec["input_length"],
+                                           rec["output_length"])
+        assert ids[offsets[i]:offsets[i + 1]].tolist() == rec["hash_ids"]
+    head = b'{"timestamp": 1, "input_length": 2, "output_length": 3, "hash_ids": '
+    ok = parse_chunk(head + b"[]}\n" + head + b"[5]}\n" + head + b"[6, 7]}\n")
+    assert ok is not None and ok[3].tolist() == [0, 0, 1, 3] and ok[4].tolist() == [5, 6, 7]
+    for bad in (b"[1,2]}\n", b"[1, , 2]}\n", b"[18446744073709551615]}\n", b"[1]}\r\n",
+                b"[1]} \n", b"[1]}, 3\n", b"[1.5]}\n"):
+        assert parse_chunk(head + bad) is None, bad
+    assert parse_chunk(b'{"timestamp": , "input_length": 2, "output_length": 3, "hash_ids": [1]}\n') is None
+
+
+def test_non_canonical_layout_takes_polars_path(tmp_path: Path) -> None:
+    # Other key order and compact separators: same records, same trace.
+    recs = [{"timestamp": 10 * i, "input_length": 600, "output_length": 2, "hash_ids": [0, i]}
+            for i in range(5)]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (tmp_path / "b.jsonl").write_text("".join(
+        json.dumps(dict(reversed(list(r.items()))), separators=(",", ":")) + "\n" for r in recs))
+    ingest(tmp_path / "a.jsonl", tmp_path / "a.parquet", progress=False)
+    ingest(tmp_path / "b.jsonl", tmp_path / "b.parquet", progress=False)
+    a = [(r.arrival_s, r.block_hashes) for r in read_trace(tmp_path / "a.parquet").requests()]
+    b = [(r.arrival_s, r.block_hashes) for r in read_trace(tmp_path / "b.parquet").requests()]
+    assert a == b

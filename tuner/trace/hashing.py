@@ -9,7 +9,7 @@ stores only :func:`salt_fingerprint`):
   so without the salt nobody can test a guessed prompt against a trace.
 * **Given ids** (mooncake, bailian: already anonymised per-block ids): re-keyed with a
   vectorised splitmix64 mix seeded from the salt, and chained through a position-weighted
-  prefix sum: ``e_i = mix(mix(id_i ^ k1) + i * golden)``, ``h_j = mix(sum_{i<=j} e_i ^ k2)``.
+  prefix sum: ``e_i = mix((id_i + i * golden) ^ k1)``, ``h_j = mix(sum_{i<=j} e_i ^ k2)``.
   Equal id prefixes give equal hashes, and the sum makes the whole thing a handful of
   numpy passes (no Python loop per id), which is what lets ingest reach its 200k
   records/s target (bench/ingest.py). splitmix is not a PRF; it is used only on ids the
@@ -115,32 +115,43 @@ class Hasher:
         starts = offsets[:-1]
         pos = np.arange(n, dtype=np.int64) - np.repeat(starts - offsets[0], lengths)
         with np.errstate(over="ignore"):
-            e = _mix_np(_mix_np(ids ^ np.uint64(self.k1)) + pos.astype(np.uint64)
-                        * np.uint64(_GOLDEN))
-            cs = np.cumsum(e, dtype=np.uint64)
+            # One mix per id, one per prefix sum, all in place: fresh large arrays are the
+            # expensive part (page faults), so this reuses two buffers throughout.
+            e = pos.astype(np.uint64)
+            e *= np.uint64(_GOLDEN)
+            e += ids
+            e ^= np.uint64(self.k1)
+            _mix_inplace(e)
+            np.cumsum(e, dtype=np.uint64, out=e)
+            rel = starts - offsets[0]
             before = np.zeros(len(starts), dtype=np.uint64)
-            nz = (starts - offsets[0]) > 0
-            before[nz] = cs[(starts - offsets[0])[nz] - 1]
-            s = cs - np.repeat(before, lengths)
-            return _mix_np(s ^ np.uint64(self.k2))
+            nz = rel > 0
+            before[nz] = e[rel[nz] - 1]
+            e -= np.repeat(before, lengths)
+            e ^= np.uint64(self.k2)
+            _mix_inplace(e)
+            return e
 
     def rekey_ids_reference(self, ids: Sequence[int]) -> list[int]:
         """Plain-Python version of :meth:`rekey_ids` for one request (tests, docs)."""
         out, s = [], 0
         for i, v in enumerate(ids):
-            e = _mix_py((_mix_py((v & _MASK) ^ self.k1) + i * _GOLDEN) & _MASK)
+            e = _mix_py((((i * _GOLDEN) + v) & _MASK) ^ self.k1)
             s = (s + e) & _MASK
             out.append(_mix_py(s ^ self.k2))
         return out
 
 
-def _mix_np(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser on a uint64 array (wrapping arithmetic)."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+def _mix_inplace(x: np.ndarray) -> None:
+    """splitmix64 finaliser on a uint64 array, in place (wrapping arithmetic)."""
+    t = x >> np.uint64(30)
+    x ^= t
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    np.right_shift(x, np.uint64(27), out=t)
+    x ^= t
+    x *= np.uint64(0x94D049BB133111EB)
+    np.right_shift(x, np.uint64(31), out=t)
+    x ^= t
 
 
 def _mix_py(x: int) -> int:

@@ -45,7 +45,8 @@ class TraceWriter:
     the temporary file is deleted and ``path`` is untouched.
     """
 
-    def __init__(self, path: str | os.PathLike[str], metadata: TraceMetadata) -> None:
+    def __init__(self, path: str | os.PathLike[str], metadata: TraceMetadata, *,
+                 compression_level: int = 3) -> None:
         self.path = Path(path)
         self.metadata = metadata
         self.num_rows = 0
@@ -56,8 +57,9 @@ class TraceWriter:
         self.tmp_path = Path(tmp)
         self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
             self.tmp_path, SCHEMA, compression="zstd",
-            compression_level=6, use_dictionary=["request_id", "session_id", "parent_id",
-                                                 "cache_salt", "model", "status"],
+            # Dictionaries only where values repeat; hashes and ids are (nearly) unique.
+            compression_level=compression_level,
+            use_dictionary=["session_id", "parent_id", "cache_salt", "model", "status"],
             write_statistics=["arrival_s"])
 
     def write(self, data: pa.RecordBatch | pa.Table | list[TraceRequest]) -> None:

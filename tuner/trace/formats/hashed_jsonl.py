@@ -24,6 +24,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tuner.trace.formats._mooncake_fast import parse_chunk
 from tuner.trace.ingest import IngestContext, make_batch
 from tuner.trace.sources import iter_line_chunks
 
@@ -143,6 +144,17 @@ class _HashedJsonlReader:
 
 class MooncakeReader(_HashedJsonlReader):
     TIME_SCALE = 1e-3  # milliseconds
+
+    def _fast(self, first_line: int, chunk: bytes, ctx: IngestContext) -> pa.Table | None:
+        """The canonical-layout parser first (see ``_mooncake_fast``), then polars."""
+        parsed = parse_chunk(chunk)
+        if parsed is None:
+            return super()._fast(first_line, chunk, ctx)
+        ts, inp, outp, offsets, ids = parsed
+        table = pa.table({"timestamp": ts, "input_length": inp, "output_length": outp})
+        id_list = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(ids))
+        lines = np.arange(first_line, first_line + len(ts), dtype=np.int64)
+        return self._build(table, id_list, lines, ctx)
 
 
 class BailianReader(_HashedJsonlReader):
