@@ -167,7 +167,8 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
                          salt_fingerprint=hasher.fingerprint)
     state = _TimelineState()
     bar = _Progress(paths, enabled=progress)
-    writer = TraceWriter(out, meta)
+    # zstd level 1: salted hashes are random bytes that no level compresses; it is speed.
+    writer = TraceWriter(out, meta, compression_level=1)
     try:
         seen_ids: set[str] | None = set() if reader.HAS_IDS else None
         for index, path in enumerate(paths):

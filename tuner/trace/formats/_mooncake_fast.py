@@ -52,11 +52,14 @@ def parse_chunk(chunk: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
     values = np.fromstring(chunk.translate(_TO_SPACE), dtype=np.uint64, sep=" ")  # noqa: NPY
     if (values == _SATURATED).any():  # fromstring saturates numbers >= 2**64 - 1
         return None
-    empty = _empty_lists(chunk, n)
-    n_ids = np.where(empty, 0, n_ids)
     per_line = 3 + n_ids
     if len(values) != int(per_line.sum()):
-        return None
+        # Fewer integers than the skeleton allows: empty lists ("[]" and "[5]" share a
+        # skeleton), or an empty slot such as "[1, , 3]", which the recount rejects.
+        n_ids = np.where(_empty_lists(chunk, n), 0, n_ids)
+        per_line = 3 + n_ids
+        if len(values) != int(per_line.sum()):
+            return None
     first = np.concatenate([[0], np.cumsum(per_line)[:-1]])
     keep = np.ones(len(values), dtype=bool)
     keep[first] = keep[first + 1] = keep[first + 2] = False
