@@ -123,3 +123,40 @@ def test_generated_blocks_take_trace_output_hashes():
     for _ in range(28):
         r.append_output_token()
     assert r.block_hashes == [5, 77, r.synthetic_hash(2)]
+
+
+def test_memoised_hit_shrinks_on_eviction_and_grows_on_registration():
+    kvm = cached_pool(6, (48, [1, 2, 3]))  # free queue [4, 5?]: blocks 1-3 cached
+    waiter = make_request("w", 64, [1, 2, 3, 4])
+    assert kvm.num_hit_blocks(waiter) == 3
+    assert waiter.hit_watch == [1, 2, 3]
+    pool = kvm.block_pool
+    # Take blocks until block 2 (hash 2) is reallocated: the memo drops to 1 block.
+    taken = []
+    while pool.blocks[2].block_hash is not None:
+        taken.extend(pool.get_new_blocks(1))
+    assert waiter.hit_memo == 1
+    assert kvm.num_hit_blocks(waiter) == len(kvm._longest_hit(waiter)) == 1
+    pool.free_blocks(taken)
+    # Registering hash 2 again (another request computes it) extends the memo.
+    other = make_request("o", 32, [1, 2], status=RequestStatus.RUNNING)
+    blocks, hit = kvm.get_computed_blocks(other)
+    assert kvm.allocate_slots(other, 32 - hit, hit, blocks)
+    assert kvm.num_hit_blocks(waiter) == len(kvm._longest_hit(waiter)) == 2
+    kvm.unwatch(waiter)
+    assert waiter.hit_watch is None and not any(
+        r is waiter for entries in pool.watchers.values() for r, _ in entries)
+
+
+def test_memo_stays_exact_through_a_pressured_replay():
+    """check_invariants compares every memo with a fresh walk after each step."""
+    from conftest import random_trace, replay
+    from tuner.sim.settings import CacheSettings, SchedulerSettings
+
+    reqs = random_trace(5, 60, families=2, max_input=200, rate=60.0)
+    sim, res = replay(reqs, SchedulerSettings(max_num_batched_tokens=128, max_num_seqs=12,
+                                              cache_aware_admission_window=6,
+                                              cache_aware_admission_threshold=0.0),
+                      CacheSettings(num_gpu_blocks=30))
+    assert sim.scheduler.kv_cache_manager.block_pool.num_evictions > 0
+    assert not sim.scheduler.kv_cache_manager.block_pool.watchers  # all unwatched at the end

@@ -41,7 +41,7 @@ class BlockPool:
     """
 
     __slots__ = ("num_gpu_blocks", "enable_caching", "blocks", "free_block_queue",
-                 "cached_block_hash_to_block", "null_block", "num_evictions")
+                 "cached_block_hash_to_block", "null_block", "num_evictions", "watchers")
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool = True) -> None:
         if num_gpu_blocks < 2:
@@ -55,6 +55,10 @@ class BlockPool:
         self.cached_block_hash_to_block: dict[int, KVCacheBlock | dict[int, KVCacheBlock]] = {}
         self.null_block = self.free_block_queue.popleft()
         self.num_evictions = 0  # cached hashes dropped by reallocation
+        # hash -> [(request, block index)] of waiting requests whose memoised prefix hit
+        # (``SimRequest.hit_memo``) must shrink when the hash leaves the map (see
+        # KVCacheManager.num_hit_blocks). Empty unless the scheduler probes waiters.
+        self.watchers: dict[int, list] = {}
 
     # ----------------------------------------------------------------- lookups
     def get_cached_block(self, block_hash: int) -> KVCacheBlock | None:
@@ -93,6 +97,8 @@ class BlockPool:
                     del table[block_hash]
                     block.block_hash = None  # type: ignore[union-attr]
                     self.num_evictions += 1
+                    if self.watchers:
+                        self._hash_gone(block_hash)
                 else:
                     self._evict(block)  # type: ignore[arg-type]
             block.ref_cnt += 1  # type: ignore[union-attr]
@@ -131,12 +137,22 @@ class BlockPool:
         if entry.__class__ is KVCacheBlock:
             assert entry is block, f"hash map points {block_hash} at another block (BlockPool bug)"
             del table[block_hash]  # type: ignore[arg-type]
+            if self.watchers:
+                self._hash_gone(block_hash)  # type: ignore[arg-type]
         else:
             del entry[block.block_id]  # type: ignore[union-attr]
             if len(entry) == 1:  # type: ignore[arg-type]
                 table[block_hash] = next(iter(entry.values()))  # type: ignore[union-attr,index]
         block.block_hash = None
         self.num_evictions += 1
+
+    def _hash_gone(self, block_hash: int) -> None:
+        """A hash left the map: shrink the memoised hits that reached past it."""
+        watching = self.watchers.get(block_hash)
+        if watching:
+            for request, index in watching:
+                if request.hit_memo > index:
+                    request.hit_memo = index
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Adopt prefix-cache hits: free ones leave the free queue; ref count + 1.

@@ -69,6 +69,54 @@ class KVCacheManager:
             append(entry)
         return out
 
+    def num_hit_blocks(self, request: "SimRequest") -> int:
+        """Length in blocks of the longest cached prefix, memoised across steps.
+
+        Same value as ``len(_longest_hit(request))`` (check_invariants compares them).
+        Why: a waiting request is probed every step (the blocked head, PR #54625's window)
+        and an agentic prompt has thousands of blocks. The first probe walks the chain and
+        registers the request as a watcher of its prefix hashes; afterwards the pool
+        shrinks the memo when one of those hashes leaves the map, and a probe only
+        extends it past its end (new registrations), usually one dict lookup.
+        """
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hashes = request.block_hashes
+        if max_blocks > len(hashes):
+            max_blocks = len(hashes)
+        table = self.block_pool.cached_block_hash_to_block
+        if request.hit_watch is None:
+            watchers = self.block_pool.watchers
+            watch = hashes[:max_blocks]
+            for index, block_hash in enumerate(watch):
+                entry = watchers.get(block_hash)
+                if entry is None:
+                    watchers[block_hash] = [(request, index)]
+                else:
+                    entry.append((request, index))
+            request.hit_watch = watch
+            length = 0
+        else:
+            length = request.hit_memo
+        while length < max_blocks and hashes[length] in table:
+            length += 1
+        request.hit_memo = length
+        return length
+
+    def unwatch(self, request: "SimRequest") -> None:
+        """Drop ``request``'s memo (it is admitted or leaves the queue)."""
+        watch = request.hit_watch
+        if watch is None:
+            return
+        watchers = self.block_pool.watchers
+        for block_hash in watch:
+            entry = watchers[block_hash]
+            if len(entry) == 1:
+                del watchers[block_hash]
+            else:
+                entry[:] = [item for item in entry if item[0] is not request]
+        request.hit_watch = None
+        request.hit_memo = -1
+
     def get_computed_blocks(self, request: "SimRequest") -> tuple[list["KVCacheBlock"], int]:
         """Longest cached prefix: (blocks, tokens). Zero when prefix caching is off."""
         if not self.enable_caching:
@@ -80,7 +128,7 @@ class KVCacheManager:
         """PR #54625 probe: cached prefix tokens, without touch, allocation or stats."""
         if not self.enable_caching:
             return 0
-        return len(self._longest_hit(request)) * self.block_size
+        return self.num_hit_blocks(request) * self.block_size
 
     # ----------------------------------------------------------------- allocation
     def allocate_slots(self, request: "SimRequest", num_new_tokens: int,
@@ -165,6 +213,11 @@ class KVCacheManager:
         for block in pool.blocks[1:]:
             assert block.ref_cnt == owners.get(block.block_id, 0), (
                 f"{block!r}: ref_cnt != number of holders {owners.get(block.block_id, 0)}")
+        for request in live_requests:
+            if request.hit_watch is not None:
+                direct = len(self._longest_hit(request))
+                assert request.hit_memo <= direct, f"{request!r}: memoised hit too long"
+                assert self.num_hit_blocks(request) == direct, f"{request!r}: memo != walk"
         used = len(owners)
         free = pool.get_num_free_blocks()
         assert free + used == pool.num_gpu_blocks - 1, (

@@ -281,6 +281,9 @@ class Scheduler:
             if len(running) >= self.max_num_running_reqs:
                 break
             request = waiting[0]
+            if request.hit_watch is not None and self._surely_blocked(
+                    request, token_budget, threshold, defer):
+                break
             # Twin: every waiting request has num_computed_tokens == 0 (no connector).
             hit_blocks, num_hit = kvm.get_computed_blocks(request)
             needs_prefill = num_hit < request.num_tokens - 1
@@ -296,7 +299,10 @@ class Scheduler:
             if not kvm.allocate_slots(request, num_new, num_hit, hit_blocks,
                                       full_sequence_must_fit=full_fit,
                                       has_scheduled_reqs=bool(running)):
+                if kvm.enable_caching and request.hit_watch is None:
+                    kvm.num_hit_blocks(request)  # memoise: it will be probed again
                 break  # head-of-line blocking: no preemption from the waiting loop
+            kvm.unwatch(request)
             if request.num_preemptions == 0:
                 self.prefix_cache_queries += request.num_tokens
                 self.prefix_cache_hits += num_hit
@@ -315,6 +321,38 @@ class Scheduler:
             if needs_prefill:
                 prefill_admitted = True
         return prefill_admitted
+
+    def _surely_blocked(self, request: SimRequest, token_budget: int, threshold: int,
+                        defer: bool) -> bool:
+        """True if the head request's admission would fail, proven from its memoised
+        hit length alone (no walk over its hit blocks).
+
+        The loop's own checks with the exact hit ``L`` blocks; for the allocation a lower
+        bound of what ``allocate_slots`` requires: free hit blocks would only add to it.
+        Every outcome proven here is a plain ``break`` in ``_schedule_waiting``, which
+        has no side effect, so skipping the walk changes nothing.
+        """
+        kvm = self.kv_cache_manager
+        bs = self.block_size
+        num_blocks = kvm.num_hit_blocks(request)
+        num_hit = num_blocks * bs
+        if defer and num_hit < request.num_tokens - 1:
+            return True
+        num_new = request.num_tokens - num_hit
+        if 0 < threshold < num_new:
+            num_new = threshold
+        if not self.settings.enable_chunked_prefill and num_new > token_budget:
+            return True
+        if num_new > token_budget:
+            num_new = token_budget
+        watermark = kvm.watermark_blocks if self.running else 0
+        free = kvm.block_pool.free_block_queue.num_free_blocks
+        if self.settings.scheduler_reserve_full_isl:
+            need = -(-min(request.num_tokens, self.max_model_len) // bs) - num_blocks
+            if (need if need > 0 else 0) + watermark > free:
+                return True
+        need = -(-min(num_hit + num_new, self.max_model_len) // bs) - num_blocks
+        return (need if need > 0 else 0) + watermark > free
 
     def _update_after_schedule(self, out: SchedulerOutput) -> None:
         """Advance computed tokens before execution (so the next chunk can be planned)
