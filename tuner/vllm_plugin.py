@@ -217,6 +217,8 @@ class CacheAwareAdmissionMixin:
         self._ca_step_preempted = False
         self.num_cache_aware_reorders = 0  # steps whose reorder changed self.waiting
         self.cache_aware_last_hook = ""  # where the last eligible check ran (tests)
+        self.num_defer_checks = 0  # hook reads that checked defer_prefills against vLLM's local
+        self.num_deferred_skips = 0  # steps whose reorder was skipped as prefill-deferred
         super().__init__(*args, **kwargs)  # type: ignore[call-arg]
         sched_config = self.scheduler_config  # type: ignore[attr-defined]
         cfg = resolve_config(getattr(self.vllm_config, "additional_config", None))  # type: ignore[attr-defined]
@@ -261,6 +263,8 @@ class CacheAwareAdmissionMixin:
     def _ca_fire(self, where: str) -> None:
         self._ca_armed = False
         self.cache_aware_last_hook = where  # "waiting-loop" or "after-schedule" (tests)
+        if self._ca_step_defer and self.cache_aware_window > 0:
+            self.num_deferred_skips += 1
         if self._ca_eligible() and reorder_waiting_by_cached_prefix(
                 self, self.cache_aware_window, self.cache_aware_threshold):  # type: ignore[arg-type]
             self.num_cache_aware_reorders += 1
@@ -268,6 +272,8 @@ class CacheAwareAdmissionMixin:
     def _ca_read_hook_attr(self) -> Any:
         if self._ca_armed:
             frame_defer = sys._getframe(2).f_locals.get("defer_prefills")
+            if frame_defer is not None:
+                self.num_defer_checks += 1
             if frame_defer is not None and bool(frame_defer) != self._ca_step_defer:
                 raise RuntimeError(
                     f"tuner.vllm_plugin: defer_prefills predicate drifted from vLLM "

@@ -55,3 +55,18 @@ def test_plugin_config_versions_and_guards(any_vllm: tuple[str, str]) -> None:
     assert r["priority"]["value"] == 0
     assert r["no_prefix_caching"]["value"] == 0
     assert r["native"]["value"] == 0 and "natively" in r["native"]["log"]
+
+
+def test_defer_predicate_matches_vllm_and_fallback_hook(any_vllm: tuple[str, str]) -> None:
+    """The plugin's defer_prefills equals schedule()'s local on every hooked step (it
+    raises otherwise); deferred steps skip the reorder; a budget-exhausted step reorders
+    after schedule()."""
+    version, python = any_vllm
+    (row,) = run_in_vllm(python, SCENARIOS / "defer_hook.py", str(MODEL_DIR))
+    assert row["checks"] >= 20, row
+    if version == "0.33":
+        assert row["deferred_skips"] >= 10, row  # interval 4: 3 of 4 steps deferred
+    else:
+        assert row["deferred_skips"] == 0, row  # 0.32 has no single-engine cadence
+    assert row["decode_step"] == {"a0": 1, "a1": 1, "a2": 1, "a3": 1}, row
+    assert row["hook_after_budget"] == "after-schedule", row
