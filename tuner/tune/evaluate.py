@@ -152,6 +152,10 @@ class ReplayEvaluator:
         self.block_size = int(self.resolved.cache.block_size)
         self.known_metrics = _summary_keys()
         self._slices: dict[float, list[Any]] = {}
+        # Cut every window now: polars must not run in a forked worker (its thread pool
+        # does not survive fork and the child would hang), so workers only read lists.
+        for window in ("stage1", "train", "holdout"):
+            self._requests(window)  # type: ignore[arg-type]
 
     def spec(self) -> dict[str, Any]:
         return {

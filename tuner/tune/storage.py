@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import pathlib
 import re
+import warnings
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
@@ -90,11 +91,28 @@ def open_storage(url: str) -> "BaseStorage":
                           f"sqlite:/// URL, or a journal file path (journal:PATH or *{JOURNAL_SUFFIX})")
     if url.startswith("postgres://"):
         url = "postgresql://" + url[len("postgres://"):]
+    url = _with_available_driver(url)
     try:
-        return RDBStorage(url, engine_kwargs={"pool_pre_ping": True},
-                          heartbeat_interval=_HEARTBEAT_S, grace_period=_GRACE_S)
+        with warnings.catch_warnings():  # heartbeat_interval is "experimental" since 2.9
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return RDBStorage(url, engine_kwargs={"pool_pre_ping": True},
+                              heartbeat_interval=_HEARTBEAT_S, grace_period=_GRACE_S)
     except (optuna.exceptions.StorageInternalError, ImportError) as exc:
         raise ConfigError(f"cannot open storage {redact_url(url)}: {exc}") from None
     except Exception as exc:  # SQLAlchemy OperationalError etc.: show a one-line reason
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"cannot open storage {redact_url(url)}: {redact_url(first)}") from None
+
+
+def _with_available_driver(url: str) -> str:
+    """``postgresql://`` with the driver that is installed.
+
+    SQLAlchemy 2.1 maps a bare ``postgresql://`` to psycopg 3; tuner's ``postgres`` extra
+    installs psycopg2 (binary wheels everywhere), so name it when psycopg 3 is absent.
+    """
+    import importlib.util
+
+    if url.startswith("postgresql://") and importlib.util.find_spec("psycopg") is None \
+            and importlib.util.find_spec("psycopg2") is not None:
+        return "postgresql+psycopg2://" + url[len("postgresql://"):]
+    return url

@@ -1,0 +1,82 @@
+"""Parallel studies against a real PostgreSQL server (CI starts one with .ci/postgres.sh).
+
+Locally: ``eval "$(.ci/postgres.sh)"`` then run these tests.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import uuid
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tuner.profile import save_profile
+from tuner.sim.target import Target
+from tuner.tune import open_storage, tune
+
+URL = os.environ.get("TUNER_TEST_POSTGRES_URL")
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.skipif(URL is None, reason="TUNER_TEST_POSTGRES_URL is unset; "
+                                          "run eval \"$(.ci/postgres.sh)\" first"),
+]
+TARGET = Target(hardware="mi355x", model="llama-3.1-70b", tp=8, num_gpu_blocks=1500)
+
+
+@pytest.fixture
+def study_name() -> str:
+    name = f"test-{uuid.uuid4().hex[:10]}"
+    yield name
+    storage = open_storage(URL)  # type: ignore[arg-type]
+    for n in (name, name + ".full"):
+        try:
+            optuna.delete_study(study_name=n, storage=storage)
+        except KeyError:
+            pass
+
+
+def test_two_workers_on_postgres(small_trace: pathlib.Path, tmp_path: pathlib.Path,
+                                 study_name: str) -> None:
+    result = tune(small_trace, target=TARGET, n_trials=10, workers=2, storage=URL,
+                  study_name=study_name, seed=3)
+    study = optuna.load_study(study_name=study_name, storage=open_storage(URL))  # type: ignore[arg-type]
+    done = study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
+    assert 10 <= len(done) <= 11
+    assert len({t.user_attrs["pid"] for t in done}) == 2, "both workers ran trials"
+    assert not study.get_trials(states=(TrialState.RUNNING,))
+    assert done[0].user_attrs["role"] == "baseline"
+    stage2 = optuna.load_study(study_name=study_name + ".full", storage=open_storage(URL))  # type: ignore[arg-type]
+    assert stage2.trials and any(t.user_attrs["role"] == "baseline" for t in stage2.trials)
+    path = save_profile(result.to_profile("pg"), tmp_path / "pg.yaml")
+    assert "postgresql://" in path.read_text()
+
+
+def test_join_from_another_process(small_trace: pathlib.Path, study_name: str) -> None:
+    tune(small_trace, target=TARGET, n_trials=3, storage=URL, study_name=study_name)
+    study = optuna.load_study(study_name=study_name, storage=open_storage(URL))  # type: ignore[arg-type]
+    study.set_user_attr("tuner", {**study.user_attrs["tuner"], "n_trials": 6})
+    proc = subprocess.run([sys.executable, "-c", "from tuner.cli import main; main()",
+                           "tune", "--join", study_name,
+                           "--storage", URL, "--trials", "10", "--no-progress"],  # type: ignore[list-item]
+                          capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "PYTHONPATH": str(pathlib.Path.cwd())})
+    assert proc.returncode == 0, proc.stderr
+    assert f"joined {study_name}: ran 3 trial(s); the study has 6 of 6" in proc.stdout
+
+
+def test_password_in_url_is_redacted(small_trace: pathlib.Path, tmp_path: pathlib.Path,
+                                     study_name: str) -> None:
+    password = os.environ.get("PGPASSWORD")
+    if not password:
+        pytest.skip("PGPASSWORD is unset (the URL from .ci/postgres.sh needs it)")
+    with_pw = URL.replace("://tuner@", f"://tuner:{password}@")  # type: ignore[union-attr]
+    result = tune(small_trace, target=TARGET, n_trials=2, storage=with_pw, study_name=study_name)
+    assert result.storage is not None and password not in result.storage
+    assert "tuner:***@" in result.storage
+    text = save_profile(result.to_profile("r"), tmp_path / "r.yaml").read_text()
+    assert password not in text
