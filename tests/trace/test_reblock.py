@@ -27,15 +27,16 @@ def test_identity_keeps_full_blocks_only() -> None:
     assert reblock([11], 15, 16, 16) == ()
 
 
-def test_group_chains_pairs_by_hand() -> None:
+def test_group_uses_each_groups_last_chained_hash_by_hand() -> None:
     # 16 -> 32 with 5 source hashes over 80 tokens: floor(80/32) = 2 target blocks.
     h = [1, 2, 3, 4, 5]
-    t0 = combine(combine(GROUP_SEED, 1), 2)
-    t1 = combine(combine(t0, 3), 4)
+    t0 = combine(GROUP_SEED ^ 2, 2)
+    t1 = combine(GROUP_SEED ^ 2, 4)
     assert reblock(h, 80, 16, 32) == (t0, t1)
     # 70 tokens: still 2 full 32-token blocks; 64 tokens: exactly 2; 63: 1.
     assert reblock(h, 70, 16, 32) == (t0, t1)
     assert reblock(h, 63, 16, 32) == (t0,)
+    assert reblock(h, 80, 16, 64) == (combine(GROUP_SEED ^ 4, 4),)
 
 
 def test_split_derives_sub_blocks_by_hand() -> None:
@@ -86,3 +87,57 @@ def test_shared_prefix_gives_shared_target_blocks(prefix: list[int], extra: int,
     assert ra[:shared] == rb[:shared]
     if extra and len(ra) > shared:
         assert ra[shared] != rb[shared]
+
+
+def _random_requests(rng: "np.random.Generator", hbs: int, n: int) -> list:
+    from tuner.trace import TraceRequest
+
+    out = []
+    for i in range(n):
+        inp = int(rng.integers(1, 20 * hbs))
+        outp = int(rng.integers(0, 6 * hbs))
+        ceil = -(-inp // hbs)
+        nb = ceil if rng.random() < 0.7 else inp // hbs
+        blocks = tuple(int(x) for x in rng.integers(0, 2**63, size=nb))
+        nout = (inp + outp) // hbs - inp // hbs if rng.random() < 0.5 else 0
+        outs = tuple(int(x) for x in rng.integers(0, 2**63, size=nout))
+        out.append(TraceRequest(f"r{i}", float(i), inp, outp, blocks, outs))
+    return out
+
+
+@pytest.mark.parametrize("src,dst", [(16, 16), (16, 32), (16, 64), (64, 16), (64, 32), (512, 16),
+                                     (32, 64)])
+def test_vectorised_trace_reblocking_matches_reference(src: int, dst: int) -> None:
+    import numpy as np
+
+    from tuner.trace import Trace, TraceMetadata
+
+    meta = TraceMetadata(hash_block_size=src, source_format="t")
+    reqs, expected, refused = [], [], []
+    for r in _random_requests(np.random.default_rng(src * 1000 + dst), src, 300):
+        try:
+            prompt, output = reblock_request_hashes(r.block_hashes, r.output_block_hashes,
+                                                    r.input_len, r.output_len, src, dst)
+        except ConfigError:  # a floor list whose partial tail holds full target blocks
+            refused.append(r)
+            continue
+        reqs.append(r)
+        # Identity keeps stored outputs as they are.
+        expected.append((prompt, r.output_block_hashes if src == dst else output))
+    got = Trace.from_requests(reqs, meta).reblocked(dst).requests()
+    for r, g, (prompt, output) in zip(reqs, got, expected):
+        assert g.block_hashes == prompt and g.output_block_hashes == output, r.request_id
+        assert len(g.block_hashes) == r.input_len // dst
+    if refused and src != dst:
+        with pytest.raises(ConfigError, match="cannot cover"):
+            Trace.from_requests(reqs + refused[:1], meta).reblocked(dst)
+
+
+def test_vectorised_reblocking_on_synth_agentic() -> None:
+    from tuner.trace import synthesize
+
+    trace = synthesize("agentic", duration_s=120, rate=3, seed=9, hash_block_size=64)
+    for r, g in zip(trace.requests(), trace.reblocked(16).requests()):
+        prompt, output = reblock_request_hashes(r.block_hashes, r.output_block_hashes,
+                                                r.input_len, r.output_len, 64, 16)
+        assert (g.block_hashes, g.output_block_hashes) == (prompt, output)

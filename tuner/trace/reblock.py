@@ -7,21 +7,25 @@ Rules (vLLM hashes only *full* blocks, so the result always has exactly
 
 * ``to == from``: the first ``floor(input_len / B)`` hashes, unchanged.
 * ``to = k * from`` (grouping): target block ``t`` covers source blocks ``t*k .. t*k+k-1``,
-  all of them full because target boundaries are source boundaries. Its hash chains the
-  previous target hash with the ``k`` source hashes: ``h_t = mix(h_{t-1}, s_{tk}, ...)``.
-  Exact: two prompts share target block ``t`` iff they share source blocks up to ``tk+k-1``.
+  all of them full because target boundaries are source boundaries. Source hashes are
+  chained (a format invariant: each one identifies its whole prefix), so the group's last
+  hash identifies the target block's whole prefix: ``h_t = mix(G_k, s_{tk+k-1})``. Exact:
+  two prompts share target block ``t`` iff they share source block ``tk+k-1``.
 * ``from = k * to`` (splitting): source block ``i`` yields sub-blocks ``j = 0..k-1`` with
-  derived hashes ``mix(s_i, j)``; because ``s_i`` is chained, it already identifies the
-  whole prefix. A source's *partial* last block (``ceil`` lists) yields the sub-blocks that
-  are full inside it, derived from the partial block's hash; sub-blocks past ``input_len``
-  are dropped. Approximate where the source's granularity hides token identity: a later
-  prompt whose block ``i`` is full does not share the sub-blocks of an earlier prompt's
-  *partial* block ``i`` (their source hashes differ), exactly as at source granularity.
+  derived hashes ``mix(mix(S, s_i), j)``; because ``s_i`` is chained, it already identifies
+  the whole prefix. A source's *partial* last block (``ceil`` lists) yields the sub-blocks
+  that are full inside it, derived from the partial block's hash; sub-blocks past
+  ``input_len`` are dropped. Approximate where the source's granularity hides token
+  identity: a later prompt whose block ``i`` is full does not share the sub-blocks of an
+  earlier prompt's *partial* block ``i`` (their source hashes differ), exactly as at
+  source granularity. With ``output_block_hashes`` known, see
+  :func:`reblock_request_hashes`, which avoids even that for multi-turn reuse.
 * anything else (e.g. 48 and 64) raises :class:`~tuner.errors.ConfigError`.
 
-A missing hash (a ``floor`` list with a partial tail the target needs) is never invented:
-then fewer hashes come back only if the source list is too short, which
-:func:`reblock` reports as a ``ConfigError`` rather than guessing.
+Both derived forms are elementwise (no chain through the previous target block), so
+:meth:`tuner.trace.Trace.reblocked` computes them for a whole trace with numpy; this
+module is the plain-Python reference the tests hold it to. A source list too short for
+the full target blocks raises :class:`~tuner.errors.ConfigError`; no hash is invented.
 """
 
 from __future__ import annotations
@@ -80,13 +84,8 @@ def reblock(block_hashes: Sequence[int], input_len: int, from_block_size: int,
     if t % f == 0:
         k = t // f
         _need(block_hashes, n_target * k, f, t)
-        out = []
-        h = _GROUP_SEED
-        for i in range(n_target):
-            for s in block_hashes[i * k:(i + 1) * k]:
-                h = combine(h, s)
-            out.append(h)
-        return tuple(out)
+        seed = _GROUP_SEED ^ k
+        return tuple(combine(seed, block_hashes[(i + 1) * k - 1]) for i in range(n_target))
     if f % t == 0:
         k = f // t
         _need(block_hashes, -(-n_target // k), f, t)

@@ -23,7 +23,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tuner.errors import TraceSchemaError
-from tuner.trace.reblock import reblock_request_hashes
 from tuner.trace.request import TRACE_COLUMNS, TraceRequest
 from tuner.trace.schema import (
     METADATA_KEY,
@@ -241,13 +240,10 @@ class Trace:
         src = self.metadata.hash_block_size
         if block_size == src:
             return self._with_floor_blocks()
-        out = []
-        for r in self.iter_requests():
-            prompt, output = reblock_request_hashes(
-                r.block_hashes, r.output_block_hashes, r.input_len, r.output_len, src,
-                block_size)
-            out.append(_replace_hashes(r, prompt, output))
-        return Trace.from_requests(out, self.metadata.replace(hash_block_size=block_size))
+        from tuner.trace.reblock_vec import reblock_table
+
+        table = reblock_table(self.to_arrow(), src, block_size)
+        return Trace.from_arrow(table, self.metadata.replace(hash_block_size=block_size))
 
     def _with_floor_blocks(self) -> "Trace":
         b = self.metadata.hash_block_size
@@ -258,11 +254,6 @@ class Trace:
     def __repr__(self) -> str:
         return (f"Trace({self.source or 'in-memory'!s}, rows={self._len}, "
                 f"hash_block_size={self.metadata.hash_block_size})")
-
-
-def _replace_hashes(r: TraceRequest, prompt: tuple[int, ...], output: tuple[int, ...]) -> TraceRequest:
-    import dataclasses
-    return dataclasses.replace(r, block_hashes=prompt, output_block_hashes=output)
 
 
 def _update_column(h: Any, col: pa.ChunkedArray, name: str) -> None:
