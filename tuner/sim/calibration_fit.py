@@ -143,12 +143,13 @@ def fit_step_time(hardware: HardwareSpec, model: ModelSpec, tp: int,
         f = np.array([current.features(b) for b in batches], dtype=np.float64)
         pattern = tuple((f != 0).any(axis=0))
         theta, pinned = _fit_theta(f, y)
-        rebuilt = RooflineStepTimeModel.from_linear(hardware, model, tp, tuple(theta), base=base)
+        theta_f = tuple(float(t) for t in theta)  # plain floats: they end up in YAML
+        rebuilt = RooflineStepTimeModel.from_linear(hardware, model, tp, theta_f, base=base)
         pred = np.array([rebuilt.step_time_s(b) for b in batches])
         rel = (pred - y) / y
         stable = pattern == prev_pattern
         fit = StepTimeFit(
-            coefficients=rebuilt.coefficients, theta=tuple(float(t) for t in theta),
+            coefficients=rebuilt.coefficients, theta=theta_f,
             predicted_s=tuple(float(p) for p in pred), rel_errors=tuple(float(e) for e in rel),
             rounds=rnd, regimes_stable=stable,
             pinned=tuple(FEATURE_NAMES[i] for i in pinned),

@@ -1,0 +1,263 @@
+"""``tuner calibrate`` and ``tuner validate``: ground truth from a real ``vllm serve``."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import click
+
+from tuner.cli._common import echo_json, handle_errors
+from tuner.cli._replay import P90_HELP, make_load, make_target, target_options
+from tuner.errors import ConfigError
+
+
+def server_options(func):  # type: ignore[no-untyped-def]
+    """Flags that pick the server: ``--endpoint URL`` or ``--launch`` with its settings.
+
+    Shared with ``tuner tune --backend vllm-serve / --confirm-top`` (see
+    :func:`make_server_options`).
+    """
+    opts = [
+        click.option("--endpoint", default=None, metavar="URL",
+                     help="Attach to a running vLLM OpenAI server (e.g. http://10.0.0.5:8000)."),
+        click.option("--launch", is_flag=True,
+                     help="Start `vllm serve` (with --vllm-python and --serve-model) and stop "
+                          "it afterwards, Ctrl-C included."),
+        click.option("--vllm-python", default=None, metavar="PY",
+                     help="Python of the vLLM environment to launch [default: "
+                          "$TUNER_VLLM_PYTHON or $TUNER_VLLM032_PYTHON]."),
+        click.option("--serve-model", default=None, metavar="PATH",
+                     help="Model to serve (path or HF id; a config.json folder works with "
+                          "--load-format dummy) [default: --model]."),
+        click.option("--load-format", default=None,
+                     help="vLLM --load-format (dummy = random weights of the real shape)."),
+        click.option("--dtype", default=None, help="vLLM --dtype (float32 on CPU)."),
+        click.option("--enforce-eager", is_flag=True, help="vLLM --enforce-eager."),
+        click.option("--serve-arg", "serve_args", multiple=True, metavar="ARG",
+                     help="Extra `vllm serve` argument, verbatim (repeatable)."),
+        click.option("--serve-env", "serve_env", multiple=True, metavar="KEY=VALUE",
+                     help="Environment for the server (repeatable), e.g. "
+                          "VLLM_CPU_KVCACHE_SPACE=1."),
+        click.option("--server-log", default=None, type=click.Path(dir_okay=False),
+                     help="Server log file [default: a temp file, named on failure]."),
+        click.option("--startup-timeout", default=600.0, show_default=True, type=float,
+                     help="Seconds for the server to become ready."),
+        click.option("--request-timeout", default=600.0, show_default=True, type=float,
+                     help="Seconds for one streamed request before it counts as an error."),
+    ]
+    for opt in reversed(opts):
+        func = opt(func)
+    return func
+
+
+def make_server_options(*, endpoint: str | None, launch: bool, vllm_python: str | None,
+                        serve_model: str | None, model: str, tp: int, block_size: int | None,
+                        num_gpu_blocks: int | None, max_model_len: int | None,
+                        load_format: str | None, dtype: str | None, enforce_eager: bool,
+                        serve_args: tuple[str, ...], serve_env: tuple[str, ...],
+                        server_log: str | None, startup_timeout: float,
+                        request_timeout: float) -> Any:
+    """``ServerOptions`` from the :func:`server_options` flags (+ the target flags)."""
+    import os
+
+    from tuner.replay._serve_server import ServerOptions
+
+    if (endpoint is None) == (not launch):
+        raise ConfigError("use exactly one of --endpoint URL (attach) or --launch (start "
+                          "vllm serve)")
+    env = []
+    for item in serve_env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--serve-env {item!r}: expected KEY=VALUE")
+        env.append((key, value))
+    if launch:
+        vllm_python = vllm_python or os.environ.get("TUNER_VLLM_PYTHON") or os.environ.get(
+            "TUNER_VLLM032_PYTHON")
+        options = ServerOptions(
+            vllm_python=vllm_python, model=serve_model or model, load_format=load_format,
+            tp=tp, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
+            max_model_len=max_model_len, dtype=dtype, enforce_eager=enforce_eager,
+            extra_args=tuple(serve_args), env=tuple(env), log_path=server_log,
+            startup_timeout_s=startup_timeout, request_timeout_s=request_timeout)
+    else:
+        options = ServerOptions(endpoint=endpoint, request_timeout_s=request_timeout)
+    options.validate()
+    return options
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: expected comma-separated integers") from None
+    if not values or min(values) < 1:
+        raise ConfigError(f"{flag} {text!r}: expected positive integers")
+    return values
+
+
+def _mixed(text: str) -> tuple[tuple[int, int, int], ...]:
+    out = []
+    for part in text.split(","):
+        bits = part.strip().lower().split("x")
+        if len(bits) != 3 or not all(b.isdigit() and int(b) > 0 for b in bits):
+            raise ConfigError(f"--mixed {part!r}: expected NxLxP (decoders x context x prefill)")
+        out.append((int(bits[0]), int(bits[1]), int(bits[2])))
+    return tuple(out)
+
+
+@click.command(name="calibrate")
+@target_options
+@server_options
+@click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=2048,
+              show_default=True, help="Token budget of the launched server (probes stay "
+                                      "inside it so no prefill is chunked).")
+@click.option("--prefill-lens", default="64,512,1536", show_default=True,
+              help="Lone-prefill probe lengths (tokens).")
+@click.option("--decode-batch-sizes", default="1,8,24", show_default=True,
+              help="Concurrent decoders per decode probe.")
+@click.option("--decode-ctx-lens", default="64,512", show_default=True,
+              help="Prompt lengths of the decode probes.")
+@click.option("--mixed", "mixed", default="8x128x512,8x128x1536", show_default=True,
+              help="Mixed-step probes as NxLxP: N decoders at context L plus a P-token prefill.")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Runs per probe (the median is kept).")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="Calibration YAML to write (load it with --calibration).")
+@click.option("--json", "as_json", is_flag=True, help="Print probes and errors as JSON.")
+@handle_errors
+def calibrate_command(hardware: str, model: str, tp: int, dp: int, block_size: int | None,
+                      num_gpu_blocks: int | None, gpu_memory_utilization: float,
+                      max_model_len: int | None, calibration: str | None, **kw: Any) -> None:
+    """Fit the twin's step-time model to a real vLLM server and write a calibration file.
+
+    Runs controlled probes (lone prefills, decode batches of several sizes and contexts,
+    mixed steps), derives per-step times from client-side token timing, fits the
+    roofline's coefficients by non-negative least squares and prints the fit error per
+    probe class. --hardware and --model name what the twin will run with.
+
+    \b
+    Example (the CPU CI server):
+      tuner calibrate --launch --vllm-python $TUNER_VLLM032_PYTHON \\
+          --model tests/data/tiny-llama --hardware tests/data/serve/cpu-epyc-2core.yaml \\
+          --load-format dummy --dtype float32 --enforce-eager --block-size 32 \\
+          --num-gpu-blocks 512 --max-model-len 2048 \\
+          --serve-env VLLM_CPU_KVCACHE_SPACE=1 --serve-env VLLM_CPU_OMP_THREADS_BIND=nobind \\
+          -o calib.yaml
+      tuner replay trace.parquet --hardware ... --model ... --calibration calib.yaml
+    """
+    from tuner.replay._serve_server import VllmServer
+    from tuner.replay.calibrate import ProbePlan, calibrate
+    from tuner.sim.calibration import save_calibration
+    from tuner.sim.settings import SchedulerSettings
+
+    as_json = kw.pop("as_json")
+    output = kw.pop("output")
+    plan = ProbePlan(prefill_lens=_ints(kw.pop("prefill_lens"), "--prefill-lens"),
+                     decode_batch_sizes=_ints(kw.pop("decode_batch_sizes"), "--decode-batch-sizes"),
+                     decode_ctx_lens=_ints(kw.pop("decode_ctx_lens"), "--decode-ctx-lens"),
+                     mixed=_mixed(kw.pop("mixed")), repeats=kw.pop("repeats"))
+    budget = kw.pop("max_num_batched_tokens")
+    options = make_server_options(model=model, tp=tp, block_size=block_size,
+                                  num_gpu_blocks=num_gpu_blocks, max_model_len=max_model_len, **kw)
+    say = (lambda m: click.echo(f"  {m}", err=True)) if not as_json else None
+    settings = SchedulerSettings(max_num_batched_tokens=budget,
+                                 max_num_seqs=min(256, budget))
+    with VllmServer(options) as server:
+        server.start(settings)
+        if say:
+            say(f"server ready ({server.startup_s:.1f} s, vLLM {server.vllm_version})")
+        result = calibrate(server, hardware=hardware, model=model, tp=tp, plan=plan,
+                           max_num_batched_tokens=budget if options.launches else None,
+                           max_model_len=max_model_len, progress=say)
+    path = save_calibration(output, result.calibration)
+    if as_json:
+        echo_json({"output": str(path), "probes": result.table(),
+                   "errors_by_kind": result.errors_by_kind,
+                   "rms_rel_error_pct": 100 * result.fit.rms_rel_error,
+                   "coefficients": result.calibration.coefficients.to_dict()})
+        return
+    for row in result.table():
+        click.echo(f"{row['kind']:<8} {row['probe']:<24} measured {row['measured_ms']:9.2f} ms"
+                   f"  predicted {row['predicted_ms']:9.2f} ms  {row['error_pct']:+7.1f} %")
+    for kind, err in result.errors_by_kind.items():
+        click.echo(f"{kind}: mean |error| {err['mean_abs_pct']:.1f} %, max "
+                   f"{err['max_abs_pct']:.1f} % over {err['num_probes']} probes")
+    click.echo(f"wrote {path}")
+
+
+@click.command(name="validate", epilog=P90_HELP)
+@click.argument("profile_path", metavar="PROFILE", type=click.Path(exists=True, dir_okay=False))
+@click.argument("trace", type=click.Path(exists=True))
+@target_options
+@server_options
+@click.option("--baseline-endpoint", default=None, metavar="URL",
+              help="With --endpoint: a second running server with the baseline settings.")
+@click.option("--speedup", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Open loop at the trace's arrival times divided by X [default: 1].")
+@click.option("--concurrency", type=click.IntRange(min=1), default=None,
+              help="Closed loop: keep N requests in flight.")
+@click.option("--thread-outputs", is_flag=True,
+              help="Feed each turn's real output into the next turn of its session.")
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@handle_errors
+def validate_command(profile_path: str, trace: str, hardware: str, model: str, tp: int, dp: int,
+                     block_size: int | None, num_gpu_blocks: int | None,
+                     gpu_memory_utilization: float, max_model_len: int | None,
+                     calibration: str | None, **kw: Any) -> None:
+    """Replay baseline and PROFILE on a real server and on the twin; print both, with errors.
+
+    The twin models --hardware/--model (pass --calibration from `tuner calibrate` on the
+    same server); the error is (predicted - measured) / measured. p90 interactivity is
+    1 / the p90 over requests of the per-request mean inter-token latency.
+
+    \b
+    Example:
+      tuner validate profiles/agentic.yaml trace.parquet --launch \\
+          --vllm-python /opt/vllm/bin/python --model llama-3.1-70b \\
+          --serve-model /models/llama-3.1-70b --tp 8 --calibration calib.yaml --concurrency 64
+    """
+    from tuner.metrics import summarize
+    from tuner.profile import load_profile
+    from tuner.replay.validate import COMPARED, validate
+
+    as_json = kw.pop("as_json")
+    baseline_endpoint = kw.pop("baseline_endpoint")
+    load = make_load(kw.pop("speedup"), kw.pop("concurrency"))
+    thread_outputs = kw.pop("thread_outputs")
+    profile = load_profile(profile_path)
+    target = make_target(hardware, model, tp, dp, block_size, num_gpu_blocks,
+                         gpu_memory_utilization, max_model_len, calibration)
+    options = make_server_options(model=model, tp=tp, block_size=block_size,
+                                  num_gpu_blocks=num_gpu_blocks, max_model_len=max_model_len, **kw)
+    endpoints = None
+    if not options.launches:
+        endpoints = {"profile": str(options.endpoint)}
+        if baseline_endpoint:
+            endpoints["baseline"] = baseline_endpoint
+    elif baseline_endpoint:
+        raise ConfigError("--baseline-endpoint goes with --endpoint, not --launch")
+    say = None if as_json else (lambda m: click.echo(f"  {m}", err=True))
+    rows = validate(profile, trace, server=options, target=target, summarize=summarize,
+                    load=load, endpoints=endpoints, thread_outputs=thread_outputs, progress=say)
+    if as_json:
+        echo_json([r.to_dict() for r in rows])
+        return
+    for r in rows:
+        click.echo(f"{r.name} ({r.status})")
+        click.echo(f"  {'metric':<28}{'predicted':>14}{'measured':>14}{'error':>10}")
+        for key in COMPARED:
+            p, m, e = r.predicted.get(key, math.nan), r.measured.get(key, math.nan), \
+                r.error_pct.get(key, math.nan)
+            err = f"{e:+.1f} %" if math.isfinite(e) else "-"
+            click.echo(f"  {key:<28}{p:>14.4g}{m:>14.4g}{err:>10}")
+        for note in r.notes:
+            click.echo(f"  note: {note}")
+    click.echo(P90_HELP)
+
+
+def register(cli: click.Group) -> None:
+    """Add ``tuner calibrate`` and ``tuner validate`` to ``cli``."""
+    cli.add_command(calibrate_command)
+    cli.add_command(validate_command)
