@@ -116,3 +116,12 @@ def test_reblocked_counts_are_floor() -> None:
     assert t.reblocked(32).metadata.hash_block_size == 32
     small = t.reblocked(8).requests()
     assert [len(r.block_hashes) for r in small] == [12, 4]
+
+
+def test_iter_requests_reblocks_on_the_fly() -> None:
+    reqs = [TraceRequest("a", 0, 100, 40, (1, 2, 3, 4, 5, 6, 7), (8, 9)),
+            TraceRequest("b", 1, 33, 0, (1, 2, 3))]
+    t = Trace.from_requests(reqs, META)
+    assert list(t.iter_requests(block_size=32, batch_size=1)) == t.reblocked(32).requests()
+    assert [len(r.block_hashes) for r in t.iter_requests(block_size=16)] == [6, 2]
+    assert [b.num_rows for b in t.iter_batches(block_size=8, batch_size=1)] == [1, 1]
