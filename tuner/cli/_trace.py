@@ -98,7 +98,14 @@ def ingest_cmd(sources: tuple[str, ...], output: str, fmt: str, hash_block_size:
 
 @click.group("trace")
 def trace_group() -> None:
-    """Inspect, cut and synthesize canonical traces."""
+    """Inspect, cut and synthesize canonical traces.
+
+    \b
+    Example:
+      tuner trace stats traces/agentic_1h.parquet
+      tuner trace slice trace.parquet --last 1h -o recent.parquet
+      tuner trace synth --kind chat --duration 30m --rate 5 -o chat.parquet
+    """
 
 
 @trace_group.command("stats")
