@@ -1,19 +1,23 @@
 """``tuner calibrate``: measure step times on a live vLLM server and fit the step-time model.
 
-A client sees tokens, not steps, so each probe is built so that one client-side interval
-*is* one engine step (the server serves nothing else meanwhile):
+Each probe is timed on the server, from the engine-side histograms of ``/metrics``
+(before/after deltas; ``vllm/v1/metrics/stats.py`` @ 0.32), while the server serves
+nothing else:
 
-* ``decode``  N concurrent requests with unique L-token prompts decode together; once all
-  N stream, every inter-token gap is one N-request decode step at context ~L + k.
-  Measured: the median of those gaps.
-* ``prefill`` one lone request of P unique tokens, ``max_tokens=1``. Its TTFT is the
-  prefill step plus a fixed request overhead (HTTP, tokenizer-free input processing, the
-  engine-core IPC both ways). The overhead is measured once as TTFT(4-token prompt) minus
-  the 1-request decode step (a 4-token prefill costs what a 1-token decode costs), and
-  subtracted. Measured: median over repeats.
-* ``mixed``   N decoders running at context ~L, then one P-token prefill joins; the step
-  that runs it also emits a token of every decoder, so the decoders' gap ending at the
-  prefill's first token is one mixed step. Measured: median over decoders and repeats.
+* ``decode``  N concurrent requests with unique L-token prompts, T tokens each: the mean
+  of ``vllm:inter_token_latency_seconds`` over the probe (engine-core output timestamps)
+  is the N-request decode step at context ~L + T/2.
+* ``prefill`` one lone request of P unique tokens, ``max_tokens=1``: its
+  ``vllm:request_prefill_time_seconds`` (first token - the SCHEDULED event) is exactly the
+  one step that ran it, without the HTTP and IPC time a client's TTFT would add.
+* ``mixed``   N decoders running at context ~L, then one P-token prefill joins: the
+  joining request is the only one to finish meanwhile, so the prefill-time delta is the
+  step that ran the prefill together with the N decode tokens.
+
+Why not client-side token times: on a shared or loaded client the asyncio loop reads
+several steps' tokens in one burst, which distorts gaps and spans (measured on the
+2-core CI machine: a decode probe read 0.13 ms for a 5 ms step). The replay itself still
+stamps tokens client-side: that is the user-visible latency it reports.
 
 Each probe becomes a ``StepBatch``; :func:`tuner.sim.calibration_fit.fit_step_time` fits
 the roofline's coefficients by non-negative least squares over its feature vector and the
@@ -44,6 +48,10 @@ from tuner.sim.models import load_model
 
 ProbeKind = Literal["prefill", "decode", "mixed"]
 _VOCAB_LOW, _VOCAB_HIGH = 3, 999  # as the replay's TokenFactory: valid for any vocab >= 1000
+#: Engine-side timings in /metrics (vllm/v1/metrics/stats.py @ 0.32: ITL from engine-core
+#: output timestamps; prefill time = first token - SCHEDULED event of the request).
+ITL_HISTOGRAM = "vllm:inter_token_latency_seconds"
+PREFILL_HISTOGRAM = "vllm:request_prefill_time_seconds"
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +90,7 @@ class Probe:
     kind: ProbeKind
     label: str  # e.g. "decode N=16 L=512"
     batch: StepBatch
-    measured_s: float  # median step time
+    measured_s: float  # median step time (for a TTFT probe: the time to first token)
     num_samples: int  # intervals behind the median
 
 
@@ -93,7 +101,6 @@ class CalibrationResult:
     probes: list[Probe]
     fit: StepTimeFit
     calibration: Calibration
-    request_overhead_s: float  # TTFT - step, subtracted from the prefill probes
     errors_by_kind: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def table(self) -> list[dict[str, Any]]:
@@ -134,30 +141,36 @@ class _Prober:
             raise BackendError(f"calibration request got {len(times)} tokens, {max_tokens} asked")
         return t_send, times
 
+    async def _histogram_delta(self, name: str, before: Any) -> tuple[float, float]:
+        """(sum, count) added to histogram ``name`` since the snapshot ``before``."""
+        after = (await self.server.scrape_async()).histogram(name)
+        if after is None:
+            raise BackendError(f"/metrics has no {name}: cannot time steps on the server")
+        d = after.minus(before.histogram(name))
+        return d.sum, d.count
+
     async def decode(self, n: int, ctx: int, tokens: int) -> tuple[float, int]:
-        runs = await asyncio.gather(*(self._stream(self._prompt(ctx), tokens) for _ in range(n)))
-        start = max(times[0] for _, times in runs)  # all N decoding from here on
-        # Per request: span / tokens over the steady part. Not the median gap: when the
-        # client or the API server lags, tokens of several steps arrive in one SSE event
-        # (a zero gap, then a double one), which biases gap statistics but not spans.
-        per_request = []
-        for _, times in runs:
-            i0 = next(i for i, t in enumerate(times) if t >= start - 1e-6)
-            i0 = _last_of_group(times, i0)
-            if len(times) - 1 - i0 >= 2:
-                per_request.append((times[-1] - times[i0]) / (len(times) - 1 - i0))
-        if not per_request:
-            raise BackendError(f"decode probe N={n} L={ctx}: no steady-state span")
-        return statistics.median(per_request), len(per_request)
+        """Mean engine-side inter-token latency of N requests decoding together."""
+        before = await self.server.scrape_async()
+        await asyncio.gather(*(self._stream(self._prompt(ctx), tokens) for _ in range(n)))
+        total, count = await self._histogram_delta(ITL_HISTOGRAM, before)
+        if count < 1:
+            raise BackendError(f"decode probe N={n} L={ctx}: no inter-token latencies recorded")
+        return total / count, int(count)
 
     async def ttft(self, length: int) -> float:
-        t_send, times = await self._stream(self._prompt(length), 1)
-        return times[0] - t_send
+        """Engine-side prefill time (scheduled -> first token) of a lone request."""
+        before = await self.server.scrape_async()
+        await self._stream(self._prompt(length), 1)
+        total, count = await self._histogram_delta(PREFILL_HISTOGRAM, before)
+        if count != 1:
+            raise BackendError(f"prefill probe P={length}: {count:g} requests finished, 1 expected")
+        return total
 
     async def mixed(self, n: int, ctx: int, prefill: int) -> tuple[float, int, float]:
-        """(median mixed-step gap, samples, mean decoder context at injection)."""
+        """(prefill time of a request joining N decoders, 1, mean decoder context then)."""
         head = 8  # decoder tokens before the prefill joins
-        total = head + 24
+        total = head + 88  # long decoders: they must outlive the prefill by far
         progress: list[list[float]] = [[] for _ in range(n)]
 
         async def decoder(i: int) -> list[float]:
@@ -171,93 +184,94 @@ class _Prober:
             return progress[i]
 
         tasks = [asyncio.create_task(decoder(i)) for i in range(n)]
-        while min(len(p) for p in progress) < head:
-            if any(t.done() for t in tasks):
-                break
-            await asyncio.sleep(0.002)
-        done_tokens = statistics.mean(len(p) for p in progress)
-        t_send, ptimes = await self._stream(self._prompt(prefill), 1)
-        decoders = await asyncio.gather(*tasks)
-        t_first = ptimes[0]
-        # Per decoder: a = its last token before the prefill was sent, b = a token well
-        # after the prefill's first one (both the last of their SSE event, so their stamps
-        # are exact). The span a->b holds (b - a - 1) decode steps and the mixed step.
-        estimates = []
-        for times in decoders:
-            before = [i for i, t in enumerate(times) if t <= t_send]
-            if len(before) < 3:
-                continue
-            a = _last_of_group(times, before[-1])
-            if times[a] > t_send:
-                a = before[-1]
-            steady = (times[a] - times[1]) / max(a - 1, 1)
-            after = [i for i, t in enumerate(times) if t >= t_first + 2 * steady]
-            if not after:
-                continue
-            b = _last_of_group(times, after[0])
-            tail = (times[-1] - times[b]) / (len(times) - 1 - b) if len(times) - 1 - b >= 2 else steady
-            t_decode = (steady + tail) / 2
-            estimates.append(times[b] - times[a] - (b - a - 1) * t_decode)
-        if not estimates:
+        try:
+            while min(len(p) for p in progress) < head:
+                if any(t.done() for t in tasks):
+                    break
+                await asyncio.sleep(0.002)
+            ctx_at = ctx + statistics.mean(len(p) for p in progress)
+            before = await self.server.scrape_async()
+            await self._stream(self._prompt(prefill), 1)
+            # the joining request is the only one finishing here: its prefill time is the
+            # duration of the mixed step (the decoders finish much later)
+            step, count = await self._histogram_delta(PREFILL_HISTOGRAM, before)
+            still_running = not all(t.done() for t in tasks)
+        finally:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if count != 1 or not still_running:
             raise BackendError(f"mixed probe N={n} L={ctx} P={prefill}: the decoders did not "
                                "run across the prefill")
-        return max(statistics.median(estimates), 1e-6), len(estimates), ctx + done_tokens
+        return step, 1, ctx_at
 
-    async def run(self, plan: ProbePlan) -> tuple[list[Probe], float]:
-        probes: list[Probe] = []
-        # warm-up: first requests pay one-off costs (allocations, caches)
-        for _ in range(2):
+    async def run(self, plan: ProbePlan) -> list[Probe]:
+        """Every probe once per round, ``repeats`` rounds, medians kept.
+
+        Rounds interleave the probes, so a slow spell of a shared machine spreads over all
+        probes instead of inflating one of them.
+        """
+        for _ in range(2):  # warm-up: first requests pay one-off costs (allocations)
             await self._stream(self._prompt(16), 4)
-        one_step = [(await self.decode(1, 16, plan.decode_tokens))[0] for _ in range(plan.repeats)]
-        tiny = [await self.ttft(4) for _ in range(plan.repeats)]
-        overhead = max(statistics.median(tiny) - statistics.median(one_step), 0.0)
-        self.progress(f"request overhead {overhead * 1e3:.1f} ms")
-        for length in plan.prefill_lens:
-            vals = [await self.ttft(length) - overhead for _ in range(plan.repeats)]
-            measured = statistics.median(vals)
-            probes.append(Probe("prefill", f"prefill P={length}", StepBatch(
-                num_prefill_reqs=1, num_prefill_tokens=length,
-                prefill_attn_pairs=length * (length + 1) / 2), max(measured, 1e-6), len(vals)))
-            self.progress(probes[-1].label)
-        for n in plan.decode_batch_sizes:
-            for ctx in plan.decode_ctx_lens:
-                runs = [await self.decode(n, ctx, plan.decode_tokens) for _ in range(plan.repeats)]
-                measured = statistics.median(v for v, _ in runs)
+        for length in plan.prefill_lens:  # ... and so does the first prefill of a new shape
+            await self.ttft(length)
+        shapes: list[tuple[ProbeKind, tuple[int, ...]]] = (
+            [("prefill", (p,)) for p in plan.prefill_lens]
+            + [("decode", (n, c)) for n in plan.decode_batch_sizes for c in plan.decode_ctx_lens]
+            + [("mixed", m) for m in plan.mixed])
+        samples: dict[int, list[tuple[float, int, float]]] = {i: [] for i in range(len(shapes))}
+        for rnd in range(plan.repeats):
+            for i, (kind, args) in enumerate(shapes):
+                if kind == "prefill":
+                    samples[i].append((await self.ttft(args[0]), 1, 0.0))
+                elif kind == "decode":
+                    value, k = await self.decode(args[0], args[1], plan.decode_tokens)
+                    samples[i].append((value, k, 0.0))
+                else:
+                    for _ in range(3):  # a run can miss the mixed step (client lag): retry
+                        try:
+                            samples[i].append(await self.mixed(*args))
+                            break
+                        except BackendError:
+                            continue
+            self.progress(f"round {rnd + 1}/{plan.repeats} done")
+        probes = []
+        for i, (kind, args) in enumerate(shapes):
+            got = samples[i]
+            if not got:
+                raise BackendError(f"{kind} probe {args}: no run had the decoders running "
+                                   "across the prefill; lower the load on the server")
+            measured = statistics.median(v for v, _, _ in got)
+            count = sum(k for _, k, _ in got)
+            if kind == "prefill":
+                (length,) = args
+                probes.append(Probe("prefill", f"prefill P={length}", StepBatch(
+                    num_prefill_reqs=1, num_prefill_tokens=length,
+                    prefill_attn_pairs=length * (length + 1) / 2), measured, count))
+            elif kind == "decode":
+                n, ctx = args
                 mid = ctx + plan.decode_tokens / 2
                 probes.append(Probe("decode", f"decode N={n} L={ctx}", StepBatch(
-                    num_decode_reqs=n, decode_ctx_tokens=int(round(n * mid))), measured,
-                    sum(k for _, k in runs)))
-                self.progress(probes[-1].label)
-        for n, ctx, p in plan.mixed:
-            runs3 = [await self.mixed(n, ctx, p) for _ in range(plan.repeats)]
-            measured = statistics.median(v for v, _, _ in runs3)
-            ctx_at = statistics.mean(c for _, _, c in runs3)
-            probes.append(Probe("mixed", f"mixed N={n} L={ctx} P={p}", StepBatch(
-                num_prefill_reqs=1, num_prefill_tokens=p, prefill_attn_pairs=p * (p + 1) / 2,
-                num_decode_reqs=n, decode_ctx_tokens=int(round(n * (ctx_at + 1)))),
-                measured, sum(k for _, k, _ in runs3)))
-            self.progress(probes[-1].label)
-        return probes, overhead
+                    num_decode_reqs=n, decode_ctx_tokens=int(round(n * mid))), measured, count))
+            else:
+                n, ctx, p = args
+                ctx_at = statistics.mean(c for _, _, c in got)
+                probes.append(Probe("mixed", f"mixed N={n} L={ctx} P={p}", StepBatch(
+                    num_prefill_reqs=1, num_prefill_tokens=p, prefill_attn_pairs=p * (p + 1) / 2,
+                    num_decode_reqs=n, decode_ctx_tokens=int(round(n * (ctx_at + 1)))),
+                    measured, count))
+        return probes
 
 
 def run_probes(server: VllmServer, plan: ProbePlan = ProbePlan(), *,
-               progress: Callable[[str], None] | None = None) -> tuple[list[Probe], float]:
-    """Measure the probes on an idle, started server -> (probes, request overhead s)."""
+               progress: Callable[[str], None] | None = None) -> list[Probe]:
+    """Measure the probes on an idle, started server."""
     return asyncio.run(_Prober(server, progress).run(plan))
-
-
-def _last_of_group(times: list[float], i: int) -> int:
-    """The last index whose stamp equals ``times[i]`` (tokens that arrived in one event)."""
-    while i + 1 < len(times) and times[i + 1] == times[i]:
-        i += 1
-    return i
 
 
 # --------------------------------------------------------------------------- fit
 
 
 def fit_probes(probes: list[Probe], *, hardware: str, model: str, tp: int = 1,
-               request_overhead_s: float = math.nan, vllm_version: str | None = None,
+               vllm_version: str | None = None,
                extra_fit: dict[str, Any] | None = None) -> CalibrationResult:
     """Fit the step-time model to ``probes`` and build the calibration to save.
 
@@ -280,7 +294,7 @@ def fit_probes(probes: list[Probe], *, hardware: str, model: str, tp: int = 1,
         "vllm_version": vllm_version, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "method": "NNLS over RooflineStepTimeModel.features (relative least squares)",
         "num_probes": len(probes), "rms_rel_error_pct": 100 * fit.rms_rel_error,
-        "errors_by_kind": by_kind, "request_overhead_ms": request_overhead_s * 1e3,
+        "errors_by_kind": by_kind,
         "regime_rounds": fit.rounds, "regimes_stable": fit.regimes_stable,
         "pinned_efficiencies": list(fit.pinned), "unused_features": list(fit.unused),
         "probes": [{"kind": p.kind, "probe": p.label, "measured_ms": round(p.measured_s * 1e3, 4),
@@ -291,7 +305,7 @@ def fit_probes(probes: list[Probe], *, hardware: str, model: str, tp: int = 1,
     calibration = Calibration(hardware=hardware, model=model, tp=tp,
                               coefficients=fit.coefficients, fit=info)
     return CalibrationResult(probes=probes, fit=fit, calibration=calibration,
-                             request_overhead_s=request_overhead_s, errors_by_kind=by_kind)
+                             errors_by_kind=by_kind)
 
 
 def calibrate(server: VllmServer, *, hardware: str, model: str, tp: int = 1,
@@ -300,6 +314,6 @@ def calibrate(server: VllmServer, *, hardware: str, model: str, tp: int = 1,
               progress: Callable[[str], None] | None = None) -> CalibrationResult:
     """Probe a started server and fit: the library behind ``tuner calibrate``."""
     plan.validate(max_num_batched_tokens, max_model_len)
-    probes, overhead = run_probes(server, plan, progress=progress)
-    return fit_probes(probes, hardware=hardware, model=model, tp=tp, request_overhead_s=overhead,
+    probes = run_probes(server, plan, progress=progress)
+    return fit_probes(probes, hardware=hardware, model=model, tp=tp,
                       vllm_version=server.vllm_version)

@@ -21,6 +21,7 @@ refitted (an active-set step), rather than silently rejected.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -106,6 +107,7 @@ class StepTimeFit:
     regimes_stable: bool  # the last round's regimes equalled the previous round's
     pinned: tuple[str, ...] = ()  # efficiencies pinned at 1.5 (their weight fell below 1/1.5)
     unused: tuple[str, ...] = field(default=())  # features that were zero on every probe
+    extra_weights: tuple[float, ...] = ()  # fitted weights of ``extra_features`` (>= 0)
 
     @property
     def rms_rel_error(self) -> float:
@@ -114,7 +116,8 @@ class StepTimeFit:
 
 def fit_step_time(hardware: HardwareSpec, model: ModelSpec, tp: int,
                   batches: Sequence[StepBatch], times_s: Sequence[float], *,
-                  base: Coefficients | None = None, max_rounds: int = 12) -> StepTimeFit:
+                  base: Coefficients | None = None, max_rounds: int = 12,
+                  extra_features: Sequence[Sequence[float]] | None = None) -> StepTimeFit:
     """Fit ``Coefficients`` so the roofline reproduces ``times_s`` for ``batches``.
 
     Args:
@@ -124,6 +127,10 @@ def fit_step_time(hardware: HardwareSpec, model: ModelSpec, tp: int,
         base: coefficients whose efficiencies are kept where the data never exercise
             them (a zero weight) and that pick the first round's regimes.
         max_rounds: cap on the regime iterations.
+        extra_features: per probe, further non-negative columns that are part of the
+            measurement but not of a step, fitted alongside (weights >= 0) and left out of
+            the coefficients; e.g. 1.0 for a probe measured as TTFT, whose weight is then
+            the request overhead in seconds. Predictions and errors include them.
 
     Raises:
         ValueError: lengths differ, no data, or a non-positive time.
@@ -135,34 +142,65 @@ def fit_step_time(hardware: HardwareSpec, model: ModelSpec, tp: int,
     if not np.all(np.isfinite(y)) or (y <= 0).any():
         raise ValueError("measured step times must be finite and > 0")
     base = base or Coefficients()
-    current = RooflineStepTimeModel(hardware, model, tp, base)
+    extra = np.zeros((len(y), 0)) if extra_features is None else np.asarray(
+        extra_features, dtype=np.float64).reshape(len(y), -1)
     best: StepTimeFit | None = None
-    prev_pattern: tuple[bool, ...] | None = None
+    # Several starting regimes: the alternation below finds a local optimum of a
+    # max-of-linear model, so it starts from the base coefficients, from "every kernel
+    # group memory-bound" and from "every group compute-bound", and keeps the best.
+    for start in _starts(base):
+        fit = _alternate(hardware, model, tp, batches, y, extra, start, base, max_rounds)
+        if best is None or fit.rms_rel_error < best.rms_rel_error - 1e-12:
+            best = fit
+    assert best is not None
+    return best
+
+
+def _starts(base: Coefficients) -> list[Coefficients]:
+    slow, fast = 0.01, 1.5
+    memory_bound = dataclasses.replace(base, weight_bw_eff=slow, kv_bw_eff=slow, mfu_prefill=fast,
+                                       mfu_decode=fast, attn_prefill_eff=fast, attn_decode_eff=fast)
+    compute_bound = dataclasses.replace(base, weight_bw_eff=fast, kv_bw_eff=fast, mfu_prefill=slow,
+                                        mfu_decode=slow, attn_prefill_eff=slow,
+                                        attn_decode_eff=slow)
+    return [base, memory_bound, compute_bound]
+
+
+def _alternate(hardware: HardwareSpec, model: ModelSpec, tp: int, batches: Sequence[StepBatch],
+               y: np.ndarray, extra: np.ndarray, start: Coefficients, base: Coefficients,
+               max_rounds: int) -> StepTimeFit:
+    """Regimes from the current coefficients -> NNLS -> rebuild, until regimes repeat."""
+    current = RooflineStepTimeModel(hardware, model, tp, start)
+    best: StepTimeFit | None = None
+    seen: set[bytes] = set()
     stable = False
+    rnd = 0
     for rnd in range(1, max_rounds + 1):
         f = np.array([current.features(b) for b in batches], dtype=np.float64)
-        pattern = tuple((f != 0).any(axis=0))
-        theta, pinned = _fit_theta(f, y)
-        theta_f = tuple(float(t) for t in theta)  # plain floats: they end up in YAML
+        regimes = (f != 0).tobytes()  # which feature is on, per probe
+        stable = regimes in seen
+        seen.add(regimes)
+        theta_all, pinned = _fit_theta(np.hstack([f, extra]), y)
+        theta_f = tuple(float(t) for t in theta_all[:f.shape[1]])  # plain floats: YAML
+        extra_w = theta_all[f.shape[1]:]
         rebuilt = RooflineStepTimeModel.from_linear(hardware, model, tp, theta_f, base=base)
-        pred = np.array([rebuilt.step_time_s(b) for b in batches])
+        pred = np.array([rebuilt.step_time_s(b) for b in batches]) + extra @ extra_w
         rel = (pred - y) / y
-        stable = pattern == prev_pattern
+        used = (f != 0).any(axis=0)
         fit = StepTimeFit(
             coefficients=rebuilt.coefficients, theta=theta_f,
             predicted_s=tuple(float(p) for p in pred), rel_errors=tuple(float(e) for e in rel),
             rounds=rnd, regimes_stable=stable,
             pinned=tuple(FEATURE_NAMES[i] for i in pinned),
-            unused=tuple(FEATURE_NAMES[i] for i, used in enumerate(pattern) if not used))
+            unused=tuple(FEATURE_NAMES[i] for i, u in enumerate(used) if not u),
+            extra_weights=tuple(float(w) for w in extra_w))
         if best is None or fit.rms_rel_error < best.rms_rel_error - 1e-12:
             best = fit
         if stable:
             break
-        prev_pattern = pattern
         current = rebuilt
     assert best is not None
-    return StepTimeFit(best.coefficients, best.theta, best.predicted_s, best.rel_errors,
-                       rounds=rnd, regimes_stable=stable, pinned=best.pinned, unused=best.unused)
+    return dataclasses.replace(best, rounds=rnd, regimes_stable=stable)
 
 
 def _fit_theta(f: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, list[int]]:
