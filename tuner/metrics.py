@@ -213,7 +213,7 @@ class Summary:
     num_steps: int  # executed steps of the whole replay (backend counter; else samples)
     # Replay cost.
     simulated_s: float  # replay-clock span of the whole replay
-    wall_s: float  # wall time of the whole replay
+    wall_s: float  # wall time of the backend's run() (the replay itself, not trace loading)
     speed_ratio: float  # simulated_s / wall_s (simulated seconds per wall second)
 
     def to_dict(self) -> dict[str, Any]:

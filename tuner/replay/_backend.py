@@ -50,6 +50,10 @@ class Backend(ABC):
 
     #: Registry name (``"sim"``, ``"vllm-core"``, ``"vllm-serve"``).
     name: str = ""
+    #: True if :meth:`prepare` accepts ``block_hashes``/``output_block_hashes`` as ``uint64``
+    #: numpy arrays (the memory-light path, ``tuner/replay/_kv_requests.py``); otherwise
+    #: they come as tuples of ints.
+    accepts_array_hashes: bool = False
 
     @abstractmethod
     def prepare(self, requests: Sequence["TraceRequest"], settings: "SchedulerSettings",
@@ -58,7 +62,8 @@ class Backend(ABC):
 
         Args:
             requests: trace requests in arrival order; ``block_hashes`` and
-                ``output_block_hashes`` are at the KV block size ``target.cache.block_size``.
+                ``output_block_hashes`` are at the KV block size ``target.cache.block_size``
+                (tuples, or uint64 arrays when ``accepts_array_hashes``).
             settings: the scheduler settings to replay under (validated).
             target: the resolved deployment (``tuner.sim.presets.ResolvedTarget``: step-time
                 model, cache shape, GPU count, description).

@@ -71,6 +71,35 @@ def reblock_request(request: "TraceRequest", from_block_size: int,
     return dataclasses.replace(request, block_hashes=prompt, output_block_hashes=output)
 
 
+def _kv_requests(trace: TraceLike, hash_block_size: int | None, block_size: int, *,
+                 arrays: bool) -> list["TraceRequest"]:
+    """The trace's requests in arrival order, hashes re-blocked to ``block_size``.
+
+    ``arrays``: hashes as ``uint64`` arrays through the vectorised path (memory-light, for
+    backends that accept them), else tuples of ints.
+    """
+    if arrays:
+        from tuner.replay._kv_requests import kv_requests, load_trace_arrays
+
+        if isinstance(trace, (str, os.PathLike)):
+            from tuner.trace import read_trace
+
+            trace = read_trace(trace)
+        if hasattr(trace, "metadata") and hasattr(trace, "lazy"):
+            requests, size = load_trace_arrays(trace), int(trace.metadata.hash_block_size)
+        else:
+            requests, size = load_requests(trace, hash_block_size=hash_block_size)
+        if not requests:
+            raise ConfigError("the trace has no requests to replay")
+        return kv_requests(requests, size, block_size)
+    requests, size = load_requests(trace, hash_block_size=hash_block_size)
+    if not requests:
+        raise ConfigError("the trace has no requests to replay")
+    if size is not None and size != block_size:
+        requests = [reblock_request(r, size, block_size) for r in requests]
+    return requests
+
+
 @contextlib.contextmanager
 def _progress_bar(enabled: bool) -> Iterator[ProgressCallback | None]:
     """A rich progress bar on stderr fed with the fraction done, or no callback."""
@@ -123,20 +152,17 @@ def run(trace: TraceLike, settings: SchedulerSettings | None = None, *, backend:
     """
     from tuner.sim.presets import resolve_target
 
-    requests, size = load_requests(trace, hash_block_size=hash_block_size)
-    if not requests:
-        raise ConfigError("the trace has no requests to replay")
     resolved = resolve_target(target, scheduler_settings=settings)
     if settings is None:
         settings = resolved.default_settings
     settings.validate(max_model_len=resolved.cache.max_model_len)
-    block_size = resolved.cache.block_size
-    if size is not None and size != block_size:
-        requests = [reblock_request(r, size, block_size) for r in requests]
     load = OpenLoop() if load is None else load
     instance = create_backend(backend, **backend_options)
     try:
+        requests = _kv_requests(trace, hash_block_size, resolved.cache.block_size,
+                                arrays=instance.accepts_array_hashes)
         instance.prepare(requests, settings, resolved, load, options)
+        del requests  # the backend holds what it needs; keep peak memory to one copy
         if callable(progress):
             return instance.run(progress)
         with _progress_bar(bool(progress)) as callback:

@@ -22,6 +22,7 @@ class SimBackend(Backend):
     """Replays on the twin. Takes no backend options."""
 
     name = "sim"
+    accepts_array_hashes = True  # SimRequest takes anything with tolist(), at arrival
 
     def __init__(self) -> None:
         self._simulator: Any = None
