@@ -8,9 +8,9 @@ equal hash at a position means an equal prefix up to it. Hit tokens are
 tokens. This equals what vLLM's prefix cache would report with infinite KV memory (at the
 trace's block granularity), and what aisimulate reports with an unbounded cache.
 
-Vectorised with numpy: every hash gets the index of the first request that presented it
-(``np.unique`` over the flat hash array), and a prompt block counts as seen when that
-index is below its own request's index; the leading run is the first unseen position.
+Vectorised with numpy, batch by batch (see :func:`_ideal_hits`): a prompt block counts
+as seen when an earlier request presented its hash; the leading run ends at the first
+unseen position.
 """
 
 from __future__ import annotations
@@ -125,44 +125,69 @@ def _flat(col: pl.Series) -> tuple[np.ndarray, np.ndarray]:
     return values, offsets - offsets[0]
 
 
-def _ideal_hits(df: pl.DataFrame, inp: np.ndarray, arrival: np.ndarray, hbs: int) -> _Hits:
+def _ideal_hits(df: pl.DataFrame, inp: np.ndarray, arrival: np.ndarray, hbs: int,
+                batch_rows: int = 8192) -> _Hits:
+    """Leading-run hits, distinct blocks and reuse distances, batch by batch.
+
+    Memory is bounded by one batch of rows plus the sorted array of distinct hashes seen
+    so far (with each one's last use), not by the total number of hashes (the agentic
+    hour has 38 M). Within a batch, ``np.unique`` gives every hash its first and (via a
+    stable sort) previous owner; across batches, ``searchsorted`` in the seen array.
+    """
     n = df.height
     if n == 0:
         return _Hits(0, 0, np.zeros(0))
-    pv, po = _flat(df.get_column("block_hashes"))
-    ov, oo = _flat(df.get_column("output_block_hashes"))
-    plen, olen = np.diff(po), np.diff(oo)
-    p_owner = np.repeat(np.arange(n, dtype=np.int64), plen)
-    o_owner = np.repeat(np.arange(n, dtype=np.int64), olen)
-    values = np.concatenate([pv, ov])
-    owners = np.concatenate([p_owner, o_owner])
-    uniq, inverse = np.unique(values, return_inverse=True)
-    first = np.full(len(uniq), n, dtype=np.int64)
-    np.minimum.at(first, inverse, owners)
-    seen = first[inverse[:len(pv)]] < p_owner  # prompt blocks presented by an earlier request
-    # Leading run per request = index of the first unseen block (or the list length).
-    pos = np.arange(len(pv), dtype=np.int64) - np.repeat(po[:-1], plen)
-    first_miss = np.full(n, 0, dtype=np.int64)
-    first_miss[:] = plen
-    miss_rows = p_owner[~seen]
-    miss_pos = pos[~seen]
-    np.minimum.at(first_miss, miss_rows, miss_pos)
-    hit_tokens = np.minimum(first_miss * hbs, inp)
-    # Reuse distance: for hit blocks, time since the latest earlier request presenting them.
-    in_run = pos < np.repeat(first_miss, plen)
-    order = np.lexsort((owners, inverse))
-    sorted_inv, sorted_owner = inverse[order], owners[order]
-    prev_owner = np.full(len(values), -1, dtype=np.int64)
-    same = np.concatenate([[False], sorted_inv[1:] == sorted_inv[:-1]])
-    prev_sorted = np.where(same, np.concatenate([[-1], sorted_owner[:-1]]), -1)
-    prev_owner[order] = prev_sorted
-    # The previous occurrence may be the same request's own output (same owner): step back
-    # is unnecessary for prompt blocks, whose hits by definition come from earlier owners.
-    hit_prev = prev_owner[:len(pv)][in_run]
-    hit_rows = p_owner[in_run]
-    valid = (hit_prev >= 0) & (hit_prev < hit_rows)
-    reuse = arrival[hit_rows[valid]] - arrival[hit_prev[valid]]
-    return _Hits(int(hit_tokens.sum()), int(len(uniq)), reuse)
+    seen_keys = np.zeros(0, dtype=np.uint64)
+    seen_last = np.zeros(0, dtype=np.int64)  # row index of the latest presenter
+    hit_tokens = 0
+    reuse_parts: list[np.ndarray] = []
+    for lo in range(0, n, batch_rows):
+        part = df.slice(lo, batch_rows)
+        m = part.height
+        pv, po = _flat(part.get_column("block_hashes"))
+        ov, oo = _flat(part.get_column("output_block_hashes"))
+        plen, olen = np.diff(po), np.diff(oo)
+        p_owner = np.repeat(np.arange(lo, lo + m, dtype=np.int64), plen)
+        o_owner = np.repeat(np.arange(lo, lo + m, dtype=np.int64), olen)
+        values = np.concatenate([pv, ov])
+        owners = np.concatenate([p_owner, o_owner])
+        keys, inverse = np.unique(values, return_inverse=True)
+        # Previous presenter of each occurrence inside the batch (stable sort by key, owner).
+        order = np.lexsort((owners, inverse))
+        s_inv, s_own = inverse[order], owners[order]
+        same = np.concatenate([[False], s_inv[1:] == s_inv[:-1]])
+        prev = np.full(len(values), -1, dtype=np.int64)
+        prev[order] = np.where(same, np.concatenate([[-1], s_own[:-1]]), -1)
+        # ... and before the batch.
+        pos = np.searchsorted(seen_keys, keys)
+        found = pos < len(seen_keys)
+        found[found] = seen_keys[pos[found]] == keys[found]
+        before = np.full(len(keys), -1, dtype=np.int64)
+        before[found] = seen_last[pos[found]]
+        # A same-request predecessor (its own output block) is not an earlier request.
+        prev = np.where(prev == owners, -1, prev)
+        prev_any = np.where(prev >= 0, prev, before[inverse])
+        np_ = len(pv)
+        seen = prev_any[:np_] >= 0
+        seen &= prev_any[:np_] < p_owner
+        local_pos = np.arange(np_, dtype=np.int64) - np.repeat(po[:-1], plen)
+        first_miss = plen.copy()
+        np.minimum.at(first_miss, p_owner[~seen] - lo, local_pos[~seen])
+        hit_tokens += int(np.minimum(first_miss * hbs, inp[lo:lo + m]).sum())
+        in_run = local_pos < np.repeat(first_miss, plen)
+        hr = p_owner[in_run]
+        hp = prev_any[:np_][in_run]
+        reuse_parts.append(arrival[hr] - arrival[hp])
+        # Merge this batch's keys into the seen set, with their latest presenter.
+        last = np.full(len(keys), -1, dtype=np.int64)
+        np.maximum.at(last, inverse, owners)
+        seen_last[pos[found]] = last[found]
+        merged_keys = np.concatenate([seen_keys, keys[~found]])
+        merged_last = np.concatenate([seen_last, last[~found]])
+        o = np.argsort(merged_keys, kind="stable")
+        seen_keys, seen_last = merged_keys[o], merged_last[o]
+    reuse = np.concatenate(reuse_parts) if reuse_parts else np.zeros(0)
+    return _Hits(hit_tokens, int(len(seen_keys)), reuse)
 
 
 def _mean(a: np.ndarray) -> float:
