@@ -103,7 +103,7 @@ def test_thread_outputs_feeds_the_real_answer_into_the_next_turn(server: VllmSer
 def test_calibration_fit_reproduces_its_probes(server: VllmServer, tmp_path) -> None:  # type: ignore[no-untyped-def]
     plan = ProbePlan(prefill_lens=(64, 512, 1536), decode_batch_sizes=(1, 8, 24),
                      decode_ctx_lens=(64, 512), decode_tokens=16,
-                     mixed=((8, 128, 512), (8, 128, 1536)), repeats=3)
+                     mixed=((8, 128, 512), (8, 128, 1536)), repeats=4)
     result = calibrate(server, hardware=str(CPU_HARDWARE), model=str(MODEL_DIR), plan=plan,
                        max_num_batched_tokens=2048, max_model_len=2048)
     for row in result.table():

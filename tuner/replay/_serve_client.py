@@ -142,6 +142,7 @@ class ServerReplay:
                 await asyncio.gather(issuer, return_exceptions=True)
             elif issuer in done:
                 issuer.result()
+                await self._maybe_died()
         finally:
             for task in (sampler, watcher):
                 task.cancel()
@@ -189,6 +190,8 @@ class ServerReplay:
             if parent is not None:
                 assert parent.done is not None
                 await parent.done.wait()  # a turn is sent once the previous one answered
+            if self._died is not None or not self.server.is_alive():
+                return  # a dead server gets no more requests: this one stays unsent
             f.prompt = self._prompt(f, parent)
             f.send_s = self._now()
             f.status = "error"  # until the stream completes
@@ -266,10 +269,30 @@ class ServerReplay:
                 self.samples["num_scheduled_tokens"].append(math.nan)
             await asyncio.sleep(period)
 
+    async def _maybe_died(self) -> None:
+        """After the last request: did failures come from a server that exited meanwhile?
+
+        Requests to a killed server fail within milliseconds (connection refused), which
+        can finish the replay before the watcher's next poll; a dead launched server must
+        still be reported as such.
+        """
+        if self.server.proc is None:
+            return
+        if any(f.status == "error" for f in self.flights):
+            for _ in range(20):  # the exit can lag the broken connections a little
+                if not self.server.is_alive():
+                    break
+                await asyncio.sleep(0.05)
+        if not self.server.is_alive() and self._died is None:
+            self._set_died()
+
     async def _watch_server(self) -> None:
         """Returns (ending the replay) only if the launched server exits."""
         while self.server.is_alive():
             await asyncio.sleep(0.2)
+        self._set_died()
+
+    def _set_died(self) -> None:
         proc = self.server.proc
         code = proc.returncode if proc is not None else None
         self._died = (f"vllm serve exited with code {code} during the replay after "
