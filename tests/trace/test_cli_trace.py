@@ -4,7 +4,6 @@ exact ``Error:`` lines."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest

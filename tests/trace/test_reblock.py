@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -89,7 +90,7 @@ def test_shared_prefix_gives_shared_target_blocks(prefix: list[int], extra: int,
         assert ra[shared] != rb[shared]
 
 
-def _random_requests(rng: "np.random.Generator", hbs: int, n: int) -> list:
+def _random_requests(rng: np.random.Generator, hbs: int, n: int) -> list:
     from tuner.trace import TraceRequest
 
     out = []

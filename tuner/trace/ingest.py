@@ -14,7 +14,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -367,10 +367,6 @@ class _Progress:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
-
-
-def empty_batch() -> pa.Table:
-    return SCHEMA.empty_table().append_column(LINE, pa.array([], pa.int64()))
 
 
 def make_batch(columns: dict[str, Any], lines: Any, *, field_names: dict[str, str] | None = None) -> pa.Table:

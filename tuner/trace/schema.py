@@ -69,10 +69,6 @@ class TraceMetadata:
         return dataclasses.replace(self, **changes)
 
 
-def schema_with_metadata(metadata: TraceMetadata) -> pa.Schema:
-    return SCHEMA.with_metadata({METADATA_KEY: metadata.to_json().encode()})
-
-
 def requests_to_table(requests: list[TraceRequest]) -> pa.Table:
     """Rows to an Arrow table in :data:`SCHEMA` (small, in-memory traces)."""
     cols: dict[str, list[Any]] = {name: [] for name in TRACE_COLUMNS}
