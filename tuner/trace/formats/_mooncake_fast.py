@@ -6,8 +6,8 @@ exactly::
     {"timestamp": T, "input_length": I, "output_length": O, "hash_ids": [A, B, ...]}
 
 with non-negative integers. The parser (1) deletes all digits (``bytes.translate``, C
-speed) and checks with a few ``count``/``replace`` passes that what is left, the
-*skeleton*, is exactly the template on every line; (2) turns every non-digit into a space and lets ``np.fromstring(sep=" ")``
+speed) and checks that what is left, the *skeleton*, is byte for byte the template for
+every line; (2) turns every non-digit into a space and lets ``np.fromstring(sep=" ")``
 read all integers in one C loop; (3) checks the integer count against the skeleton (so
 an empty slot such as ``[1, , 3]`` is caught) and slices the flat array per line. It
 beats polars' NDJSON reader on one core (bench/ingest.py prints both figures). Anything
@@ -35,20 +35,20 @@ def parse_chunk(chunk: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
     if not chunk.endswith(b"\n"):
         return None
     stripped = chunk.translate(None, _DIGITS)
-    n = stripped.count(b"\n")
-    # Every line of the skeleton must be HEAD + ", " * (k - 1) + "]}" (k ids; "]}" alone
-    # for 0 or 1 id). Checked with C-speed bytes operations: each line starts with the
-    # only HEAD in it and ends with "]}", and what lies between is nothing but ", " pairs
-    # (removing ", " from a string of commas and spaces leaves nothing only then).
-    if not (stripped.startswith(_HEAD) and stripped.count(_HEAD) == n
-            and stripped.count(b"\n" + _HEAD) == n - 1 and stripped.count(b"]}\n") == n):
+    skeleton = stripped.split(b"\n")[:-1]
+    n = len(skeleton)
+    head = len(_HEAD)
+    # Line skeleton: HEAD + "]}" (no ids) or HEAD + ", " * (k - 1) + "]}" (k ids).
+    lengths = np.fromiter(map(len, skeleton), dtype=np.int64, count=n)
+    extra = lengths - head - 2
+    if (extra < 0).any() or (extra % 2).any():
         return None
-    core = stripped.replace(_HEAD, b"").replace(b"]}\n", b"\n").replace(b", ", b"")
-    if core != b"\n" * n:
+    # An empty list and a one-id list share a skeleton: _empty_lists tells them apart.
+    n_ids = extra // 2 + 1
+    lines = _skeleton_lines
+    expected = b"\n".join([lines.get(e) or _skeleton_line(e) for e in extra.tolist()]) + b"\n"
+    if stripped != expected:
         return None
-    newlines = np.flatnonzero(np.frombuffer(stripped, dtype=np.uint8) == 10)
-    lengths = np.diff(np.concatenate([[-1], newlines])) - 1
-    n_ids = (lengths - len(_HEAD) - 2) // 2 + 1  # "[]" and "[5]" look alike: see below
     values = np.fromstring(chunk.translate(_TO_SPACE), dtype=np.uint64, sep=" ")  # noqa: NPY
     if (values == _SATURATED).any():  # fromstring saturates numbers >= 2**64 - 1
         return None
@@ -66,6 +66,15 @@ def parse_chunk(chunk: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
     offsets = np.concatenate([[0], np.cumsum(n_ids)]).astype(np.int64)
     return (values[first].astype(np.float64), values[first + 1].astype(np.int64),
             values[first + 2].astype(np.int64), offsets, values[keep])
+
+
+_skeleton_lines: dict[int, bytes] = {}
+
+
+def _skeleton_line(extra: int) -> bytes:
+    """The skeleton of a line whose ids add ``extra`` bytes of ", " (cached)."""
+    line = _skeleton_lines[extra] = _HEAD + b", " * (extra // 2) + b"]}"
+    return line
 
 
 def _empty_lists(chunk: bytes, n: int) -> np.ndarray:
