@@ -145,7 +145,7 @@ def test_memoised_hit_shrinks_on_eviction_and_grows_on_registration():
     assert kvm.num_hit_blocks(waiter) == len(kvm._longest_hit(waiter)) == 2
     kvm.unwatch(waiter)
     assert waiter.hit_watch is None and not any(
-        r is waiter for entries in pool.watchers.values() for r, _ in entries)
+        waiter in entries for entries in pool.watchers.values())
 
 
 def test_memo_stays_exact_through_a_pressured_replay():

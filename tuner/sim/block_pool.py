@@ -55,10 +55,10 @@ class BlockPool:
         self.cached_block_hash_to_block: dict[int, KVCacheBlock | dict[int, KVCacheBlock]] = {}
         self.null_block = self.free_block_queue.popleft()
         self.num_evictions = 0  # cached hashes dropped by reallocation
-        # hash -> [(request, block index)] of waiting requests whose memoised prefix hit
+        # hash -> {request: block index} of waiting requests whose memoised prefix hit
         # (``SimRequest.hit_memo``) must shrink when the hash leaves the map (see
         # KVCacheManager.num_hit_blocks). Empty unless the scheduler probes waiters.
-        self.watchers: dict[int, list] = {}
+        self.watchers: dict[int, dict] = {}
 
     # ----------------------------------------------------------------- lookups
     def get_cached_block(self, block_hash: int) -> KVCacheBlock | None:
@@ -150,7 +150,7 @@ class BlockPool:
         """A hash left the map: shrink the memoised hits that reached past it."""
         watching = self.watchers.get(block_hash)
         if watching:
-            for request, index in watching:
+            for request, index in watching.items():
                 if request.hit_memo > index:
                     request.hit_memo = index
 

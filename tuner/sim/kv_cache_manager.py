@@ -74,46 +74,47 @@ class KVCacheManager:
 
         Same value as ``len(_longest_hit(request))`` (check_invariants compares them).
         Why: a waiting request is probed every step (the blocked head, PR #54625's window)
-        and an agentic prompt has thousands of blocks. The first probe walks the chain and
-        registers the request as a watcher of its prefix hashes; afterwards the pool
-        shrinks the memo when one of those hashes leaves the map, and a probe only
-        extends it past its end (new registrations), usually one dict lookup.
+        and an agentic prompt has thousands of blocks. The memo covers the hit found so
+        far; its hashes are registered with the pool, which shrinks the memo when one of
+        them leaves the map. A probe then only extends the memo past its end (new
+        registrations), usually with one dict lookup.
         """
         max_blocks = (request.num_tokens - 1) // self.block_size
         hashes = request.block_hashes
         if max_blocks > len(hashes):
             max_blocks = len(hashes)
         table = self.block_pool.cached_block_hash_to_block
-        if request.hit_watch is None:
-            watchers = self.block_pool.watchers
-            watch = hashes[:max_blocks]
-            for index, block_hash in enumerate(watch):
-                entry = watchers.get(block_hash)
-                if entry is None:
-                    watchers[block_hash] = [(request, index)]
-                else:
-                    entry.append((request, index))
-            request.hit_watch = watch
+        watch = request.hit_watch
+        if watch is None:
+            watch = request.hit_watch = []
             length = 0
         else:
             length = request.hit_memo
         while length < max_blocks and hashes[length] in table:
             length += 1
         request.hit_memo = length
+        if length > len(watch):
+            watchers = self.block_pool.watchers
+            for index in range(len(watch), length):
+                block_hash = hashes[index]
+                entry = watchers.get(block_hash)
+                if entry is None:
+                    watchers[block_hash] = {request: index}
+                else:
+                    entry.setdefault(request, index)
+            watch.extend(hashes[len(watch):length])
         return length
 
     def unwatch(self, request: "SimRequest") -> None:
-        """Drop ``request``'s memo (it is admitted or leaves the queue)."""
+        """Drop ``request``'s memo (it is admitted)."""
         watch = request.hit_watch
         if watch is None:
             return
         watchers = self.block_pool.watchers
         for block_hash in watch:
-            entry = watchers[block_hash]
-            if len(entry) == 1:
+            entry = watchers.get(block_hash)
+            if entry is not None and entry.pop(request, None) is not None and not entry:
                 del watchers[block_hash]
-            else:
-                entry[:] = [item for item in entry if item[0] is not request]
         request.hit_watch = None
         request.hit_memo = -1
 
