@@ -8,9 +8,14 @@ import sys
 import tuner.trace as trace
 
 
-def test_all_names_resolve() -> None:
+def test_all_names_resolve_to_the_api_not_modules() -> None:
+    import types
+
+    import tuner.trace.formats  # noqa: F401  (imports every implementation module)
+
     for name in trace.__all__:
-        assert getattr(trace, name) is not None, name
+        value = getattr(trace, name)
+        assert not isinstance(value, types.ModuleType), name
 
 
 def test_trace_request_import_stays_plain_python() -> None:

@@ -15,7 +15,7 @@ from tuner.trace.reblock import reblock, reblock_request_hashes
 from tuner.trace.request import TRACE_FORMAT_VERSION, TraceRequest
 
 if TYPE_CHECKING:
-    from tuner.trace.ingest import IngestReport, ingest
+    from tuner.trace._ingest import IngestReport, ingest
     from tuner.trace.schema import TraceMetadata
     from tuner.trace.slicing import slice_trace
     from tuner.trace.sources import detect_format
@@ -29,8 +29,8 @@ _LAZY = {
     "read_trace": "tuner.trace.store",
     "write_trace": "tuner.trace.store",
     "TraceMetadata": "tuner.trace.schema",
-    "ingest": "tuner.trace.ingest",
-    "IngestReport": "tuner.trace.ingest",
+    "ingest": "tuner.trace._ingest",
+    "IngestReport": "tuner.trace._ingest",
     "detect_format": "tuner.trace.sources",
     "trace_stats": "tuner.trace.stats",
     "TraceStats": "tuner.trace.stats",
