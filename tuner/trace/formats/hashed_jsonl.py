@@ -42,7 +42,9 @@ class _HashedJsonlReader:
     }
 
     def read(self, fh: IO[bytes], ctx: IngestContext) -> Iterator[pa.Table]:
-        for first_line, chunk in iter_line_chunks(fh):
+        # 4 MiB chunks: the working arrays stay small enough for the allocator to reuse
+        # (fresh large arrays cost page faults); measured ~13% faster than 16 MiB.
+        for first_line, chunk in iter_line_chunks(fh, 4 << 20):
             batch = self._fast(first_line, chunk, ctx)
             if batch is None:
                 batch = self._slow(first_line, chunk, ctx)
