@@ -26,8 +26,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tuner.sim.request import RequestStatus, SimRequest
+
 if TYPE_CHECKING:
-    from tuner.sim.request import SimRequest
+    from tuner.sim.scheduler import SchedulerOutput
 
 
 class DecodeGroup:
@@ -116,7 +118,7 @@ class DecodeGroup:
             return []
         g = self.G
         events = [r for r in bucket if r.steady and r.next_event == g]
-        events.sort(key=_seq)
+        events.sort(key=seq_order)
         return events
 
     def clear(self) -> None:
@@ -126,5 +128,215 @@ class DecodeGroup:
         self.odd.clear()
 
 
-def _seq(r: "SimRequest") -> int:
+def seq_order(r: "SimRequest") -> int:
+    """Sort key: running order (admission sequence number)."""
     return r.seq
+
+
+class DecodeGroupSteps:
+    """The ``Scheduler`` methods of group steps (mixed into ``Scheduler``; split out to
+    keep ``scheduler.py`` readable). They use the scheduler's ``running``,
+    ``nonsteady``, ``group``, ``kv_cache_manager``, ``block_size`` and
+    ``max_model_len``; see the module docstring for when a group step is taken.
+    """
+
+    def _plan_group_step(self, token_budget: int, threshold: int, defer: bool
+                         ) -> tuple[list[tuple[SimRequest, int]], list[SimRequest]] | None:
+        """Tokens for the running requests outside the group, if this step can be a
+        group step: every member gets its token and no allocation can fail. Same rules
+        as ``_schedule_running``, evaluated without touching the pool."""
+        group = self.group
+        assert group is not None
+        running = self.running
+        bs = self.block_size
+        max_model_len = self.max_model_len
+        n_steady = group.size
+        last = len(running) - 1
+        while not running[last].steady:
+            last -= 1
+        items: list[tuple[SimRequest, int]] = []
+        spent = spent_before_last = need_blocks = 0
+        for k, request in enumerate(self.nonsteady):
+            pos = running.index(request)
+            steady_before = pos - k
+            budget_here = token_budget - steady_before - spent
+            if budget_here <= 0:
+                if steady_before < n_steady:
+                    return None  # the running loop would stop before a member
+                break
+            if defer and request.is_prefill_chunk:
+                continue
+            n = request.num_tokens - request.num_computed_tokens
+            if 0 < threshold < n:
+                n = threshold
+            if n > budget_here:
+                n = budget_here
+            cap = max_model_len - 1 - request.num_computed_tokens
+            if n > cap:
+                n = cap
+            if n <= 0:
+                continue
+            items.append((request, n))
+            spent += n
+            if pos < last:
+                spent_before_last += n
+            slot = min(request.num_computed_tokens + n, max_model_len)
+            nb = -(-slot // bs) - len(request.blocks)
+            if nb > 0:
+                need_blocks += nb
+        if token_budget - (n_steady - 1) - spent_before_last <= 0:
+            return None
+        events = group.take_events()
+        g = group.G
+        for request in events:
+            if (request.num_tokens + (g - request.g0) - 1) % bs == 0:
+                need_blocks += 1
+        if need_blocks > self.kv_cache_manager.block_pool.free_block_queue.num_free_blocks:
+            return None  # an allocation could fail and preempt: take the plain path
+        return items, events
+
+    def _run_group_step(self, out: SchedulerOutput, token_budget: int,
+                        items: list[tuple[SimRequest, int]], events: list[SimRequest]
+                        ) -> tuple[int, bool]:
+        """The running loop of a group step: allocations and registrations of members
+        with an event and of the other running requests, merged in running order."""
+        group = self.group
+        assert group is not None
+        kvm = self.kv_cache_manager
+        pool = kvm.block_pool
+        bs = self.block_size
+        caching = kvm.enable_caching
+        prefill_scheduled = False
+        spent = 0
+        i = j = 0
+        n_items, n_events = len(items), len(events)
+        while i < n_items or j < n_events:
+            if j < n_events and (i >= n_items or events[j].seq < items[i][0].seq):
+                member = events[j]
+                j += 1
+                # allocate_slots(member, 1) for a decode-ready request, inlined: a new
+                # block when the computed token starts one, then the hash of a block
+                # the computed tokens fill (the plan checked the free blocks).
+                group.materialize(member)
+                t = member.num_tokens
+                if (t - 1) % bs == 0:
+                    member.blocks.append(pool.get_new_block())
+                if caching and t % bs == 0:
+                    index = t // bs - 1
+                    pool.cache_block(member.blocks[index], member.block_hashes[index])
+                    member.num_cached_blocks = index + 1
+                continue
+            request, n = items[i]
+            i += 1
+            ok = kvm.allocate_slots(request, n)
+            assert ok, f"group step allocation failed for {request!r} (tuner bug)"
+            out.scheduled.append((request, n))
+            spent += n
+            if request.is_prefill_chunk:
+                prefill_scheduled = True
+        out.group_size = group.size
+        out.group_sum_tokens = group.sum_tokens
+        out.group_events = events
+        out.total_num_scheduled_tokens += group.size + spent
+        return token_budget - group.size - spent, prefill_scheduled
+
+    def _group_tokens(self, out: SchedulerOutput, now_s: float, gaps: dict[float, int],
+                      finished: list[SimRequest]) -> None:
+        """Every member got one token at ``now_s``; members with an event finish or
+        get their next event."""
+        group = self.group
+        assert group is not None
+        odd, group.odd = group.odd, []
+        n_main = out.group_size
+        for member in odd:
+            if member.steady:  # joined with an older last token: its own gap
+                gap = now_s - member.last_token_s
+                gaps[gap] = gaps.get(gap, 0) + 1
+                n_main -= 1
+        if n_main:
+            gap = now_s - group.last_end_s
+            gaps[gap] = gaps.get(gap, 0) + n_main
+        group.G += 1
+        g = group.G
+        group.sum_tokens += out.group_size
+        group.last_end_s = now_s
+        bs = self.block_size
+        caching = group.caching
+        calendar = group.calendar
+        for member in out.group_events:
+            # group.materialize(member) for the one step since _run_group_step, inlined
+            t = member.num_tokens + 1
+            member.num_tokens = t
+            member.num_computed_tokens += 1
+            out_tokens = member.num_output_tokens + 1
+            member.num_output_tokens = out_tokens
+            member.last_token_s = now_s
+            member.g0 = g
+            if t % bs == 0:
+                hashes = member.block_hashes
+                hashes.append(member.generated_block_hash(len(hashes)))
+            if out_tokens >= member.max_tokens:
+                group.remove(member)
+                member.status = RequestStatus.FINISHED
+                member.finish_s = now_s
+                finished.append(member)
+                continue
+            # group.schedule(member), inlined
+            k = (1 - t) % bs
+            if caching:
+                k_reg = (-t) % bs
+                if k_reg < k:
+                    k = k_reg
+            k_fin = member.max_tokens - 1 - out_tokens
+            if k_fin < k:
+                k = k_fin
+            ev = g + k
+            member.next_event = ev
+            bucket = calendar.get(ev)
+            if bucket is None:
+                calendar[ev] = [member]
+            else:
+                bucket.append(member)
+
+    def _maybe_promote(self, request: SimRequest, now_s: float) -> None:
+        """Move a decode-ready running request into the group."""
+        if (request.num_computed_tokens == request.num_tokens - 1
+                and len(request.blocks) == -(-request.num_computed_tokens // self.block_size)
+                and not request.is_prefill_chunk):
+            self.group.add(request, now_s)  # type: ignore[union-attr]
+
+    def _dissolve_group(self) -> None:
+        """Materialise every member and leave them to the plain path."""
+        group = self.group
+        assert group is not None
+        for request in self.running:
+            if request.steady:
+                group.materialize(request)
+                request.steady = False
+                request.next_event = -1
+        group.clear()
+        self.nonsteady = list(self.running)
+
+    def materialize_all(self) -> None:
+        """Bring every member's counters up to date (pure bookkeeping; for checks)."""
+        if self.group is not None:
+            for request in self.running:
+                if request.steady:
+                    self.group.materialize(request)
+
+    def scheduled_tokens(self, out: SchedulerOutput) -> dict[str, int]:
+        """request id -> tokens scheduled in ``out``, in vLLM's order (for StepRecords)."""
+        if not out.lazy:
+            return {r.request_id: n for r, n in out.scheduled}
+        others = {id(r): n for r, n in out.scheduled}
+        result = {}
+        for request in self.running:
+            if request.steady:
+                result[request.request_id] = 1
+            else:
+                n = others.get(id(request))
+                if n is not None:
+                    result[request.request_id] = n
+        return result
+
+
