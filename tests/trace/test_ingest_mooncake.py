@@ -158,9 +158,16 @@ def test_unknown_and_mixed_formats(tmp_path: Path, data: Path) -> None:
         ingest([data / "mooncake_synthetic.jsonl", data / "azure_code_sample.csv"],
                tmp_path / "o.parquet", progress=False)
     # A line of another format inside a mooncake file is a bad record, named.
-    src = _write(tmp_path, GOOD, {"chat_id": 1, "timestamp": 1.0})
+    src = _write(tmp_path, GOOD, {"timestamp": 1.0})
     with pytest.raises(TraceFormatError, match=r"in.jsonl:2: input_length: missing"):
         ingest([src], tmp_path / "o.parquet", format="mooncake", progress=False)
+    # ... even a Bailian record, which has every Mooncake field.
+    bailian = (data / "bailian_sample.jsonl").read_text().splitlines()[0]
+    src = _write(tmp_path, GOOD, bailian)
+    with pytest.raises(TraceFormatError) as err:
+        ingest([src], tmp_path / "o.parquet", progress=False)
+    assert str(err.value) == (f"{src}:2: chat_id: unexpected field: a record of another format "
+                              "in this mooncake file; ingest each format separately")
 
 
 def test_out_of_order_is_sorted_and_counted(tmp_path: Path) -> None:
@@ -214,3 +221,17 @@ def test_non_canonical_layout_takes_polars_path(tmp_path: Path) -> None:
     a = [(r.arrival_s, r.block_hashes) for r in read_trace(tmp_path / "a.parquet").requests()]
     b = [(r.arrival_s, r.block_hashes) for r in read_trace(tmp_path / "b.parquet").requests()]
     assert a == b
+
+
+def test_failure_while_sorting_leaves_no_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tuner.trace._ingest as ingest_mod
+
+    src = _write(tmp_path, {**GOOD, "timestamp": 5000}, {**GOOD, "timestamp": 1000})
+
+    def boom(*args: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ingest_mod, "_sort_in_place", boom)
+    with pytest.raises(OSError, match="disk full"):
+        ingest([src], tmp_path / "o.parquet", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]

@@ -169,6 +169,7 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
     bar = _Progress(paths, enabled=progress)
     # zstd level 1: salted hashes are random bytes that no level compresses; it is speed.
     writer = TraceWriter(out, meta, compression_level=1)
+    placed = False
     try:
         seen_ids: set[str] | None = set() if reader.HAS_IDS else None
         for index, path in enumerate(paths):
@@ -192,11 +193,14 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
         writer.metadata = meta.replace(
             origin_utc=state.origin_utc(reader.EPOCH_CLOCK, shifted=state.needs_sort))
         writer.close()
+        placed = True  # from here an error must also remove the renamed file
         if state.needs_sort:
             _sort_in_place(out, state.min_offset, writer.metadata)
     except BaseException:
         bar.close()
         writer.abort()
+        if placed:
+            out.unlink(missing_ok=True)
         quarantine.close()
         raise
     quarantine.close()

@@ -30,6 +30,7 @@ from tuner.trace.sources import iter_line_chunks
 
 
 class _HashedJsonlReader:
+    NAME = ""
     HAS_IDS = False
     EPOCH_CLOCK = False
     TIME_SCALE = 1.0  # source time unit in seconds
@@ -52,7 +53,13 @@ class _HashedJsonlReader:
                 yield batch
 
     # -- fast path -------------------------------------------------------------------------
+    #: Keys that mark a record of another format (a mixed file): such chunks take the
+    #: per-line path, which reports them.
+    FOREIGN_KEYS: tuple[str, ...] = ()
+
     def _fast(self, first_line: int, chunk: bytes, ctx: IngestContext) -> pa.Table | None:
+        if any(f'"{k}"'.encode() in chunk for k in self.FOREIGN_KEYS):
+            return None
         n_lines = chunk.count(b"\n")
         try:
             df = pl.read_ndjson(io.BytesIO(chunk), schema=self.POLARS_SCHEMA)
@@ -120,6 +127,11 @@ class _HashedJsonlReader:
         if not isinstance(obj, dict):
             ctx.bad(line_no, "json", "not a JSON object", raw)
             return None
+        for key in self.FOREIGN_KEYS:
+            if key in obj:
+                ctx.bad(line_no, key, f"unexpected field: a record of another format in this "
+                        f"{self.NAME} file; ingest each format separately", raw)
+                return None
         rec: dict[str, Any] = {}
         for key in self.POLARS_SCHEMA:
             if key not in obj:
@@ -145,7 +157,9 @@ class _HashedJsonlReader:
 
 
 class MooncakeReader(_HashedJsonlReader):
+    NAME = "mooncake"
     TIME_SCALE = 1e-3  # milliseconds
+    FOREIGN_KEYS = ("chat_id", "parent_chat_id")  # Bailian records carry these
 
     def _fast(self, first_line: int, chunk: bytes, ctx: IngestContext) -> pa.Table | None:
         """The canonical-layout parser first (see ``_mooncake_fast``), then polars."""
@@ -162,6 +176,7 @@ class MooncakeReader(_HashedJsonlReader):
 class BailianReader(_HashedJsonlReader):
     """Keeps sessions: ``session_id`` is the root chat of each ``parent_chat_id`` chain."""
 
+    NAME = "bailian"
     HAS_IDS = True
     TIME_SCALE = 1.0
     FIELDS = {**_HashedJsonlReader.FIELDS, "request_id": "chat_id"}
