@@ -197,14 +197,17 @@ class Trace:
     def requests(self) -> list[TraceRequest]:
         return list(self.iter_requests())
 
-    def write(self, path: str | os.PathLike[str]) -> Path:
+    def write(self, path: str | os.PathLike[str], *, compression_level: int = 9) -> Path:
         """Write this trace to ``path`` (atomically) in its stored row order.
 
         Ingested traces are stored in arrival order; synthesized ones grouped by session,
-        which lets zstd fold each turn's repeated prefix into a back-reference.
+        which lets zstd fold each turn's repeated prefix into a back-reference (level 9:
+        the bundled agentic hour is 4.4 MB instead of 5.1 MB at level 3, for 1 s more).
         """
         table = self._frame.collect().to_arrow().select(list(TRACE_COLUMNS)).cast(SCHEMA)
-        return write_trace(path, table, self.metadata)
+        with TraceWriter(path, self.metadata, compression_level=compression_level) as writer:
+            writer.write(table)
+        return Path(path)
 
     def __len__(self) -> int:
         if self._len is None:
