@@ -100,30 +100,65 @@ def test_thread_outputs_feeds_the_real_answer_into_the_next_turn(server: VllmSer
     assert threaded.requests[1].arrival_s >= threaded.requests[0].finish_s
 
 
-def test_calibration_fit_reproduces_its_probes(server: VllmServer, tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.fixture(scope="module")
+def calibrated(server: VllmServer, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """Calibration of the module's server (probes + fit) and the file it was saved to."""
     plan = ProbePlan(prefill_lens=(64, 512, 1536), decode_batch_sizes=(1, 8, 24),
                      decode_ctx_lens=(64, 512), decode_tokens=16,
                      mixed=((8, 128, 512), (8, 128, 1536)), repeats=4)
     result = calibrate(server, hardware=str(CPU_HARDWARE), model=str(MODEL_DIR), plan=plan,
                        max_num_batched_tokens=2048, max_model_len=2048)
+    path = save_calibration(tmp_path_factory.mktemp("calib") / "calib.yaml", result.calibration)
+    return result, path
+
+
+def test_calibration_fit_reproduces_its_probes(calibrated) -> None:  # type: ignore[no-untyped-def]
+    result, path = calibrated
     for row in result.table():
         print(f"{row['probe']:<24} measured {row['measured_ms']:8.2f} ms  predicted "
               f"{row['predicted_ms']:8.2f} ms  {row['error_pct']:+6.1f} %")
     print({k: round(v["mean_abs_pct"], 1) for k, v in result.errors_by_kind.items()})
     assert set(result.errors_by_kind) == {"prefill", "decode", "mixed"}
     # Stated bound (docs/ground-truth.md): on this shared 2-core CPU the fitted model
-    # reproduces every probe class within 30 % mean absolute error (measured: 6-20 %).
+    # reproduces every probe class within 30 % mean absolute error (measured: 6-27 %).
     for kind, err in result.errors_by_kind.items():
         assert err["mean_abs_pct"] <= 30.0, (kind, err)
     # bigger work takes longer, as measured
     prefill = [p.measured_s for p in result.probes if p.kind == "prefill"]
     assert prefill[-1] > prefill[0]
-    path = save_calibration(tmp_path / "calib.yaml", result.calibration)
     resolved = resolve_target(Target(hardware=str(CPU_HARDWARE), model=str(MODEL_DIR),
                                      block_size=BS, num_gpu_blocks=512, max_model_len=2048,
                                      calibration=str(path)))
     batch = result.probes[0].batch
     assert resolved.step_time.step_time_s(batch) == pytest.approx(result.fit.predicted_s[0])
+
+
+def test_validate_prints_predicted_against_measured(server: VllmServer, calibrated) -> None:  # type: ignore[no-untyped-def]
+    from tuner.profile.model import Profile, ProfileTarget
+    from tuner.replay.validate import validate
+
+    _, path = calibrated
+    target = Target(hardware=str(CPU_HARDWARE), model=str(MODEL_DIR), block_size=BS,
+                    num_gpu_blocks=512, max_model_len=2048, calibration=str(path))
+    profile = Profile(name="cpu", scheduler=SETTINGS,
+                      target=ProfileTarget(hardware=str(CPU_HARDWARE), model=str(MODEL_DIR)))
+    reqs = [_req(f"v{i}", 0.0, (60000 + i % 4, 61000 + i % 4, 62000 + i), 100, 16 + i % 3 * 8)
+            for i in range(24)]
+    rows = validate(profile, reqs, server=ServerOptions(endpoint=server.endpoint.url),
+                    target=target, summarize=summarize, load=ClosedLoop(4))
+    base, prof = rows
+    assert base.status == "predicted-only" and not base.measured
+    assert prof.status == "ok", prof.notes
+    assert prof.measured["num_finished"] == 24 == prof.predicted["num_finished"]
+    for key in ("tpot_p50_s", "itl_p50_s", "p90_interactivity", "output_throughput_per_gpu",
+                "prefix_cache_hit_rate"):
+        print(f"{key:<28} predicted {prof.predicted[key]:10.4g} measured "
+              f"{prof.measured[key]:10.4g} error {prof.error_pct[key]:+7.1f} %")
+        assert math.isfinite(prof.error_pct[key])
+    # the twin and the server agree exactly on what the cache can hit (concurrency 4,
+    # same hashes, no eviction); latencies carry the calibration's error
+    assert prof.measured["prefix_cache_hit_rate"] == pytest.approx(
+        prof.predicted["prefix_cache_hit_rate"], abs=0.05)
 
 
 def test_server_dying_mid_run_gives_clear_error_and_partial_results(server: VllmServer) -> None:

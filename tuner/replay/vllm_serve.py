@@ -26,6 +26,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -63,11 +64,14 @@ class VllmServeBackend(Backend):
         if unknown:
             raise ConfigError(f"vllm-serve: unknown option(s) {unknown}; known: "
                               f"{', '.join(sorted(known | {'server', 'thread_outputs', 'running'}))}")
-        options = server or ServerOptions()
+        if server is None and not server_fields and running is None:
+            options = options_from_env()
+        else:
+            options = server or ServerOptions()
         if server_fields:
             options = dataclasses.replace(options, **server_fields)
-        if running is None:
-            options.validate()
+        if running is None and (options.model or not options.launches):
+            options.validate()  # else once prepare() has filled the model from the target
         self.options = options
         self.thread_outputs = thread_outputs
         self._running = running
@@ -80,6 +84,9 @@ class VllmServeBackend(Backend):
         cache = target.cache
         o = self.options
         if o.launches and self._running is None:
+            if not o.model and os.path.exists(str(target.target.model)):
+                o = dataclasses.replace(o, model=str(target.target.model))  # a config folder
+            o.validate()
             # The server's KV shape follows the target unless the options say otherwise.
             o = dataclasses.replace(
                 o, block_size=o.block_size or cache.block_size, tp=target.tp if o.tp == 1 else o.tp,
@@ -116,6 +123,20 @@ class VllmServeBackend(Backend):
         """Stop the server this backend launched (a reused or attached one is left running)."""
         if self.server is not None and self.server is not self._running:
             self.server.stop()
+
+
+def options_from_env() -> ServerOptions:
+    """Server options for ``--backend vllm-serve`` without explicit options.
+
+    ``$TUNER_VLLM_ENDPOINT`` attaches to that URL; otherwise the server is launched with
+    ``$TUNER_VLLM_PYTHON`` (or ``$TUNER_VLLM032_PYTHON``) and the target's model when that
+    is a path (a ``config.json`` folder is served with ``--load-format dummy``).
+    """
+    endpoint = os.environ.get("TUNER_VLLM_ENDPOINT")
+    if endpoint:
+        return ServerOptions(endpoint=endpoint)
+    python = os.environ.get("TUNER_VLLM_PYTHON") or os.environ.get("TUNER_VLLM032_PYTHON")
+    return ServerOptions(vllm_python=python, load_format="dummy")
 
 
 def replay_on_server(server: VllmServer, requests: Sequence["TraceRequest"], *,
