@@ -19,6 +19,7 @@ Windows (``Windows``; times on the trace clock)::
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -58,14 +59,6 @@ class Windows:
     @property
     def has_holdout(self) -> bool:
         return self.t_split < self.t1
-
-    def bounds(self, window: WindowName) -> tuple[float, float, float]:
-        """``(replay_from, measure_from, measure_to)`` for ``window``."""
-        if window == "stage1":
-            return self.t0, self.t0, self.t_stage1
-        if window == "train":
-            return self.t0, self.t0, self.t_split
-        return self.t0, self.t_split, self.t1
 
     def to_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
@@ -151,11 +144,11 @@ class ReplayEvaluator:
         self.windows = Windows.split(t0, t1, holdout=holdout, stage1_fraction=stage1_fraction)
         self.block_size = int(self.resolved.cache.block_size)
         self.known_metrics = _summary_keys()
-        self._slices: dict[float, list[Any]] = {}
-        # Cut every window now: polars must not run in a forked worker (its thread pool
-        # does not survive fork and the child would hang), so workers only read lists.
-        for window in ("stage1", "train", "holdout"):
-            self._requests(window)  # type: ignore[arg-type]
+        self._all: list[Any] | None = None
+        self._arrivals: list[float] = []
+        # Load now: polars must not run in a forked worker (its thread pool does not
+        # survive fork and the child would hang), so workers only read this list.
+        self._requests("holdout")
 
     def spec(self) -> dict[str, Any]:
         return {
@@ -180,27 +173,31 @@ class ReplayEvaluator:
                    expect_fingerprint=spec["trace_fingerprint"])
 
     def _requests(self, window: WindowName) -> list[Any]:
-        """The window's requests, re-blocked to the KV block size once (not per trial)."""
-        from tuner.replay import load_requests, reblock_request
-        from tuner.trace import slice_trace
+        """The requests ``window`` replays: a prefix of the whole trace (arrival < end).
 
-        end_s = self.windows.t_split if window == "train" else (
-            self.windows.t_stage1 if window == "stage1" else self.windows.t1)
-        if end_s not in self._slices:
-            trace = self._trace if end_s >= self.windows.t1 else slice_trace(
-                self._trace, start_s=self.windows.t0, end_s=end_s)
-            requests, size = load_requests(trace)
-            block = self.block_size
-            if size is not None and size != block:
-                requests = [reblock_request(r, size, block) for r in requests]
-            self._slices[end_s] = requests
-        return self._slices[end_s]
+        The trace is loaded and re-blocked to the KV block size once; every window is a
+        list slice of the same request objects (a 1-hour agentic trace holds tens of
+        millions of block hashes, so copies per window would cost gigabytes). Windows start
+        at the first arrival, so no re-basing is needed.
+        """
+        from tuner.replay import load_requests, reblock_request
+
+        if self._all is None:
+            requests, size = load_requests(self._trace)
+            if size is not None and size != self.block_size:
+                requests = [reblock_request(r, size, self.block_size) for r in requests]
+            self._all = requests
+            self._arrivals = [r.arrival_s for r in requests]
+        if window == "holdout" or (window == "train" and not self.windows.has_holdout):
+            return self._all
+        end_s = self.windows.t_split if window == "train" else self.windows.t_stage1
+        return self._all[:bisect.bisect_left(self._arrivals, end_s)]
 
     def evaluate(self, settings: SchedulerSettings, window: WindowName) -> dict[str, Any]:
         """Replay ``window`` under ``settings`` and summarise it.
 
-        ``stage1``/``train`` replay a slice that starts at ``t0`` (re-based to 0) and are
-        measured whole; ``holdout`` replays the whole trace and measures from ``t_split``.
+        ``stage1``/``train`` replay the requests arriving before their end and are measured
+        whole; ``holdout`` replays the whole trace and measures from ``t_split``.
         """
         from tuner import metrics, replay
 
