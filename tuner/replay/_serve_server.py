@@ -88,12 +88,14 @@ class ServerOptions:
             return
         if not self.vllm_python:
             raise ConfigError("launching vllm serve needs --vllm-python PATH (the python of a "
-                              "vLLM environment; .ci/setup-vllm.sh builds one) or use --endpoint")
+                              "vLLM environment, or $TUNER_VLLM_PYTHON; .ci/setup-vllm.sh "
+                              "builds one), or attach with --endpoint URL "
+                              "(or $TUNER_VLLM_ENDPOINT)")
         if not os.access(self.vllm_python, os.X_OK):
             raise ConfigError(f"--vllm-python {self.vllm_python}: not an executable file")
         if not self.model:
-            raise ConfigError("launching vllm serve needs --model (a model path, or a "
-                              "config.json folder with --load-format dummy)")
+            raise ConfigError("launching vllm serve needs a model: --serve-model PATH (a "
+                              "model path, or a config.json folder with --load-format dummy)")
         if self.tp < 1:
             raise ConfigError(f"tp={self.tp} must be >= 1")
 
