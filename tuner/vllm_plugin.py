@@ -46,6 +46,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,19 +127,21 @@ def resolve_config(additional_config: Any, environ: dict[str, str] | None = None
     extra: dict[str, Any] = {}
     if isinstance(additional_config, str):
         extra = json.loads(additional_config) if additional_config.strip() else {}
-    elif additional_config:
+    elif isinstance(additional_config, Mapping):
         extra = dict(additional_config)
-    sources = []
-    window: Any = DEFAULT_WINDOW
-    threshold: Any = DEFAULT_THRESHOLD
-    if WINDOW_KEY in extra:
-        window, _ = extra[WINDOW_KEY], sources.append("additional_config")
-    elif env.get(WINDOW_ENV, "").strip():
-        window, _ = env[WINDOW_ENV], sources.append(WINDOW_ENV)
-    if THRESHOLD_KEY in extra:
-        threshold, _ = extra[THRESHOLD_KEY], sources.append("additional_config")
-    elif env.get(THRESHOLD_ENV, "").strip():
-        threshold, _ = env[THRESHOLD_ENV], sources.append(THRESHOLD_ENV)
+    sources: list[str] = []
+
+    def pick(key: str, env_var: str, default: Any) -> Any:
+        if key in extra:
+            sources.append("additional_config")
+            return extra[key]
+        if env.get(env_var, "").strip():
+            sources.append(env_var)
+            return env[env_var]
+        return default
+
+    window = pick(WINDOW_KEY, WINDOW_ENV, DEFAULT_WINDOW)
+    threshold = pick(THRESHOLD_KEY, THRESHOLD_ENV, DEFAULT_THRESHOLD)
     try:
         window_i = int(window)
         threshold_f = float(threshold)

@@ -33,19 +33,3 @@ def test_fidelity_command_json(any_vllm: tuple[str, str], tmp_path) -> None:  # 
     assert report["speed_ratio"] > 0
     mode_note = [n for n in report["notes"] if "prefill_interval_mode" in n]
     assert bool(mode_note) == (version == "0.32"), report["notes"]
-
-
-def test_fidelity_command_text(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from vllm_env import vllm_python
-
-    python = vllm_python("0.33")
-    path = tmp_path / "agentic.parquet"
-    agentic_trace().write(path)
-    res = CliRunner().invoke(cli, [
-        "fidelity", str(path), "--vllm-python", python, "--hardware", "h200",
-        "--model", "llama-3.1-8b", "--block-size", "16", "--num-gpu-blocks", "200",
-        "--max-model-len", "8192", "--set", "max_num_batched_tokens=512",
-        "--set", "max_num_seqs=64"], catch_exceptions=False)
-    assert res.exit_code == 0, res.output
-    assert "parity: 100% - every step identical" in res.output
-    assert "twin" in res.output and "faster" in res.output

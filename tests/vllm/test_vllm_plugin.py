@@ -9,12 +9,24 @@ from vllm_env import MODEL_DIR, ROOT, run_in_vllm
 pytestmark = pytest.mark.vllm
 
 SCENARIOS = ROOT / "tests" / "vllm" / "scenarios"
+SUITE = ("pr_eviction", "plugin_config", "defer_hook")
+_ROWS: dict[str, dict[str, list[dict]]] = {}
+
+
+def scenario_rows(version: str, python: str, name: str) -> list[dict]:
+    """Rows of scenario ``name``; the scenarios of one version share one vLLM process."""
+    if version not in _ROWS:
+        out: dict[str, list[dict]] = {n: [] for n in SUITE}
+        for line in run_in_vllm(python, SCENARIOS / "plugin_suite.py", str(MODEL_DIR), *SUITE):
+            out[line["scenario"]].append(line["row"])
+        _ROWS[version] = out
+    return _ROWS[version][name]
 
 
 def test_pr_eviction_scenario_gives_the_prs_results(any_vllm: tuple[str, str]) -> None:
     """PR #54625's test: warm first with the window, cold evicts warm's prefix without."""
-    _, python = any_vllm
-    rows = run_in_vllm(python, SCENARIOS / "pr_eviction.py", str(MODEL_DIR))
+    version, python = any_vllm
+    rows = scenario_rows(version, python, "pr_eviction")
     got = {(r["cls"], r["window"], r["threshold"]): r for r in rows}
     assert len(got) == 6
     for cls in ("CacheAwareScheduler", "CacheAwareAsyncScheduler"):
@@ -42,7 +54,7 @@ def test_plugin_module_imports_only_vllm_and_stdlib(any_vllm: tuple[str, str]) -
 def test_plugin_config_versions_and_guards(any_vllm: tuple[str, str]) -> None:
     """Config sources, refusal of other versions, stepping aside, priority/caching off."""
     version, python = any_vllm
-    rows = run_in_vllm(python, SCENARIOS / "plugin_config.py", str(MODEL_DIR))
+    rows = scenario_rows(version, python, "plugin_config")
     r = {row["case"]: row for row in rows}
     assert r["minor"]["value"] == version
     assert r["additional_config"]["value"] == [16, 0.25, "additional_config"]
@@ -62,7 +74,7 @@ def test_defer_predicate_matches_vllm_and_fallback_hook(any_vllm: tuple[str, str
     raises otherwise); deferred steps skip the reorder; a budget-exhausted step reorders
     after schedule()."""
     version, python = any_vllm
-    (row,) = run_in_vllm(python, SCENARIOS / "defer_hook.py", str(MODEL_DIR))
+    (row,) = scenario_rows(version, python, "defer_hook")
     assert row["checks"] >= 20, row
     if version == "0.33":
         assert row["deferred_skips"] >= 10, row  # interval 4: 3 of 4 steps deferred
