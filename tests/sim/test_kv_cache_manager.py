@@ -129,7 +129,7 @@ def test_memoised_hit_shrinks_on_eviction_and_grows_on_registration():
     kvm = cached_pool(6, (48, [1, 2, 3]))  # free queue [4, 5?]: blocks 1-3 cached
     waiter = make_request("w", 64, [1, 2, 3, 4])
     assert kvm.num_hit_blocks(waiter) == 3
-    assert waiter.hit_watch == [1, 2, 3]
+    assert waiter.hit_index == {1: 0, 2: 1, 3: 2}
     pool = kvm.block_pool
     # Take blocks until block 2 (hash 2) is reallocated: the memo drops to 1 block.
     taken = []
@@ -144,8 +144,7 @@ def test_memoised_hit_shrinks_on_eviction_and_grows_on_registration():
     assert kvm.allocate_slots(other, 32 - hit, hit, blocks)
     assert kvm.num_hit_blocks(waiter) == len(kvm._longest_hit(waiter)) == 2
     kvm.unwatch(waiter)
-    assert waiter.hit_watch is None and not any(
-        waiter in entries for entries in pool.watchers.values())
+    assert waiter.hit_index is None and waiter not in pool.watched
 
 
 def test_memo_stays_exact_through_a_pressured_replay():
@@ -159,4 +158,17 @@ def test_memo_stays_exact_through_a_pressured_replay():
                                               cache_aware_admission_threshold=0.0),
                       CacheSettings(num_gpu_blocks=30))
     assert sim.scheduler.kv_cache_manager.block_pool.num_evictions > 0
-    assert not sim.scheduler.kv_cache_manager.block_pool.watchers  # all unwatched at the end
+    assert not sim.scheduler.kv_cache_manager.block_pool.watched  # all unwatched at the end
+
+
+def test_memo_with_a_hash_repeated_in_one_chain_uses_its_first_position():
+    kvm = cached_pool(8, (48, [5, 6, 5]))  # a (pathological) chain repeating hash 5
+    waiter = make_request("w", 64, [5, 6, 5, 7])
+    assert kvm.num_hit_blocks(waiter) == 3
+    assert waiter.hit_index == {5: 0, 6: 1}
+    pool = kvm.block_pool
+    taken = []
+    while pool.get_cached_block(5) is not None:  # evict every block carrying hash 5
+        taken.extend(pool.get_new_blocks(1))
+    assert waiter.hit_memo == 0
+    assert kvm.num_hit_blocks(waiter) == len(kvm._longest_hit(waiter)) == 0

@@ -41,7 +41,8 @@ class BlockPool:
     """
 
     __slots__ = ("num_gpu_blocks", "enable_caching", "blocks", "free_block_queue",
-                 "cached_block_hash_to_block", "null_block", "num_evictions", "watchers")
+                 "cached_block_hash_to_block", "null_block", "num_evictions", "watched",
+                 "watched_hashes", "num_stale_watched")
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool = True) -> None:
         if num_gpu_blocks < 2:
@@ -55,10 +56,12 @@ class BlockPool:
         self.cached_block_hash_to_block: dict[int, KVCacheBlock | dict[int, KVCacheBlock]] = {}
         self.null_block = self.free_block_queue.popleft()
         self.num_evictions = 0  # cached hashes dropped by reallocation
-        # hash -> {request: block index} of waiting requests whose memoised prefix hit
-        # (``SimRequest.hit_memo``) must shrink when the hash leaves the map (see
-        # KVCacheManager.num_hit_blocks). Empty unless the scheduler probes waiters.
-        self.watchers: dict[int, dict] = {}
+        # Waiting requests whose memoised prefix hit (``SimRequest.hit_memo``) must
+        # shrink when one of their hashes leaves the map (KVCacheManager.num_hit_blocks),
+        # and a superset of their hashes, so that an eviction costs one set lookup.
+        self.watched: set = set()
+        self.watched_hashes: set[int] = set()
+        self.num_stale_watched = 0  # hashes of unwatched requests still in the superset
 
     # ----------------------------------------------------------------- lookups
     def get_cached_block(self, block_hash: int) -> KVCacheBlock | None:
@@ -97,7 +100,7 @@ class BlockPool:
                     del table[block_hash]
                     block.block_hash = None  # type: ignore[union-attr]
                     self.num_evictions += 1
-                    if self.watchers:
+                    if block_hash in self.watched_hashes:
                         self._hash_gone(block_hash)
                 else:
                     self._evict(block)  # type: ignore[arg-type]
@@ -137,7 +140,7 @@ class BlockPool:
         if entry.__class__ is KVCacheBlock:
             assert entry is block, f"hash map points {block_hash} at another block (BlockPool bug)"
             del table[block_hash]  # type: ignore[arg-type]
-            if self.watchers:
+            if block_hash in self.watched_hashes:
                 self._hash_gone(block_hash)  # type: ignore[arg-type]
         else:
             del entry[block.block_id]  # type: ignore[union-attr]
@@ -147,12 +150,11 @@ class BlockPool:
         self.num_evictions += 1
 
     def _hash_gone(self, block_hash: int) -> None:
-        """A hash left the map: shrink the memoised hits that reached past it."""
-        watching = self.watchers.get(block_hash)
-        if watching:
-            for request, index in watching.items():
-                if request.hit_memo > index:
-                    request.hit_memo = index
+        """A watched hash left the map: shrink the memoised hits that reached past it."""
+        for request in self.watched:
+            index = request.hit_index.get(block_hash)
+            if index is not None and request.hit_memo > index:
+                request.hit_memo = index
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Adopt prefix-cache hits: free ones leave the free queue; ref count + 1.

@@ -56,18 +56,18 @@ class KVCacheManager:
         hashes = request.block_hashes
         if max_blocks > len(hashes):
             max_blocks = len(hashes)
-        get = self.block_pool.cached_block_hash_to_block.get
-        block_cls = KVCacheBlock
-        out = []
-        append = out.append
-        for block_hash in (hashes if max_blocks == len(hashes) else hashes[:max_blocks]):
-            entry = get(block_hash)
-            if entry is None:
-                break
-            if entry.__class__ is not block_cls:
-                entry = next(iter(entry.values()))  # type: ignore[union-attr]
-            append(entry)
-        return out
+        # One C-level pass (map + index) instead of a Python loop: agentic prompts have
+        # thousands of blocks and this runs at every admission.
+        found = list(map(self.block_pool.cached_block_hash_to_block.get,
+                         hashes if max_blocks == len(hashes) else hashes[:max_blocks]))
+        try:
+            del found[found.index(None):]
+        except ValueError:
+            pass
+        if dict in set(map(type, found)):  # hashes held by several blocks: first one
+            found = [e if e.__class__ is KVCacheBlock else next(iter(e.values()))
+                     for e in found]
+        return found
 
     def num_hit_blocks(self, request: "SimRequest") -> int:
         """Length in blocks of the longest cached prefix, memoised across steps.
@@ -75,48 +75,56 @@ class KVCacheManager:
         Same value as ``len(_longest_hit(request))`` (check_invariants compares them).
         Why: a waiting request is probed every step (the blocked head, PR #54625's window)
         and an agentic prompt has thousands of blocks. The memo covers the hit found so
-        far; its hashes are registered with the pool, which shrinks the memo when one of
-        them leaves the map. A probe then only extends the memo past its end (new
-        registrations), usually with one dict lookup.
+        far; the request joins the pool's watched set with an index of those hashes, and
+        the pool shrinks the memo when one of them leaves the map. A probe then only
+        extends the memo past its end (new registrations), usually one dict lookup.
+        Indexing is done with C-level ``zip``/``set`` operations, not a Python loop.
         """
         max_blocks = (request.num_tokens - 1) // self.block_size
         hashes = request.block_hashes
         if max_blocks > len(hashes):
             max_blocks = len(hashes)
         table = self.block_pool.cached_block_hash_to_block
-        watch = request.hit_watch
-        if watch is None:
-            watch = request.hit_watch = []
+        index = request.hit_index
+        if index is None:
+            index = request.hit_index = {}
+            self.block_pool.watched.add(request)
             length = 0
         else:
             length = request.hit_memo
-        while length < max_blocks and hashes[length] in table:
-            length += 1
+        if length < max_blocks and hashes[length] in table:
+            present = list(map(table.__contains__, hashes[length + 1:max_blocks]))
+            try:
+                length += 1 + present.index(False)
+            except ValueError:
+                length = max_blocks
         request.hit_memo = length
-        if length > len(watch):
-            watchers = self.block_pool.watchers
-            for index in range(len(watch), length):
-                block_hash = hashes[index]
-                entry = watchers.get(block_hash)
-                if entry is None:
-                    watchers[block_hash] = {request: index}
-                else:
-                    entry.setdefault(request, index)
-            watch.extend(hashes[len(watch):length])
+        start = request.hit_watched
+        if length > start:  # watch the newly covered hashes (first index wins)
+            new = hashes[start:length]
+            items = dict(zip(reversed(new), range(length - 1, start - 1, -1)))
+            for repeated in items.keys() & index.keys():  # a hash twice in one chain
+                del items[repeated]
+            index.update(items)
+            request.hit_watched = length
+            self.block_pool.watched_hashes.update(new)
         return length
 
     def unwatch(self, request: "SimRequest") -> None:
-        """Drop ``request``'s memo (it is admitted)."""
-        watch = request.hit_watch
-        if watch is None:
+        """Drop ``request``'s memo (it is admitted). The pool's hash superset is rebuilt
+        from the watched requests once stale hashes dominate it."""
+        index = request.hit_index
+        if index is None:
             return
-        watchers = self.block_pool.watchers
-        for block_hash in watch:
-            entry = watchers.get(block_hash)
-            if entry is not None and entry.pop(request, None) is not None and not entry:
-                del watchers[block_hash]
-        request.hit_watch = None
+        pool = self.block_pool
+        pool.watched.discard(request)
+        pool.num_stale_watched += len(index)
+        request.hit_index = None
         request.hit_memo = -1
+        request.hit_watched = 0
+        if pool.num_stale_watched > 100_000 + 2 * len(pool.watched_hashes) // 3:
+            pool.watched_hashes = set().union(*(r.hit_index for r in pool.watched))
+            pool.num_stale_watched = 0
 
     def get_computed_blocks(self, request: "SimRequest") -> tuple[list["KVCacheBlock"], int]:
         """Longest cached prefix: (blocks, tokens). Zero when prefix caching is off."""
@@ -215,7 +223,7 @@ class KVCacheManager:
             assert block.ref_cnt == owners.get(block.block_id, 0), (
                 f"{block!r}: ref_cnt != number of holders {owners.get(block.block_id, 0)}")
         for request in live_requests:
-            if request.hit_watch is not None:
+            if request.hit_index is not None:
                 direct = len(self._longest_hit(request))
                 assert request.hit_memo <= direct, f"{request!r}: memoised hit too long"
                 assert self.num_hit_blocks(request) == direct, f"{request!r}: memo != walk"

@@ -54,7 +54,7 @@ class SimRequest:
         "is_prefill_chunk", "blocks", "num_cached_blocks", "block_hashes", "_output_hashes",
         "_block_size", "first_scheduled_s", "first_token_s", "last_token_s", "finish_s",
         "num_cached_tokens", "session_id", "seq", "steady", "g0", "next_event",
-        "hit_memo", "hit_watch",
+        "hit_memo", "hit_index", "hit_watched",
     )
 
     def __init__(self, *, request_id: str, index: int, arrival_s: float, num_prompt_tokens: int,
@@ -96,10 +96,12 @@ class SimRequest:
         self.steady = False
         self.g0 = 0
         self.next_event = -1
-        # Memoised prefix hit of a waiting request, in blocks (-1: none); kept exact by
-        # BlockPool.watchers on the hashes in ``hit_watch`` (see KVCacheManager).
+        # Memoised prefix hit of a waiting request, in blocks (-1: none), kept exact by
+        # the pool through ``hit_index`` (hash -> first block index of the memo's
+        # hashes; None when not watched). See KVCacheManager.num_hit_blocks.
         self.hit_memo = -1
-        self.hit_watch: list[int] | None = None
+        self.hit_index: dict[int, int] | None = None
+        self.hit_watched = 0  # leading block positions whose hashes are in hit_index
 
     def synthetic_hash(self, block_index: int) -> int:
         """Unique, deterministic hash of block ``block_index`` of this request (< 0)."""
