@@ -24,8 +24,10 @@ def test_windows_and_evaluation(small_trace: pathlib.Path) -> None:
     train = ev.evaluate(ev.default_settings, "train")
     held = ev.evaluate(ev.default_settings, "holdout")
     assert 0 < stage1["num_requests"] < train["num_requests"]
-    total = len(ev._requests("holdout"))
+    total = len(ev._all)  # type: ignore[arg-type]
     assert train["num_requests"] + held["num_requests"] == total
+    warm = ev._requests("holdout")
+    assert warm[0].arrival_s >= w.t_split - 0.5 * (w.t1 - w.t_split) and len(warm) < total
     assert "p90_interactivity" in ev.known_metrics
 
 

@@ -65,6 +65,7 @@ class TuneResult:
     evaluator_spec: dict[str, Any] = field(default_factory=dict)
     num_gpus: int = 1
     block_size: int | None = None
+    timings: dict[str, float] = field(default_factory=dict)  # stage1_s, stage2_s, holdout_s
 
     @property
     def recommended(self) -> Point:
@@ -123,6 +124,7 @@ class TuneResult:
             "confirms": self.confirms(),
             "front": [_point_dict(p, self.objectives) for p in self.front],
             "notes": self.notes, "wall_s": round(self.wall_s, 3), "seed": self.seed,
+            "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
         }
 
     def front_table(self) -> "Table":

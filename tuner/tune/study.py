@@ -175,20 +175,27 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
         study = _create_or_load(storage_obj, study_name, config)
         notes = _fail_dead_local_trials(study)
         notes += _enqueue_start_points(study, config, evaluator, warm_start)
+        timings: dict[str, float] = {}
         with StudyProgress(progress) as bar:
+            t = time.perf_counter()
             _run_stage1(study, storage_url, config, evaluator, workers, bar)
+            timings["stage1_s"] = time.perf_counter() - t
             stage1 = _stage1_points(study)
             baseline_key = _key(evaluator.default_settings)
             survivors = _survivors(stage1, objs, n_survivors or min(32, max(8, n_trials // 10)),
                                    baseline_key)
+            t = time.perf_counter()
             stage2 = _run_stage2(storage_obj, study_name, config, evaluator, survivors, stage1,
                                  workers, bar)
+            timings["stage2_s"] = time.perf_counter() - t
         baseline = next(p for p in stage2 if p.is_baseline)
         front = pareto_front(stage2, objs)
+        t = time.perf_counter()
         _run_holdout(storage_obj, study_name, evaluator, front + [baseline], workers)
         selection = select(front, baseline, objs, prefer)  # type: ignore[arg-type]
         if selection.point.holdout is None and evaluator.windows.has_holdout:
             _run_holdout(storage_obj, study_name, evaluator, [selection.point], workers)
+        timings["holdout_s"] = time.perf_counter() - t
         counts = _counts(study)
         return TuneResult(
             study_name=study_name, storage=redact_url(storage_url), config_attrs=config.to_attrs(),
@@ -200,7 +207,7 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
             seed=seed, wall_s=time.perf_counter() - started, notes=notes,
             evaluator_spec=config.evaluator,
             num_gpus=int(getattr(evaluator, "num_gpus", 1)),
-            block_size=getattr(evaluator, "block_size", None))
+            block_size=getattr(evaluator, "block_size", None), timings=timings)
 
 
 def join(study_name: str, storage: str, n_trials: int | None = None, *, trace: Any = None,
