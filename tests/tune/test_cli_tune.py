@@ -71,3 +71,26 @@ def test_help_defines_the_metrics() -> None:
         res = CliRunner().invoke(cli, [cmd, "--help"])
         assert "the speed the slowest 10% of users get" in res.output
         assert "Throughput per GPU" in res.output and "Example:" in res.output
+
+
+def test_tune_log_ingests_tunes_and_exports(tmp_path: pathlib.Path) -> None:
+    """A tiny Mooncake-format log (made up here): shared 512-token prefix blocks."""
+    import random
+
+    rng = random.Random(0)
+    lines = []
+    for i in range(120):
+        shared = [0, 1, 2] if i % 2 else [10, 11]
+        own = [1000 + i * 10 + k for k in range(rng.randint(1, 4))]
+        ids = shared + own
+        lines.append(json.dumps({"timestamp": i * 500, "input_length": len(ids) * 512 - 100,
+                                 "output_length": rng.randint(20, 80), "hash_ids": ids}))
+    log = tmp_path / "requests.jsonl"
+    log.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "from-log.yaml"
+    res = CliRunner().invoke(cli, ["tune-log", str(log), *TARGET, "--trials", "3", "--json",
+                                   "--no-progress", "-o", str(out)], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert (tmp_path / "from-log.trace.parquet").exists() and out.exists()
+    assert data["trials"]["complete"] == 3 and "--scheduling-policy" in data["flags"]
