@@ -10,7 +10,7 @@ from tuner.sim.engine import Simulator
 from tuner.sim.load import ClosedLoop, OpenLoop
 from tuner.sim.settings import CacheSettings, SchedulerSettings, SimOptions
 
-from conftest import Req, check_result, prompt_hashes, random_trace, replay
+from sim_helpers import Req, check_result, prompt_hashes, random_trace, replay
 
 
 def const(batch) -> float:

@@ -9,7 +9,7 @@ from tuner.sim.engine import Simulator
 from tuner.sim.load import ClosedLoop, OpenLoop
 from tuner.sim.settings import CacheSettings, SchedulerSettings, SimOptions
 
-from conftest import check_result, random_trace
+from sim_helpers import check_result, random_trace
 
 
 def step_time(batch) -> float:

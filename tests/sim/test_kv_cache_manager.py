@@ -149,7 +149,7 @@ def test_memoised_hit_shrinks_on_eviction_and_grows_on_registration():
 
 def test_memo_stays_exact_through_a_pressured_replay():
     """check_invariants compares every memo with a fresh walk after each step."""
-    from conftest import random_trace, replay
+    from sim_helpers import random_trace, replay
     from tuner.sim.settings import CacheSettings, SchedulerSettings
 
     reqs = random_trace(5, 60, families=2, max_input=200, rate=60.0)

@@ -8,7 +8,7 @@ from tuner.sim.request import RequestStatus, SimRequest
 from tuner.sim.scheduler import Scheduler
 from tuner.sim.settings import CacheSettings, SchedulerSettings, SimOptions
 
-from conftest import PATH
+from sim_helpers import PATH
 
 pytestmark = pytest.mark.usefixtures("both_paths")
 
