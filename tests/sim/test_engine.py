@@ -100,3 +100,11 @@ def test_random_traces_finish_with_exact_lengths_and_invariants(seed, policy):
     _, res = replay(reqs, settings, CacheSettings(num_gpu_blocks=40), fast_forward=False)
     check_result(reqs, res)
     assert res.counters["num_finished"] + res.counters["rejected"] == 60
+
+
+def test_without_chunked_prefill_a_sequence_beyond_the_budget_is_rejected():
+    reqs = [Req("fits", 0.0, 60, 5, []), Req("never", 0.0, 100, 5, [])]
+    _, res = replay(reqs, SchedulerSettings(max_num_batched_tokens=64, max_num_seqs=4,
+                                            enable_chunked_prefill=False),
+                    CacheSettings(num_gpu_blocks=100))
+    assert [r.status for r in res.requests] == ["finished", "rejected"]

@@ -16,7 +16,8 @@ them, a per-step time series (downsampled by 2 whenever it exceeds
 Requests that can never run are rejected at arrival (status ``"rejected"``), as vLLM
 refuses them before scheduling: empty prompt or ``max_tokens < 1``; prompt + output
 beyond ``max_model_len``; a sequence needing more blocks than the whole KV cache
-(it would preempt itself forever).
+(it would preempt itself forever); with chunked prefill off, a sequence longer than
+``max_num_batched_tokens`` (vLLM's config check makes that impossible there).
 """
 
 from __future__ import annotations
@@ -111,9 +112,15 @@ class Simulator:
         src = self.sources[index]
         input_len, output_len = int(src.input_len), int(src.output_len)
         bs = self.cache.block_size
+        longest = input_len + output_len - 1  # tokens computed by its last step
         if (input_len < 1 or output_len < 1
                 or input_len + output_len > self.cache.max_model_len
-                or -(-(input_len + output_len - 1) // bs) > self.cache.num_gpu_blocks - 1):
+                or -(-longest // bs) > self.cache.num_gpu_blocks - 1
+                # Without chunked prefill a (re)computed sequence must fit one step's
+                # budget: vLLM enforces it for every request through its config check
+                # max_num_batched_tokens >= max_model_len; the twin checks per request.
+                or (not self.settings.enable_chunked_prefill
+                    and longest > self.settings.max_num_batched_tokens)):
             return None
         return SimRequest(
             request_id=str(src.request_id), index=index, arrival_s=arrival,
