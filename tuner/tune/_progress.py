@@ -14,6 +14,11 @@ if TYPE_CHECKING:
     from tuner.tune.objectives import Objective
 
 
+#: Short labels for the progress line (full names are in the table and the JSON).
+_SHORT = {"p90_interactivity": "p90 tok/s/user", "output_throughput_per_gpu": "out tok/s/GPU",
+          "total_throughput_per_gpu": "tok/s/GPU", "prefix_cache_hit_rate": "hit rate"}
+
+
 def best_so_far(trials: Sequence["FrozenTrial"], objectives: Sequence["Objective"]) -> str:
     """``"best p90_interactivity 12.80 (#4), output_throughput_per_gpu 8339 (#9)"`` over
     finished, feasible trials; empty when none finished yet."""
@@ -29,8 +34,8 @@ def best_so_far(trials: Sequence["FrozenTrial"], objectives: Sequence["Objective
         best = pick(done, key=lambda t: t.values[i])
         value = best.values[i]
         text = f"{value:.4g}" if math.isfinite(value) else str(value)
-        parts.append(f"{obj.key} {text} (#{best.number})")
-    return "best " + ", ".join(parts)
+        parts.append(f"{_SHORT.get(obj.key, obj.key)} {text} (#{best.number})")
+    return "best: " + ", ".join(parts)
 
 
 class StudyProgress:
@@ -48,7 +53,7 @@ class StudyProgress:
                                        TimeElapsedColumn, TimeRemainingColumn)
 
             self._progress = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("[bold]{task.description}"), BarColumn(bar_width=20), MofNCompleteColumn(),
                 TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
                 TextColumn("{task.fields[best]}"), console=Console(stderr=True))
             self._progress.__enter__()

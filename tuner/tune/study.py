@@ -45,7 +45,7 @@ from tuner.tune._progress import StudyProgress, best_so_far
 from tuner.tune.evaluate import Evaluator, ReplayEvaluator, Windows, evaluator_from_spec
 from tuner.tune.objectives import (Constraint, Objective, parse_constraints, parse_objectives)
 from tuner.tune.result import TuneResult
-from tuner.tune.select import Point, pareto_front, select
+from tuner.tune.select import PREFER_CHOICES, Point, pareto_front, select
 from tuner.tune.space import SearchSpace, load_space, space_from_dict
 from tuner.tune.storage import default_journal_path, open_storage, redact_url
 
@@ -148,6 +148,8 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
         raise ConfigError(f"n_trials={n_trials}: at least one trial is needed")
     if workers < 1:
         raise ConfigError(f"workers={workers}: must be >= 1")
+    if prefer not in PREFER_CHOICES:
+        raise ConfigError(f"prefer={prefer!r}: use one of {', '.join(PREFER_CHOICES)}")
     the_space = load_space(space)
     if evaluator is None:
         if trace is None:
@@ -472,7 +474,7 @@ def _worker_main(storage_url: str, study_name: str, config: StudyConfig, evaluat
 
 def _run_stage1(study: "optuna.Study", storage_url: str | None, config: StudyConfig,
                 evaluator: Evaluator, workers: int, bar: StudyProgress) -> None:
-    label = "stage 1 (short slice)" if evaluator.windows.staged else "search (train window)"
+    label = "stage 1" if evaluator.windows.staged else "search"
     bar.stage(label, config.n_trials, min(_finished(study), config.n_trials))
     if workers == 1 or storage_url is None:
         _optimize(study, config, evaluator, worker_cap=None, seed=config.seed, bar=bar)
@@ -611,7 +613,7 @@ def _run_stage2(storage: Any, study_name: str, config: StudyConfig, evaluator: E
             _record_stage2(study2, config, results[i])  # type: ignore[arg-type]
         else:
             jobs.append((i, p.settings))
-    bar.stage("stage 2 (train window)", len(todo), len(todo) - len(jobs))
+    bar.stage("stage 2", len(todo), len(todo) - len(jobs))
 
     def store(j: int, metrics: dict[str, Any]) -> None:
         i = jobs[j][0]
