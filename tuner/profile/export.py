@@ -32,6 +32,7 @@ Version rules (``--vllm-version``; ``docs/profiles.md``):
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
@@ -61,10 +62,12 @@ def parse_version(text: str) -> tuple[int, int, int]:
     core = str(text).strip().lstrip("v").split("+", 1)[0]
     digits = []
     for part in core.split(".")[:3]:
-        num = "".join(ch for ch in part if ch.isdigit()) if part[:1].isdigit() else ""
-        if not num:
+        match = re.match(r"\d+", part)
+        if match is None:
             raise UnsupportedVllmVersion(f"vLLM version {text!r} is not of the form X.Y.Z")
-        digits.append(int(num) if part.isdigit() else int(part[:len(num)]))
+        digits.append(int(match.group()))
+    if len(digits) < 2:
+        raise UnsupportedVllmVersion(f"vLLM version {text!r} is not of the form X.Y.Z")
     while len(digits) < 3:
         digits.append(0)
     return digits[0], digits[1], digits[2]
@@ -169,13 +172,13 @@ def plan_export(profile: Profile, *, vllm_version: str = CHECKED_VLLM_VERSION,
         plan.scheduler_cls = PLUGIN_ASYNC_CLS if use_async else PLUGIN_SYNC_CLS
         plan.async_scheduling = None if use_async else False
         plan.additional_config = {n: getattr(settings, n) for n in _ADMISSION_FIELDS}
-        why = ("as requested (--format plugin)" if force_plugin and (
+        why = ("requested with --format plugin" if force_plugin and (
             native_admission or version > _LAST_WITHOUT_ADMISSION)
                else f"vLLM {vllm_version} has no --cache-aware-admission-* flags "
                     "(PR #54625 is unmerged)")
-        plan.notes.append(f"cache-aware admission via tuner's scheduler plugin {why}: "
-                          f"{plan.scheduler_cls} (needs `pip install vllm-sched-tuner` in "
-                          "vLLM's environment)")
+        plan.notes.append(f"cache-aware admission runs in tuner's scheduler plugin "
+                          f"{plan.scheduler_cls} ({why}); install vllm-sched-tuner in vLLM's "
+                          "environment")
     elif not native_admission:
         plan.notes.append("cache-aware admission is off (window 0): stock vLLM scheduler, "
                           "no plugin needed")
