@@ -161,6 +161,10 @@ def calibrate_command(hardware: str, model: str, tp: int, dp: int, block_size: i
     budget = kw.pop("max_num_batched_tokens")
     options = make_server_options(model=model, tp=tp, block_size=block_size,
                                   num_gpu_blocks=num_gpu_blocks, max_model_len=max_model_len, **kw)
+    if options.launches:
+        # Under async scheduling vLLM schedules step k+1 while step k runs, so a request's
+        # SCHEDULED time (the start of its prefill time) would include the step in flight.
+        options = options.replace(async_scheduling=False)
     say = (lambda m: click.echo(f"  {m}", err=True)) if not as_json else None
     settings = SchedulerSettings(max_num_batched_tokens=budget,
                                  max_num_seqs=min(256, budget))

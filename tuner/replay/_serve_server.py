@@ -201,7 +201,7 @@ class VllmServer:
         self.notes: list[str] = []
         self.command: list[str] = []
         self._stopped = False
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: a signal handler may call stop() inside stop()
         self._old_handlers: dict[int, Any] = {}
 
     # ------------------------------------------------------------------ start

@@ -14,6 +14,10 @@ nothing else:
   joining request is the only one to finish meanwhile, so the prefill-time delta is the
   step that ran the prefill together with the N decode tokens.
 
+Run the server with synchronous scheduling (``tuner calibrate --launch`` passes
+``--no-async-scheduling``; vLLM's CPU platform forces it): under async scheduling step k+1
+is scheduled while step k runs, so a prefill time would include the step in flight.
+
 Why not client-side token times: on a shared or loaded client the asyncio loop reads
 several steps' tokens in one burst, which distorts gaps and spans (measured on the
 2-core CI machine: a decode probe read 0.13 ms for a 5 ms step). The replay itself still
@@ -126,8 +130,7 @@ class _Prober:
     def _prompt(self, n: int) -> list[int]:
         return [self.rng.randint(_VOCAB_LOW, _VOCAB_HIGH) for _ in range(n)]
 
-    async def _stream(self, prompt: list[int], max_tokens: int,
-                      started: asyncio.Event | None = None) -> tuple[float, list[float]]:
+    async def _stream(self, prompt: list[int], max_tokens: int) -> tuple[float, list[float]]:
         """(send time, token times) of one streamed request (perf_counter seconds)."""
         payload = {"model": self.server.model_name, "prompt": prompt, "max_tokens": max_tokens,
                    "ignore_eos": True, "temperature": 0.0, "stream": True, "return_token_ids": True}
