@@ -280,7 +280,7 @@ def synthesize(kind: Kind, *, duration_s: float | None = None, rate: float | Non
     unknown = sorted(set(params) - known)
     if unknown:
         raise ConfigError(f"unknown {kind} parameter(s) {unknown}; known: {sorted(known)}")
-    p = cls(**params)
+    p = _with_ranges(cls(**params), kind)
     if hash_block_size <= 0:
         raise ConfigError(f"hash_block_size must be positive, got {hash_block_size}")
     if kind != "random":
@@ -302,6 +302,22 @@ def synthesize(kind: Kind, *, duration_s: float | None = None, rate: float | Non
     meta = TraceMetadata(hash_block_size=hash_block_size, source_format=f"synth:{kind}",
                          tokenizer=None, salt_fingerprint=None)
     return Trace.from_arrow(b.table(), meta)
+
+
+def _with_ranges(p: Any, kind: str) -> Any:
+    """Accept ``N`` or ``[lo, hi]`` for range-valued parameters (``--param x=N`` gives an int)."""
+    changes = {}
+    for f in dataclasses.fields(p):
+        value = getattr(p, f.name)
+        if not isinstance(f.default, tuple) or isinstance(value, tuple):
+            continue
+        if isinstance(value, (int, float)):
+            changes[f.name] = (int(value), int(value))
+        elif isinstance(value, list) and len(value) == 2:
+            changes[f.name] = (int(value[0]), int(value[1]))
+        else:
+            raise ConfigError(f"{kind} parameter {f.name} must be N or [lo, hi], got {value!r}")
+    return dataclasses.replace(p, **changes) if changes else p
 
 
 def _session_starts(rng: np.random.Generator, session_rate: float, lo: float, hi: float) -> np.ndarray:
