@@ -281,7 +281,7 @@ class CacheAwareAdmissionMixin:
                 raise RuntimeError(
                     f"tuner.vllm_plugin: defer_prefills predicate drifted from vLLM "
                     f"{vllm.__version__}'s schedule() ({self._ca_step_defer} vs "
-                    f"{frame_defer}); update _CacheAwareAdmissionMixin._ca_defer_prefills")
+                    f"{frame_defer}); update CacheAwareAdmissionMixin._ca_defer_prefills")
             self._ca_fire("waiting-loop")
         return self.__dict__[f"_ca_{self._ca_hook.attr}"]
 
@@ -290,10 +290,11 @@ class CacheAwareAdmissionMixin:
         return super()._preempt_request(*args, **kwargs)  # type: ignore[misc]
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        throttle = bool(kwargs.get("throttle_prefills", args[0] if args else False))
-        self._ca_step_defer = self._ca_defer_prefills(throttle)
         self._ca_step_preempted = False
         self._ca_armed = self.cache_aware_window > 0
+        if self._ca_armed:  # window 0: vLLM's schedule() untouched, not even this scan
+            throttle = bool(kwargs.get("throttle_prefills", args[0] if args else False))
+            self._ca_step_defer = self._ca_defer_prefills(throttle)
         try:
             out = super().schedule(*args, **kwargs)  # type: ignore[misc]
         except BaseException:
