@@ -1,0 +1,167 @@
+"""``retune.yaml``: the job's configuration (every key is documented in docs/retune.md).
+
+Relative paths are resolved against the config file's folder, so a config and its state
+can move together.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from tuner.errors import ConfigError
+from tuner.jobs.decide import check_objectives
+from tuner.jobs.window import SourceSpec
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_TARGET_KEYS = ("hardware", "model", "tp", "dp", "block_size", "num_gpu_blocks",
+                "gpu_memory_utilization", "max_model_len", "calibration", "weight_dtype",
+                "kv_cache_dtype")
+
+
+def parse_duration(text: Any, where: str = "duration") -> float:
+    """``"24h"``, ``"30m"``, ``"2d"``, ``"90s"`` or a number of seconds -> seconds."""
+    m = _DURATION_RE.match(str(text))
+    if not m or float(m.group(1)) <= 0:
+        raise ConfigError(f"{where}: {text!r} is not a duration like 30m, 6h, 1d")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+@dataclass
+class RetuneConfig:
+    """A parsed, validated ``retune.yaml``."""
+
+    path: pathlib.Path
+    sources: list[SourceSpec]
+    state_dir: pathlib.Path
+    profile: str
+    profiles_dir: pathlib.Path
+    window_s: float = 86400.0
+    target: dict[str, Any] = field(default_factory=dict)
+    space: str = "admission"
+    trials: int = 60
+    objectives: list[str] | None = None
+    constraints: list[str] = field(default_factory=list)
+    prefer: str = "throughput"
+    holdout: float = 0.25
+    stage1_fraction: float = 0.25
+    decide_on: list[str] = field(default_factory=lambda: ["output_throughput_per_gpu"])
+    margin: float = 0.02
+    confidence: float = 0.9
+    bootstrap_samples: int = 1000
+    drift_threshold: float = 0.3
+    min_requests: int = 50
+    storage: str | None = None
+    on_publish: str | None = None
+    seed: int = 0
+    salt: pathlib.Path | None = None
+    hash_block_size: int | None = None
+    on_error: str = "fail"
+
+    @property
+    def window_dir(self) -> pathlib.Path:
+        return self.state_dir / "window"
+
+    @property
+    def salt_path(self) -> pathlib.Path:
+        return self.salt or self.state_dir / "salt"
+
+    @property
+    def storage_url(self) -> str:
+        return self.storage or str(self.state_dir / "studies.optuna-journal")
+
+    def make_target(self):  # type: ignore[no-untyped-def]
+        from tuner.sim.target import Target
+
+        return Target(**self.target)
+
+
+_KNOWN = {"sources", "state_dir", "profile", "profiles_dir", "window", "target", "space",
+          "trials", "objectives", "constraints", "prefer", "holdout", "stage1_fraction",
+          "decide_on", "margin", "confidence", "bootstrap_samples", "drift_threshold",
+          "min_requests", "storage", "on_publish", "seed", "salt", "hash_block_size",
+          "on_error"}
+
+
+def load_config(path: str | pathlib.Path) -> RetuneConfig:
+    """Read and validate ``path``.
+
+    Raises:
+        ConfigError: unreadable YAML, an unknown or missing key, or a bad value; the
+            message names the file and the key.
+    """
+    p = pathlib.Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: expected a mapping of keys")
+    unknown = sorted(set(raw) - _KNOWN)
+    if unknown:
+        raise ConfigError(f"{p}: unknown key(s) {', '.join(unknown)} (see docs/retune.md)")
+    base = p.resolve().parent
+
+    def need(key: str) -> Any:
+        if raw.get(key) in (None, ""):
+            raise ConfigError(f"{p}: missing key {key!r}")
+        return raw[key]
+
+    def rel(value: Any) -> pathlib.Path:
+        q = pathlib.Path(str(value)).expanduser()
+        return q if q.is_absolute() else base / q
+
+    sources = []
+    for i, item in enumerate(need("sources")):
+        if isinstance(item, str):
+            item = {"glob": item}
+        if not isinstance(item, dict) or "glob" not in item:
+            raise ConfigError(f"{p}: sources[{i}]: expected {{glob: ..., format: ...}}")
+        g = str(item["glob"])
+        sources.append(SourceSpec(glob=g if g.startswith(("/", "~")) else str(base / g),
+                                  format=str(item.get("format", "auto"))))
+    target = dict(raw.get("target") or {})
+    bad = sorted(set(target) - set(_TARGET_KEYS))
+    if bad:
+        raise ConfigError(f"{p}: target: unknown key(s) {', '.join(bad)}; use "
+                          f"{', '.join(_TARGET_KEYS)}")
+    cfg = RetuneConfig(path=p, sources=sources, state_dir=rel(need("state_dir")),
+                       profile=str(need("profile")), profiles_dir=rel(need("profiles_dir")),
+                       target=target)
+    if "window" in raw:
+        cfg.window_s = parse_duration(raw["window"], f"{p}: window")
+    for key, kind in (("space", str), ("trials", int), ("prefer", str), ("holdout", float),
+                      ("stage1_fraction", float), ("margin", float), ("confidence", float),
+                      ("bootstrap_samples", int), ("drift_threshold", float),
+                      ("min_requests", int), ("storage", str), ("on_publish", str),
+                      ("seed", int), ("hash_block_size", int), ("on_error", str)):
+        if raw.get(key) is not None:
+            try:
+                setattr(cfg, key, kind(raw[key]))
+            except (TypeError, ValueError):
+                raise ConfigError(f"{p}: {key}: expected {kind.__name__}, got "
+                                  f"{raw[key]!r}") from None
+    for key in ("objectives", "constraints", "decide_on"):
+        if raw.get(key) is not None:
+            value = raw[key]
+            setattr(cfg, key, [value] if isinstance(value, str) else [str(v) for v in value])
+    if raw.get("salt") is not None:
+        cfg.salt = rel(raw["salt"])
+    if not 0 < cfg.confidence < 1:
+        raise ConfigError(f"{p}: confidence: must be in (0, 1), got {cfg.confidence}")
+    if cfg.trials < 1 or cfg.bootstrap_samples < 10:
+        raise ConfigError(f"{p}: trials must be >= 1 and bootstrap_samples >= 10")
+    if not 0 < cfg.holdout < 1:
+        raise ConfigError(f"{p}: holdout: must be in (0, 1), got {cfg.holdout}")
+    try:
+        check_objectives(cfg.decide_on)
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: {exc}") from None
+    return cfg

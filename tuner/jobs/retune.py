@@ -1,0 +1,311 @@
+"""One retune run: ingest new traffic, tune on the recent window, publish only if better.
+
+NOTE(tuner): the model in one paragraph. The job is a pure function of (its sources, its
+state dir, the profile history). It ingests what the state's watermarks have not seen
+into deterministic window parts, tunes on the last ``window`` seconds (warm-started from
+the current profile unless drift is large), replays the current and candidate settings on
+the same window and on its held-out tail, and publishes a new version only when a paired
+bootstrap says the improvement clears ``margin`` with ``confidence`` (see
+:mod:`tuner.jobs.decide`).
+
+Commit order (each step one atomic rename or fsynced append)::
+
+    pending.json (intent: run id, version, new state, changelog entry)
+    -> vNNNN.yaml -> current (symlink swap) -> state.json -> changelog.jsonl
+    -> remove pending.json -> prune old window parts -> on_publish hook
+
+:func:`recover` runs first in every job: with a pending intent whose version is already
+``current`` (or that published nothing) it rolls forward (state, changelog); otherwise it
+rolls back (removes the unreferenced version file). Either way the profile that was
+current stays current unless the pointer swap itself completed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuner.jobs._atomic import crash_point, write_json_atomic
+from tuner.jobs.config import RetuneConfig
+from tuner.jobs.decide import compare_replays, decide
+from tuner.jobs.drift import compare, window_stats
+from tuner.jobs.history import ProfileHistory
+from tuner.jobs.lock import JobLock
+from tuner.jobs.state import JobState, load_state, save_state
+from tuner.jobs.window import ingest_new, load_window, prune_window
+
+#: Exit codes of ``tuner retune`` (docs/retune.md).
+EXIT_PUBLISHED = 0
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+EXIT_KEPT = 3
+EXIT_LOCKED = 4
+EXIT_HOOK_FAILED = 5
+
+
+@dataclass
+class RetuneOutcome:
+    """What one run decided, and its evidence (the changelog entry is ``entry``)."""
+
+    decision: str  # "published" | "kept"
+    reason: str
+    version: int | None  # the published version, or the current one when kept
+    profile_path: str | None
+    entry: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    hook: dict[str, Any] | None = None
+
+    @property
+    def exit_code(self) -> int:
+        if self.decision != "published":
+            return EXIT_KEPT
+        if self.hook is not None and self.hook.get("returncode") != 0:
+            return EXIT_HOOK_FAILED
+        return EXIT_PUBLISHED
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"decision": self.decision, "reason": self.reason, "version": self.version,
+                "profile": self.profile_path, "exit_code": self.exit_code,
+                "hook": self.hook, "notes": self.notes, "entry": self.entry}
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def run_retune(config: RetuneConfig, *, on_publish: str | None = None,
+               progress: bool = False) -> RetuneOutcome:
+    """Run the job once under the state dir's lock.
+
+    Raises:
+        JobLocked: another run holds the lock (nothing was done).
+        ConfigError: bad config values or no traffic.
+        TunerError: ingest, replay or tuning failed (previous state and profile intact).
+    """
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    with JobLock(config.state_dir):
+        notes = recover(config)
+        outcome = _run_locked(config, progress=progress)
+        outcome.notes[:0] = notes
+        hook = on_publish or config.on_publish
+        if outcome.decision == "published" and hook:
+            outcome.hook = run_hook(hook, config, outcome)
+        return outcome
+
+
+def _run_locked(config: RetuneConfig, *, progress: bool) -> RetuneOutcome:
+    state = load_state(config.state_dir)
+    history = ProfileHistory(config.profiles_dir, config.profile)
+    run_id = f"{_now()}-{os.getpid()}"
+    work = config.state_dir / "runs" / run_id
+    ingested = ingest_new(config.sources, state, config.window_dir, work / "ingest",
+                          salt=config.salt_path, hash_block_size=config.hash_block_size,
+                          on_error=config.on_error)
+    crash_point("after_ingest")
+    current_v = history.current_version()
+    base_entry: dict[str, Any] = {"run_id": run_id, "date": _now(), "profile": config.profile,
+                                  "new_requests": ingested.num_new_requests,
+                                  "current_version": current_v}
+    if ingested.num_new_requests == 0:
+        shutil.rmtree(work, ignore_errors=True)
+        return _keep(config, history, None, {**base_entry, "window": None},
+                     "no new requests since the last run", ingested.notes)
+    window = load_window(config.window_dir, state.clock_end_s, config.window_s)
+    t_lo = max(0.0, state.clock_end_s - config.window_s)
+    stats = window_stats(window)
+    entry = {**base_entry, "window": {"start_s": t_lo, "end_s": state.clock_end_s,
+                                      "clock_origin_utc": state.clock_origin_utc,
+                                      "requests": len(window)}}
+    current = _load_current(history)
+    reference = ((current.provenance.get("retune") or {}).get("window_stats")
+                 if current is not None else None) or state.reference_stats
+    drift = compare(reference, stats)
+    entry["drift"] = drift
+    state.reference_stats = stats
+    state.runs += 1
+    state.last_run_id = run_id
+    if len(window) < config.min_requests:
+        shutil.rmtree(work, ignore_errors=True)
+        return _keep(config, history, state, entry, f"window has {len(window)} requests, "
+                     f"fewer than min_requests={config.min_requests}", ingested.notes)
+    full = current is None or (drift["score"] is not None
+                               and drift["score"] > config.drift_threshold)
+    entry["search"] = "full" if full else "warm-start"
+    entry["full_search_reason"] = (None if not full else "no current profile"
+                                   if current is None else
+                                   f"drift {drift['score']} > {config.drift_threshold}")
+    window_path = work / "window.parquet"
+    window.write(window_path, compression_level=1)
+    candidate, tune_info = _tune(config, window_path, run_id, history, full, progress)
+    entry["tune"] = tune_info
+    crash_point("after_tune")
+    evaluation, decision, reason = _evaluate(config, window, current, candidate)
+    entry["evaluation"] = evaluation
+    crash_point("after_evaluate")
+    shutil.rmtree(work, ignore_errors=True)
+    if decision != "publish":
+        return _keep(config, history, state, entry, reason, ingested.notes)
+    return _publish(config, history, state, entry, candidate, stats, reason, ingested.notes)
+
+
+def _load_current(history: ProfileHistory):  # type: ignore[no-untyped-def]
+    from tuner.profile import load_profile
+
+    path = history.current_path()
+    return None if path is None else load_profile(path)
+
+
+def _tune(config: RetuneConfig, window_path: pathlib.Path, run_id: str,
+          history: ProfileHistory, full: bool, progress: bool):  # type: ignore[no-untyped-def]
+    from tuner.tune import tune
+
+    result = tune(str(window_path), target=config.make_target(), space=config.space,
+                  objectives=config.objectives, constraints=config.constraints,
+                  n_trials=config.trials, storage=config.storage_url,
+                  study_name=f"{config.profile}-{run_id}", seed=config.seed,
+                  warm_start=None if full else history.current_path(),
+                  holdout=config.holdout, prefer=config.prefer,
+                  stage1_fraction=config.stage1_fraction, progress=progress)
+    candidate = result.to_profile(config.profile,
+                                  description=f"tuned by `tuner retune` (run {run_id})")
+    info = {"study": result.study_name, "trials": result.to_dict()["trials"],
+            "recommended": result.to_dict()["recommended"], "notes": result.notes,
+            "wall_s": round(result.wall_s, 3)}
+    return candidate, info
+
+
+def _evaluate(config: RetuneConfig, window: Any, current: Any,
+              candidate: Any) -> tuple[dict[str, Any], str, str]:
+    """Replay current and candidate on the window and its held-out tail; bootstrap."""
+    from tuner.replay import run
+    from tuner.trace import slice_trace
+
+    target = config.make_target()
+    t0, t1 = window.time_range()
+    held = slice_trace(window, start_s=t0 + (1 - config.holdout) * (t1 - t0))
+    cur_settings = None if current is None else current.scheduler
+    out: dict[str, Any] = {"current": "vLLM defaults" if current is None else "current profile",
+                           "confidence": config.confidence, "margin": config.margin}
+    slices: dict[str, list[Any]] = {}
+    for where, trace in (("window", window), ("holdout", held)):
+        a = run(trace, cur_settings, target=target)
+        b = run(trace, candidate.scheduler, target=target)
+        comps = compare_replays(a, b, config.decide_on, confidence=config.confidence,
+                                n_boot=config.bootstrap_samples, seed=config.seed,
+                                num_gpus=target.num_gpus)
+        slices[where] = comps
+        out[where] = {"requests": len(trace), **{c.objective: c.to_dict() for c in comps}}
+    same = cur_settings is not None and cur_settings.to_dict() == candidate.scheduler.to_dict()
+    decision, reason = decide(slices["window"], slices["holdout"], margin=config.margin,
+                              same_settings=same)
+    return out, decision, reason
+
+
+def _keep(config: RetuneConfig, history: ProfileHistory, state: JobState | None,
+          entry: dict[str, Any], reason: str, notes: list[str]) -> RetuneOutcome:
+    """Record "kept": state (if it moved) then changelog, through the same intent file."""
+    entry = {**entry, "decision": "kept", "reason": reason, "version": None}
+    _commit(config, history, state, entry, version=None)
+    path = history.current_path()
+    return RetuneOutcome("kept", reason, history.current_version(),
+                         None if path is None else str(path), entry, list(notes))
+
+
+def _publish(config: RetuneConfig, history: ProfileHistory, state: JobState,
+             entry: dict[str, Any], candidate: Any, stats: dict[str, Any], reason: str,
+             notes: list[str]) -> RetuneOutcome:
+    from tuner.profile import save_profile
+
+    version = history.next_version()
+    entry = {**entry, "decision": "published", "reason": reason, "version": version,
+             "previous_version": history.current_version()}
+    provenance = {**candidate.provenance,
+                  "retune": {"run_id": entry["run_id"], "version": version,
+                             "window": entry["window"], "window_stats": stats,
+                             "drift": entry.get("drift"), "evaluation": entry.get("evaluation")}}
+    profile = dataclasses.replace(candidate, provenance=provenance)
+    _commit(config, history, state, entry, version=version,
+            write_version=lambda: save_profile(profile, history.version_path(version)))
+    return RetuneOutcome("published", reason, version, str(history.version_path(version)),
+                         entry, list(notes))
+
+
+def _pending_path(config: RetuneConfig) -> pathlib.Path:
+    return config.state_dir / "pending.json"
+
+
+def _commit(config: RetuneConfig, history: ProfileHistory, state: JobState | None,
+            entry: dict[str, Any], *, version: int | None, write_version: Any = None) -> None:
+    """The commit order of the module docstring; crash points between every step."""
+    pending = _pending_path(config)
+    write_json_atomic(pending, {"run_id": entry["run_id"], "version": version,
+                                "state": None if state is None else state.to_dict(),
+                                "entry": entry})
+    crash_point("after_intent")
+    if version is not None:
+        write_version()
+        crash_point("after_version")
+        history.swap_current(version)
+        crash_point("after_pointer")
+    if state is not None:
+        save_state(config.state_dir, state)
+        crash_point("after_state")
+    history.append_changelog(entry)
+    crash_point("after_changelog")
+    pending.unlink()
+    if state is not None:
+        prune_window(config.window_dir, state.clock_end_s, config.window_s)
+
+
+def recover(config: RetuneConfig) -> list[str]:
+    """Finish or undo a run that died mid-commit; drop orphan versions. Returns notes."""
+    history = ProfileHistory(config.profiles_dir, config.profile)
+    notes: list[str] = []
+    pending = _pending_path(config)
+    logged = {e.get("run_id") for e in history.changelog()}
+    if pending.exists():
+        data = json.loads(pending.read_text())
+        version = data.get("version")
+        if version is None or history.current_version() == version:
+            if data.get("state") is not None:
+                save_state(config.state_dir, JobState.from_dict(data["state"], str(pending)))
+            if data["run_id"] not in logged:
+                history.append_changelog({**data["entry"], "recovered": True})
+            notes.append(f"recovered run {data['run_id']}: completed its commit "
+                         f"({'kept' if version is None else f'v{version:04d} published'})")
+        else:
+            notes.append(f"recovered run {data['run_id']}: it died before publishing "
+                         f"v{version:04d}; previous profile stays current")
+        pending.unlink()
+    cur = history.current_version() or 0
+    published = {e.get("version") for e in history.changelog()}
+    for v in history.versions():
+        if v > cur and v not in published:
+            history.version_path(v).unlink()
+            notes.append(f"removed orphan {history.version_path(v).name} of a crashed run")
+    shutil.rmtree(config.state_dir / "runs", ignore_errors=True)
+    return notes
+
+
+def run_hook(command: str, config: RetuneConfig, outcome: RetuneOutcome) -> dict[str, Any]:
+    """Run the on-publish command with the new profile in its environment."""
+    history = ProfileHistory(config.profiles_dir, config.profile)
+    env = {**os.environ, "TUNER_PROFILE_PATH": str(outcome.profile_path),
+           "TUNER_PROFILE_NAME": config.profile,
+           "TUNER_PROFILE_VERSION": str(outcome.version),
+           "TUNER_PROFILE_CURRENT": str(history.pointer),
+           "TUNER_PREVIOUS_VERSION": str(outcome.entry.get("previous_version") or "")}
+    try:
+        proc = subprocess.run(command, shell=True, env=env, capture_output=True, text=True,
+                              timeout=3600)
+    except subprocess.TimeoutExpired:
+        return {"command": command, "returncode": None, "error": "timed out after 3600 s"}
+    return {"command": command, "returncode": proc.returncode,
+            "stderr_tail": proc.stderr[-2000:], "stdout_tail": proc.stdout[-2000:]}
