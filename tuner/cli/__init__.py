@@ -23,6 +23,7 @@ _COMMAND_MODULES = (
     "tuner.cli._tune",
     "tuner.cli._fidelity",
     "tuner.cli._serve",
+    "tuner.cli._jobs",
 )
 
 

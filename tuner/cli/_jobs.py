@@ -1,0 +1,222 @@
+"""``tuner retune``, ``tuner schedule`` and ``tuner profile history|diff``."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+from typing import Any
+
+import click
+
+from tuner.cli._common import echo_json, handle_errors
+
+
+@click.command(name="retune")
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
+              help="The job's retune.yaml (keys in docs/retune.md).")
+@click.option("--on-publish", default=None, metavar="CMD",
+              help="Shell command run after a new version is published (env: "
+                   "TUNER_PROFILE_PATH, TUNER_PROFILE_VERSION, ...); overrides the config.")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress bars [default: on when stderr is a terminal].")
+def retune_command(config_path: str, on_publish: str | None, as_json: bool,
+                   progress: bool | None) -> None:
+    """Run the periodic re-tune once: ingest new log lines, tune on the recent window,
+    publish a new profile version only if it is better with confidence.
+
+    Exit codes: 0 published, 3 kept, 4 another run holds the lock, 5 published but the
+    --on-publish hook failed, 2 bad config, 1 failed (previous profile stays current).
+
+    \b
+    Example:
+      tuner retune --config /etc/tuner/retune.yaml --on-publish 'systemctl restart vllm'
+    """
+    from tuner.errors import ConfigError, TunerError
+    from tuner.jobs import (EXIT_CONFIG, EXIT_FAILED, EXIT_LOCKED, JobLocked, load_config,
+                            run_retune)
+
+    try:
+        config = load_config(config_path)
+        show = sys.stderr.isatty() if progress is None else progress
+        outcome = run_retune(config, on_publish=on_publish, progress=show)
+    except JobLocked as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(EXIT_LOCKED)
+    except ConfigError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+    except TunerError as exc:
+        click.echo(f"Error: retune failed: {exc}", err=True)
+        sys.exit(EXIT_FAILED)
+    if as_json:
+        echo_json(outcome.to_dict())
+    else:
+        for note in outcome.notes:
+            click.echo(f"note: {note}")
+        drift = (outcome.entry.get("drift") or {}).get("score")
+        click.echo(f"{outcome.decision}: {outcome.reason}")
+        click.echo(f"new requests: {outcome.entry.get('new_requests')}; drift score: {drift}; "
+                   f"search: {outcome.entry.get('search', '-')}")
+        if outcome.profile_path:
+            click.echo(f"current profile: {outcome.profile_path}")
+        if outcome.hook is not None:
+            click.echo(f"on-publish hook exited {outcome.hook.get('returncode')}"
+                       f"{': ' + outcome.hook.get('error', '') if outcome.hook.get('error') else ''}",
+                       err=outcome.hook.get("returncode") != 0)
+    sys.exit(outcome.exit_code)
+
+
+@click.command(name="schedule")
+@click.option("--every", default=None, metavar="N[m|h|d]", help="Period, e.g. 30m, 6h, 1d.")
+@click.option("--cron", "cron_expr", default=None, metavar="EXPR",
+              help='5-field cron expression, e.g. "15 */6 * * *".')
+@click.option("--config", "config_path", required=True, type=click.Path(exists=True,
+                                                                         dir_okay=False),
+              help="The retune.yaml the job runs with.")
+@click.option("--target", "target", type=click.Choice(["cron", "systemd", "kubernetes"]),
+              required=True, help="What to generate.")
+@click.option("-o", "--output-dir", default=None, type=click.Path(file_okay=False),
+              help="Write the files here [default: print them].")
+@click.option("--install", is_flag=True,
+              help="Install: merge the crontab entry, or write and enable user units.")
+@click.option("--name", default="tuner-retune", show_default=True, help="Unit/job name.")
+@click.option("--image", default="tuner:latest", show_default=True,
+              help="Container image (kubernetes).")
+@click.option("--state-claim", default="tuner-state", show_default=True,
+              help="PersistentVolumeClaim for state and profiles (kubernetes).")
+@click.option("--tuner-bin", default=None,
+              help="tuner executable for cron/systemd [default: this one].")
+@handle_errors
+def schedule_command(every: str | None, cron_expr: str | None, config_path: str, target: str,
+                     output_dir: str | None, install: bool, name: str, image: str,
+                     state_claim: str, tuner_bin: str | None) -> None:
+    """Write (and optionally install) a periodic `tuner retune` job.
+
+    \b
+    Example:
+      tuner schedule --every 6h --config retune.yaml --target systemd --install
+      tuner schedule --cron "15 3 * * *" --config retune.yaml --target kubernetes -o k8s/
+    """
+    from tuner.jobs.schedule import install as do_install
+    from tuner.jobs.schedule import make_spec, render
+
+    exe = tuner_bin or str(pathlib.Path(sys.argv[0]).resolve()
+                           if pathlib.Path(sys.argv[0]).name == "tuner" else "tuner")
+    spec = make_spec(every=every, cron=cron_expr, config=config_path, tuner=exe, name=name,
+                     image=image, state_claim=state_claim)
+    files = render(spec, target)  # type: ignore[arg-type]
+    if output_dir is not None:
+        out = pathlib.Path(output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        for fname, text in files.items():
+            (out / fname).write_text(text)
+            click.echo(f"wrote {out / fname}")
+    elif not install:
+        for fname, text in files.items():
+            click.echo(f"# {fname}\n{text}", nl=False)
+    if install:
+        for msg in do_install(spec, target, files):  # type: ignore[arg-type]
+            click.echo(msg)
+
+
+@click.group(name="profile")
+def profile_group() -> None:
+    """Profile versions kept by `tuner retune`: history and differences.
+
+    \b
+    Example:
+      tuner profile history prod --profiles-dir /var/lib/tuner/profiles
+      tuner profile diff prod@1 prod@current --profiles-dir /var/lib/tuner/profiles
+    """
+
+
+@profile_group.command(name="history")
+@click.argument("name")
+@click.option("--profiles-dir", default="profiles", show_default=True,
+              type=click.Path(file_okay=False), help="Folder holding NAME/.")
+@click.option("--json", "as_json", is_flag=True, help="Print the changelog as JSON.")
+@handle_errors
+def history_command(name: str, profiles_dir: str, as_json: bool) -> None:
+    """One line per retune run of profile NAME: date, window, drift, decision, deltas.
+
+    \b
+    Example:
+      tuner profile history prod --profiles-dir /var/lib/tuner/profiles --json
+    """
+    from tuner.jobs.history import ProfileHistory
+
+    history = ProfileHistory(profiles_dir, name)
+    entries = history.changelog()
+    if as_json:
+        echo_json({"profile": name, "current_version": history.current_version(),
+                   "versions": history.versions(), "runs": entries})
+        return
+    cur = history.current_version()
+    click.echo(f"{name}: current v{cur:04d}" if cur else f"{name}: no version published")
+    for e in entries:
+        win = e.get("window") or {}
+        deltas = _deltas(e)
+        ver = f" v{e['version']:04d}" if e.get("version") else ""
+        click.echo(f"{e.get('date')} {e.get('decision')}{ver} requests={win.get('requests', 0)} "
+                   f"new={e.get('new_requests')} drift={(e.get('drift') or {}).get('score')} "
+                   f"{deltas} ({e.get('reason')})")
+
+
+def _deltas(entry: dict[str, Any]) -> str:
+    ev = (entry.get("evaluation") or {}).get("holdout") or {}
+    return " ".join(f"{k}={v['improvement']:+.1%}[>={v['lower']:+.1%}]" for k, v in ev.items()
+                    if isinstance(v, dict) and v.get("improvement") is not None)
+
+
+@profile_group.command(name="diff")
+@click.argument("a")
+@click.argument("b")
+@click.option("--name", default=None, help="Profile name for bare version numbers (3, v3).")
+@click.option("--profiles-dir", default="profiles", show_default=True,
+              type=click.Path(file_okay=False), help="Folder holding NAME/.")
+@click.option("--all", "show_all", is_flag=True, help="Also show rows that did not change.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+@handle_errors
+def diff_command(a: str, b: str, name: str | None, profiles_dir: str, show_all: bool,
+                 as_json: bool) -> None:
+    """Settings and predicted metrics of two profiles side by side.
+
+    A and B are paths, NAME@N / NAME@current, or bare numbers with --name.
+
+    \b
+    Example:
+      tuner profile diff 3 current --name prod --profiles-dir /var/lib/tuner/profiles
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from tuner.jobs.diff import diff_profiles, resolve_profile_ref
+    from tuner.profile import load_profile
+
+    pa = resolve_profile_ref(a, profiles_dir=profiles_dir, name=name)
+    pb = resolve_profile_ref(b, profiles_dir=profiles_dir, name=name)
+    rows = diff_profiles(load_profile(pa), load_profile(pb))
+    if as_json:
+        echo_json({"a": pa, "b": pb, **rows})
+        return
+    console = Console()
+    for section, items in rows.items():
+        table = Table(title=section)
+        for col in ("key", pathlib.Path(pa).name, pathlib.Path(pb).name):
+            table.add_column(col)
+        for r in items:
+            if r["changed"] or show_all:
+                table.add_row(r["key"], _fmt(r["a"]), _fmt(r["b"]))
+        console.print(table)
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def register(cli: click.Group) -> None:
+    """Add ``retune``, ``schedule`` and the ``profile`` group."""
+    cli.add_command(retune_command)
+    cli.add_command(schedule_command)
+    cli.add_command(profile_group)

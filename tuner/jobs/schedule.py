@@ -1,0 +1,251 @@
+"""Run ``tuner retune`` periodically: a crontab line, systemd user units, or a CronJob.
+
+The period is given either as ``every`` (``30m``, ``6h``, ``1d``: it must divide the next
+unit so cron can express it) or as a 5-field cron expression. Both are turned into a cron
+expression (cron, Kubernetes) and a systemd ``OnCalendar=`` value.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass
+from typing import Literal
+
+import yaml
+
+from tuner.errors import ConfigError
+
+Target = Literal["cron", "systemd", "kubernetes"]
+MARK = "# tuner-retune:"
+_MACROS = {"@hourly": "0 * * * *", "@daily": "0 0 * * *", "@midnight": "0 0 * * *",
+           "@weekly": "0 0 * * 0", "@monthly": "0 0 1 * *"}
+_DOW = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
+_FIELD_RE = re.compile(r"^(\*|\d+(-\d+)?)(/\d+)?(,(\*|\d+(-\d+)?)(/\d+)?)*$")
+_RANGES = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))
+
+
+def every_to_cron(every: str) -> str:
+    """``30m`` -> ``*/30 * * * *``; ``6h`` -> ``0 */6 * * *``; ``1d`` -> ``0 0 * * *``."""
+    m = re.fullmatch(r"\s*(\d+)\s*([mhd])\s*", every)
+    if not m or int(m.group(1)) == 0:
+        raise ConfigError(f"--every {every!r}: use N followed by m, h or d (e.g. 6h)")
+    n, unit = int(m.group(1)), m.group(2)
+    limit = {"m": 60, "h": 24, "d": 1}[unit]
+    if unit == "d":
+        if n != 1:
+            raise ConfigError(f"--every {every!r}: cron cannot run every {n} days evenly; "
+                              "use 1d or --cron")
+        return "0 0 * * *"
+    if limit % n:
+        raise ConfigError(f"--every {every!r}: {n} does not divide {limit}; cron would "
+                          f"drift at the {'hour' if unit == 'm' else 'day'} boundary; use --cron")
+    step = "*" if n == 1 else f"*/{n}"
+    return f"{step} * * * *" if unit == "m" else f"0 {step} * * *"
+
+
+def check_cron(expr: str) -> str:
+    """Validate a 5-field expression (macros expanded); return it normalised."""
+    expr = _MACROS.get(expr.strip(), expr.strip())
+    fields = expr.split()
+    if len(fields) != 5:
+        raise ConfigError(f"--cron {expr!r}: expected 5 fields (min hour dom month dow)")
+    for text, (lo, hi), name in zip(fields, _RANGES, ("minute", "hour", "day-of-month",
+                                                      "month", "day-of-week")):
+        if not _FIELD_RE.match(text):
+            raise ConfigError(f"--cron {expr!r}: {name} field {text!r} is not supported "
+                              "(use numbers, *, ranges a-b, steps /n and lists)")
+        for num in re.findall(r"(?<![/\d])\d+", text):
+            if not lo <= int(num) <= hi:
+                raise ConfigError(f"--cron {expr!r}: {name} {num} outside {lo}..{hi}")
+    return " ".join(fields)
+
+
+def _calendar_field(text: str, width: int) -> str:
+    """One cron field as systemd calendar syntax (``*/6`` -> ``00/6``, ``1-5`` -> ``01..05``)."""
+    parts = []
+    for item in text.split(","):
+        base, _, step = item.partition("/")
+        if base == "*":
+            base = "0" * width if step else "*"
+        elif "-" in base:
+            a, b = base.split("-")
+            base = f"{int(a):0{width}d}..{int(b):0{width}d}"
+        else:
+            base = f"{int(base):0{width}d}"
+        parts.append(f"{base}/{step}" if step else base)
+    return ",".join(parts)
+
+
+def cron_to_oncalendar(expr: str) -> str:
+    """A cron expression as ``OnCalendar=``: ``[DOW ]*-MM-DD HH:MM:00``."""
+    minute, hour, dom, month, dow = check_cron(expr).split()
+    when = (f"*-{_calendar_field(month, 2)}-{_calendar_field(dom, 2)} "
+            f"{_calendar_field(hour, 2)}:{_calendar_field(minute, 2)}:00")
+    if dow == "*":
+        return when
+    days = []
+    for item in dow.split(","):
+        if "/" in item:
+            raise ConfigError(f"--cron {expr!r}: day-of-week steps have no systemd form")
+        if "-" in item:
+            a, b = (int(x) for x in item.split("-"))
+            days.append(f"{_DOW[a]}..{_DOW[b]}")
+        elif item == "*":
+            days.append("Mon..Sun")
+        else:
+            days.append(_DOW[int(item)])
+    return f"{','.join(days)} {when}"
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """What to run and when."""
+
+    cron: str  # normalised 5-field expression
+    config: pathlib.Path  # retune.yaml (absolute)
+    tuner: str = "tuner"  # the tuner executable
+    name: str = "tuner-retune"
+    image: str = "tuner:latest"  # kubernetes only
+    state_claim: str = "tuner-state"  # PVC holding state and profiles (kubernetes)
+
+    @property
+    def command(self) -> list[str]:
+        return [self.tuner, "retune", "--config", str(self.config)]
+
+
+def make_spec(*, every: str | None, cron: str | None, config: str | os.PathLike[str],
+              **kw: str) -> ScheduleSpec:
+    if (every is None) == (cron is None):
+        raise ConfigError("give exactly one of --every or --cron")
+    expr = every_to_cron(every) if every is not None else check_cron(cron or "")
+    return ScheduleSpec(cron=expr, config=pathlib.Path(config).resolve(), **kw)
+
+
+def crontab_line(spec: ScheduleSpec) -> str:
+    cmd = " ".join(shlex.quote(c) for c in spec.command)
+    return f"{spec.cron} {cmd} >> {shlex.quote(str(spec.config.parent / 'retune.log'))} 2>&1 " \
+           f"{MARK}{spec.name}"
+
+
+def systemd_units(spec: ScheduleSpec) -> dict[str, str]:
+    """``{name.service: ..., name.timer: ...}`` for ``systemctl --user``."""
+    cmd = " ".join(shlex.quote(c) for c in spec.command)
+    service = (
+        "[Unit]\n"
+        f"Description=tuner: re-tune the vLLM scheduler profile ({spec.config.name})\n"
+        "After=network-online.target\n\n"
+        "[Service]\n"
+        "Type=oneshot\n"
+        f"WorkingDirectory={spec.config.parent}\n"
+        f"ExecStart={cmd}\n"
+        "# 0 published, 3 kept: both are success for systemd; 4 = another run held the lock\n"
+        "SuccessExitStatus=3 4\n"
+        "Nice=10\n")
+    timer = (
+        "[Unit]\n"
+        f"Description=tuner: periodic re-tune ({spec.cron})\n\n"
+        "[Timer]\n"
+        f"OnCalendar={cron_to_oncalendar(spec.cron)}\n"
+        "Persistent=true\n"
+        "RandomizedDelaySec=60\n"
+        f"Unit={spec.name}.service\n\n"
+        "[Install]\n"
+        "WantedBy=timers.target\n")
+    return {f"{spec.name}.service": service, f"{spec.name}.timer": timer}
+
+
+def cronjob_manifest(spec: ScheduleSpec) -> dict:
+    """A ``batch/v1`` CronJob: one run at a time, state and profiles on a volume."""
+    mount = "/var/lib/tuner"
+    config_in_pod = f"{mount}/{spec.config.name}"
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": {"name": spec.name, "labels": {"app.kubernetes.io/name": "tuner"}},
+        "spec": {
+            "schedule": spec.cron,
+            "concurrencyPolicy": "Forbid",
+            "startingDeadlineSeconds": 600,
+            "successfulJobsHistoryLimit": 3,
+            "failedJobsHistoryLimit": 3,
+            "jobTemplate": {"spec": {
+                "backoffLimit": 0,
+                "template": {"spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{
+                        "name": "retune",
+                        "image": spec.image,
+                        # 3 (kept) and 4 (locked) are normal outcomes: map them to 0
+                        # so the Job does not count as failed (0 published, else failed).
+                        "command": ["/bin/sh", "-c", f"tuner retune --config "
+                                    f"{shlex.quote(config_in_pod)}; rc=$?; "
+                                    "[ $rc -eq 3 ] || [ $rc -eq 4 ] && exit 0; exit $rc"],
+                        "resources": {"requests": {"cpu": "2", "memory": "4Gi"},
+                                      "limits": {"memory": "8Gi"}},
+                        "volumeMounts": [{"name": "state", "mountPath": mount}],
+                    }],
+                    "volumes": [{"name": "state",
+                                 "persistentVolumeClaim": {"claimName": spec.state_claim}}],
+                }},
+            }},
+        },
+    }
+
+
+def render(spec: ScheduleSpec, target: Target) -> dict[str, str]:
+    """File name -> content for ``target``."""
+    if target == "cron":
+        return {f"{spec.name}.crontab": crontab_line(spec) + "\n"}
+    if target == "systemd":
+        return systemd_units(spec)
+    if target == "kubernetes":
+        return {f"{spec.name}.cronjob.yaml": yaml.safe_dump(cronjob_manifest(spec),
+                                                            sort_keys=False)}
+    raise ConfigError(f"--target {target!r}: use cron, systemd or kubernetes")
+
+
+def merge_crontab(existing: str, line: str, name: str) -> str:
+    """``existing`` with our marked line replaced or added (idempotent)."""
+    kept = [ln for ln in existing.splitlines() if not ln.rstrip().endswith(f"{MARK}{name}")]
+    return "\n".join(kept + [line]) + "\n"
+
+
+def install(spec: ScheduleSpec, target: Target, files: dict[str, str]) -> list[str]:
+    """Install for the current user; return what was done (or why it could not be)."""
+    if target == "kubernetes":
+        return ["kubernetes: not installed; apply it with `kubectl apply -f` "
+                f"{next(iter(files))}"]
+    if target == "cron":
+        if shutil.which("crontab") is None:
+            return ["cron: `crontab` is not installed here; add the line by hand"]
+        cur = subprocess.run(["crontab", "-l"], capture_output=True, text=True)
+        existing = cur.stdout if cur.returncode == 0 else ""
+        merged = merge_crontab(existing, crontab_line(spec), spec.name)
+        if merged == existing:
+            return ["cron: the entry is already installed (unchanged)"]
+        done = subprocess.run(["crontab", "-"], input=merged, capture_output=True, text=True)
+        if done.returncode != 0:
+            return [f"cron: `crontab -` failed: {done.stderr.strip()}"]
+        return [f"cron: installed the entry marked {MARK}{spec.name}"]
+    unit_dir = pathlib.Path(os.environ.get("XDG_CONFIG_HOME", "~/.config")).expanduser() \
+        / "systemd" / "user"
+    unit_dir.mkdir(parents=True, exist_ok=True)
+    msgs = []
+    for fname, text in files.items():
+        (unit_dir / fname).write_text(text)
+        msgs.append(f"systemd: wrote {unit_dir / fname}")
+    if shutil.which("systemctl") is None:
+        return msgs + ["systemd: `systemctl` not found; run `systemctl --user daemon-reload && "
+                       f"systemctl --user enable --now {spec.name}.timer` where it is"]
+    for args in (["daemon-reload"], ["enable", "--now", f"{spec.name}.timer"]):
+        done = subprocess.run(["systemctl", "--user", *args], capture_output=True, text=True)
+        if done.returncode != 0:
+            return msgs + [f"systemd: `systemctl --user {' '.join(args)}` failed: "
+                           f"{done.stderr.strip() or done.returncode}"]
+        msgs.append(f"systemd: systemctl --user {' '.join(args)}")
+    return msgs
