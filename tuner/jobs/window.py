@@ -151,7 +151,10 @@ def _ingest_chunk(chunk: pathlib.Path, fmt: str, anchor: str | None, anchor_s: f
         shift = state.clock_end_s
     if df.height == 0:
         return 0
-    df = df.with_columns(pl.col("arrival_s") + shift)
+    # Ids of line-numbered formats restart in every chunk: qualify them with the chunk tag
+    # (source digest + start offset), which also keeps two sources' ids apart.
+    df = df.with_columns(pl.col("arrival_s") + shift,
+                         pl.col("request_id") + f"@{tag.rsplit('-', 1)[0]}")
     last = float(df.get_column("arrival_s").max())  # type: ignore[arg-type]
     mark.last_arrival_s = last
     state.clock_end_s = max(state.clock_end_s, last)
