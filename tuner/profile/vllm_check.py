@@ -45,8 +45,22 @@ try:
 except Exception as exc:  # noqa: BLE001
     out["errors"].append(f"SchedulerConfig rejected the kwargs: {type(exc).__name__}: {exc}")
 
+def make_parser():
+    try:
+        return EngineArgs.add_cli_args(FlexibleArgumentParser())
+    except RuntimeError as exc:
+        if "infer device type" not in str(exc):
+            raise
+        # A CUDA wheel on a GPU-less machine: argument defaults build a DeviceConfig, which
+        # needs a platform. The flags do not depend on it, so parse on the CPU platform.
+        import vllm.platforms as platforms
+        from vllm.platforms.cpu import CpuPlatform
+        platforms._current_platform = CpuPlatform()
+        out["notes"] = ["parsed on vLLM's CPU platform (no GPU here)"]
+        return EngineArgs.add_cli_args(FlexibleArgumentParser())
+
 def parse(args, what):
-    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    parser = make_parser()
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
@@ -148,4 +162,5 @@ def check_with_vllm(profile: Profile, *, vllm_version: str = "0.33.0",
         return VllmCheck("skipped", note=verdict["skipped"])
     errors = tuple(verdict.get("errors", ()))
     return VllmCheck("failed" if errors else "ok", vllm_version=verdict.get("vllm_version"),
-                     checked=tuple(verdict.get("checked", ())), errors=errors)
+                     checked=tuple(verdict.get("checked", ())), errors=errors,
+                     note="; ".join(verdict.get("notes", ())))
