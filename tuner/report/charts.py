@@ -68,8 +68,9 @@ class PointGroup:
 # --------------------------------------------------------------------------- scales
 
 
-def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
-    """About ``n`` round tick values covering ``[lo, hi]`` (1, 2, 2.5, 5 x 10^k steps)."""
+def nice_ticks(lo: float, hi: float, n: int = 5, *, integer: bool = False) -> list[float]:
+    """About ``n`` round tick values covering ``[lo, hi]`` (1, 2, 2.5, 5 x 10^k steps;
+    whole-number steps only when ``integer``, e.g. trial numbers)."""
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return [0.0, 1.0]
     if hi <= lo:
@@ -77,6 +78,8 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     raw = (hi - lo) / max(n, 1)
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    if integer:
+        step = max(1.0, float(math.ceil(step)))
     start = math.floor(lo / step) * step
     ticks, t = [], start
     while t <= hi + step * 1e-9:
@@ -120,7 +123,8 @@ class _Axis:
 
     @classmethod
     def build(cls, values: Sequence[float], pix_lo: float, pix_hi: float, *, log: bool = False,
-              lo: float | None = None, hi: float | None = None) -> "_Axis":
+              lo: float | None = None, hi: float | None = None,
+              integer: bool = False) -> "_Axis":
         finite = [v for v in values if math.isfinite(v) and (v > 0 or not log)]
         vmin = lo if lo is not None else (min(finite) if finite else 0.0)
         vmax = hi if hi is not None else (max(finite) if finite else 1.0)
@@ -131,7 +135,7 @@ class _Axis:
             if vmax == vmin:  # a flat series still needs a visible range
                 pad = abs(vmin) * 0.1 or 1.0
                 vmin, vmax = vmin - pad, vmax + pad
-            ticks = nice_ticks(vmin, vmax)
+            ticks = nice_ticks(vmin, vmax, integer=integer)
         t_lo = min(ticks[0], vmin) if lo is None else lo
         t_hi = max(ticks[-1], vmax) if hi is None else hi
         ticks = [t for t in ticks if t_lo - 1e-12 <= t <= t_hi + 1e-12]
@@ -182,7 +186,8 @@ def _frame(title: str, x: _Axis, y: _Axis, x_label: str, y_label: str,
 
 
 def _legend(entries: Sequence[tuple[str, str, str]]) -> list[str]:
-    """One row under the x label: (label, colour, swatch kind 'line'|'dot'|'box')."""
+    """One row under the x label: (label, colour, swatch kind: 'line', 'box', or a marker
+    'circle'|'diamond'|'star'|'hollow')."""
     if not entries:
         return []
     out, px, py = ['<g class="legend">'], float(_M_LEFT), HEIGHT - 8
@@ -190,8 +195,10 @@ def _legend(entries: Sequence[tuple[str, str, str]]) -> list[str]:
         if kind == "line":
             out.append(f'<line x1="{px}" y1="{py - 4}" x2="{px + 16}" y2="{py - 4}" '
                        f'stroke="{color}" stroke-width="2.5"/>')
-        elif kind == "dot":
-            out.append(f'<circle cx="{px + 8}" cy="{py - 4}" r="4" fill="{color}"/>')
+        elif kind in ("circle", "diamond", "star", "hollow"):
+            shape = "circle" if kind == "hollow" else kind
+            out.append(_marker(shape, px + 8, py - 4, 5 if kind == "star" else 4,  # type: ignore[arg-type]
+                               color, kind == "hollow", ""))
         else:
             out.append(f'<rect x="{px + 2}" y="{py - 10}" width="12" height="12" '
                        f'fill="{color}"/>')
@@ -240,11 +247,17 @@ def thin(xs: Sequence[float], ys: Sequence[float], max_points: int = MAX_LINE_PO
 
 
 def scatter_chart(groups: Sequence[PointGroup], *, title: str, caption: str, x_label: str,
-                  y_label: str, log_x: bool = False) -> Chart:
-    """Points by group; later groups draw on top (put highlights last)."""
+                  y_label: str, log_x: bool = False, integer_x: bool = False) -> Chart:
+    """Points by group; later groups draw on top (put highlights last).
+
+    ``integer_x``: whole-number x ticks (trial numbers)."""
     xs = [p[0] for g in groups for p in g.points]
     ys = [p[1] for g in groups for p in g.points]
-    x = _Axis.build(_padded(xs), _M_LEFT, WIDTH - _M_RIGHT, log=log_x)
+    if integer_x and xs:  # trial numbers: half a step of room, no negative ticks
+        x = _Axis.build(xs, _M_LEFT, WIDTH - _M_RIGHT, lo=min(xs) - 0.5, hi=max(xs) + 0.5,
+                        integer=True)
+    else:
+        x = _Axis.build(_padded(xs), _M_LEFT, WIDTH - _M_RIGHT, log=log_x)
     y = _Axis.build(_padded(ys), HEIGHT - _M_BOTTOM, _M_TOP)
     out = _frame(title, x, y, x_label, y_label)
     legend = []
@@ -260,7 +273,8 @@ def scatter_chart(groups: Sequence[PointGroup], *, title: str, caption: str, x_l
         for (px, py), tip in zip(pts, tips):
             out.append(_marker(g.marker, x(px), y(py), g.radius, color, g.hollow, tip))
         out.append("</g>")
-        legend.append((g.label, color, "dot"))
+        legend.append((g.label, color, "hollow" if g.hollow and g.marker == "circle"
+                       else ("line" if g.connect and g.radius < 2 else g.marker)))
     out += _legend(legend)
     out.append("</svg>")
     return Chart(title, caption, "\n".join(out))
@@ -312,12 +326,14 @@ def ecdf(values: Sequence[float], weights: Sequence[float] | None = None
 
 
 def cdf_chart(samples: Sequence[tuple[str, Sequence[float]]], *, title: str, caption: str,
-              x_label: str, log_x: bool = False, dashed: Sequence[bool] = ()) -> Chart:
+              x_label: str, log_x: bool = False, dashed: Sequence[bool] = (),
+              colors: Sequence[str] = ()) -> Chart:
     """One CDF line per ``(label, values)``; y is the fraction of requests (0-1)."""
     series = []
     for i, (label, values) in enumerate(samples):
         xs, ys = ecdf(values)
-        series.append(Series(label, xs, ys, dashed=bool(dashed[i]) if i < len(dashed) else False))
+        series.append(Series(label, xs, ys, color=colors[i] if i < len(colors) else None,
+                             dashed=bool(dashed[i]) if i < len(dashed) else False))
     return line_chart(series, title=title, caption=caption, x_label=x_label,
                       y_label="fraction of requests (CDF)", y_min=0.0, y_max=1.0, log_x=log_x)
 

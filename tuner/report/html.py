@@ -43,6 +43,7 @@ svg.chart .legend text{fill:#1b1f24}
 table{border-collapse:collapse;background:#fff;margin:8px 0 14px;font-size:0.9em}
 th,td{border:1px solid #d0d7de;padding:4px 9px;text-align:right}
 th{background:#f3f5f7}td:first-child,th:first-child{text-align:left}
+table.kv td{text-align:left}table.kv td:first-child{font-weight:600;white-space:nowrap}
 .note{background:#fff8c5;border:1px solid #e5d27a;border-radius:6px;padding:6px 12px;
 font-size:0.9em}
 .def{background:#ddf4ff;border:1px solid #a6d5f5;border-radius:6px;padding:8px 14px}
@@ -143,6 +144,10 @@ def figure(chart: Chart) -> str:
 
 def _table(t: Table) -> str:
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in t.headers)
+    if not any(str(h) for h in t.headers):  # a key/value table: no header row
+        rows = "\n".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r)
+                         + "</tr>" for r in t.rows)
+        return f'<table class="kv"><tbody>\n{rows}\n</tbody></table>'
     rows = "\n".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>"
                      for r in t.rows)
     cap = f"<caption>{html.escape(t.caption)}</caption>" if t.caption else ""
@@ -156,8 +161,8 @@ def _block(b: Block) -> str:
         return _table(b)
     if isinstance(b, Note):
         return f'<p class="{html.escape(b.kind)}">{html.escape(b.text)}</p>'
-    if isinstance(b, Chart):
-        return figure(b)
+    if isinstance(b, Chart):  # alone, it still takes one grid cell (not the full width)
+        return '<div class="grid">\n' + figure(b) + "\n</div>"
     if isinstance(b, Figures):
         return '<div class="grid">\n' + "\n".join(figure(c) for c in b.charts) + "\n</div>"
     raise TypeError(f"tuner bug: cannot render {type(b).__name__} in a report section")
