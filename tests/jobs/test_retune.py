@@ -124,3 +124,13 @@ def test_config_error_names_file_and_key(job: Job) -> None:
     assert res.returncode == 2
     assert res.stderr.strip() == (f"Error: {job.config_path}: unknown key(s) windoww "
                                   "(see docs/retune.md)")
+
+
+def test_every_config_key_is_documented() -> None:
+    import pathlib
+
+    from tuner.jobs.config import _KNOWN, _TARGET_KEYS
+
+    doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "retune.md").read_text()
+    missing = [k for k in sorted(_KNOWN) + list(_TARGET_KEYS) if k not in doc]
+    assert missing == []
