@@ -21,6 +21,7 @@ _COMMAND_MODULES = (
     "tuner.cli._trace",
     "tuner.cli._replay",
     "tuner.cli._tune",
+    "tuner.cli._report",
     "tuner.cli._fidelity",
     "tuner.cli._serve",
     "tuner.cli._jobs",

@@ -82,8 +82,11 @@ def _key(settings: dict[str, Any]) -> str:
     return json.dumps(settings, sort_keys=True)  # the same key tuner.tune.study uses
 
 
-def _resolve_storage(profile_path: pathlib.Path | None, profile: "Profile | None",
-                     storage: str | None) -> str | None:
+def find_study_storage(profile_path: pathlib.Path | None, profile: "Profile | None",
+                       storage: str | None) -> str | None:
+    """The storage of a profile's study: ``storage`` if given, else the journal named in
+    the profile's provenance (as written, or beside the profile), else the journal next to
+    the profile; None when none of them exists."""
     if storage is not None:
         return storage
     if profile is None or profile_path is None:
@@ -138,7 +141,7 @@ def load_report_data(*, profile: str | os.PathLike[str] | None = None, study: st
 
     prof = load_profile(profile) if profile is not None else None
     ppath = pathlib.Path(profile) if profile is not None else None
-    url = _resolve_storage(ppath, prof, storage)
+    url = find_study_storage(ppath, prof, storage)
     if prof is None and url is None:
         raise ConfigError("a study report needs a profile or --storage (the study's database "
                           "URL or journal file)")
