@@ -119,6 +119,11 @@ class Page:
             "</main>\n</body>\n</html>\n")
 
 
+def _text(value: Any) -> str:
+    """Escape for element content (quotes need no escaping outside attributes)."""
+    return html.escape(str(value), quote=False)
+
+
 def fmt(value: Any, digits: int = 4) -> str:
     """A table cell: numbers to ``digits`` significant digits, None/NaN as an en dash."""
     if value is None:
@@ -138,29 +143,29 @@ def fmt(value: Any, digits: int = 4) -> str:
 
 def figure(chart: Chart) -> str:
     """``<figure>``: visible title, the SVG, then the caption (what to read from it)."""
-    return (f"<figure>\n<h3>{html.escape(chart.title)}</h3>\n{chart.svg}\n"
-            f"<figcaption>{html.escape(chart.caption)}</figcaption>\n</figure>")
+    return (f"<figure>\n<h3>{_text(chart.title)}</h3>\n{chart.svg}\n"
+            f"<figcaption>{_text(chart.caption)}</figcaption>\n</figure>")
 
 
 def _table(t: Table) -> str:
-    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in t.headers)
+    head = "".join(f"<th>{_text(h)}</th>" for h in t.headers)
     if not any(str(h) for h in t.headers):  # a key/value table: no header row
-        rows = "\n".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r)
+        rows = "\n".join("<tr>" + "".join(f"<td>{_text(c)}</td>" for c in r)
                          + "</tr>" for r in t.rows)
         return f'<table class="kv"><tbody>\n{rows}\n</tbody></table>'
-    rows = "\n".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>"
+    rows = "\n".join("<tr>" + "".join(f"<td>{_text(c)}</td>" for c in r) + "</tr>"
                      for r in t.rows)
-    cap = f"<caption>{html.escape(t.caption)}</caption>" if t.caption else ""
+    cap = f"<caption>{_text(t.caption)}</caption>" if t.caption else ""
     return f"<table>{cap}<thead><tr>{head}</tr></thead>\n<tbody>\n{rows}\n</tbody></table>"
 
 
 def _block(b: Block) -> str:
     if isinstance(b, str):
-        return f"<p>{html.escape(b)}</p>"
+        return f"<p>{_text(b)}</p>"
     if isinstance(b, Table):
         return _table(b)
     if isinstance(b, Note):
-        return f'<p class="{html.escape(b.kind)}">{html.escape(b.text)}</p>'
+        return f'<p class="{html.escape(b.kind)}">{_text(b.text)}</p>'
     if isinstance(b, Chart):  # alone, it still takes one grid cell (not the full width)
         return '<div class="grid">\n' + figure(b) + "\n</div>"
     if isinstance(b, Figures):
@@ -169,7 +174,7 @@ def _block(b: Block) -> str:
 
 
 def _section(s: Section) -> str:
-    return (f'<section id="{s.anchor}">\n<h2>{html.escape(s.title)}</h2>\n'
+    return (f'<section id="{s.anchor}">\n<h2>{_text(s.title)}</h2>\n'
             + "\n".join(_block(b) for b in s.blocks) + "\n</section>")
 
 
