@@ -45,6 +45,10 @@ class UnsupportedVllmVersion(TunerError, ValueError):
 class StudyNotFound(TunerError, KeyError):
     """An Optuna study name does not exist in the given storage."""
 
+    def __str__(self) -> str:
+        # KeyError's str() quotes its argument; the CLI prints this message as is.
+        return str(self.args[0]) if self.args else ""
+
 
 class BackendError(TunerError, RuntimeError):
     """A replay backend failed (vLLM driver died, server unreachable, ...)."""
