@@ -53,7 +53,7 @@ def main() -> None:
     print(f"trace {args.trace}{f' (first {args.duration:g} s)' if args.duration else ''}: "
           f"{len(evaluator._all or [])} requests, loaded in {time.perf_counter() - t:.1f} s; "
           f"stage-1 window {evaluator.windows.t_stage1 - evaluator.windows.t0:.0f} s; "
-          f"cpu_count={os.cpu_count()}")
+          f"cpu_count={os.cpu_count()}, load average {os.getloadavg()[0]:.1f}")
     config = StudyConfig(space=load_space("admission"), objectives=parse_objectives(None),
                          constraints=(), n_trials=args.trials, seed=0,
                          evaluator=evaluator.spec())
@@ -71,7 +71,8 @@ def main() -> None:
               f"({walls[workers] / max(done, 1):.2f} s/trial)")
     if 1 in walls and 2 in walls:
         print(f"speed-up 2 workers vs 1: {walls[1] / walls[2]:.2f}x "
-              f"(ideal 2.00x; cpu_count={os.cpu_count()})")
+              f"(ideal 2.00x; cpu_count={os.cpu_count()}, load average now "
+              f"{os.getloadavg()[0]:.1f}: other processes share the cores)")
 
 
 if __name__ == "__main__":

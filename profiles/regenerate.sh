@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate the example profile from the bundled agentic trace (never edit the YAML by hand).
 #
-#   profiles/regenerate.sh                 # about 40 min on 2 CPU cores with 1 worker
+#   profiles/regenerate.sh                 # about 26 min on 2 shared CPU cores, 1 worker
 #   TRIALS=200 WORKERS=8 profiles/regenerate.sh
 #
 # The study journal (profiles/agentic-mi355x.optuna-journal, git-ignored) makes a rerun

@@ -135,9 +135,9 @@ class TuneResult:
                             "brackets)")
         table.add_column("trial", justify="right")
         for p in self.space.names:
-            table.add_column(p.replace("cache_aware_admission_", "adm_"), justify="right")
+            table.add_column(_COLUMN.get(p, p), justify="right")
         for o in self.objectives:
-            table.add_column(o.key, justify="right")
+            table.add_column(_COLUMN.get(o.key, o.key), justify="right")
         table.add_column("")
         rows = list(self.front)
         if all(p is not self.baseline for p in rows):
@@ -203,6 +203,14 @@ class TuneResult:
                                  num_gpus=self.num_gpus, block_size=self.block_size,
                                  vllm_versions=(VLLM_TWIN_VERSION,)),
             predicted=predicted, pareto=tuple(pareto), provenance=provenance)
+
+
+#: Short column titles (the JSON output and profiles keep the full names).
+_COLUMN = {"cache_aware_admission_window": "window", "cache_aware_admission_threshold": "threshold",
+           "prefill_schedule_interval": "prefill every", "max_num_batched_tokens": "tokens/step",
+           "max_num_seqs": "max seqs", "long_prefill_token_threshold": "long prefill",
+           "scheduler_reserve_full_isl": "full ISL", "p90_interactivity": "p90 tok/s/user",
+           "output_throughput_per_gpu": "out tok/s/GPU"}
 
 
 def _fmt(value: Any) -> str:
