@@ -134,3 +134,13 @@ def test_every_config_key_is_documented() -> None:
     doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "retune.md").read_text()
     missing = [k for k in sorted(_KNOWN) + list(_TARGET_KEYS) if k not in doc]
     assert missing == []
+
+
+def test_back_to_back_runs_in_one_second_get_distinct_run_ids(job: Job) -> None:
+    job.append(job.lines[:60])
+    job.configure(trials=1, margin=-1.0)
+    job.run()
+    job.append(job.lines[60:70])
+    job.run()  # formerly the same run id -> the same study name -> ConfigError
+    ids = [e["run_id"] for e in job.history().changelog()]
+    assert len(ids) == 2 and len(set(ids)) == 2

@@ -27,6 +27,7 @@ import datetime as _dt
 import json
 import os
 import pathlib
+import secrets
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -103,7 +104,8 @@ def run_retune(config: RetuneConfig, *, on_publish: str | None = None,
 def _run_locked(config: RetuneConfig, *, progress: bool) -> RetuneOutcome:
     state = load_state(config.state_dir)
     history = ProfileHistory(config.profiles_dir, config.profile)
-    run_id = f"{_now()}-{os.getpid()}"
+    # Unique even for two runs of one process within a second (it names the study too).
+    run_id = f"{_now()}-{os.getpid()}-{secrets.token_hex(3)}"
     work = config.state_dir / "runs" / run_id
     ingested = ingest_new(config.sources, state, config.window_dir, work / "ingest",
                           salt=config.salt_path, hash_block_size=config.hash_block_size,
@@ -279,7 +281,8 @@ def recover(config: RetuneConfig) -> list[str]:
             if data["run_id"] not in logged:
                 history.append_changelog({**data["entry"], "recovered": True})
             notes.append(f"recovered run {data['run_id']}: completed its commit "
-                         f"({'kept' if version is None else f'v{version:04d} published'})")
+                         f"({'kept' if version is None else f'v{version:04d} published'}"
+                         f"{'' if version is None else '; its on_publish hook was not run'})")
         else:
             notes.append(f"recovered run {data['run_id']}: it died before publishing "
                          f"v{version:04d}; previous profile stays current")
