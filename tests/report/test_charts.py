@@ -8,6 +8,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from tuner.report.charts import (MAX_LINE_POINTS, PointGroup, Series, bar_chart, cdf_chart, ecdf,
+                                 hbar_chart,
                                  histogram_chart, line_chart, nice_ticks, scatter_chart, thin)
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -109,3 +110,17 @@ def test_output_is_deterministic() -> None:
         return line_chart([Series("a", [0, 1, 2], [3, 1, 2])], title="t", caption="c",
                           x_label="x (s)", y_label="y (s)").svg
     assert make() == make()
+
+
+def test_hbar_chart_rows_and_long_labels() -> None:
+    cats = ["cache_aware_admission_window", "max_num_batched_tokens", "watermark"]
+    root = parse(hbar_chart(cats, [("p90", [0.2, 0.7, 0.1]), ("tput", [0.5, 0.5, 0.0])],
+                            title="importance", caption="c",
+                            x_label="importance (share, 0-1)").svg)
+    bars = [r for r in root.iter(SVG + "rect") if r.get("class") == "bar"]
+    assert len(bars) == 6
+    assert set(cats) <= set(texts(root))
+    w = {b.find(SVG + "title").text: float(b.get("width")) for b in bars}
+    assert w["p90 max_num_batched_tokens: 0.7"] > w["p90 cache_aware_admission_window: 0.2"]
+    # the widest label fits left of the plot area
+    assert min(float(b.get("x")) for b in bars) >= 6.2 * len(cats[0])

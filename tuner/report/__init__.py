@@ -13,7 +13,8 @@ each chart shows and how to read it.
 
 from __future__ import annotations
 
-from tuner.report.charts import (Chart, PointGroup, Series, bar_chart, cdf_chart, histogram_chart,
+from tuner.report.charts import (Chart, PointGroup, Series, bar_chart, cdf_chart, hbar_chart,
+                                 histogram_chart,
                                  line_chart, scatter_chart)
 from tuner.report.html import Figures, Note, Page, Section, Table, write_page
 from tuner.report.study_data import ReportData, find_study_storage, load_report_data
@@ -22,6 +23,6 @@ from tuner.report.trace_report import trace_report, trace_sections
 
 __all__ = [
     "Chart", "Figures", "Note", "Page", "PointGroup", "ReportData", "Section", "Series", "Table",
-    "bar_chart", "cdf_chart", "find_study_storage", "histogram_chart", "line_chart", "load_report_data",
+    "bar_chart", "cdf_chart", "find_study_storage", "hbar_chart", "histogram_chart", "line_chart", "load_report_data",
     "scatter_chart", "study_report", "trace_report", "trace_sections", "write_page",
 ]

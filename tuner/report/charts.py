@@ -155,12 +155,14 @@ class _Axis:
 
 
 def _frame(title: str, x: _Axis, y: _Axis, x_label: str, y_label: str,
-           x_tick_labels: Sequence[tuple[float, str]] | None = None) -> list[str]:
+           x_tick_labels: Sequence[tuple[float, str]] | None = None,
+           y_tick_labels: Sequence[tuple[float, str]] | None = None,
+           left: float = _M_LEFT) -> list[str]:
     """Opening tag, title, grid, axes, tick labels and axis labels."""
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" '
            f'class="chart" role="img" preserveAspectRatio="xMidYMid meet">',
            f"<title>{escape(title)}</title>"]
-    x0, x1 = _M_LEFT, WIDTH - _M_RIGHT
+    x0, x1 = left, WIDTH - _M_RIGHT
     y0, y1 = HEIGHT - _M_BOTTOM, _M_TOP
     out.append('<g class="grid">')
     for t in y.ticks:
@@ -170,8 +172,9 @@ def _frame(title: str, x: _Axis, y: _Axis, x_label: str, y_label: str,
     out.append(f'<g class="axis"><line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}"/>'
                f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}"/></g>')
     out.append('<g class="ticks">')
-    for t in y.ticks:
-        out.append(f'<text x="{x0 - 6}" y="{y(t) + 4}" text-anchor="end">{fmt_num(t)}</text>')
+    ylabels = y_tick_labels if y_tick_labels is not None else [(t, fmt_num(t)) for t in y.ticks]
+    for t, text in ylabels:
+        out.append(f'<text x="{x0 - 6}" y="{y(t) + 4}" text-anchor="end">{escape(text)}</text>')
     labels = x_tick_labels if x_tick_labels is not None else [(t, fmt_num(t)) for t in x.ticks]
     for t, text in labels:
         px = x(t)
@@ -185,12 +188,12 @@ def _frame(title: str, x: _Axis, y: _Axis, x_label: str, y_label: str,
     return out
 
 
-def _legend(entries: Sequence[tuple[str, str, str]]) -> list[str]:
+def _legend(entries: Sequence[tuple[str, str, str]], left: float = _M_LEFT) -> list[str]:
     """One row under the x label: (label, colour, swatch kind: 'line', 'box', or a marker
     'circle'|'diamond'|'star'|'hollow')."""
     if not entries:
         return []
-    out, px, py = ['<g class="legend">'], float(_M_LEFT), HEIGHT - 8
+    out, px, py = ['<g class="legend">'], float(left), HEIGHT - 8
     for label, color, kind in entries:
         if kind == "line":
             out.append(f'<line x1="{px}" y1="{py - 4}" x2="{px + 16}" y2="{py - 4}" '
@@ -203,7 +206,7 @@ def _legend(entries: Sequence[tuple[str, str, str]]) -> list[str]:
             out.append(f'<rect x="{px + 2}" y="{py - 10}" width="12" height="12" '
                        f'fill="{color}"/>')
         out.append(f'<text x="{px + 21}" y="{py}">{escape(label)}</text>')
-        px += 30 + 6.4 * len(label)
+        px += 36 + 6.2 * len(label)
     out.append("</g>")
     return out
 
@@ -273,6 +276,8 @@ def scatter_chart(groups: Sequence[PointGroup], *, title: str, caption: str, x_l
         for (px, py), tip in zip(pts, tips):
             out.append(_marker(g.marker, x(px), y(py), g.radius, color, g.hollow, tip))
         out.append("</g>")
+        if not pts:
+            continue
         legend.append((g.label, color, "hollow" if g.hollow and g.marker == "circle"
                        else ("line" if g.connect and g.radius < 2 else g.marker)))
     out += _legend(legend)
@@ -423,3 +428,37 @@ def _padded(values: Sequence[float]) -> list[float]:
     lo, hi = min(finite), max(finite)
     pad = (hi - lo) * 0.04 or abs(hi) * 0.04 or 1.0
     return finite + [lo - pad, hi + pad]
+
+
+def hbar_chart(categories: Sequence[str], groups: Sequence[tuple[str, Sequence[float]]], *,
+               title: str, caption: str, x_label: str, colors: Sequence[str] = ()) -> Chart:
+    """Horizontal grouped bars: one row per category (long names stay readable), one
+    ``<rect class="bar">`` per (category, group); values are >= 0 (e.g. importances)."""
+    n_cat, n_grp = max(len(categories), 1), max(len(groups), 1)
+    left = min(max(_M_LEFT, 12 + 6.2 * max((len(c) for c in categories), default=0)), WIDTH / 2)
+    vals = [v for _, vs in groups for v in vs if math.isfinite(v)]
+    x = _Axis.build([0.0] + vals, left, WIDTH - _M_RIGHT, lo=0.0)
+    # Category i occupies [i, i + 1) on a y axis running top (0) to bottom (n_cat).
+    y = _Axis.build([0.0, float(n_cat)], _M_TOP, HEIGHT - _M_BOTTOM, lo=0.0, hi=float(n_cat))
+    y = _Axis(y.lo, y.hi, [], False, y.pix_lo, y.pix_hi)  # no grid lines across categories
+    out = _frame(title, x, y, x_label, "", y_tick_labels=[(i + 0.5, c) for i, c in
+                                                          enumerate(categories)], left=left)
+    slot = (y(1.0) - y(0.0)) * 0.8 / n_grp
+    legend = []
+    for g, (label, values) in enumerate(groups):
+        color = colors[g] if g < len(colors) else _color(None, g)
+        out.append(f'<g class="series" data-label="{escape(label)}">')
+        for i, v in enumerate(values):
+            if not math.isfinite(v):
+                continue
+            py = y(float(i)) + (y(1.0) - y(0.0)) * 0.1 + g * slot
+            out.append(f'<rect class="bar" x="{x(0.0)}" y="{py:.2f}" '
+                       f'width="{max(round(x(max(v, 0.0)) - x(0.0), 2), 0.5)}" '
+                       f'height="{max(slot - 1.5, 0.5):.2f}" fill="{color}">'
+                       f"<title>{escape(label)} {escape(categories[i])}: {fmt_num(v)}</title>"
+                       "</rect>")
+        out.append("</g>")
+        legend.append((label, color, "box"))
+    out += _legend(legend, left)
+    out.append("</svg>")
+    return Chart(title, caption, "\n".join(out))

@@ -16,7 +16,7 @@ import warnings
 from typing import Any, Callable, Sequence
 
 from tuner.report.charts import (PALETTE, Chart, PointGroup, Series, bar_chart, cdf_chart,
-                                 line_chart, scatter_chart)
+                                 hbar_chart, line_chart, scatter_chart)
 from tuner.report.html import Figures, Note, Page, Section, Table, fmt
 from tuner.report.replays import WindowReplay, binned_series, replay_windows, trace_for_spec
 from tuner.report.study_data import ReportData, finite, load_report_data
@@ -256,14 +256,13 @@ def _importance_section(data: ReportData) -> Section:
     if imps:
         params = sorted({p for v in imps.values() for p in v})
         groups = [(k, [float(v.get(p, 0.0)) for p in params]) for k, v in imps.items()]
-        sec.blocks.append(bar_chart(
+        sec.blocks.append(hbar_chart(
             [p.replace("cache_aware_admission_", "admission_") for p in params], groups,
             title="Which settings matter, per objective",
             caption=f"{data.importance_method} importance (optuna.importance) of each searched setting "
                     "for each objective over the stage-1 trials; each objective's bars sum to 1. "
                     "A setting near 0 barely moves that objective on this traffic.",
-            y_label="importance (share of variance)", x_label="searched setting",
-            colors=PALETTE))
+            x_label="importance (share of the objective's variance, 0-1)", colors=PALETTE))
     return sec
 
 
