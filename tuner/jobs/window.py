@@ -60,6 +60,7 @@ def ingest_new(specs: list[SourceSpec], state: JobState, window_dir: pathlib.Pat
     The caller saves the state only after everything depending on the new parts is done.
     """
     outcome = IngestOutcome()
+    previous = dict(state.sources)  # marks before this run: renamed files are found here
     work_dir.mkdir(parents=True, exist_ok=True)
     for spec in specs:
         files = sorted(glob(os.path.expanduser(spec.glob), recursive=True))
@@ -67,13 +68,14 @@ def ingest_new(specs: list[SourceSpec], state: JobState, window_dir: pathlib.Pat
             if not os.path.isfile(path):
                 continue
             outcome.num_files_seen += 1
-            _ingest_file(path, spec.format, state, window_dir, work_dir, outcome,
+            _ingest_file(path, spec.format, state, previous, window_dir, work_dir, outcome,
                          salt=salt, hash_block_size=hash_block_size, on_error=on_error)
     shutil.rmtree(work_dir, ignore_errors=True)
     return outcome
 
 
-def _ingest_file(path: str, fmt: str, state: JobState, window_dir: pathlib.Path,
+def _ingest_file(path: str, fmt: str, state: JobState, previous: dict[str, SourceMark],
+                 window_dir: pathlib.Path,
                  work_dir: pathlib.Path, outcome: IngestOutcome, **kw: object) -> None:
     st = os.stat(path)
     key = os.path.abspath(path)
@@ -91,6 +93,12 @@ def _ingest_file(path: str, fmt: str, state: JobState, window_dir: pathlib.Path,
         state.sources[key] = new
         return
     offset, anchor, anchor_s = 0, None, None
+    if mark is None:
+        mark = _renamed_from(previous, st)
+        if mark is not None:
+            outcome.notes.append(f"{path}: continues {mark.path} (renamed by rotation)")
+            if state.sources.get(mark.path) is mark:
+                del state.sources[mark.path]
     if mark is not None:
         if mark.inode != st.st_ino or st.st_size < mark.offset:
             outcome.notes.append(f"{path}: rotated or truncated (inode/size changed); "
@@ -119,6 +127,24 @@ def _ingest_file(path: str, fmt: str, state: JobState, window_dir: pathlib.Path,
                       _tag(key, offset, offset + end), new, outcome, **kw)
     new.num_requests = (mark.num_requests if mark else 0) + n
     state.sources[key] = new
+
+
+def _renamed_from(previous: dict[str, SourceMark], st: os.stat_result) -> SourceMark | None:
+    """The mark of a file renamed to this one (same inode; old name gone or reused).
+
+    logrotate's default moves ``app.log`` to ``app.log.1``: when the glob matches both
+    names, the moved file keeps its watermark instead of being ingested again.
+    """
+    for m in previous.values():
+        if m.kind != "append" or m.inode != st.st_ino or m.offset > st.st_size:
+            continue
+        try:
+            moved = os.stat(m.path).st_ino != st.st_ino
+        except FileNotFoundError:
+            moved = True
+        if moved:
+            return m
+    return None
 
 
 def _tag(key: str, start: int, end: int) -> str:
