@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -80,4 +81,10 @@ def test_lock_is_released_when_holder_dies(job: Job) -> None:
     job.append(job.lines[:150])
     job.configure(trials=1, margin=-1.0)
     assert job.run_cli(env={"TUNER_RETUNE_CRASH_AT": "after_ingest"}).returncode == 70
-    assert job.run_cli().returncode == 0  # flock died with the process
+    done = job.run_cli()
+    assert done.returncode == 0, done.stderr  # flock died with the process
+    assert done.stdout.splitlines()[0].startswith("published: ")
+    again = job.run_cli("--json")
+    assert again.returncode == 3
+    out = json.loads(again.stdout)
+    assert out["decision"] == "kept" and out["exit_code"] == 3 and out["version"] == 1
