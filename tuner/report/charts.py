@@ -195,9 +195,10 @@ def _legend(entries: Sequence[tuple[str, str, str]], left: float = _M_LEFT) -> l
         return []
     out, px, py = ['<g class="legend">'], float(left), HEIGHT - 8
     for label, color, kind in entries:
-        if kind == "line":
+        if kind in ("line", "dash"):
+            dash = ' stroke-dasharray="4 3"' if kind == "dash" else ""
             out.append(f'<line x1="{px}" y1="{py - 4}" x2="{px + 16}" y2="{py - 4}" '
-                       f'stroke="{color}" stroke-width="2.5"/>')
+                       f'stroke="{color}" stroke-width="2.5"{dash}/>')
         elif kind in ("circle", "diamond", "star", "hollow"):
             shape = "circle" if kind == "hollow" else kind
             out.append(_marker(shape, px + 8, py - 4, 5 if kind == "star" else 4,  # type: ignore[arg-type]
@@ -287,14 +288,23 @@ def scatter_chart(groups: Sequence[PointGroup], *, title: str, caption: str, x_l
 
 def line_chart(series: Sequence[Series], *, title: str, caption: str, x_label: str,
                y_label: str, y_min: float | None = None, y_max: float | None = None,
-               log_x: bool = False) -> Chart:
-    """One ``<path>`` per series (thinned to ``MAX_LINE_POINTS`` vertices)."""
+               log_x: bool = False, ref_y: tuple[float, str] | None = None) -> Chart:
+    """One ``<path>`` per series (thinned to ``MAX_LINE_POINTS`` vertices).
+
+    ``ref_y``: a labelled horizontal reference line ``(y, text)``, e.g. ``(0.9, "p90")``.
+    """
     thinned = [(s, *thin(s.xs, s.ys)) for s in series]
     xs = [v for _, sx, _ in thinned for v in sx]
     ys = [v for _, _, sy in thinned for v in sy]
     x = _Axis.build(xs, _M_LEFT, WIDTH - _M_RIGHT, log=log_x)
     y = _Axis.build(ys, HEIGHT - _M_BOTTOM, _M_TOP, lo=y_min, hi=y_max)
     out = _frame(title, x, y, x_label, y_label)
+    if ref_y is not None:
+        ry = y(ref_y[0])
+        out.append(f'<g class="ref"><line x1="{_M_LEFT}" y1="{ry}" x2="{WIDTH - _M_RIGHT}" '
+                   f'y2="{ry}" stroke="#8c959f" stroke-dasharray="2 3"/>'
+                   f'<text x="{_M_LEFT + 4}" y="{ry - 4}" fill="#57606a">{escape(ref_y[1])}'
+                   "</text></g>")
     legend = []
     for i, (s, sx, sy) in enumerate(thinned):
         color = _color(s.color, i)
@@ -304,7 +314,7 @@ def line_chart(series: Sequence[Series], *, title: str, caption: str, x_label: s
             dash = ' stroke-dasharray="6 4"' if s.dashed else ""
             out.append(f'<path class="line" data-label="{escape(s.label)}" d="{_path(pts)}" '
                        f'fill="none" stroke="{color}" stroke-width="2"{dash}/>')
-        legend.append((s.label, color, "line"))
+        legend.append((s.label, color, "dash" if s.dashed else "line"))
     out += _legend(legend)
     out.append("</svg>")
     return Chart(title, caption, "\n".join(out))
@@ -340,7 +350,8 @@ def cdf_chart(samples: Sequence[tuple[str, Sequence[float]]], *, title: str, cap
         series.append(Series(label, xs, ys, color=colors[i] if i < len(colors) else None,
                              dashed=bool(dashed[i]) if i < len(dashed) else False))
     return line_chart(series, title=title, caption=caption, x_label=x_label,
-                      y_label="fraction of requests (CDF)", y_min=0.0, y_max=1.0, log_x=log_x)
+                      y_label="fraction of requests (CDF)", y_min=0.0, y_max=1.0, log_x=log_x,
+                      ref_y=(0.9, "p90"))
 
 
 def histogram_bins(values: Sequence[float], n_bins: int = 30, *, log: bool = False
