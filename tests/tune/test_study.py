@@ -159,7 +159,7 @@ def test_warm_start_enqueues_the_profile_and_its_pareto_set(tmp_path: pathlib.Pa
 
 def test_two_workers_share_a_journal(tmp_path: pathlib.Path) -> None:
     journal = tmp_path / "p.optuna-journal"
-    result = tune(evaluator=FakeEvaluator(delay_s=0.02), n_trials=16, workers=2,
+    result = tune(evaluator=FakeEvaluator(delay_s=0.1), n_trials=16, workers=2,
                   storage=str(journal), study_name="p")
     trials = _study(journal, "p").get_trials(states=(TrialState.COMPLETE,))
     assert 16 <= len(trials) <= 17  # a worker may start one more while the other finishes
