@@ -91,6 +91,7 @@ def test_importance_with_too_few_trials(tmp_path: pathlib.Path) -> None:
     page = study_report(study="one", storage=storage)  # no stage 2, no trace: still a page
     html = page.render()
     assert "The stage-2 study (training-window replays) is missing" in html
+    assert "No trace charts: the study's trace and target are unknown" in html
     assert "no replay was run" in html
 
 

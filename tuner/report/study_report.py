@@ -435,4 +435,7 @@ def study_report(*, profile: str | os.PathLike[str] | None = None, study: str | 
 
         say("charting the trace")
         page.sections.extend(trace_sections(the_trace, name=str(spec.get("trace_path"))))
+    elif include_trace:
+        page.sections.append(Section("Trace", [Note(f"No trace charts: {why}. Pass --trace "
+                                                    "to point at it.")]))
     return page
