@@ -144,3 +144,19 @@ def test_back_to_back_runs_in_one_second_get_distinct_run_ids(job: Job) -> None:
     job.run()  # formerly the same run id -> the same study name -> ConfigError
     ids = [e["run_id"] for e in job.history().changelog()]
     assert len(ids) == 2 and len(set(ids)) == 2
+
+
+def test_failed_run_is_logged_and_changes_nothing(job: Job) -> None:
+    job.append(job.lines[:150])
+    job.configure(trials=1, margin=-1.0)
+    job.run()
+    before = job.state_bytes()
+    job.append(job.lines[150:])
+    job.configure(target={"hardware": "mi355x", "model": "no-such-model", "tp": 1})
+    res = job.run_cli()
+    assert res.returncode in (1, 2) and res.stderr.startswith("Error: "), res.stderr
+    assert "no-such-model" in res.stderr
+    assert job.state_bytes() == before
+    assert job.history().current_version() == 1
+    last = job.history().changelog()[-1]
+    assert last["decision"] == "failed" and "no-such-model" in last["reason"]

@@ -93,7 +93,19 @@ def run_retune(config: RetuneConfig, *, on_publish: str | None = None,
     config.state_dir.mkdir(parents=True, exist_ok=True)
     with JobLock(config.state_dir):
         notes = recover(config)
-        outcome = _run_locked(config, progress=progress)
+        # Unique even for two runs of one process within a second (it names the study too).
+        run_id = f"{_now()}-{os.getpid()}-{secrets.token_hex(3)}"
+        try:
+            outcome = _run_locked(config, run_id, progress=progress)
+        except Exception as exc:
+            # Logged for monitoring; nothing else was committed, so state and profile
+            # are those of the last complete run.
+            ProfileHistory(config.profiles_dir, config.profile).append_changelog(
+                {"run_id": run_id, "date": _now(), "profile": config.profile,
+                 "decision": "failed", "reason": f"{type(exc).__name__}: {exc}",
+                 "version": None})
+            shutil.rmtree(config.state_dir / "runs", ignore_errors=True)
+            raise
         outcome.notes[:0] = notes
         hook = on_publish or config.on_publish
         if outcome.decision == "published" and hook:
@@ -101,11 +113,9 @@ def run_retune(config: RetuneConfig, *, on_publish: str | None = None,
         return outcome
 
 
-def _run_locked(config: RetuneConfig, *, progress: bool) -> RetuneOutcome:
+def _run_locked(config: RetuneConfig, run_id: str, *, progress: bool) -> RetuneOutcome:
     state = load_state(config.state_dir)
     history = ProfileHistory(config.profiles_dir, config.profile)
-    # Unique even for two runs of one process within a second (it names the study too).
-    run_id = f"{_now()}-{os.getpid()}-{secrets.token_hex(3)}"
     work = config.state_dir / "runs" / run_id
     ingested = ingest_new(config.sources, state, config.window_dir, work / "ingest",
                           salt=config.salt_path, hash_block_size=config.hash_block_size,
