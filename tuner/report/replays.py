@@ -50,13 +50,30 @@ class WindowReplay:
         return [r.mean_itl_s for r in self.counted() if math.isfinite(r.mean_itl_s)]
 
 
-def trace_for_spec(spec: dict[str, Any], trace: Any = None) -> tuple[Any | None, str]:
+@dataclass(slots=True)
+class StudyTrace:
+    """The study's trace, read and checked: the ``Trace`` (for the trace charts) and its
+    requests in arrival order (for the replays), read once."""
+
+    trace: Any
+    requests: list[Any]
+    hash_block_size: int | None
+    source: str
+
+
+def trace_for_spec(spec: dict[str, Any], trace: Any = None) -> tuple[StudyTrace | None, str]:
     """The study's trace if it can be read and matches the stored fingerprint.
 
+    The fingerprint is :func:`tuner.tune.evaluate.requests_fingerprint` of the requests
+    (what ``tuner tune`` stores); studies written before it stored ``Trace.fingerprint()``,
+    which is accepted too.
+
     Returns:
-        ``(trace or None, why)``: ``why`` says where it came from or why it is unusable.
+        ``(StudyTrace or None, why)``: ``why`` names the trace or says why it is unusable.
     """
+    from tuner import replay
     from tuner.trace import read_trace
+    from tuner.tune.evaluate import requests_fingerprint
 
     path = trace if trace is not None else spec.get("trace_path")
     if path is None:
@@ -65,15 +82,18 @@ def trace_for_spec(spec: dict[str, Any], trace: Any = None) -> tuple[Any | None,
         if not pathlib.Path(str(path)).exists():
             return None, f"the study's trace {path} is not available here"
         path = read_trace(str(path))
+    source = str(getattr(path, "source", None) or spec.get("trace_path"))
+    requests, size = replay.load_requests(path)
     want = spec.get("trace_fingerprint")
-    got = str(path.fingerprint())
-    if want is not None and want != got:
+    got = requests_fingerprint(requests, size)
+    if want is not None and want != got and want != str(path.fingerprint()):
         return None, (f"the trace's fingerprint {got[:12]} differs from the study's "
                       f"{str(want)[:12]}")
-    return path, f"trace {getattr(path, 'source', None) or spec.get('trace_path')}"
+    return StudyTrace(path, requests, size, source), f"trace {source}"
 
 
-def replay_windows(spec: dict[str, Any], trace: Any, settings: dict[str, SchedulerSettings],
+def replay_windows(spec: dict[str, Any], trace: StudyTrace,
+                   settings: dict[str, SchedulerSettings],
                    *, on_step: Callable[[str], None] | None = None) -> list[WindowReplay]:
     """Replay each ``settings`` (label -> settings) on the training and held-out windows.
 
@@ -88,7 +108,7 @@ def replay_windows(spec: dict[str, Any], trace: Any, settings: dict[str, Schedul
     w = spec["windows"]
     windows = Windows(float(w["t0"]), float(w["t_stage1"]), float(w["t_split"]), float(w["t1"]))
     block_size = int(resolve_target(target).cache.block_size)
-    requests, size = replay.load_requests(trace)
+    requests, size = trace.requests, trace.hash_block_size
     if size is not None and size != block_size:
         requests = [replay.reblock_request(r, size, block_size) for r in requests]
     arrivals = [r.arrival_s for r in requests]

@@ -434,7 +434,7 @@ def study_report(*, profile: str | os.PathLike[str] | None = None, study: str | 
         from tuner.report.trace_report import trace_sections
 
         say("charting the trace")
-        page.sections.extend(trace_sections(the_trace, name=str(spec.get("trace_path"))))
+        page.sections.extend(trace_sections(the_trace.trace, name=the_trace.source))
     elif include_trace:
         page.sections.append(Section("Trace", [Note(f"No trace charts: {why}. Pass --trace "
                                                     "to point at it.")]))
