@@ -204,11 +204,11 @@ def _history_section(data: ReportData) -> Section:
 
 def _importance_method() -> tuple[str, Callable[[], Any]]:
     """fANOVA (seed 0) when scikit-learn is installed, else PED-ANOVA (numpy only)."""
+    import importlib.util
+
     import optuna
 
-    try:
-        import sklearn  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("sklearn") is None:
         return "PED-ANOVA", optuna.importance.PedAnovaImportanceEvaluator
     return "fANOVA", lambda: optuna.importance.FanovaImportanceEvaluator(seed=0)
 
