@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TUNER="${TUNER:-.venv/bin/tuner}"
-RATE="${RATE:-14}"
+RATE="${RATE:-5}"
 SEED="${SEED:-42}"
 "$TUNER" trace synth --kind agentic --duration 1h --rate "$RATE" --seed "$SEED" \
     --hash-block-size 64 -o traces/agentic_1h.parquet

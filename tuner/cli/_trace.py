@@ -214,7 +214,7 @@ def synth_cmd(kind: str, duration: float | None, rate: float | None, seed: int,
 
     \b
     Example:
-      tuner trace synth --kind agentic --duration 1h --rate 14 --seed 42 -o agentic.parquet
+      tuner trace synth --kind agentic --duration 1h --rate 5 --seed 42 -o agentic.parquet
       tuner trace synth --kind random --isl 8192 --osl 1024 --range-ratio 0.8 \\
           --num-prompts 640 -o random.parquet
     """
