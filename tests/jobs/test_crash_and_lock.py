@@ -83,8 +83,23 @@ def test_lock_is_released_when_holder_dies(job: Job) -> None:
     assert job.run_cli(env={"TUNER_RETUNE_CRASH_AT": "after_ingest"}).returncode == 70
     done = job.run_cli()
     assert done.returncode == 0, done.stderr  # flock died with the process
-    assert done.stdout.splitlines()[0].startswith("published: ")
+    assert any(ln.startswith("published: ") for ln in done.stdout.splitlines()), done.stdout
     again = job.run_cli("--json")
     assert again.returncode == 3
     out = json.loads(again.stdout)
     assert out["decision"] == "kept" and out["exit_code"] == 3 and out["version"] == 1
+
+
+def test_parts_of_a_crashed_run_are_dropped_even_if_the_log_was_truncated(job: Job) -> None:
+    job.append(job.lines[:150])
+    job.configure(trials=1, margin=-1.0)
+    assert job.run().version == 1
+    job.append(job.lines[150:200])
+    assert job.run_cli(env={"TUNER_RETUNE_CRASH_AT": "after_ingest"}).returncode == 70
+    window = job.root / "state" / "window"
+    assert len(list(window.rglob("*.parquet"))) == 2  # the crashed run's part is on disk
+    job.log.write_text("")  # the log is truncated before the rerun ...
+    job.append(job.lines[200:230])  # ... and holds other requests
+    out = job.run()
+    assert any("not in the state" in n for n in out.notes)
+    assert out.entry["window"]["requests"] == 180  # 150 + 30, none of the 50 lost ones

@@ -11,7 +11,7 @@ import polars as pl
 
 from tests.jobs.fixtures import mooncake_lines, write_lines
 from tuner.jobs.state import JobState
-from tuner.jobs.window import SourceSpec, ingest_new, prune_window
+from tuner.jobs.window import SourceSpec, expired_parts, ingest_new, remove_unlisted
 
 
 def _ingest(tmp: pathlib.Path, state: JobState, pattern: str = "logs/*"):  # type: ignore[no-untyped-def]
@@ -79,5 +79,8 @@ def test_prune_drops_parts_older_than_the_window(tmp_path: pathlib.Path) -> None
     _ingest(tmp_path, state)
     first_part_end = json.loads(lines[9])["timestamp"] / 1000 - json.loads(lines[0])["timestamp"] / 1000
     window_s = state.clock_end_s - first_part_end - 1e-3
-    removed = prune_window(tmp_path / "window", state.clock_end_s, window_s)
+    gone = expired_parts(tmp_path / "window", state.parts, state.clock_end_s, window_s)
+    assert len(gone) == 1 and len(state.parts) == 2
+    state.parts = [p for p in state.parts if p not in gone]
+    removed = remove_unlisted(tmp_path / "window", state.parts)
     assert len(removed) == 1 and _rows(tmp_path).height == 10

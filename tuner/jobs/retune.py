@@ -12,7 +12,7 @@ Commit order (each step one atomic rename or fsynced append)::
 
     pending.json (intent: run id, version, new state, changelog entry)
     -> vNNNN.yaml -> current (symlink swap) -> state.json -> changelog.jsonl
-    -> remove pending.json -> prune old window parts -> on_publish hook
+    -> remove pending.json -> delete window parts the state no longer lists -> hook
 
 :func:`recover` runs first in every job: with a pending intent whose version is already
 ``current`` (or that published nothing) it rolls forward (state, changelog); otherwise it
@@ -40,7 +40,7 @@ from tuner.jobs.drift import compare, window_stats
 from tuner.jobs.history import ProfileHistory
 from tuner.jobs.lock import JobLock
 from tuner.jobs.state import JobState, load_state, save_state
-from tuner.jobs.window import ingest_new, load_window, prune_window
+from tuner.jobs.window import expired_parts, ingest_new, load_window, remove_unlisted
 
 #: Exit codes of ``tuner retune`` (docs/retune.md).
 EXIT_PUBLISHED = 0
@@ -256,6 +256,12 @@ def _pending_path(config: RetuneConfig) -> pathlib.Path:
 def _commit(config: RetuneConfig, history: ProfileHistory, state: JobState | None,
             entry: dict[str, Any], *, version: int | None, write_version: Any = None) -> None:
     """The commit order of the module docstring; crash points between every step."""
+    if state is not None:
+        # Expired parts leave the list in the same atomic write as the new watermarks;
+        # their files go after the commit (an unlisted file is deleted by any later run).
+        gone = set(expired_parts(config.window_dir, state.parts, state.clock_end_s,
+                                 config.window_s))
+        state.parts = [p for p in state.parts if p not in gone]
     pending = _pending_path(config)
     write_json_atomic(pending, {"run_id": entry["run_id"], "version": version,
                                 "state": None if state is None else state.to_dict(),
@@ -273,7 +279,7 @@ def _commit(config: RetuneConfig, history: ProfileHistory, state: JobState | Non
     crash_point("after_changelog")
     pending.unlink()
     if state is not None:
-        prune_window(config.window_dir, state.clock_end_s, config.window_s)
+        remove_unlisted(config.window_dir, state.parts)
 
 
 def recover(config: RetuneConfig) -> list[str]:
@@ -303,6 +309,10 @@ def recover(config: RetuneConfig) -> list[str]:
         if v > cur and v not in published:
             history.version_path(v).unlink()
             notes.append(f"removed orphan {history.version_path(v).name} of a crashed run")
+    removed = remove_unlisted(config.window_dir, load_state(config.state_dir).parts)
+    if removed:
+        notes.append(f"removed {len(removed)} window part(s) not in the state (a crashed "
+                     "run's, or expired)")
     shutil.rmtree(config.state_dir / "runs", ignore_errors=True)
     return notes
 

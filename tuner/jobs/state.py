@@ -50,6 +50,10 @@ class JobState:
     last_run_id: str | None = None
     runs: int = 0
     reference_stats: dict[str, Any] | None = None  # window stats of the last run (drift fallback)
+    #: Window parts this state accounts for (paths relative to the window dir). A part on
+    #: disk but not listed was written by a run that died before its commit; recovery
+    #: deletes it, so the window always matches the watermarks.
+    parts: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -66,7 +70,8 @@ class JobState:
             return cls(sources=sources, clock_origin_utc=data.get("clock_origin_utc"),
                        clock_end_s=float(data.get("clock_end_s", 0.0)),
                        last_run_id=data.get("last_run_id"), runs=int(data.get("runs", 0)),
-                       reference_stats=data.get("reference_stats"))
+                       reference_stats=data.get("reference_stats"),
+                       parts=[str(x) for x in data.get("parts", [])])
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{where}: corrupt state ({exc})") from None
 

@@ -190,6 +190,9 @@ def _ingest_chunk(chunk: pathlib.Path, fmt: str, anchor: str | None, anchor_s: f
     write_trace(part, df.to_arrow(), meta.replace(origin_utc=state.clock_origin_utc,
                                                   num_rows=df.height))
     outcome.parts.append(str(part))
+    rel = str(part.relative_to(window_dir))
+    if rel not in state.parts:
+        state.parts.append(rel)
     outcome.num_new_requests += df.height
     return df.height
 
@@ -211,14 +214,31 @@ def load_window(window_dir: pathlib.Path, end_s: float, window_s: float):  # typ
     return slice_trace(read_trace(window_dir), start_s=max(0.0, end_s - window_s))
 
 
-def prune_window(window_dir: pathlib.Path, end_s: float, window_s: float) -> list[str]:
-    """Delete parts whose every request is older than the window; return their paths."""
-    removed = []
-    for part in sorted(window_dir.rglob("part-*.parquet")):
-        newest = pl.scan_parquet(part).select(pl.col("arrival_s").max()).collect().item()
+def expired_parts(window_dir: pathlib.Path, parts: list[str], end_s: float,
+                  window_s: float) -> list[str]:
+    """Listed parts whose every request is older than the window (or that are gone)."""
+    out = []
+    for rel in parts:
+        path = window_dir / rel
+        if not path.exists():
+            out.append(rel)
+            continue
+        newest = pl.scan_parquet(path).select(pl.col("arrival_s").max()).collect().item()
         if newest is not None and newest < end_s - window_s:
-            part.unlink()
-            removed.append(str(part))
+            out.append(rel)
+    return out
+
+
+def remove_unlisted(window_dir: pathlib.Path, parts: list[str]) -> list[str]:
+    """Delete part files the state does not list (expired, or left by a crashed run)."""
+    listed = set(parts)
+    removed = []
+    if not window_dir.exists():
+        return removed
+    for path in sorted(window_dir.rglob("part-*.parquet")):
+        if str(path.relative_to(window_dir)) not in listed:
+            path.unlink()
+            removed.append(str(path))
     for folder in sorted(window_dir.glob("day=*")):
         if folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
