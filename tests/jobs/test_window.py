@@ -14,7 +14,8 @@ from tuner.jobs.state import JobState
 from tuner.jobs.window import SourceSpec, expired_parts, ingest_new, remove_unlisted
 
 
-def _ingest(tmp: pathlib.Path, state: JobState, pattern: str = "logs/*"):  # type: ignore[no-untyped-def]
+def _ingest(tmp: pathlib.Path, state: JobState,
+            pattern: str = "logs/*"):  # type: ignore[no-untyped-def]
     return ingest_new([SourceSpec(str(tmp / pattern), "mooncake")], state, tmp / "window",
                       tmp / "work", salt=tmp / "salt")
 
@@ -77,7 +78,8 @@ def test_prune_drops_parts_older_than_the_window(tmp_path: pathlib.Path) -> None
     _ingest(tmp_path, state)
     write_lines(live, lines[10:], append=True)
     _ingest(tmp_path, state)
-    first_part_end = json.loads(lines[9])["timestamp"] / 1000 - json.loads(lines[0])["timestamp"] / 1000
+    ts = [json.loads(x)["timestamp"] / 1000 for x in lines]
+    first_part_end = ts[9] - ts[0]
     window_s = state.clock_end_s - first_part_end - 1e-3
     gone = expired_parts(tmp_path / "window", state.parts, state.clock_end_s, window_s)
     assert len(gone) == 1 and len(state.parts) == 2

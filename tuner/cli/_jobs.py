@@ -61,8 +61,9 @@ def retune_command(config_path: str, on_publish: str | None, as_json: bool,
         if outcome.profile_path:
             click.echo(f"current profile: {outcome.profile_path}")
         if outcome.hook is not None:
+            error = outcome.hook.get("error")
             click.echo(f"on-publish hook exited {outcome.hook.get('returncode')}"
-                       f"{': ' + outcome.hook.get('error', '') if outcome.hook.get('error') else ''}",
+                       f"{': ' + error if error else ''}",
                        err=outcome.hook.get("returncode") != 0)
     sys.exit(outcome.exit_code)
 

@@ -25,11 +25,15 @@ import shutil
 from dataclasses import dataclass, field
 from datetime import datetime
 from glob import glob
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from tuner.errors import ConfigError
 from tuner.jobs.state import JobState, SourceMark
+
+if TYPE_CHECKING:
+    from tuner.trace import Trace
 
 _COMPRESSED = (".gz", ".zst", ".zstd")
 
@@ -159,8 +163,9 @@ def _ingest_chunk(chunk: pathlib.Path, fmt: str, anchor: str | None, anchor_s: f
     from tuner.trace import ingest, read_trace, write_trace
 
     tmp = chunk.with_suffix(".parquet")
-    ingest([str(chunk)], tmp, format=fmt, salt=salt, hash_block_size=hash_block_size,  # type: ignore[arg-type]
-           on_error=on_error, progress=False)  # type: ignore[arg-type]
+    ingest([str(chunk)], tmp, format=fmt, salt=salt,  # type: ignore[arg-type]
+           hash_block_size=hash_block_size, on_error=on_error,  # type: ignore[arg-type]
+           progress=False)
     trace = read_trace(tmp)
     df = trace.lazy().collect()
     meta = trace.metadata
@@ -201,7 +206,8 @@ def _utc(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-def load_window(window_dir: pathlib.Path, end_s: float, window_s: float):  # type: ignore[no-untyped-def]
+def load_window(window_dir: pathlib.Path, end_s: float,
+                window_s: float) -> "Trace":
     """The last ``window_s`` seconds up to ``end_s`` as a ``Trace`` re-based to 0.
 
     Raises:
