@@ -202,6 +202,9 @@ def diff_command(a: str, b: str, name: str | None, profiles_dir: str, show_all: 
         echo_json({"a": pa, "b": pb, **rows})
         return
     console = Console()
+    if not show_all and not any(r["changed"] for items in rows.values() for r in items):
+        click.echo(f"no differences between {pa} and {pb} (--all shows every row)")
+        return
     for section, items in rows.items():
         table = Table(title=section)
         for col in ("key", pathlib.Path(pa).name, pathlib.Path(pb).name):
