@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from tuner.report.charts import (MAX_LINE_POINTS, PointGroup, Series, bar_chart, cdf_chart, ecdf,
-                                 hbar_chart,
+                                 hbar_chart, tick_texts,
                                  histogram_chart, line_chart, nice_ticks, scatter_chart, thin)
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -124,3 +124,14 @@ def test_hbar_chart_rows_and_long_labels() -> None:
     assert w["p90 max_num_batched_tokens: 0.7"] > w["p90 cache_aware_admission_window: 0.2"]
     # the widest label fits left of the plot area
     assert min(float(b.get("x")) for b in bars) >= 6.2 * len(cats[0])
+
+
+def test_tick_labels_are_distinct_on_narrow_ranges() -> None:
+    assert tick_texts([23.015, 23.02, 23.025, 23.03]) == ["23.015", "23.020", "23.025", "23.030"]
+    assert tick_texts([0, 0.25, 0.5, 0.75, 1.0]) == ["0.00", "0.25", "0.50", "0.75", "1.00"]
+    assert tick_texts([0, 2, 4]) == ["0", "2", "4"]
+    assert tick_texts([0, 5000, 10000, 15000]) == ["0", "5000", "10k", "15k"]
+    root = parse(scatter_chart([PointGroup("p", [(23.016, 1.0), (23.04, 2.0)])], title="t",
+                               caption="", x_label="x (tok/s)", y_label="y (tok/s)").svg)
+    labels = [t for t in texts(root) if t.startswith("23.")]
+    assert len(labels) == len(set(labels)) >= 3

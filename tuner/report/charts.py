@@ -112,6 +112,21 @@ def fmt_num(v: float) -> str:
     return f"{v:.0e}"
 
 
+def tick_texts(ticks: Sequence[float], log: bool = False) -> list[str]:
+    """Labels for evenly spaced ticks with as many decimals as the step needs, so a narrow
+    range (23.015 .. 23.040) never shows the same label twice."""
+    if log or len(ticks) < 2:
+        return [fmt_num(t) for t in ticks]
+    step = min(b - a for a, b in zip(ticks, ticks[1:]))
+    if step <= 0 or (step >= 1 and all(float(t).is_integer() for t in ticks)) or \
+            max(abs(t) for t in ticks) >= 1e4:
+        return [fmt_num(t) for t in ticks]
+    exp = math.floor(math.log10(step))
+    mant = round(step / 10 ** exp, 6)
+    decimals = max(0, -exp + (0 if float(mant).is_integer() else 1))
+    return [f"{t:.{decimals}f}" for t in ticks]
+
+
 @dataclass(frozen=True, slots=True)
 class _Axis:
     lo: float
@@ -172,10 +187,12 @@ def _frame(title: str, x: _Axis, y: _Axis, x_label: str, y_label: str,
     out.append(f'<g class="axis"><line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}"/>'
                f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}"/></g>')
     out.append('<g class="ticks">')
-    ylabels = y_tick_labels if y_tick_labels is not None else [(t, fmt_num(t)) for t in y.ticks]
+    ylabels = (y_tick_labels if y_tick_labels is not None
+               else list(zip(y.ticks, tick_texts(y.ticks, y.log))))
     for t, text in ylabels:
         out.append(f'<text x="{x0 - 6}" y="{y(t) + 4}" text-anchor="end">{escape(text)}</text>')
-    labels = x_tick_labels if x_tick_labels is not None else [(t, fmt_num(t)) for t in x.ticks]
+    labels = (x_tick_labels if x_tick_labels is not None
+              else list(zip(x.ticks, tick_texts(x.ticks, x.log))))
     for t, text in labels:
         px = x(t)
         out.append(f'<line x1="{px}" y1="{y0}" x2="{px}" y2="{y0 + 4}"/>'
