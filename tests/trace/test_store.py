@@ -125,3 +125,41 @@ def test_iter_requests_reblocks_on_the_fly() -> None:
     assert list(t.iter_requests(block_size=32, batch_size=1)) == t.reblocked(32).requests()
     assert [len(r.block_hashes) for r in t.iter_requests(block_size=16)] == [6, 2]
     assert [b.num_rows for b in t.iter_batches(block_size=8, batch_size=1)] == [1, 1]
+
+
+def test_fingerprint_ignores_chunking_and_row_order() -> None:
+    """Equal rows give equal fingerprints however the Arrow data is chunked or ordered."""
+    import pyarrow as pa
+
+    from tuner.trace import Trace, synthesize
+
+    trace = synthesize("chat", duration_s=300, rate=3, seed=5)
+    table = trace.lazy().collect().to_arrow()
+    n = table.num_rows
+    shuffled = table.take(pa.array(list(range(n))[::-1]))
+    pieces = [shuffled.slice(i, 7) for i in range(0, n, 7)]  # many small chunks
+    rechunked = pa.concat_tables(pieces)
+    assert rechunked.column(0).num_chunks > 1
+    other = Trace.from_arrow(rechunked, trace.metadata)
+    assert other.fingerprint() == trace.fingerprint()
+    assert Trace.from_arrow(table.slice(1), trace.metadata).fingerprint() != trace.fingerprint()
+
+
+def test_column_digest_does_not_depend_on_chunk_boundaries() -> None:
+    """Regression: polars' parallel sort chunks a frame differently from run to run."""
+    import hashlib
+
+    import pyarrow as pa
+
+    from tuner.trace.store import _update_column
+
+    values = [[1, 2, 3], [4], [], [5, 6], [7, 8, 9, 10]]
+    whole = pa.chunked_array([pa.array(values, pa.list_(pa.uint64()))])
+    split = pa.chunked_array([pa.array(values[:2], pa.list_(pa.uint64())),
+                              pa.array(values[2:], pa.list_(pa.uint64()))])
+    digests = []
+    for col in (whole, split):
+        h = hashlib.blake2b(digest_size=16)
+        _update_column(h, col, "block_hashes")
+        digests.append(h.hexdigest())
+    assert digests[0] == digests[1]

@@ -292,7 +292,9 @@ def _rows(table: pa.Table) -> Iterator[TraceRequest]:
 
 def _update_column(h: Any, col: pa.ChunkedArray, name: str) -> None:
     h.update(name.encode() + b"\0")
-    for chunk in col.chunks:
+    # One contiguous array: the chunking of a sorted polars frame varies from run to run
+    # (parallel sort), and hashing per chunk would make the fingerprint vary with it.
+    for chunk in (col.combine_chunks(),):
         if pa.types.is_list(chunk.type):
             offsets = np.asarray(chunk.offsets, dtype=np.int64)
             h.update((offsets - offsets[0]).tobytes())
