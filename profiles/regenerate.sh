@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate the example profile from the bundled agentic trace (never edit the YAML by hand).
 #
-#   profiles/regenerate.sh                 # about 26 min on 2 shared CPU cores, 1 worker
+#   profiles/regenerate.sh                 # about 10 min on 2 shared CPU cores, 1 worker
 #   TRIALS=200 WORKERS=8 profiles/regenerate.sh
 #
 # The study journal (profiles/agentic-mi355x.optuna-journal, git-ignored) makes a rerun
@@ -9,8 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TUNER="${TUNER:-.venv/bin/tuner}"
-TRIALS="${TRIALS:-12}"
-SURVIVORS="${SURVIVORS:-4}"
+TRIALS="${TRIALS:-100}"
+SURVIVORS="${SURVIVORS:-10}"
 WORKERS="${WORKERS:-1}"
 SEED="${SEED:-0}"
 # 64-token KV blocks: what vLLM uses on MI355X with ROCm AITER attention, and the trace's
