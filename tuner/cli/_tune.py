@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from tuner.cli._common import echo_json, handle_errors
+from tuner.cli._serve import server_options
 from tuner.cli._replay import make_target, target_options
 from tuner.errors import ConfigError
 
@@ -71,13 +72,19 @@ def search_options(func):  # type: ignore[no-untyped-def]
     return func
 
 
+#: The flags of ``tuner.cli._serve.server_options`` (used by --confirm-top).
+SERVER_KEYS = ("endpoint", "launch", "vllm_python", "serve_model", "load_format", "dtype",
+               "enforce_eager", "serve_args", "serve_env", "server_log", "startup_timeout",
+               "request_timeout")
+
+
 def _split(values: tuple[str, ...]) -> list[str] | None:
     items = [v.strip() for value in values for v in value.split(",") if v.strip()]
     return items or None
 
 
-def _run_tune(trace: str, output: str, kw: dict[str, Any], target_kw: dict[str, Any]) -> None:
-    """Tune, write the profile, report (shared by ``tune`` and ``tune-log``)."""
+def _run_tune(trace: str, output: str, kw: dict[str, Any], target_kw: dict[str, Any]) -> Any:
+    """Tune, write the profile, report (shared by ``tune`` and ``tune-log``); the profile."""
     from rich.console import Console
 
     from tuner.profile import export_profile, save_profile
@@ -97,7 +104,7 @@ def _run_tune(trace: str, output: str, kw: dict[str, Any], target_kw: dict[str, 
     flags = export_profile(profile, "flags", vllm_version=kw["vllm_version"])
     if kw["as_json"]:
         echo_json({**result.to_dict(), "profile": str(path), "flags": flags})
-        return
+        return profile
     console = Console()
     console.print(result.front_table())
     for window in ("train", "holdout"):
@@ -116,6 +123,38 @@ def _run_tune(trace: str, output: str, kw: dict[str, Any], target_kw: dict[str, 
         console.print(f"note: {note}")
     console.print(f"profile written to {path} (study {result.study_name!r} in {result.storage})")
     click.echo(flags, nl=False)
+    return profile
+
+
+def _confirm_top(profile: Any, trace: str, top_k: int, server_kw: dict[str, Any],
+                 target_kw: dict[str, Any], as_json: bool) -> None:
+    """Re-run the profile's Pareto finalists on a real server: predicted against measured."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from tuner.cli._serve import make_server_options
+    from tuner.metrics import summarize
+    from tuner.replay.validate import confirm_on_server
+
+    options = make_server_options(model=target_kw["model"], tp=target_kw["tp"],
+                                  block_size=target_kw["block_size"],
+                                  num_gpu_blocks=target_kw["num_gpu_blocks"],
+                                  max_model_len=target_kw["max_model_len"], **server_kw)
+    rows = confirm_on_server(profile, trace, options, target=make_target(**target_kw),
+                             summarize=summarize, top_k=top_k,
+                             progress=lambda msg: click.echo(msg, err=True))
+    if as_json:
+        echo_json({"confirmed": rows})
+        return
+    table = Table(title=f"Pareto finalists on the real server (top {top_k})")
+    for col in ("finalist", "metric", "predicted", "measured", "error %"):
+        table.add_column(col)
+    for row in rows:
+        for key, err in row.get("error_pct", {}).items():
+            table.add_row(row["name"], key, f"{row['predicted'].get(key, float('nan')):.4g}",
+                          f"{row['measured'].get(key, float('nan')):.4g}",
+                          "" if err is None else f"{err:+.1f}")
+    Console().print(table)
 
 
 @click.command(name="tune", epilog=METRICS_HELP)
@@ -126,9 +165,13 @@ def _run_tune(trace: str, output: str, kw: dict[str, Any], target_kw: dict[str, 
               help="Profile to write (profiles/NAME.yaml); NAME names the study and profile.")
 @click.option("--join", "join_study", default=None, metavar="STUDY",
               help="Work on an existing study (needs --storage); TRACE overrides its path.")
+@click.option("--confirm-top", "confirm_top", type=click.IntRange(min=1), default=None,
+              metavar="K", help="After tuning, re-run the K best Pareto finalists on a real "
+              "vLLM server (--launch ...) and print predicted against measured.")
+@server_options
 @handle_errors
 def tune_command(trace: str | None, output: str | None, join_study: str | None,
-                 **kw: Any) -> None:
+                 confirm_top: int | None, **kw: Any) -> None:
     """Search scheduler settings for TRACE and write a deployable profile.
 
     Stage 1 screens --trials points on a short slice of the training window, stage 2
@@ -143,7 +186,10 @@ def tune_command(trace: str | None, output: str | None, join_study: str | None,
       tuner tune traces/agentic_1h.parquet --tp 8 --workers 4 \\
           --storage postgresql://tuner@db/tuner --study agentic -o profiles/agentic.yaml
       tuner tune --join agentic --storage postgresql://tuner@db/tuner --trials 50
+      tuner tune trace.parquet --model /models/llama --tp 1 -o p.yaml \\
+          --confirm-top 3 --launch --vllm-python /opt/vllm/bin/python --load-format dummy
     """
+    server_kw = {k: kw.pop(k) for k in SERVER_KEYS}
     target_kw = {k: kw.pop(k) for k in ("hardware", "model", "tp", "dp", "block_size",
                                         "num_gpu_blocks", "gpu_memory_utilization",
                                         "max_model_len", "calibration")}
@@ -164,7 +210,12 @@ def tune_command(trace: str | None, output: str | None, join_study: str | None,
         raise ConfigError("missing TRACE (or use --join STUDY --storage URL)")
     if output is None:
         raise ConfigError("missing -o/--output profiles/NAME.yaml")
-    _run_tune(trace, output, kw, target_kw)
+    if confirm_top is not None and not server_kw["launch"]:
+        raise ConfigError("--confirm-top needs --launch (one fresh server per finalist); "
+                          "an --endpoint runs only its own settings")
+    profile = _run_tune(trace, output, kw, target_kw)
+    if confirm_top is not None:
+        _confirm_top(profile, trace, confirm_top, server_kw, target_kw, kw["as_json"])
 
 
 @click.command(name="tune-log", epilog=METRICS_HELP)
