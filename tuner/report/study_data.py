@@ -13,18 +13,17 @@ journal next to the profile (``profiles/NAME.optuna-journal``).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import pathlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from tuner.errors import ConfigError, StudyNotFound
 from tuner.tune import (Objective, Point, default_journal_path, open_storage, pareto_front,
                         parse_objectives, redact_url, select)
-from tuner.tune.storage import journal_path
+from tuner.tune.storage import journal_path, quiet_optuna
 
 if TYPE_CHECKING:
     import optuna
@@ -104,19 +103,6 @@ def find_study_storage(profile_path: pathlib.Path | None, profile: "Profile | No
     return None
 
 
-@contextlib.contextmanager
-def _quiet_optuna() -> Iterator[None]:
-    """Loading a study logs at INFO; a report command prints only its own lines."""
-    import optuna
-
-    level = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        yield
-    finally:
-        optuna.logging.set_verbosity(level)
-
-
 def _study_names(storage_obj: Any) -> list[str]:
     import optuna
 
@@ -154,7 +140,7 @@ def load_report_data(*, profile: str | os.PathLike[str] | None = None, study: st
         return _from_profile_only(prof, notes)  # type: ignore[arg-type]
     import optuna
 
-    with _quiet_optuna():
+    with quiet_optuna():
         storage_obj = open_storage(url)
         if name is None:
             names = _study_names(storage_obj)

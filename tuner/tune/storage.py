@@ -15,10 +15,11 @@ Every URL tuner prints or writes goes through :func:`redact_url`.
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import re
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 from tuner.errors import ConfigError
@@ -32,6 +33,22 @@ _RDB_SCHEMES = ("postgresql", "postgres", "mysql", "sqlite")
 #: worker that starts, so a killed remote worker does not hold a trial forever.
 _HEARTBEAT_S = 30
 _GRACE_S = 120
+
+
+@contextlib.contextmanager
+def quiet_optuna() -> Iterator[None]:
+    """Silence Optuna's INFO logging (a line per trial or study load) for the duration.
+
+    tuner prints its own progress and tables; Optuna's per-trial lines would drown them.
+    """
+    import optuna
+
+    level = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(level)
 
 
 def redact_url(url: str | None) -> str | None:

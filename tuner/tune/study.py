@@ -25,7 +25,6 @@ created the study runs stages 2 and 3.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 import multiprocessing
@@ -35,19 +34,19 @@ import socket
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from tuner import __version__
 from tuner.errors import ConfigError, StudyNotFound
 from tuner.sim.settings import SchedulerSettings
 from tuner.sim.target import Target
 from tuner.tune._progress import StudyProgress, best_so_far
-from tuner.tune.evaluate import Evaluator, ReplayEvaluator, Windows, evaluator_from_spec
+from tuner.tune.evaluate import Evaluator, ReplayEvaluator, evaluator_from_spec
 from tuner.tune.objectives import (Constraint, Objective, parse_constraints, parse_objectives)
 from tuner.tune.result import TuneResult
 from tuner.tune.select import PREFER_CHOICES, Point, pareto_front, select
 from tuner.tune.space import SearchSpace, load_space, space_from_dict
-from tuner.tune.storage import default_journal_path, open_storage, redact_url
+from tuner.tune.storage import default_journal_path, open_storage, quiet_optuna, redact_url
 
 if TYPE_CHECKING:
     import optuna
@@ -171,7 +170,7 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
             study_name = (pathlib.Path(output).stem if output is not None else
                           f"tune-{str(config.evaluator.get('trace_fingerprint', 'x'))[:12]}-"
                           f"{the_space.name}")
-        stack.enter_context(_quiet_optuna())
+        stack.enter_context(quiet_optuna())
         started = time.perf_counter()
         storage_obj = open_storage(storage_url) if storage_url else optuna.storages.InMemoryStorage()
         study = _create_or_load(storage_obj, study_name, config)
@@ -230,7 +229,7 @@ def join(study_name: str, storage: str, n_trials: int | None = None, *, trace: A
     """
     import optuna
 
-    with _quiet_optuna():
+    with quiet_optuna():
         storage_obj = open_storage(storage)
         study = _load(storage_obj, study_name)
         attrs = study.user_attrs.get(_CONFIG_ATTR)
@@ -258,19 +257,6 @@ def join(study_name: str, storage: str, n_trials: int | None = None, *, trace: A
 
 
 # --------------------------------------------------------------------------- study set-up
-
-
-@contextlib.contextmanager
-def _quiet_optuna() -> Iterator[None]:
-    """Optuna logs every trial at INFO; the progress bar says it better."""
-    import optuna
-
-    level = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        yield
-    finally:
-        optuna.logging.set_verbosity(level)
 
 
 def _sampler(seed: int) -> "optuna.samplers.BaseSampler":
