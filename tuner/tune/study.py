@@ -19,13 +19,12 @@ Call order inside :func:`tune`::
     -> survivors -> stage 2 (train window) -> held-out window -> select -> TuneResult
 
 A joiner (:func:`join`, ``tuner tune --join``) only runs stage-1 trials; the process that
-created the study runs stages 2 and 3.
+created the study runs stages 2 and 3 (:mod:`tuner.tune.survivors`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import multiprocessing
 import os
@@ -38,7 +37,6 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from tuner import __version__
 from tuner.errors import ConfigError, StudyNotFound
-from tuner.sim.settings import SchedulerSettings
 from tuner.sim.target import Target
 from tuner.tune._progress import StudyProgress, best_so_far
 from tuner.tune.evaluate import Evaluator, ReplayEvaluator, evaluator_from_spec
@@ -47,6 +45,8 @@ from tuner.tune.result import TuneResult
 from tuner.tune.select import PREFER_CHOICES, Point, pareto_front, select
 from tuner.tune.space import SearchSpace, load_space, space_from_dict
 from tuner.tune.storage import default_journal_path, open_storage, quiet_optuna, redact_url
+from tuner.tune.survivors import (STAGE2_SUFFIX, pick_survivors, run_holdout, run_stage2,
+                                  settings_key)
 
 if TYPE_CHECKING:
     import optuna
@@ -56,7 +56,6 @@ if TYPE_CHECKING:
 
 #: Study user-attr key holding the StudyConfig (a joiner rebuilds the objective from it).
 _CONFIG_ATTR = "tuner"
-_STAGE2_SUFFIX = ".full"
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,20 +181,21 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
             _run_stage1(study, storage_url, config, evaluator, workers, bar)
             timings["stage1_s"] = time.perf_counter() - t
             stage1 = _stage1_points(study)
-            baseline_key = _key(evaluator.default_settings)
-            survivors = _survivors(stage1, objs, n_survivors or min(32, max(8, n_trials // 10)),
-                                   baseline_key)
+            baseline_key = settings_key(evaluator.default_settings)
+            survivors = pick_survivors(stage1, objs,
+                                       n_survivors or min(32, max(8, n_trials // 10)),
+                                       baseline_key)
             t = time.perf_counter()
-            stage2 = _run_stage2(storage_obj, study_name, config, evaluator, survivors, stage1,
-                                 workers, bar)
+            stage2 = run_stage2(storage_obj, study_name, config, evaluator, survivors, stage1,
+                                workers, bar)
             timings["stage2_s"] = time.perf_counter() - t
         baseline = next(p for p in stage2 if p.is_baseline)
         front = pareto_front(stage2, objs)
         t = time.perf_counter()
-        _run_holdout(storage_obj, study_name, evaluator, front + [baseline], workers)
+        run_holdout(storage_obj, study_name, evaluator, front + [baseline], workers)
         selection = select(front, baseline, objs, prefer)  # type: ignore[arg-type]
         if selection.point.holdout is None and evaluator.windows.has_holdout:
-            _run_holdout(storage_obj, study_name, evaluator, [selection.point], workers)
+            run_holdout(storage_obj, study_name, evaluator, [selection.point], workers)
         timings["holdout_s"] = time.perf_counter() - t
         counts = _counts(study)
         return TuneResult(
@@ -275,7 +275,7 @@ def _load(storage: Any, name: str) -> "optuna.Study":
     except KeyError:
         names = optuna.get_all_study_names(storage)
         raise StudyNotFound(f"no study {name!r} in this storage; existing: "
-                            f"{', '.join(n for n in names if not n.endswith(_STAGE2_SUFFIX)) or 'none'}"
+                            f"{', '.join(n for n in names if not n.endswith(STAGE2_SUFFIX)) or 'none'}"
                             ) from None
 
 
@@ -491,11 +491,6 @@ def _run_stage1(study: "optuna.Study", storage_url: str | None, config: StudyCon
                best_so_far(study.get_trials(deepcopy=False), config.objectives))
 
 
-def _key(settings: SchedulerSettings | dict[str, Any]) -> str:
-    data = settings.to_dict() if isinstance(settings, SchedulerSettings) else settings
-    return json.dumps(data, sort_keys=True)
-
-
 def _stage1_points(study: "optuna.Study") -> list[Point]:
     from optuna.trial import TrialState
 
@@ -504,7 +499,7 @@ def _stage1_points(study: "optuna.Study") -> list[Point]:
         settings = t.user_attrs.get("settings")
         if settings is None:
             continue
-        key = _key(settings)
+        key = settings_key(settings)
         if key in points:  # the same point sampled twice: keep the first
             continue
         points[key] = Point(number=t.number, params={k: _round(v) for k, v in t.params.items()},
@@ -514,144 +509,3 @@ def _stage1_points(study: "optuna.Study") -> list[Point]:
                             is_baseline=t.user_attrs.get("role") == "baseline",
                             extra={"role": t.user_attrs.get("role")})
     return list(points.values())
-
-
-def _survivors(points: Sequence[Point], objectives: Sequence[Objective], n: int,
-               baseline_key: str) -> list[Point]:
-    """The best ``n`` stage-1 points by non-dominated rank (feasible first), plus the
-    whole first front even if it is larger (capped at 2n)."""
-    remaining = [p for p in points if p.feasible]
-    chosen: list[Point] = []
-    while remaining and len(chosen) < n:
-        front = pareto_front(remaining, objectives)
-        if not front:
-            break
-        room = max(n - len(chosen), 0) if chosen else 2 * n
-        chosen += front[:room]
-        ids = {id(p) for p in front}
-        remaining = [p for p in remaining if id(p) not in ids]
-    return [p for p in chosen if _key(p.settings) != baseline_key]
-
-
-# --------------------------------------------------------------------------- stages 2 and 3
-
-_POOL_EVALUATOR: Evaluator | None = None  # set in the parent before forking a Pool
-
-
-def _pool_eval(args: tuple[dict[str, Any], str]) -> dict[str, Any]:
-    settings, window = args
-    assert _POOL_EVALUATOR is not None, "tuner bug: pool evaluator not set before fork"
-    return _POOL_EVALUATOR.evaluate(SchedulerSettings.from_dict(settings), window)  # type: ignore[arg-type]
-
-
-def _evaluate_many(evaluator: Evaluator, jobs: list[tuple[dict[str, Any], str]], workers: int,
-                   on_done: Callable[[int, dict[str, Any]], None]) -> None:
-    """Evaluate ``jobs`` ((settings, window) pairs), calling ``on_done(i, metrics)`` in the
-    parent as each finishes (so every result is stored before the next one)."""
-    global _POOL_EVALUATOR
-    if workers <= 1 or len(jobs) <= 1:
-        for i, (settings, window) in enumerate(jobs):
-            on_done(i, evaluator.evaluate(SchedulerSettings.from_dict(settings), window))  # type: ignore[arg-type]
-        return
-    _POOL_EVALUATOR = evaluator
-    try:
-        with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
-            for i, metrics in enumerate(pool.imap(_pool_eval, jobs)):
-                on_done(i, metrics)
-    finally:
-        _POOL_EVALUATOR = None
-
-
-def _run_stage2(storage: Any, study_name: str, config: StudyConfig, evaluator: Evaluator,
-                survivors: list[Point], stage1: list[Point], workers: int,
-                bar: StudyProgress) -> list[Point]:
-    """Replay the survivors and the baseline on the whole training window (stage 2).
-
-    Results are trials of ``<study>.full`` (no params; settings and metrics in user attrs),
-    so a resumed run replays only what is missing. Without staging, stage-1 metrics are
-    already on the training window and are reused.
-    """
-    import optuna
-    from optuna.trial import TrialState
-
-    study2 = optuna.create_study(storage=storage, study_name=study_name + _STAGE2_SUFFIX,
-                                 load_if_exists=True,
-                                 directions=[o.direction for o in config.objectives])
-    done = {t.user_attrs["key"]: t for t in study2.get_trials(deepcopy=False,
-                                                               states=(TrialState.COMPLETE,))}
-    base_settings = evaluator.default_settings.to_dict()
-    by_key = {_key(p.settings): p for p in stage1}
-    base_stage1 = by_key.get(_key(base_settings))
-    todo: list[Point] = [Point(number=base_stage1.number if base_stage1 else -1,
-                               params=config.space.project(evaluator.default_settings),
-                               settings=base_settings, metrics={}, is_baseline=True)]
-    todo += survivors
-    results: list[Point | None] = [None] * len(todo)
-    jobs: list[tuple[int, dict[str, Any]]] = []
-    for i, p in enumerate(todo):
-        key = _key(p.settings)
-        trial = done.get(key)
-        if trial is not None:
-            results[i] = _point_from_stage2(p, trial.user_attrs["metrics"], config)
-        elif not evaluator.windows.staged and key in by_key:
-            # Unstaged: stage 1 already replayed the whole training window.
-            results[i] = _point_from_stage2(p, by_key[key].metrics, config)
-            _record_stage2(study2, config, results[i])  # type: ignore[arg-type]
-        else:
-            jobs.append((i, p.settings))
-    bar.stage("stage 2", len(todo), len(todo) - len(jobs))
-
-    def store(j: int, metrics: dict[str, Any]) -> None:
-        i = jobs[j][0]
-        results[i] = _point_from_stage2(todo[i], metrics, config)
-        _record_stage2(study2, config, results[i])  # type: ignore[arg-type]
-        bar.update(sum(r is not None for r in results))
-
-    _evaluate_many(evaluator, [(s, "train") for _, s in jobs], workers, store)
-    return [r for r in results if r is not None]
-
-
-def _point_from_stage2(p: Point, metrics: dict[str, Any], config: StudyConfig) -> Point:
-    feasible = all(c.violation(metrics) <= 0 for c in config.constraints)
-    return Point(number=p.number, params=p.params, settings=p.settings, metrics=metrics,
-                 feasible=feasible, is_baseline=p.is_baseline, extra=dict(p.extra))
-
-
-def _record_stage2(study2: "optuna.Study", config: StudyConfig, p: Point) -> None:
-    from optuna.trial import TrialState, create_trial
-
-    values = [p.value(o) for o in config.objectives]
-    ok = all(math.isfinite(v) for v in values)
-    study2.add_trial(create_trial(
-        state=TrialState.COMPLETE if ok else TrialState.FAIL, values=values if ok else None,
-        constraints={str(c): c.violation(p.metrics) for c in config.constraints} or None,
-        user_attrs={"key": _key(p.settings), "settings": p.settings, "params": p.params,
-                    "metrics": p.metrics, "stage1_trial": p.number,
-                    "role": "baseline" if p.is_baseline else "survivor"}))
-
-
-def _run_holdout(storage: Any, study_name: str, evaluator: Evaluator, points: list[Point],
-                 workers: int) -> None:
-    """Fill ``point.holdout`` (replays stored in the stage-2 study's user attrs)."""
-    import optuna
-
-    if not evaluator.windows.has_holdout:
-        return
-    study2 = optuna.load_study(study_name=study_name + _STAGE2_SUFFIX, storage=storage)
-    stored = study2.user_attrs
-    jobs: list[Point] = []
-    for p in points:
-        key = "holdout:" + _key(p.settings)
-        if key in stored:
-            p.holdout = stored[key]
-        elif all(q is not p for q in jobs):
-            jobs.append(p)
-
-    def store(j: int, metrics: dict[str, Any]) -> None:
-        jobs[j].holdout = metrics
-        study2.set_user_attr("holdout:" + _key(jobs[j].settings), metrics)
-
-    _evaluate_many(evaluator, [(p.settings, "holdout") for p in jobs], workers, store)
-    for p in points:  # the same settings may appear as two Point objects
-        if p.holdout is None:
-            p.holdout = study2.user_attrs.get("holdout:" + _key(p.settings))
