@@ -1,36 +1,61 @@
-"""Whole-trace re-blocking with numpy: the same rules as :mod:`tuner.trace.reblock`.
+"""Re-blocking with numpy: the same rules as :mod:`tuner.trace.reblock`, bit for bit.
 
 The replay re-blocks every request of a trace once (for the bundled agentic hour at
 16-token blocks: 50k requests, about 150 M target hashes). The per-request Python
 reference costs about a microsecond per hash; this module computes the same values
-with a handful of array passes. ``tests/trace/test_reblock.py`` checks both agree on
-random and synthesized traces.
+with a handful of array passes, through one set of hash primitives (:func:`_mix64`,
+:func:`_combine`) and two entry points:
+
+* :func:`reblock_table`: a whole Arrow table of requests (``Trace.reblocked``,
+  ``Trace.iter_batches``);
+* :func:`reblock_arrays`: one request's hashes as ``uint64`` arrays (the replay's
+  memory-light path, :mod:`tuner.replay._kv_requests`).
+
+``tests/trace/test_reblock.py`` and ``tests/replay/test_kv_requests.py`` check both
+against the reference on random and synthesized traces. pyarrow loads on first use of
+:func:`reblock_table` only, so :func:`reblock_arrays` needs numpy alone.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
-import pyarrow as pa
 
 from tuner.errors import ConfigError
-from tuner.trace.reblock import _GOLDEN, _GROUP_SEED, _SPLIT_SEED
+from tuner.trace.reblock import _GOLDEN as _GOLDEN_INT
+from tuner.trace.reblock import _GROUP_SEED, _SPLIT_SEED, reblock_request_hashes
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+_GOLDEN = np.uint64(_GOLDEN_INT)
+_EMPTY = np.zeros(0, dtype=np.uint64)
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on a uint64 array (a new array; wrapping arithmetic)."""
     x = x ^ (x >> np.uint64(30))
+    return _mix64_tail(x)
+
+
+def _mix64_tail(x: np.ndarray) -> np.ndarray:
+    """The rest of :func:`_mix64` after ``x ^= x >> 30``, in place on ``x``."""
+    t = np.empty_like(x)
     x *= np.uint64(0xBF58476D1CE4E5B9)
-    x ^= x >> np.uint64(27)
+    np.right_shift(x, np.uint64(27), out=t)
+    x ^= t
     x *= np.uint64(0x94D049BB133111EB)
-    x ^= x >> np.uint64(31)
+    np.right_shift(x, np.uint64(31), out=t)
+    x ^= t
     return x
 
 
 def _combine(parent: np.ndarray | int, value: np.ndarray) -> np.ndarray:
     """Vectorised :func:`tuner.trace.reblock.combine`."""
     with np.errstate(over="ignore"):
-        inner = _mix(value.astype(np.uint64) + np.uint64(_GOLDEN))
-        p = np.asarray(parent, dtype=np.uint64) * np.uint64(_GOLDEN)
-        return _mix(p + inner)
+        inner = _mix64(np.asarray(value, dtype=np.uint64) + _GOLDEN)
+        return _mix64(np.asarray(parent, dtype=np.uint64) * _GOLDEN + inner)
 
 
 def _ragged_arange(lengths: np.ndarray) -> np.ndarray:
@@ -40,7 +65,9 @@ def _ragged_arange(lengths: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) - starts
 
 
-def _list_parts(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+def _list_parts(col: "pa.ChunkedArray | pa.Array") -> tuple[np.ndarray, np.ndarray]:
+    import pyarrow as pa
+
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     arr = arr.cast(pa.large_list(pa.uint64()))
     offsets = np.asarray(arr.offsets, dtype=np.int64)
@@ -49,12 +76,14 @@ def _list_parts(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray
     return values, offsets
 
 
-def reblock_table(table: pa.Table, from_block_size: int, to_block_size: int) -> pa.Table:
+def reblock_table(table: "pa.Table", from_block_size: int, to_block_size: int) -> "pa.Table":
     """``table`` with ``block_hashes`` / ``output_block_hashes`` at ``to_block_size``.
 
     Raises:
         ConfigError: incompatible sizes, or a source list too short for its request.
     """
+    import pyarrow as pa
+
     f, t = from_block_size, to_block_size
     if t % f and f % t:
         raise ConfigError(
@@ -116,3 +145,62 @@ def reblock_table(table: pa.Table, from_block_size: int, to_block_size: int) -> 
     table = table.set_column(table.schema.get_field_index("block_hashes"), "block_hashes", prompt)
     return table.set_column(table.schema.get_field_index("output_block_hashes"),
                             "output_block_hashes", output)
+
+
+# --------------------------------------------------------------------------- one request
+
+#: combine(SPLIT_SEED, s) needs SPLIT_SEED * GOLDEN once.
+_SPLIT_TIMES_GOLDEN = np.uint64((_SPLIT_SEED * int(_GOLDEN)) & ((1 << 64) - 1))
+
+#: Sub-block tags mix64(j + GOLDEN) for j = 0..k-1, cached per k.
+_TAGS: dict[int, np.ndarray] = {}
+
+
+def _split(src: np.ndarray, n_target: int, k: int) -> np.ndarray:
+    """Sub-block hashes ``0 .. n_target-1`` of source blocks ``src`` split ``k`` ways.
+
+    ``combine(SPLIT, s)`` depends on the source block only, so it runs on ``n/k`` values;
+    only the last ``combine(., j)`` runs per sub-block (in place, one temporary).
+    """
+    tags = _TAGS.get(k)
+    if tags is None:
+        tags = _TAGS[k] = _mix64(np.arange(k, dtype=np.uint64) + _GOLDEN)
+    n_src = -(-n_target // k)
+    parent = _mix64(_SPLIT_TIMES_GOLDEN + _mix64(src[:n_src] + _GOLDEN))
+    parent *= _GOLDEN
+    x = np.repeat(parent, k)[:n_target]
+    x += np.tile(tags, n_src)[:n_target]
+    x ^= x >> np.uint64(30)
+    return _mix64_tail(x)
+
+
+def reblock_arrays(block_hashes: Any, output_block_hashes: Any, input_len: int,
+                   output_len: int, from_block_size: int,
+                   to_block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``reblock_request_hashes`` returning ``uint64`` arrays, vectorised where possible.
+
+    Raises:
+        ConfigError: as the reference (sizes that do not divide, too few hashes).
+    """
+    f, t = from_block_size, to_block_size
+    src = np.asarray(block_hashes, dtype=np.uint64)
+    out = np.asarray(output_block_hashes, dtype=np.uint64) if len(output_block_hashes) else _EMPTY
+    if f <= 0 or t <= 0 or f % t:  # grouping (KV blocks > hash blocks) and errors: the reference
+        prompt, output = reblock_request_hashes(
+            [int(v) for v in src], [int(v) for v in out], input_len, output_len, f, t)
+        return np.asarray(prompt, dtype=np.uint64), np.asarray(output, dtype=np.uint64)
+    k = f // t
+    chain, covered, with_output = src, input_len, False
+    if out.size:
+        joined = np.concatenate([src[: input_len // f], out])
+        joined_covered = min(input_len + output_len, joined.size * f)
+        if input_len <= joined_covered:  # else the reference falls back to the prompt alone
+            chain, covered, with_output = joined, joined_covered, True
+    n_target = covered // t
+    if chain.size < -(-n_target // k):  # too few hashes: let the reference raise
+        reblock_request_hashes([int(v) for v in src], [int(v) for v in out], input_len,
+                               output_len, f, t)
+        raise AssertionError("reblock_request_hashes accepted what reblock_arrays refuses")
+    whole = chain[:n_target].copy() if k == 1 else _split(chain, n_target, k)
+    n_prompt = input_len // t
+    return whole[:n_prompt], (whole[n_prompt:] if with_output else _EMPTY)
