@@ -2,31 +2,9 @@
 
 The implementation is :mod:`tuner.vllm_plugin`, outside ``tuner.profile`` so that
 ``vllm serve --scheduler-cls tuner.vllm_plugin.CacheAwareScheduler`` imports only vLLM and
-the standard library. Importing this module needs vLLM installed.
+the standard library. Importing this module needs vLLM installed. The names re-exported
+are exactly ``tuner.vllm_plugin.__all__``, so the list lives in one place.
 """
 
-from tuner.vllm_plugin import (  # noqa: F401
-    AdmissionConfig,
-    CacheAwareAdmissionMixin,
-    CacheAwareAsyncScheduler,
-    CacheAwareScheduler,
-    UnsupportedVllmVersionError,
-    check_supported,
-    num_cached_tokens,
-    reorder_waiting_by_cached_prefix,
-    resolve_config,
-    vllm_minor_version,
-)
-
-__all__ = [
-    "AdmissionConfig",
-    "CacheAwareAdmissionMixin",
-    "CacheAwareAsyncScheduler",
-    "CacheAwareScheduler",
-    "UnsupportedVllmVersionError",
-    "check_supported",
-    "num_cached_tokens",
-    "reorder_waiting_by_cached_prefix",
-    "resolve_config",
-    "vllm_minor_version",
-]
+from tuner.vllm_plugin import *  # noqa: F401,F403
+from tuner.vllm_plugin import __all__  # noqa: F401
