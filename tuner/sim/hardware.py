@@ -79,7 +79,28 @@ class HardwareSpec:
 
 def list_hardware() -> list[str]:
     """Names of the bundled hardware presets."""
-    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+    return preset_names(PRESET_DIR, ".yaml")
+
+
+def preset_names(folder: Path, suffix: str) -> list[str]:
+    """Names of the bundled presets in ``folder``: its files ending in ``suffix``."""
+    return sorted(p.stem for p in folder.glob(f"*{suffix}"))
+
+
+def find_preset(name: str, folder: Path, suffix: str, *, kind: str, not_a: str) -> Path:
+    """The bundled preset ``name`` (any case) in ``folder``, once the caller found that
+    ``name`` is not a file of the user's. Shared by hardware and model presets
+    (:func:`tuner.sim.models.load_model`), so both refuse an unknown name alike.
+
+    Raises:
+        ConfigError: no such preset; the message says ``name`` is ``not_a`` and lists the
+            presets of this ``kind``.
+    """
+    preset = folder / f"{name.lower()}{suffix}"
+    if not preset.is_file():
+        raise ConfigError(f"unknown {kind} {name!r}: {not_a} and not a preset "
+                          f"(available: {', '.join(preset_names(folder, suffix))})")
+    return preset
 
 
 def load_hardware(name_or_path: str | Path) -> HardwareSpec:
@@ -92,11 +113,7 @@ def load_hardware(name_or_path: str | Path) -> HardwareSpec:
     text = str(name_or_path)
     path = Path(text).expanduser()
     if not path.is_file():
-        preset = PRESET_DIR / f"{text.lower()}.yaml"
-        if not preset.is_file():
-            raise ConfigError(f"unknown hardware {text!r}: not a file and not a preset "
-                              f"(available: {', '.join(list_hardware())})")
-        path = preset
+        path = find_preset(text, PRESET_DIR, ".yaml", kind="hardware", not_a="not a file")
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tuner.errors import ConfigError
+from tuner.sim.hardware import find_preset, preset_names
 
 AttentionKind = Literal["gqa", "mla"]
 
@@ -276,7 +277,7 @@ class ModelSpec:
 # ---------------------------------------------------------------- loading
 def list_models() -> list[str]:
     """Names of the bundled model presets."""
-    return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
+    return preset_names(PRESET_DIR, ".json")
 
 
 def load_model(name_or_path: str | Path) -> ModelSpec:
@@ -291,11 +292,8 @@ def load_model(name_or_path: str | Path) -> ModelSpec:
     if path.is_dir():
         path = path / "config.json"
     elif not path.exists():
-        preset = PRESET_DIR / f"{text.lower()}.json"
-        if not preset.exists():
-            raise ConfigError(f"unknown model {text!r}: not a file or folder, and not a preset "
-                              f"(available: {', '.join(list_models())})")
-        path = preset
+        path = find_preset(text, PRESET_DIR, ".json", kind="model",
+                           not_a="not a file or folder,")
     try:
         config = json.loads(path.read_text())
     except OSError as exc:
