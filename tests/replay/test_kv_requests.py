@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from replay_traces import make_requests
 
 from tuner.errors import ConfigError
-from tuner.replay._kv_requests import kv_requests, load_trace_arrays, reblock_arrays
+from tuner.replay._kv_requests import (kv_request_ids, kv_requests, load_trace_arrays,
+                                      reblock_arrays)
 from tuner.trace.reblock import reblock_request_hashes
 
 u64 = st.integers(0, (1 << 64) - 1)
@@ -54,3 +55,27 @@ def test_load_trace_arrays_matches_trace_requests(tmp_path):
                                       a.output_len, 64, 16)
         assert tuple(int(v) for v in b.block_hashes) == want[0]
         assert tuple(int(v) for v in b.output_block_hashes) == want[1]
+
+
+@pytest.mark.parametrize("sizes", [(64, 16), (16, 16), (512, 16), (16, 64)])
+def test_hash_ids_name_exactly_the_equal_hashes(sizes):
+    """kv_request_ids renames hashes to dense ids: equal KV hash <=> equal id, over the
+    whole trace (the twin's prefix cache only compares hashes)."""
+    f, t = sizes
+    reqs = make_requests(40, hbs=f)
+    raw = kv_requests(reqs, f, t)
+    interned = kv_request_ids(reqs, f, t)
+    assert len(interned) == len(raw)
+    pairs: dict[int, int] = {}
+    back: dict[int, int] = {}
+    seen = 0
+    for a, b in zip(raw, interned):
+        for hashes, ids in ((a.block_hashes, b.block_hashes),
+                            (a.output_block_hashes, b.output_block_hashes)):
+            assert len(hashes) == len(ids) and np.asarray(ids).dtype == np.int64
+            for h, i in zip(np.asarray(hashes).tolist(), np.asarray(ids).tolist()):
+                assert pairs.setdefault(h, i) == i  # one id per hash
+                assert back.setdefault(i, h) == h  # one hash per id
+                assert 0 <= i < interned.num_hash_ids
+                seen += 1
+    assert seen > len(pairs) > 0  # some hashes recur: shared prefixes were checked

@@ -1,20 +1,31 @@
-"""BlockPool and its free queue, from spec §5 (vLLM 0.33.0 block_pool.py)."""
+"""BlockPool and its free queue, from spec §5 (vLLM 0.33.0 block_pool.py).
+
+The pool keeps vLLM's state in numpy arrays; ``reference_block_pool.py`` keeps it the
+way vLLM does (block objects on a linked free list). The random differential tests at the
+end drive both with the same operations and compare everything observable.
+"""
 
 from __future__ import annotations
 
 import random
 from collections import deque
 
+import numpy as np
 import pytest
 
-from tuner.sim._free_queue import FreeBlockQueue, KVCacheBlock
+from reference_block_pool import BlockPool as ReferencePool
+from tuner.sim._free_queue import FreeBlockQueue
 from tuner.sim.block_pool import BlockPool
 from tuner.sim.kv_cache_manager import KVCacheManager
 from tuner.sim.request import SimRequest
 
 
 def ids(pool: BlockPool) -> list[int]:
-    return [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+    return pool.free_block_queue.get_all_free_blocks()
+
+
+def arr(values: list[int]) -> np.ndarray:
+    return np.asarray(values, dtype=np.int64)
 
 
 def make_request(rid: str, input_len: int, hashes: list[int], bs: int = 16) -> SimRequest:
@@ -25,7 +36,7 @@ def make_request(rid: str, input_len: int, hashes: list[int], bs: int = 16) -> S
 def test_null_block_is_taken_and_not_counted():
     pool = BlockPool(5)
     assert ids(pool) == [1, 2, 3, 4]
-    assert pool.null_block.block_id == 0
+    assert pool.null_block == 0
     assert pool.get_num_free_blocks() == 4
     assert pool.get_usage() == 0.0
     pool.get_new_blocks(1)
@@ -36,12 +47,12 @@ def test_free_queue_after_one_48_token_request_is_4_3_2_1():
     kvm = KVCacheManager(num_gpu_blocks=5, block_size=16)
     req = make_request("a", 48, [11, 12, 13])
     assert kvm.allocate_slots(req, 48)
-    assert [b.block_id for b in req.blocks] == [1, 2, 3]
-    assert [b.block_hash for b in req.blocks] == [11, 12, 13]  # hashed at scheduling time
-    kvm.free(req)
+    assert req.blocks == [1, 2, 3]
     pool = kvm.block_pool
+    assert [pool.block_hash[b] for b in req.blocks] == [11, 12, 13]  # hashed at scheduling
+    kvm.free(req)
     assert ids(pool) == [4, 3, 2, 1]
-    assert [pool.blocks[i].block_hash for i in (1, 2, 3)] == [11, 12, 13]
+    assert [pool.block_hash[i] for i in (1, 2, 3)] == [11, 12, 13]
     assert pool.get_usage() == 0.0  # cached free blocks count as free
     pool.check_invariants()
 
@@ -52,11 +63,11 @@ def test_allocation_pops_front_and_evicts_its_hash():
     assert kvm.allocate_slots(req, 48)
     kvm.free(req)
     pool = kvm.block_pool
-    blocks = pool.get_new_blocks(2)
-    assert [b.block_id for b in blocks] == [4, 3]
-    assert blocks[1].block_hash is None  # block 3 (hash 13) evicted on reuse
+    blocks = pool.get_new_blocks(2).tolist()
+    assert blocks == [4, 3]
+    assert pool.block_hash[3] == -1  # block 3 (hash 13) evicted on reuse
     assert pool.get_cached_block(13) is None
-    assert pool.get_cached_block(12) is pool.blocks[2]
+    assert pool.get_cached_block(12) == 2
     assert pool.num_evictions == 1
     assert ids(pool) == [2, 1]
 
@@ -77,7 +88,7 @@ def test_touch_removes_free_hit_from_queue_and_counts_refs():
     hit, tokens = kvm.get_computed_blocks(b)
     assert tokens == 32
     kvm.allocate_slots(b, 16, 32, hit)  # shared blocks 1, 2: ref 2, still not free
-    assert [blk.ref_cnt for blk in kvm.block_pool.blocks[1:4]] == [2, 2, 1]
+    assert kvm.block_pool.ref_cnt[1:4].tolist() == [2, 2, 1]
     kvm.free(a)
     assert ids(kvm.block_pool) == [5, 3]
     kvm.check_invariants([b])
@@ -85,19 +96,30 @@ def test_touch_removes_free_hit_from_queue_and_counts_refs():
 
 def test_duplicate_hashes_lookup_first_and_survive_eviction_of_one():
     pool = BlockPool(6)
-    a = make_request("a", 16, [7])
-    b = make_request("b", 16, [7])
-    blocks_a = pool.get_new_blocks(1)
-    blocks_b = pool.get_new_blocks(1)
-    pool.cache_full_blocks(a, blocks_a, 0, 1)
-    pool.cache_full_blocks(b, blocks_b, 0, 1)
-    assert pool.get_cached_block(7) is blocks_a[0]
-    pool.free_blocks(blocks_a)
+    a = pool.get_new_block()
+    b = pool.get_new_block()
+    pool.cache_block(a, 7)
+    pool.cache_block(b, 7)
+    assert pool.get_cached_block(7) == a
+    pool.free_blocks(arr([a]))
     pool.check_invariants()
-    # Allocate until block 1 is popped again: its hash copy goes, block 2 remains.
-    taken = pool.get_new_blocks(pool.get_num_free_blocks())
-    assert blocks_a[0] in taken
-    assert pool.get_cached_block(7) is blocks_b[0]
+    # Allocate until block a is popped again: its hash copy goes, block b remains.
+    taken = pool.get_new_blocks(pool.get_num_free_blocks()).tolist()
+    assert a in taken
+    assert pool.get_cached_block(7) == b
+    pool.check_invariants()
+
+
+def test_a_block_held_twice_by_one_request_is_counted_twice():
+    """A hash repeated in one chain makes a hit list name a block twice (as in vLLM)."""
+    pool = BlockPool(6)
+    block = pool.get_new_block()
+    pool.cache_block(block, 5)
+    pool.free_blocks(arr([block]))
+    pool.touch(arr([block, block]))
+    assert pool.ref_cnt[block] == 2 and block not in ids(pool)
+    pool.free_blocks(arr([block, block]))
+    assert pool.ref_cnt[block] == 0 and ids(pool)[-1] == block
     pool.check_invariants()
 
 
@@ -106,50 +128,137 @@ def test_empty_pool_raises_value_error():
     pool.get_new_blocks(1)
     with pytest.raises(ValueError):
         pool.get_new_blocks(1)
+    with pytest.raises(ValueError):
+        pool.get_new_block()
 
 
 @pytest.mark.parametrize("seed", range(20))
 def test_free_queue_matches_deque_reference(seed):
     """Random popleft/popleft_n/remove/append_n/prepend_n against a slow deque."""
     rng = random.Random(seed)
-    blocks = [KVCacheBlock(i) for i in range(30)]
-    queue = FreeBlockQueue(blocks)
+    queue = FreeBlockQueue(list(range(30)), 30)
     ref: deque[int] = deque(range(30))
-    out: list[KVCacheBlock] = []
+    out: list[int] = []
     for _ in range(400):
-        op = rng.randrange(5)
+        op = rng.randrange(6)
         if op == 0 and ref:
             block = queue.popleft()
-            assert block.block_id == ref.popleft()
+            assert block == ref.popleft()
             out.append(block)
         elif op == 1 and ref:
             n = rng.randint(0, len(ref))
-            got = [b.block_id for b in queue.popleft_n(n)]
+            got = queue.popleft_n(n).tolist()
             assert got == [ref.popleft() for _ in range(n)]
-            out.extend(blocks[i] for i in got)
+            out.extend(got)
         elif op == 2 and ref:
             victim = rng.choice(list(ref))
-            queue.remove(blocks[victim])
+            queue.remove(victim)
             ref.remove(victim)
-            out.append(blocks[victim])
-        elif op == 3 and out:
-            rng.shuffle(out)
-            k = rng.randint(1, len(out))
-            chunk, out = out[:k], out[k:]
-            queue.append_n(chunk)
-            ref.extend(b.block_id for b in chunk)
+            out.append(victim)
+        elif op == 3 and ref:
+            victims = rng.sample(list(ref), rng.randint(1, len(ref)))
+            queue.remove_many(arr(victims))
+            for victim in victims:
+                ref.remove(victim)
+            out.extend(victims)
         elif op == 4 and out:
             rng.shuffle(out)
             k = rng.randint(1, len(out))
             chunk, out = out[:k], out[k:]
-            queue.prepend_n(chunk)
-            ref.extendleft(reversed([b.block_id for b in chunk]))
-        assert [b.block_id for b in queue.get_all_free_blocks()] == list(ref)
+            queue.append_n(arr(chunk))
+            ref.extend(chunk)
+        elif op == 5 and out:
+            rng.shuffle(out)
+            k = rng.randint(1, len(out))
+            chunk, out = out[:k], out[k:]
+            queue.prepend_n(arr(chunk))
+            ref.extendleft(reversed(chunk))
+        assert queue.get_all_free_blocks() == list(ref)
         assert queue.num_free_blocks == len(ref)
+
+
+def test_free_queue_compacts_and_stays_bounded():
+    """Stale entries from many remove/append cycles are dropped, not accumulated."""
+    queue = FreeBlockQueue(list(range(100)), 100)
+    for i in range(5000):
+        block = i % 100
+        queue.remove(block)
+        queue.append_n(arr([block]))
+    assert queue.get_all_free_blocks() == list(range(100))
+    assert len(queue._ids) <= 1024  # noqa: SLF001 - the bound is the point
 
 
 def test_check_invariants_catches_corruption():
     pool = BlockPool(4)
-    pool.blocks[2].ref_cnt = 1  # claims to be used while sitting in the free queue
+    pool.ref_cnt[2] = 1  # claims to be used while sitting in the free queue
     with pytest.raises(AssertionError):
+        pool.check_invariants()
+
+
+# ----------------------------------------------------------------------------- differential
+
+
+def _state(pool: BlockPool, ref: ReferencePool, num_hashes: int) -> None:
+    """Assert the array pool and vLLM's object design agree on everything observable."""
+    assert pool.free_block_queue.get_all_free_blocks() == [
+        b.block_id for b in ref.free_block_queue.get_all_free_blocks()]
+    assert pool.get_num_free_blocks() == ref.get_num_free_blocks()
+    assert pool.ref_cnt.tolist() == [b.ref_cnt for b in ref.blocks]
+    assert pool.block_hash.tolist() == [
+        -1 if b.block_hash is None else b.block_hash for b in ref.blocks]
+    for h in range(num_hashes):
+        got = ref.get_cached_block(h)
+        assert pool.get_cached_block(h) == (None if got is None else got.block_id)
+    assert pool.num_evictions == ref.num_evictions
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_pool_matches_vllm_object_design_on_random_operations(seed):
+    """Allocate, register (hashes from a small space, so duplicates happen), look up and
+    touch hit chains (repeats included), free tail first, single decode allocations."""
+    rng = random.Random(seed)
+    size, num_hashes = rng.choice([(8, 5), (20, 12), (40, 30)])
+    pool, ref = BlockPool(size, num_hash_ids=num_hashes), ReferencePool(size)
+    held: list[list[int]] = []
+    for _ in range(300):
+        op = rng.randrange(5)
+        free = pool.get_num_free_blocks()
+        if op == 0 and free:
+            n = rng.randint(1, min(free, 6))
+            got = pool.get_new_blocks(n).tolist()
+            ref_blocks = ref.get_new_blocks(n)
+            assert got == [b.block_id for b in ref_blocks]
+            for block in got[:rng.randint(0, n)]:
+                h = rng.randrange(num_hashes)
+                pool.cache_block(block, h)
+                ref.cache_block(ref.blocks[block], h)
+            held.append(got)
+        elif op == 1:
+            chain = [rng.randrange(num_hashes) for _ in range(rng.randint(1, 6))]
+            hit = []
+            for h in chain:
+                block = pool.get_cached_block(h)
+                if block is None:
+                    break
+                hit.append(block)
+            if hit:
+                pool.touch(arr(hit))
+                ref.touch([ref.blocks[b] for b in hit])
+                held.append(hit)
+        elif op == 2 and held:
+            blocks = held.pop(rng.randrange(len(held)))[::-1]
+            pool.free_blocks(arr(blocks))
+            ref.free_blocks([ref.blocks[b] for b in blocks])
+        elif op == 3 and free:
+            block = pool.get_new_block()
+            assert block == ref.get_new_block().block_id
+            held.append([block])
+        elif op == 4 and held:  # register a block some request holds, if not yet hashed
+            blocks = rng.choice(held)
+            block = rng.choice(blocks)
+            if pool.block_hash[block] < 0:
+                h = rng.randrange(num_hashes)
+                pool.cache_block(block, h)
+                ref.cache_block(ref.blocks[block], h)
+        _state(pool, ref, num_hashes)
         pool.check_invariants()

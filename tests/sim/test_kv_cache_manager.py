@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tuner.sim.kv_cache_manager import KVCacheManager
@@ -9,9 +10,10 @@ from tuner.sim.request import RequestStatus, SimRequest
 
 
 def make_request(rid: str, input_len: int, hashes: list[int], bs: int = 16,
-                 status: RequestStatus = RequestStatus.WAITING) -> SimRequest:
+                 status: RequestStatus = RequestStatus.WAITING, max_tokens: int = 4
+                 ) -> SimRequest:
     r = SimRequest(request_id=rid, index=0, arrival_s=0.0, num_prompt_tokens=input_len,
-                   max_tokens=4, block_size=bs, prompt_block_hashes=hashes)
+                   max_tokens=max_tokens, block_size=bs, prompt_block_hashes=hashes)
     r.status = status
     return r
 
@@ -41,9 +43,10 @@ def test_no_hit_when_prefix_caching_is_off():
     kvm = KVCacheManager(num_gpu_blocks=10, block_size=16, enable_caching=False)
     r = make_request("a", 48, [1, 2, 3])
     assert kvm.allocate_slots(r, 48)
-    assert all(b.block_hash is None for b in r.blocks)
+    assert all(kvm.block_pool.block_hash[b] == -1 for b in r.blocks)
     kvm.free(r)
-    assert kvm.get_computed_blocks(make_request("b", 48, [1, 2, 3])) == ([], 0)
+    blocks, tokens = kvm.get_computed_blocks(make_request("b", 48, [1, 2, 3]))
+    assert len(blocks) == 0 and tokens == 0
     assert kvm.get_num_cached_tokens(make_request("b", 48, [1, 2, 3])) == 0
 
 
@@ -55,11 +58,11 @@ def test_hit_stops_at_first_missing_block():
 def test_probe_is_side_effect_free():
     kvm = cached_pool(6, (48, [1, 2, 3]))
     pool = kvm.block_pool
-    before = ([b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
-              [b.ref_cnt for b in pool.blocks], dict(pool.cached_block_hash_to_block))
+    before = (pool.free_block_queue.get_all_free_blocks(), pool.ref_cnt.tolist(),
+              pool.first_holder.tolist(), pool.block_hash.tolist())
     assert kvm.get_num_cached_tokens(make_request("p", 48, [1, 2, 3])) == 32
-    after = ([b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
-             [b.ref_cnt for b in pool.blocks], dict(pool.cached_block_hash_to_block))
+    after = (pool.free_block_queue.get_all_free_blocks(), pool.ref_cnt.tolist(),
+             pool.first_holder.tolist(), pool.block_hash.tolist())
     assert before == after
 
 
@@ -100,7 +103,7 @@ def test_watermark_only_for_waiting_while_something_runs():
 
 def test_decode_allocates_a_block_only_at_a_block_boundary():
     kvm = KVCacheManager(num_gpu_blocks=10, block_size=16)
-    r = make_request("a", 32, [1, 2], status=RequestStatus.RUNNING)
+    r = make_request("a", 32, [1, 2], status=RequestStatus.RUNNING, max_tokens=16)
     assert kvm.allocate_slots(r, 32)
     r.num_computed_tokens = 32
     r.append_output_token()  # 33 tokens: the 33rd needs block 3
@@ -113,16 +116,29 @@ def test_decode_allocates_a_block_only_at_a_block_boundary():
         r.num_computed_tokens += 1
     assert len(r.blocks) == 3 and r.num_tokens == 48
     # The generated block 3 was registered when it became full (at scheduling time).
-    assert r.blocks[2].block_hash == r.block_hashes[2] < 0  # synthetic: never a trace hash
-    assert kvm.block_pool.get_cached_block(r.block_hashes[2]) is r.blocks[2]
+    # Synthetic: above every trace hash id, so it never matches another request.
+    assert kvm.block_pool.block_hash[r.blocks[2]] == r.block_hashes[2] >= kvm.num_trace_hash_ids
+    assert kvm.block_pool.get_cached_block(r.block_hashes[2]) == r.blocks[2]
 
 
 def test_generated_blocks_take_trace_output_hashes():
     r = SimRequest(request_id="a", index=3, arrival_s=0.0, num_prompt_tokens=20, max_tokens=40,
                    block_size=16, prompt_block_hashes=[5], output_block_hashes=[77])
+    r.bind_synthetic(1000)  # the cache reserves ids 1000.. for what the trace lacks
     for _ in range(28):
         r.append_output_token()
-    assert r.block_hashes == [5, 77, r.synthetic_hash(2)]
+    assert r.block_hashes == [5, 77, 1000] and r.synthetic_hash(2) == 1000
+
+
+def test_missing_prompt_hashes_get_synthetic_ids_unique_per_request():
+    kvm = KVCacheManager(num_gpu_blocks=10, block_size=16, num_hash_ids=50)
+    a, b = make_request("a", 48, [1]), make_request("b", 48, [1])
+    kvm.adopt(a)
+    kvm.adopt(b)
+    assert a.block_hashes[0] == b.block_hashes[0] == 1
+    assert a.block_hashes[1:] == [50, 51] and b.block_hashes[1:][0] >= 50 + a.num_synthetic_ids()
+    with pytest.raises(ValueError, match="num_hash_ids"):
+        kvm.adopt(make_request("c", 16, [50]))
 
 
 def test_memoised_hit_shrinks_on_eviction_and_grows_on_registration():
@@ -133,11 +149,11 @@ def test_memoised_hit_shrinks_on_eviction_and_grows_on_registration():
     pool = kvm.block_pool
     # Take blocks until block 2 (hash 2) is reallocated: the memo drops to 1 block.
     taken = []
-    while pool.blocks[2].block_hash is not None:
-        taken.extend(pool.get_new_blocks(1))
+    while pool.block_hash[2] >= 0:
+        taken.extend(pool.get_new_blocks(1).tolist())
     assert waiter.hit_memo == 1
     assert kvm.num_hit_blocks(waiter) == len(kvm._longest_hit(waiter)) == 1
-    pool.free_blocks(taken)
+    pool.free_blocks(np.asarray(taken))
     # Registering hash 2 again (another request computes it) extends the memo.
     other = make_request("o", 32, [1, 2], status=RequestStatus.RUNNING)
     blocks, hit = kvm.get_computed_blocks(other)
@@ -169,6 +185,6 @@ def test_memo_with_a_hash_repeated_in_one_chain_uses_its_first_position():
     pool = kvm.block_pool
     taken = []
     while pool.get_cached_block(5) is not None:  # evict every block carrying hash 5
-        taken.extend(pool.get_new_blocks(1))
+        taken.extend(pool.get_new_blocks(1).tolist())
     assert waiter.hit_memo == 0
     assert kvm.num_hit_blocks(waiter) == len(kvm._longest_hit(waiter)) == 0

@@ -280,8 +280,7 @@ def test_finished_blocks_are_freed_in_reverse_and_stay_cached():
     s = sched(5)
     s.add_request(req("a", 48, WARM))
     step(s)
-    free = [b.block_id for b in
-            s.kv_cache_manager.block_pool.free_block_queue.get_all_free_blocks()]
+    free = s.kv_cache_manager.block_pool.free_block_queue.get_all_free_blocks()
     assert free == [4, 3, 2, 1]
 
 

@@ -54,6 +54,10 @@ class Backend(ABC):
     #: numpy arrays (the memory-light path, ``tuner/replay/_kv_requests.py``); otherwise
     #: they come as tuples of ints.
     accepts_array_hashes: bool = False
+    #: True if :meth:`prepare` also accepts hashes interned to dense ids: an
+    #: ``InternedRequests`` list (``tuner/replay/_kv_requests.py``) carrying
+    #: ``num_hash_ids`` (the twin indexes its prefix cache with them).
+    accepts_hash_ids: bool = False
 
     @abstractmethod
     def prepare(self, requests: Sequence["TraceRequest"], settings: "SchedulerSettings",

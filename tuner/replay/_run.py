@@ -72,14 +72,15 @@ def reblock_request(request: "TraceRequest", from_block_size: int,
 
 
 def _kv_requests(trace: TraceLike, hash_block_size: int | None, block_size: int, *,
-                 arrays: bool) -> list["TraceRequest"]:
+                 arrays: bool, hash_ids: bool = False) -> list["TraceRequest"]:
     """The trace's requests in arrival order, hashes re-blocked to ``block_size``.
 
     ``arrays``: hashes as ``uint64`` arrays through the vectorised path (memory-light, for
-    backends that accept them), else tuples of ints.
+    backends that accept them), else tuples of ints. ``hash_ids`` (with ``arrays``):
+    interned to dense ids, an ``InternedRequests`` list.
     """
     if arrays:
-        from tuner.replay._kv_requests import kv_requests, load_trace_arrays
+        from tuner.replay._kv_requests import kv_request_ids, kv_requests, load_trace_arrays
 
         if isinstance(trace, (str, os.PathLike)):
             from tuner.trace import read_trace
@@ -91,6 +92,8 @@ def _kv_requests(trace: TraceLike, hash_block_size: int | None, block_size: int,
             requests, size = load_requests(trace, hash_block_size=hash_block_size)
         if not requests:
             raise ConfigError("the trace has no requests to replay")
+        if hash_ids:
+            return kv_request_ids(requests, size, block_size)
         return kv_requests(requests, size, block_size)
     requests, size = load_requests(trace, hash_block_size=hash_block_size)
     if not requests:
@@ -160,7 +163,8 @@ def run(trace: TraceLike, settings: SchedulerSettings | None = None, *, backend:
     instance = create_backend(backend, **backend_options)
     try:
         requests = _kv_requests(trace, hash_block_size, resolved.cache.block_size,
-                                arrays=instance.accepts_array_hashes)
+                                arrays=instance.accepts_array_hashes,
+                                hash_ids=instance.accepts_hash_ids)
         instance.prepare(requests, settings, resolved, load, options)
         del requests  # the backend holds what it needs; keep peak memory to one copy
         if callable(progress):

@@ -23,6 +23,7 @@ class SimBackend(Backend):
 
     name = "sim"
     accepts_array_hashes = True  # SimRequest takes anything with tolist(), at arrival
+    accepts_hash_ids = True  # interned once per trace: the twin's cache indexes arrays
 
     def __init__(self) -> None:
         self._simulator: Any = None
@@ -36,7 +37,8 @@ class SimBackend(Backend):
         price = step_time if callable(step_time) else step_time.step_time_s
         self._simulator = Simulator(
             requests, settings, target.cache, price,
-            options=options, load=load, num_gpus=target.num_gpus)
+            options=options, load=load, num_gpus=target.num_gpus,
+            num_hash_ids=getattr(requests, "num_hash_ids", None))
 
     def run(self, progress: ProgressCallback | None = None) -> "ReplayResult":
         assert self._simulator is not None, "SimBackend.run() called before prepare()"

@@ -6,7 +6,7 @@ holds the event loop. ``tuner.sim`` imports no pyarrow, polars, optuna or click.
 """
 
 from tuner.sim.batch import StepBatch
-from tuner.sim.block_pool import BlockPool, KVCacheBlock
+from tuner.sim.block_pool import BlockPool
 from tuner.sim.engine import Simulator
 from tuner.sim.kv_cache_manager import KVCacheManager
 from tuner.sim.load import ClosedLoop, OpenLoop
@@ -20,7 +20,6 @@ __all__ = [
     "CacheSettings",
     "ClosedLoop",
     "FCFSRequestQueue",
-    "KVCacheBlock",
     "KVCacheManager",
     "OpenLoop",
     "PriorityRequestQueue",

@@ -1,125 +1,225 @@
-"""``KVCacheBlock`` and the free-block queue: an intrusive doubly linked list.
+"""The free-block queue: block ids in eviction order, with removal from the middle.
 
-Mirrors ``FreeKVCacheBlockQueue`` / ``KVCacheBlock`` in ``vllm/v1/core/kv_cache_utils.py``
-@ 0.33.0. Why not a ``deque``: touching a prefix-cache hit must remove a block from the
-*middle* of the queue in O(1); rewiring two pointers on the block itself does that
-without allocating a Python object per operation. Fake head/tail sentinels remove the
-empty-list branches; they are never popped.
+Mirrors ``FreeKVCacheBlockQueue`` in ``vllm/v1/core/kv_cache_utils.py`` @ 0.33.0 in what
+it *does*: the front is allocated (and its cached hash evicted) first; freed hashed
+blocks go to the back, freed unhashed blocks to the front; touching a prefix-cache hit
+takes a block out of the middle. ``BlockPool.free_blocks`` decides which end a freed
+block goes to; this class only keeps the order.
 
-Order = eviction order: the front is allocated (and its cached hash evicted) first.
-``BlockPool.free_blocks`` decides which end a freed block goes to; this class only
-keeps the list. ``tests/sim/test_block_pool.py`` checks it against a slow ``deque``
-reference on random operation sequences.
+Why not vLLM's intrusive linked list: the twin moves *thousands* of blocks per
+admission and per finish (an agentic prompt is ~3,000 blocks of 16 tokens), and a
+Python loop per block was most of a replay's time. Here every operation on a batch of
+blocks is a handful of numpy calls:
+
+* entries ``(block id, stamp)`` sit in a *back* buffer (appends at its end, pops from
+  its start) and a *front* stack (prepends on top, pops from the top);
+* ``stamp_of[id]`` is the stamp of the block's live entry, or -1 when it is not free;
+  an entry is live iff its stamp equals ``stamp_of`` of its block. Removing a block
+  from the middle is one store (``stamp_of[id] = -1``); its entry goes stale and is
+  skipped when a pop reaches it (each stale entry is passed over once);
+* the back buffer is compacted when full, so memory stays O(number of blocks).
+
+``tests/sim/test_block_pool.py`` checks it against a ``deque`` reference on random
+operation sequences, and the whole pool against vLLM's linked-list design.
 """
 
 from __future__ import annotations
 
+import numpy as np
 
-class KVCacheBlock:
-    """One KV-cache block (mutable live state; only ``BlockPool`` changes it)."""
-
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free")
-
-    def __init__(self, block_id: int) -> None:
-        self.block_id = block_id  # 0 .. num_gpu_blocks - 1 (0 is the null block); -1 sentinel
-        self.ref_cnt = 0  # requests holding the block; 0 <=> in the free queue
-        self.block_hash: int | None = None  # chained hash once the block is full and cached
-        # Free-list neighbours; only FreeBlockQueue touches these two.
-        self.prev_free: KVCacheBlock | None = None
-        self.next_free: KVCacheBlock | None = None
-
-    def __repr__(self) -> str:  # neighbour ids only, so it cannot recurse
-        prev_id = self.prev_free.block_id if self.prev_free else None
-        next_id = self.next_free.block_id if self.next_free else None
-        return (f"KVCacheBlock(id={self.block_id}, ref={self.ref_cnt}, hash={self.block_hash}, "
-                f"prev={prev_id}, next={next_id})")
+_ID = np.int64
 
 
 class FreeBlockQueue:
-    """Free blocks in eviction order (front = next to allocate / evict)."""
+    """Free block ids in eviction order (front = next to allocate / evict)."""
 
-    __slots__ = ("num_free_blocks", "head", "tail")
+    __slots__ = ("num_free_blocks", "stamp_of", "_next_stamp", "_ids", "_stamps", "_head",
+                 "_tail", "_fids", "_fstamps", "_ftop")
 
-    def __init__(self, blocks: list[KVCacheBlock]) -> None:
-        self.num_free_blocks = len(blocks)
-        self.head = KVCacheBlock(-1)
-        self.tail = KVCacheBlock(-1)
-        prev = self.head
-        for block in blocks:
-            prev.next_free = block
-            block.prev_free = prev
-            prev = block
-        prev.next_free = self.tail
-        self.tail.prev_free = prev
+    def __init__(self, block_ids: "np.ndarray | list[int]", num_blocks: int | None = None
+                 ) -> None:
+        """Start with ``block_ids`` free, in that order; ids are < ``num_blocks``."""
+        ids = np.asarray(block_ids, dtype=_ID)
+        n = len(ids)
+        size = int(ids.max()) + 1 if num_blocks is None and n else (num_blocks or 0)
+        self.num_free_blocks = n
+        self.stamp_of = np.full(size, -1, dtype=_ID)
+        cap = max(2 * size, 1024)
+        self._ids = np.empty(cap, dtype=_ID)
+        self._stamps = np.empty(cap, dtype=_ID)
+        self._ids[:n] = ids
+        self._stamps[:n] = np.arange(n, dtype=_ID)
+        self.stamp_of[ids] = self._stamps[:n]
+        self._next_stamp = n
+        self._head, self._tail = 0, n
+        self._fids = np.empty(max(size, 256), dtype=_ID)
+        self._fstamps = np.empty(max(size, 256), dtype=_ID)
+        self._ftop = 0
 
-    def popleft(self) -> KVCacheBlock:
-        block = self.head.next_free
-        if block is self.tail or block is None:
+    # ----------------------------------------------------------------- queries
+    def is_free(self, block_id: int) -> bool:
+        return bool(self.stamp_of[block_id] >= 0)
+
+    def get_all_free_blocks(self) -> list[int]:
+        """All free block ids front to back (for tests and invariant checks; O(n))."""
+        stamp_of = self.stamp_of
+        f = self._ftop
+        fids, fst = self._fids[:f][::-1], self._fstamps[:f][::-1]
+        front = fids[stamp_of[fids] == fst]
+        bids = self._ids[self._head:self._tail]
+        back = bids[stamp_of[bids] == self._stamps[self._head:self._tail]]
+        return front.tolist() + back.tolist()
+
+    # ----------------------------------------------------------------- removal
+    def popleft(self) -> int:
+        """Take the front block (scalar path: the decode group takes one at a time)."""
+        if self.num_free_blocks <= 0:
             raise ValueError("No free blocks available")
-        nxt = block.next_free
-        self.head.next_free = nxt
-        nxt.prev_free = self.head  # type: ignore[union-attr]
-        block.prev_free = block.next_free = None
-        self.num_free_blocks -= 1
-        return block
+        stamp_of = self.stamp_of
+        while self._ftop:
+            self._ftop -= 1
+            block = int(self._fids[self._ftop])
+            if stamp_of[block] == self._fstamps[self._ftop]:
+                stamp_of[block] = -1
+                self.num_free_blocks -= 1
+                return block
+        ids, stamps = self._ids, self._stamps
+        head = self._head
+        while True:
+            block = int(ids[head])
+            live = stamp_of[block] == stamps[head]
+            head += 1
+            if live:
+                self._head = head
+                stamp_of[block] = -1
+                self.num_free_blocks -= 1
+                return block
 
-    def popleft_n(self, n: int) -> list[KVCacheBlock]:
-        """Take ``n`` blocks from the front; the caller checked ``num_free_blocks``."""
+    def popleft_n(self, n: int) -> np.ndarray:
+        """Take ``n`` blocks from the front, in queue order."""
         if n > self.num_free_blocks:
             raise ValueError(f"cannot take {n} blocks, only {self.num_free_blocks} free")
-        out = []
-        block = self.head.next_free
-        for _ in range(n):
-            out.append(block)
-            nxt = block.next_free  # type: ignore[union-attr]
-            block.prev_free = block.next_free = None  # type: ignore[union-attr]
-            block = nxt
-        self.head.next_free = block
-        block.prev_free = self.head  # type: ignore[union-attr]
+        if n <= 0:
+            return np.empty(0, dtype=_ID)
+        parts = []
+        need = n
+        if self._ftop:
+            need = self._pop_front_stack(need, parts)
+        if need:
+            self._pop_back_buffer(need, parts)
+        out = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        self.stamp_of[out] = -1
         self.num_free_blocks -= n
         return out
 
-    def remove(self, block: KVCacheBlock) -> None:
-        prev, nxt = block.prev_free, block.next_free
-        if prev is None or nxt is None:
-            raise RuntimeError(f"remove() of a block not in the free queue: {block!r} (tuner bug)")
-        prev.next_free = nxt
-        nxt.prev_free = prev
-        block.prev_free = block.next_free = None
+    def _pop_front_stack(self, need: int, parts: list) -> int:
+        stamp_of = self.stamp_of
+        while need and self._ftop:
+            top = self._ftop
+            lo = max(0, top - max(2 * need, 64))
+            cand = self._fids[lo:top][::-1]
+            live = np.flatnonzero(stamp_of[cand] == self._fstamps[lo:top][::-1])
+            if len(live) >= need:
+                parts.append(cand[live[:need]])
+                self._ftop = top - int(live[need - 1]) - 1
+                return 0
+            if len(live):
+                parts.append(cand[live])
+                need -= len(live)
+            self._ftop = lo
+        return need
+
+    def _pop_back_buffer(self, need: int, parts: list) -> None:
+        stamp_of = self.stamp_of
+        while need:
+            head = self._head
+            hi = min(self._tail, head + max(2 * need, 64))
+            cand = self._ids[head:hi]
+            live = np.flatnonzero(stamp_of[cand] == self._stamps[head:hi])
+            if len(live) >= need:
+                parts.append(cand[live[:need]])
+                self._head = head + int(live[need - 1]) + 1
+                return
+            if len(live):
+                parts.append(cand[live])
+                need -= len(live)
+            self._head = hi
+            if hi >= self._tail and need:
+                raise RuntimeError("free queue count out of sync (tuner bug)")
+
+    def remove(self, block_id: int) -> None:
+        """Take a free block out of the middle (a touched prefix-cache hit)."""
+        if self.stamp_of[block_id] < 0:
+            raise RuntimeError(f"remove() of block {block_id}, not in the free queue "
+                               "(tuner bug)")
+        self.stamp_of[block_id] = -1
         self.num_free_blocks -= 1
 
-    def append_n(self, blocks: list[KVCacheBlock]) -> None:
-        """Put ``blocks`` at the back, in the given order (kept longest)."""
-        if not blocks:
-            return
-        last = self.tail.prev_free
-        for block in blocks:
-            last.next_free = block  # type: ignore[union-attr]
-            block.prev_free = last
-            last = block
-        last.next_free = self.tail
-        self.tail.prev_free = last
-        self.num_free_blocks += len(blocks)
+    def remove_many(self, block_ids: np.ndarray) -> None:
+        """Take free, distinct blocks out of the middle (the caller checked both)."""
+        self.stamp_of[block_ids] = -1
+        self.num_free_blocks -= len(block_ids)
 
-    def prepend_n(self, blocks: list[KVCacheBlock]) -> None:
-        """Put ``blocks`` at the front, keeping their order (reused first)."""
-        if not blocks:
+    # ----------------------------------------------------------------- insertion
+    def append_n(self, block_ids: np.ndarray) -> None:
+        """Put distinct non-free blocks at the back, in the given order (kept longest)."""
+        k = len(block_ids)
+        if not k:
             return
-        first = self.head.next_free
-        prev = self.head
-        for block in blocks:
-            block.prev_free = prev
-            prev.next_free = block
-            prev = block
-        prev.next_free = first
-        first.prev_free = prev  # type: ignore[union-attr]
-        self.num_free_blocks += len(blocks)
+        if self._tail + k > len(self._ids):
+            self._compact(k)
+        tail, stamp = self._tail, self._next_stamp
+        stamps = np.arange(stamp, stamp + k, dtype=_ID)
+        self._ids[tail:tail + k] = block_ids
+        self._stamps[tail:tail + k] = stamps
+        self.stamp_of[block_ids] = stamps
+        self._tail = tail + k
+        self._next_stamp = stamp + k
+        self.num_free_blocks += k
 
-    def get_all_free_blocks(self) -> list[KVCacheBlock]:
-        """All free blocks front to back (for tests and invariant checks; O(n))."""
-        out = []
-        block = self.head.next_free
-        while block is not self.tail and block is not None:
-            out.append(block)
-            block = block.next_free
-        return out
+    def prepend_n(self, block_ids: np.ndarray) -> None:
+        """Put distinct non-free blocks at the front, keeping their order (reused first)."""
+        k = len(block_ids)
+        if not k:
+            return
+        top = self._ftop
+        if top + k > len(self._fids):
+            self._compact_front(k)
+            top = self._ftop
+        stamp = self._next_stamp
+        stamps = np.arange(stamp, stamp + k, dtype=_ID)
+        self._fids[top:top + k] = block_ids[::-1]  # the first one ends on top
+        self._fstamps[top:top + k] = stamps
+        self.stamp_of[block_ids[::-1]] = stamps
+        self._ftop = top + k
+        self._next_stamp = stamp + k
+        self.num_free_blocks += k
+
+    def _compact(self, extra: int) -> None:
+        """Drop stale back entries (and grow if the live ones still do not leave room)."""
+        head, tail = self._head, self._tail
+        ids, stamps = self._ids[head:tail], self._stamps[head:tail]
+        live = self.stamp_of[ids] == stamps
+        ids, stamps = ids[live], stamps[live]
+        n = len(ids)
+        if n + extra > len(self._ids) // 2:
+            cap = 2 * (n + extra)
+            self._ids = np.empty(cap, dtype=_ID)
+            self._stamps = np.empty(cap, dtype=_ID)
+        self._ids[:n] = ids
+        self._stamps[:n] = stamps
+        self._head, self._tail = 0, n
+
+    def _compact_front(self, extra: int) -> None:
+        top = self._ftop
+        ids, stamps = self._fids[:top], self._fstamps[:top]
+        live = self.stamp_of[ids] == stamps
+        ids, stamps = ids[live], stamps[live]
+        n = len(ids)
+        if n + extra > len(self._fids) // 2:
+            cap = 2 * (n + extra)
+            self._fids = np.empty(cap, dtype=_ID)
+            self._fstamps = np.empty(cap, dtype=_ID)
+        self._fids[:n] = ids
+        self._fstamps[:n] = stamps
+        self._ftop = n

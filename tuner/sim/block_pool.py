@@ -2,8 +2,8 @@
 
 Mirrors ``vllm/v1/core/block_pool.py`` @ 0.33.0 for one full-attention KV-cache group:
 
-* block 0 is the null block, taken out of the free queue at construction and never
-  counted (usage = ``1 - free / (num_gpu_blocks - 1)``);
+* block 0 is the null block, never in the free queue and never counted
+  (usage = ``1 - free / (num_gpu_blocks - 1)``);
 * allocation pops the front of the free queue and evicts the popped block's cached
   hash, if any (``_maybe_evict_cached_block``);
 * ``touch`` adopts a prefix-cache hit: a free hit block leaves the queue, ref count + 1;
@@ -12,63 +12,97 @@ Mirrors ``vllm/v1/core/block_pool.py`` @ 0.33.0 for one full-attention KV-cache 
   hash (kept longest, LRU eviction) and to the *front* when not (reused first);
 * hashes are registered when a block becomes full at scheduling time
   (``cache_full_blocks``); two blocks may carry the same hash (e.g. the last-token
-  rule recomputes a cached last block), the map then holds both and a lookup returns
-  the first one registered, as vLLM's ``BlockHashToBlockMap`` does.
+  rule recomputes a cached last block), a lookup then returns the first one
+  registered that is still cached, as vLLM's ``BlockHashToBlockMap`` does.
 
-Divergences: no KV events, no metrics collector, one KV-cache group, hashes are ints
-(trace block hashes; synthetic ones are negative, see ``SimRequest``).
+Representation (why it differs from vLLM's objects): a block is an int id and a hash is
+a dense *hash id* (``tuner.sim.hash_ids``). Reference counts, each block's hash and the
+hash -> first holder map are numpy arrays, so looking up, touching or freeing the ~3,000
+blocks of an agentic prompt is a few vectorised calls instead of a Python loop (or dict
+probe) per block. Divergences: no KV events, no metrics collector, one KV-cache group.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
-from tuner.sim._free_queue import FreeBlockQueue, KVCacheBlock
+import numpy as np
+
+from tuner.sim._free_queue import FreeBlockQueue
 
 if TYPE_CHECKING:
     from tuner.sim.request import SimRequest
 
-__all__ = ["BlockPool", "KVCacheBlock"]
+__all__ = ["BlockPool", "NULL_BLOCK"]
+
+NULL_BLOCK = 0
+_ID = np.int64
+_NO_IDS = np.empty(0, dtype=_ID)
 
 
 class BlockPool:
-    """Owns all ``KVCacheBlock`` objects, the free queue and hash -> block map.
+    """Owns the blocks' ref counts and hashes, the free queue and hash -> block map.
 
     Invariants (``check_invariants`` walks them): the free queue holds exactly the
-    non-null blocks with ``ref_cnt == 0``; ``num_free_blocks`` equals its length; every
-    hashed block is in the map under its hash and every map entry points at a block
-    carrying that hash; ``ref_cnt >= 0``.
+    non-null blocks with ``ref_cnt == 0``; every hashed block is a holder of its hash
+    (the first one in ``first_holder``, later ones in ``extra_holders`` in registration
+    order, ``has_extra`` marking those hashes) and every holder carries that hash;
+    ``ref_cnt >= 0``.
     """
 
-    __slots__ = ("num_gpu_blocks", "enable_caching", "blocks", "free_block_queue",
-                 "cached_block_hash_to_block", "null_block", "num_evictions", "watched",
-                 "watched_hashes", "num_stale_watched")
+    __slots__ = ("num_gpu_blocks", "enable_caching", "ref_cnt", "block_hash",
+                 "free_block_queue", "first_holder", "extra_holders", "has_extra",
+                 "num_hash_ids", "null_block", "num_evictions", "watched", "watched_mask",
+                 "num_watched_ids", "num_stale_watched", "_mark", "_positions")
 
-    def __init__(self, num_gpu_blocks: int, enable_caching: bool = True) -> None:
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool = True,
+                 num_hash_ids: int = 1 << 16) -> None:
         if num_gpu_blocks < 2:
             raise ValueError(f"num_gpu_blocks={num_gpu_blocks} must be >= 2 (block 0 is null)")
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
-        self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
-        self.free_block_queue = FreeBlockQueue(self.blocks)
-        # hash -> block, or -> {block_id: block} when several blocks carry the hash
-        # (a plain block in the common case saves a dict per entry, as in vLLM).
-        self.cached_block_hash_to_block: dict[int, KVCacheBlock | dict[int, KVCacheBlock]] = {}
-        self.null_block = self.free_block_queue.popleft()
+        self.ref_cnt = np.zeros(num_gpu_blocks, dtype=np.int32)
+        self.block_hash = np.full(num_gpu_blocks, -1, dtype=_ID)  # hash id, -1: none
+        self.free_block_queue = FreeBlockQueue(np.arange(1, num_gpu_blocks, dtype=_ID),
+                                               num_gpu_blocks)
+        # Hash ids below num_hash_ids are the trace's; synthetic ones are reserved above.
+        self.num_hash_ids = num_hash_ids
+        self.first_holder = np.full(max(num_hash_ids, 16), -1, dtype=_ID)
+        self.has_extra = np.zeros(len(self.first_holder), dtype=bool)
+        self.extra_holders: dict[int, list[int]] = {}
+        self.null_block = NULL_BLOCK
         self.num_evictions = 0  # cached hashes dropped by reallocation
         # Waiting requests whose memoised prefix hit (``SimRequest.hit_memo``) must
         # shrink when one of their hashes leaves the map (KVCacheManager.num_hit_blocks),
-        # and a superset of their hashes, so that an eviction costs one set lookup.
+        # and a superset of their hashes as a mask, so an eviction costs one gather.
         self.watched: set = set()
-        self.watched_hashes: set[int] = set()
-        self.num_stale_watched = 0  # hashes of unwatched requests still in the superset
+        self.watched_mask = np.zeros(len(self.first_holder), dtype=bool)
+        self.num_watched_ids = 0  # ids set in the mask (with stale ones)
+        self.num_stale_watched = 0  # ids of unwatched requests still in the mask
+        # Scratch for the duplicate check of a block batch (see _has_repeats).
+        self._mark = np.zeros(num_gpu_blocks, dtype=_ID)
+        self._positions = np.arange(1024, dtype=_ID)
+
+    # ----------------------------------------------------------------- hash ids
+    def reserve_ids(self, count: int) -> int:
+        """Reserve ``count`` fresh hash ids (a request's synthetic hashes); the first."""
+        base = self.num_hash_ids
+        self.num_hash_ids = base + count
+        if self.num_hash_ids > len(self.first_holder):
+            self._grow_ids(self.num_hash_ids)
+        return base
+
+    def _grow_ids(self, needed: int) -> None:
+        size = max(needed, 2 * len(self.first_holder))
+        grow = size - len(self.first_holder)
+        self.first_holder = np.concatenate([self.first_holder, np.full(grow, -1, dtype=_ID)])
+        self.has_extra = np.concatenate([self.has_extra, np.zeros(grow, dtype=bool)])
+        self.watched_mask = np.concatenate([self.watched_mask, np.zeros(grow, dtype=bool)])
 
     # ----------------------------------------------------------------- lookups
-    def get_cached_block(self, block_hash: int) -> KVCacheBlock | None:
-        entry = self.cached_block_hash_to_block.get(block_hash)
-        if entry is None or entry.__class__ is KVCacheBlock:
-            return entry  # type: ignore[return-value]
-        return next(iter(entry.values()))  # type: ignore[union-attr]
+    def get_cached_block(self, block_hash: int) -> int | None:
+        block = int(self.first_holder[block_hash])
+        return None if block < 0 else block
 
     def get_num_free_blocks(self) -> int:
         return self.free_block_queue.num_free_blocks
@@ -77,76 +111,108 @@ class BlockPool:
         """Fraction 0.0-1.0 of usable blocks held by live requests (cached free count as free)."""
         return 1.0 - self.free_block_queue.num_free_blocks / (self.num_gpu_blocks - 1)
 
-    # ----------------------------------------------------------------- state changes
-    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
-        """Pop ``num_blocks`` from the front, evicting their cached hashes; ref count 1.
+    def num_evictable(self, block_ids: np.ndarray) -> int:
+        """How many of ``block_ids`` sit in the free queue (counted per occurrence, as
+        vLLM's ``allocate_slots`` counts its evictable hit blocks)."""
+        return int(np.count_nonzero(self.ref_cnt[block_ids] == 0))
 
-        One pass unlinks, evicts and counts each block (``popleft_n`` plus a second
-        loop would walk them twice; a prefill takes hundreds of blocks at once).
+    def _has_repeats(self, block_ids: np.ndarray) -> bool:
+        """Whether a block occurs twice in the batch (two fancy-index stores, no sort).
+
+        Only a hash repeated inside one request's chain can do that; vectorised ref
+        count updates would count such a block once, so those batches take the loop.
         """
-        queue = self.free_block_queue
-        if num_blocks > queue.num_free_blocks:
-            raise ValueError(f"cannot take {num_blocks} blocks, only "
-                             f"{queue.num_free_blocks} free")
-        table = self.cached_block_hash_to_block
-        out = []
-        block = queue.head.next_free
-        for _ in range(num_blocks):
-            nxt = block.next_free  # type: ignore[union-attr]
-            block.prev_free = block.next_free = None  # type: ignore[union-attr]
-            block_hash = block.block_hash  # type: ignore[union-attr]
-            if block_hash is not None:
-                if table.get(block_hash) is block:  # the common case: sole holder
-                    del table[block_hash]
-                    block.block_hash = None  # type: ignore[union-attr]
-                    self.num_evictions += 1
-                    if block_hash in self.watched_hashes:
-                        self._hash_gone(block_hash)
-                else:
-                    self._evict(block)  # type: ignore[arg-type]
-            block.ref_cnt += 1  # type: ignore[union-attr]
-            out.append(block)
-            block = nxt
-        queue.head.next_free = block
-        block.prev_free = queue.head  # type: ignore[union-attr]
-        queue.num_free_blocks -= num_blocks
-        return out  # type: ignore[return-value]
+        n = len(block_ids)
+        if n > len(self._positions):
+            self._positions = np.arange(2 * n, dtype=_ID)
+        pos = self._positions[:n]
+        self._mark[block_ids] = pos
+        return bool((self._mark[block_ids] != pos).any())
 
-    def get_new_block(self) -> KVCacheBlock:
-        """``get_new_blocks(1)[0]`` without the list (decode-group hot path)."""
+    # ----------------------------------------------------------------- state changes
+    def get_new_blocks(self, num_blocks: int) -> np.ndarray:
+        """Pop ``num_blocks`` from the front, evicting their cached hashes; ref count 1."""
+        blocks = self.free_block_queue.popleft_n(num_blocks)
+        self.ref_cnt[blocks] += 1
+        hashes = self.block_hash[blocks]
+        cached = hashes >= 0
+        if cached.any():
+            self._evict_many(blocks[cached], hashes[cached])
+        return blocks
+
+    def get_new_block(self) -> int:
+        """``get_new_blocks(1)[0]`` without arrays (decode-group hot path)."""
         block = self.free_block_queue.popleft()
-        if block.block_hash is not None:
-            self._evict(block)
-        block.ref_cnt += 1
+        block_hash = int(self.block_hash[block])
+        if block_hash >= 0:
+            self._evict(block, block_hash)
+        self.ref_cnt[block] += 1
         return block
 
-    def cache_block(self, block: KVCacheBlock, block_hash: int) -> None:
+    def cache_block(self, block: int, block_hash: int) -> None:
         """Register one full block's hash (``cache_full_blocks`` for a single block)."""
-        assert block.block_hash is None, f"{block!r} already cached (BlockPool bug)"
-        block.block_hash = block_hash
-        table = self.cached_block_hash_to_block
-        entry = table.get(block_hash)
-        if entry is None:
-            table[block_hash] = block
-        elif entry.__class__ is KVCacheBlock:
-            table[block_hash] = {entry.block_id: entry, block.block_id: block}  # type: ignore[union-attr]
+        assert self.block_hash[block] < 0, f"block {block} already cached (BlockPool bug)"
+        self.block_hash[block] = block_hash
+        if self.first_holder[block_hash] < 0:
+            self.first_holder[block_hash] = block
         else:
-            entry[block.block_id] = block  # type: ignore[index]
+            self.extra_holders.setdefault(block_hash, []).append(block)
+            self.has_extra[block_hash] = True
 
-    def _evict(self, block: KVCacheBlock) -> None:
-        block_hash = block.block_hash
-        table = self.cached_block_hash_to_block
-        entry = table[block_hash]  # type: ignore[index]
-        if entry.__class__ is KVCacheBlock:
-            assert entry is block, f"hash map points {block_hash} at another block (BlockPool bug)"
-            del table[block_hash]  # type: ignore[arg-type]
-            if block_hash in self.watched_hashes:
-                self._hash_gone(block_hash)  # type: ignore[arg-type]
+    def cache_full_blocks(self, request: "SimRequest", blocks: list[int],
+                          num_cached_blocks: int, num_full_blocks: int) -> None:
+        """Register hashes of ``blocks[num_cached_blocks:num_full_blocks]``."""
+        ids = np.asarray(blocks[num_cached_blocks:num_full_blocks], dtype=_ID)
+        if num_full_blocks <= len(request.hash_array):
+            hashes = request.hash_array[num_cached_blocks:num_full_blocks]
+        else:  # generated blocks: a short slice of the list, not a rebuilt array
+            hashes = np.asarray(request.block_hashes[num_cached_blocks:num_full_blocks],
+                                dtype=_ID)
+        if (self.first_holder[hashes] >= 0).any() or len(set(hashes.tolist())) < len(ids):
+            for block, block_hash in zip(ids.tolist(), hashes.tolist()):  # held twice
+                self.cache_block(block, block_hash)
+            return
+        assert (self.block_hash[ids] < 0).all(), "a block cached twice (BlockPool bug)"
+        self.block_hash[ids] = hashes
+        self.first_holder[hashes] = ids
+
+    def _evict_many(self, blocks: np.ndarray, hashes: np.ndarray) -> None:
+        """Drop the cached hashes of freshly popped ``blocks`` (vectorised when each is
+        its hash's only holder, the common case)."""
+        shared = self.has_extra[hashes]
+        if shared.any():
+            for block, block_hash in zip(blocks[shared].tolist(), hashes[shared].tolist()):
+                self._evict(block, block_hash)
+            keep = ~shared
+            blocks, hashes = blocks[keep], hashes[keep]
+        if len(blocks):
+            assert (self.first_holder[hashes] == blocks).all(), (
+                "hash map does not point back at an evicted block (BlockPool bug)")
+            self.first_holder[hashes] = -1
+            self.block_hash[blocks] = -1
+            self.num_evictions += len(blocks)
+            gone = hashes[self.watched_mask[hashes]]
+            for block_hash in gone.tolist():
+                self._hash_gone(block_hash)
+
+    def _evict(self, block: int, block_hash: int) -> None:
+        """Drop ``block``'s cached hash ``block_hash`` (it is being reallocated)."""
+        if not self.has_extra[block_hash]:
+            assert self.first_holder[block_hash] == block, (
+                f"hash map does not point {block_hash} at block {block} (BlockPool bug)")
+            self.first_holder[block_hash] = -1
+            if self.watched_mask[block_hash]:
+                self._hash_gone(block_hash)
         else:
-            del entry[block.block_id]  # type: ignore[union-attr]
-            if len(entry) == 1:  # type: ignore[arg-type]
-                table[block_hash] = next(iter(entry.values()))  # type: ignore[union-attr,index]
-        block.block_hash = None
+            extra = self.extra_holders[block_hash]
+            if self.first_holder[block_hash] == block:
+                self.first_holder[block_hash] = extra.pop(0)
+            else:
+                extra.remove(block)
+            if not extra:
+                del self.extra_holders[block_hash]
+                self.has_extra[block_hash] = False
+        self.block_hash[block] = -1
         self.num_evictions += 1
 
     def _hash_gone(self, block_hash: int) -> None:
@@ -156,71 +222,51 @@ class BlockPool:
             if index is not None and request.hit_memo > index:
                 request.hit_memo = index
 
-    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Adopt prefix-cache hits: free ones leave the free queue; ref count + 1.
+    def touch(self, blocks: np.ndarray) -> None:
+        """Adopt prefix-cache hits: free ones leave the free queue; ref count + 1."""
+        if not len(blocks):
+            return
+        ref = self.ref_cnt
+        if self._has_repeats(blocks):
+            queue = self.free_block_queue
+            for block in blocks.tolist():
+                if ref[block] == 0:
+                    queue.remove(block)
+                ref[block] += 1
+            return
+        was_free = blocks[ref[blocks] == 0]
+        if len(was_free):
+            self.free_block_queue.remove_many(was_free)
+        ref[blocks] += 1
 
-        ``FreeBlockQueue.remove`` is inlined: an admission touches every hit block
-        (thousands for an agentic prompt) and the call overhead dominated.
-        """
-        queue = self.free_block_queue
-        removed = 0
-        for block in blocks:
-            if block.ref_cnt == 0:
-                prev, nxt = block.prev_free, block.next_free
-                prev.next_free = nxt  # type: ignore[union-attr]
-                nxt.prev_free = prev  # type: ignore[union-attr]
-                block.prev_free = block.next_free = None
-                removed += 1
-            block.ref_cnt += 1
-        queue.num_free_blocks -= removed
-
-    def cache_full_blocks(self, request: "SimRequest", blocks: list[KVCacheBlock],
-                          num_cached_blocks: int, num_full_blocks: int) -> None:
-        """Register hashes of ``blocks[num_cached_blocks:num_full_blocks]``."""
-        hashes = request.block_hashes
-        table = self.cached_block_hash_to_block
-        for i in range(num_cached_blocks, num_full_blocks):
-            block = blocks[i]
-            assert block.block_hash is None, f"{block!r} already cached (BlockPool bug)"
-            block_hash = hashes[i]
-            block.block_hash = block_hash
-            entry = table.get(block_hash)
-            if entry is None:
-                table[block_hash] = block
-            elif entry.__class__ is KVCacheBlock:
-                table[block_hash] = {entry.block_id: entry, block.block_id: block}  # type: ignore[union-attr]
-            else:
-                entry[block.block_id] = block  # type: ignore[index]
-
-    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+    def free_blocks(self, ordered_blocks: np.ndarray) -> None:
         """Release blocks in the given order (callers pass a request's blocks tail first).
 
         Blocks reaching ref count 0 go to the back when hashed (kept longest: FIFO/LRU
         eviction among cached blocks) and to the front when not (nothing to keep, so
-        they are reused first, as in vLLM 0.31-0.33). The back is linked in the same
-        pass (``append_n`` inlined); unhashed blocks are few and prepended after.
+        they are reused first, as in vLLM 0.31-0.33).
         """
-        queue = self.free_block_queue
-        to_front: list[KVCacheBlock] = []
-        last = queue.tail.prev_free
-        appended = 0
-        for block in ordered_blocks:
-            ref = block.ref_cnt - 1
-            block.ref_cnt = ref
-            if ref == 0:
-                if block.block_hash is not None:
-                    last.next_free = block  # type: ignore[union-attr]
-                    block.prev_free = last
-                    last = block
-                    appended += 1
-                else:
-                    to_front.append(block)
-            elif ref < 0:
-                raise RuntimeError(f"{block!r} freed more often than taken (tuner bug)")
-        last.next_free = queue.tail  # type: ignore[union-attr]
-        queue.tail.prev_free = last
-        queue.num_free_blocks += appended
-        queue.prepend_n(to_front)
+        blocks = ordered_blocks
+        if not len(blocks):
+            return
+        ref = self.ref_cnt
+        if self._has_repeats(blocks):
+            zero = []
+            for block in blocks.tolist():  # a block reaches 0 at its last occurrence
+                ref[block] -= 1
+                if ref[block] == 0:
+                    zero.append(block)
+            released = np.asarray(zero, dtype=_ID)
+        else:
+            ref[blocks] -= 1
+            released = blocks[ref[blocks] == 0]
+        if (ref[blocks] < 0).any():
+            raise RuntimeError("a block was freed more often than taken (tuner bug)")
+        if len(released):
+            hashed = self.block_hash[released] >= 0
+            queue = self.free_block_queue
+            queue.append_n(released[hashed])
+            queue.prepend_n(released[~hashed])
 
     # ----------------------------------------------------------------- checks
     def check_invariants(self) -> None:
@@ -228,20 +274,25 @@ class BlockPool:
         free = self.free_block_queue.get_all_free_blocks()
         assert len(free) == self.free_block_queue.num_free_blocks, (
             f"free count {self.free_block_queue.num_free_blocks} != list length {len(free)}")
-        free_ids = {b.block_id for b in free}
+        free_ids = set(free)
         assert len(free_ids) == len(free), "a block appears twice in the free queue"
-        assert 0 not in free_ids, "null block in the free queue"
-        for block in self.blocks[1:]:
-            assert block.ref_cnt >= 0, f"{block!r} has a negative ref count"
-            assert (block.ref_cnt == 0) == (block.block_id in free_ids), (
-                f"{block!r}: ref_cnt 0 <=> in free queue violated")
-            if block.block_hash is not None:
-                entry = self.cached_block_hash_to_block.get(block.block_hash)
-                ok = entry is block or (isinstance(entry, dict)
-                                        and entry.get(block.block_id) is block)
-                assert ok, f"{block!r} carries a hash the map does not point back from"
-        for block_hash, entry in self.cached_block_hash_to_block.items():
-            members = [entry] if isinstance(entry, KVCacheBlock) else list(entry.values())
-            assert members, f"empty map entry for {block_hash}"
+        assert NULL_BLOCK not in free_ids, "null block in the free queue"
+        holders: dict[int, list[int]] = {
+            h: [int(self.first_holder[h])] + self.extra_holders.get(h, [])
+            for h in np.flatnonzero(self.first_holder >= 0).tolist()}
+        assert self.extra_holders.keys() <= holders.keys(), "extra holders of an unmapped hash"
+        assert set(np.flatnonzero(self.has_extra).tolist()) == self.extra_holders.keys(), (
+            "has_extra out of sync with extra_holders")
+        for block in range(1, self.num_gpu_blocks):
+            ref = int(self.ref_cnt[block])
+            assert ref >= 0, f"block {block} has a negative ref count"
+            assert (ref == 0) == (block in free_ids), (
+                f"block {block} (ref {ref}): ref_cnt 0 <=> in free queue violated")
+            block_hash = int(self.block_hash[block])
+            if block_hash >= 0:
+                assert block in holders.get(block_hash, ()), (
+                    f"block {block} carries hash {block_hash} the map does not point back from")
+        for block_hash, members in holders.items():
+            assert len(set(members)) == len(members), f"hash {block_hash} lists a block twice"
             for block in members:
-                assert block.block_hash == block_hash, f"map {block_hash} -> {block!r}"
+                assert self.block_hash[block] == block_hash, f"map {block_hash} -> {block}"

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable
 
 from tuner.records import ReplayResult, RequestResult, StepRecord
 from tuner.sim.batch import StepBatch
+from tuner.sim.hash_ids import intern_hashes
 from tuner.sim.load import ClosedLoop, OpenLoop
 from tuner.sim.request import SimRequest
 from tuner.sim.scheduler import Scheduler, SchedulerOutput
@@ -42,20 +43,26 @@ class Simulator:
     ``requests``: objects with ``request_id``, ``arrival_s``, ``input_len``,
     ``output_len``, ``block_hashes`` (prompt blocks at the KV block size),
     ``output_block_hashes`` (or None) and ``priority`` (``tuner.trace.TraceRequest``).
+    Hashes are raw (interned here, ``tuner.sim.hash_ids``) unless ``num_hash_ids`` is
+    given: then they are already dense ids below it (the replay path interns once per
+    trace, faster, at the trace's own block size).
     """
 
     def __init__(self, requests: Iterable[Any], settings: SchedulerSettings,
                  cache: CacheSettings, step_time: Callable[[StepBatch], float], *,
                  options: SimOptions = SimOptions(), load: OpenLoop | ClosedLoop = OpenLoop(),
-                 num_gpus: int = 1) -> None:
+                 num_gpus: int = 1, num_hash_ids: int | None = None) -> None:
         self.sources = list(requests)
+        self._hash_ids: list[tuple[Any, Any]] | None = None
+        if num_hash_ids is None:
+            self._hash_ids, num_hash_ids = intern_hashes(self.sources)
         self.settings = settings
         self.cache = cache
         self.step_time = step_time
         self.options = options
         self.load = load
         self.num_gpus = num_gpus
-        self.scheduler = Scheduler(settings, cache, options)
+        self.scheduler = Scheduler(settings, cache, options, num_hash_ids=num_hash_ids)
         # Issue order: by arrival time, ties by trace position (stable).
         self._order = sorted(range(len(self.sources)),
                              key=lambda i: (float(self.sources[i].arrival_s), i))
@@ -122,11 +129,14 @@ class Simulator:
                 or (not self.settings.enable_chunked_prefill
                     and longest > self.settings.max_num_batched_tokens)):
             return None
+        if self._hash_ids is None:
+            prompt, output = src.block_hashes, getattr(src, "output_block_hashes", None)
+        else:
+            prompt, output = self._hash_ids[index]
         return SimRequest(
             request_id=str(src.request_id), index=index, arrival_s=arrival,
             num_prompt_tokens=input_len, max_tokens=output_len, block_size=bs,
-            prompt_block_hashes=src.block_hashes,
-            output_block_hashes=getattr(src, "output_block_hashes", None),
+            prompt_block_hashes=prompt, output_block_hashes=output,
             priority=int(getattr(src, "priority", 0) or 0),
             session_id=getattr(src, "session_id", None))
 

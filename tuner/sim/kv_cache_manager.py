@@ -18,25 +18,30 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tuner.sim._free_queue import KVCacheBlock
+import numpy as np
+
 from tuner.sim.block_pool import BlockPool
 from tuner.sim.request import RequestStatus
 
 if TYPE_CHECKING:
     from tuner.sim.request import SimRequest
 
-_EMPTY: tuple = ()
+_NO_BLOCKS = np.empty(0, dtype=np.int64)
 
 
 class KVCacheManager:
     """Per-request block lists on top of a ``BlockPool``; the scheduler's only cache API."""
 
     __slots__ = ("block_pool", "block_size", "enable_caching", "max_model_len",
-                 "watermark_blocks")
+                 "watermark_blocks", "num_trace_hash_ids")
 
     def __init__(self, *, num_gpu_blocks: int, block_size: int, enable_caching: bool = True,
-                 max_model_len: int = 1 << 30, watermark: float = 0.0) -> None:
-        self.block_pool = BlockPool(num_gpu_blocks, enable_caching)
+                 max_model_len: int = 1 << 30, watermark: float = 0.0,
+                 num_hash_ids: int = 1 << 16) -> None:
+        """``num_hash_ids``: requests' hashes are ids below it (``tuner.sim.hash_ids``);
+        synthetic ids are reserved above it."""
+        self.block_pool = BlockPool(num_gpu_blocks, enable_caching, num_hash_ids)
+        self.num_trace_hash_ids = num_hash_ids
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.max_model_len = max_model_len
@@ -48,26 +53,34 @@ class KVCacheManager:
         return self.block_pool.get_usage()
 
     # ----------------------------------------------------------------- prefix lookups
-    def _longest_hit(self, request: "SimRequest") -> list["KVCacheBlock"]:
+    def adopt(self, request: "SimRequest") -> None:
+        """First contact: reserve the request's synthetic hash ids (see ``SimRequest``).
+
+        The scheduler calls it on arrival; the cache's entry points call it for requests
+        they have not seen, so the manager can be driven directly (tests).
+        """
+        if request.synthetic_base >= 0:
+            return
+        known = request.hash_array
+        if len(known) and int(known.max()) >= self.num_trace_hash_ids:
+            raise ValueError(f"{request!r}: hash id {int(known.max())} >= num_hash_ids "
+                             f"{self.num_trace_hash_ids} (intern the hashes first)")
+        request.bind_synthetic(self.block_pool.reserve_ids(request.num_synthetic_ids()))
+
+    def _longest_hit(self, request: "SimRequest") -> np.ndarray:
         # Last-token rule: cap at num_tokens - 1 so a fully cached prompt still runs
         # its last token; hits are whole blocks, so a block-aligned prompt recomputes
         # its whole last block (48 tokens -> <= 32 cached; 50 -> <= 48).
         max_blocks = (request.num_tokens - 1) // self.block_size
-        hashes = request.block_hashes
-        if max_blocks > len(hashes):
-            max_blocks = len(hashes)
-        # One C-level pass (map + index) instead of a Python loop: agentic prompts have
-        # thousands of blocks and this runs at every admission.
-        found = list(map(self.block_pool.cached_block_hash_to_block.get,
-                         hashes if max_blocks == len(hashes) else hashes[:max_blocks]))
-        try:
-            del found[found.index(None):]
-        except ValueError:
-            pass
-        if dict in set(map(type, found)):  # hashes held by several blocks: first one
-            found = [e if e.__class__ is KVCacheBlock else next(iter(e.values()))
-                     for e in found]
-        return found
+        if max_blocks > len(request.block_hashes):
+            max_blocks = len(request.block_hashes)
+        if max_blocks <= 0:
+            return _NO_BLOCKS
+        # One gather over the prompt's hash ids: agentic prompts have thousands of
+        # blocks and this runs at every admission.
+        found = self.block_pool.first_holder[request.hashes_upto(max_blocks)]
+        missing = np.flatnonzero(found < 0)
+        return found[:missing[0]] if len(missing) else found
 
     def num_hit_blocks(self, request: "SimRequest") -> int:
         """Length in blocks of the longest cached prefix, memoised across steps.
@@ -77,27 +90,26 @@ class KVCacheManager:
         and an agentic prompt has thousands of blocks. The memo covers the hit found so
         far; the request joins the pool's watched set with an index of those hashes, and
         the pool shrinks the memo when one of them leaves the map. A probe then only
-        extends the memo past its end (new registrations), usually one dict lookup.
-        Indexing is done with C-level ``zip``/``set`` operations, not a Python loop.
+        extends the memo past its end (new registrations), usually one array read.
         """
+        if request.synthetic_base < 0:
+            self.adopt(request)
         max_blocks = (request.num_tokens - 1) // self.block_size
         hashes = request.block_hashes
         if max_blocks > len(hashes):
             max_blocks = len(hashes)
-        table = self.block_pool.cached_block_hash_to_block
+        pool = self.block_pool
+        holder = pool.first_holder
         index = request.hit_index
         if index is None:
             index = request.hit_index = {}
-            self.block_pool.watched.add(request)
+            pool.watched.add(request)
             length = 0
         else:
             length = request.hit_memo
-        if length < max_blocks and hashes[length] in table:
-            present = list(map(table.__contains__, hashes[length + 1:max_blocks]))
-            try:
-                length += 1 + present.index(False)
-            except ValueError:
-                length = max_blocks
+        if length < max_blocks and holder[hashes[length]] >= 0:
+            absent = np.flatnonzero(holder[request.hashes_upto(max_blocks)[length + 1:]] < 0)
+            length = length + 1 + int(absent[0]) if len(absent) else max_blocks
         request.hit_memo = length
         start = request.hit_watched
         if length > start:  # watch the newly covered hashes (first index wins)
@@ -107,12 +119,13 @@ class KVCacheManager:
                 del items[repeated]
             index.update(items)
             request.hit_watched = length
-            self.block_pool.watched_hashes.update(new)
+            pool.watched_mask[request.hashes_upto(length)[start:]] = True
+            pool.num_watched_ids += length - start
         return length
 
     def unwatch(self, request: "SimRequest") -> None:
-        """Drop ``request``'s memo (it is admitted). The pool's hash superset is rebuilt
-        from the watched requests once stale hashes dominate it."""
+        """Drop ``request``'s memo (it is admitted). The pool's watched mask is rebuilt
+        from the watched requests once stale ids dominate it."""
         index = request.hit_index
         if index is None:
             return
@@ -122,14 +135,20 @@ class KVCacheManager:
         request.hit_index = None
         request.hit_memo = -1
         request.hit_watched = 0
-        if pool.num_stale_watched > 100_000 + 2 * len(pool.watched_hashes) // 3:
-            pool.watched_hashes = set().union(*(r.hit_index for r in pool.watched))
+        if pool.num_stale_watched > 100_000 + 2 * pool.num_watched_ids // 3:
+            pool.watched_mask[:] = False
+            pool.num_watched_ids = 0
+            for other in pool.watched:
+                pool.watched_mask[list(other.hit_index)] = True
+                pool.num_watched_ids += len(other.hit_index)
             pool.num_stale_watched = 0
 
-    def get_computed_blocks(self, request: "SimRequest") -> tuple[list["KVCacheBlock"], int]:
-        """Longest cached prefix: (blocks, tokens). Zero when prefix caching is off."""
+    def get_computed_blocks(self, request: "SimRequest") -> tuple[np.ndarray, int]:
+        """Longest cached prefix: (block ids, tokens). Zero when prefix caching is off."""
         if not self.enable_caching:
-            return [], 0
+            return _NO_BLOCKS, 0
+        if request.synthetic_base < 0:
+            self.adopt(request)
         blocks = self._longest_hit(request)
         return blocks, len(blocks) * self.block_size
 
@@ -142,7 +161,7 @@ class KVCacheManager:
     # ----------------------------------------------------------------- allocation
     def allocate_slots(self, request: "SimRequest", num_new_tokens: int,
                        num_new_computed_tokens: int = 0,
-                       new_computed_blocks: "list[KVCacheBlock] | tuple" = _EMPTY, *,
+                       new_computed_blocks: np.ndarray = _NO_BLOCKS, *,
                        full_sequence_must_fit: bool = False,
                        has_scheduled_reqs: bool = True) -> bool:
         """Give ``request`` slots for ``num_new_tokens`` more tokens; False if it cannot fit.
@@ -155,17 +174,15 @@ class KVCacheManager:
         """
         if num_new_tokens <= 0:
             raise ValueError("num_new_tokens must be greater than 0")
+        if request.synthetic_base < 0:
+            self.adopt(request)
         bs = self.block_size
         pool = self.block_pool
         held = len(request.blocks)
         num_hit = len(new_computed_blocks)
         num_local_computed = request.num_computed_tokens + num_new_computed_tokens
         total_computed = min(num_local_computed, self.max_model_len)
-        num_evictable = 0
-        if num_hit:
-            for block in new_computed_blocks:
-                if block.ref_cnt == 0:
-                    num_evictable += 1
+        num_evictable = pool.num_evictable(new_computed_blocks) if num_hit else 0
         watermark = 0
         if has_scheduled_reqs and request.status != RequestStatus.RUNNING:
             watermark = self.watermark_blocks
@@ -185,10 +202,10 @@ class KVCacheManager:
             return False
         if num_hit:
             pool.touch(new_computed_blocks)
-            request.blocks.extend(new_computed_blocks)
+            request.blocks.extend(new_computed_blocks.tolist())
             request.num_cached_blocks = len(request.blocks)
         if need:
-            request.blocks.extend(pool.get_new_blocks(need))
+            request.blocks.extend(pool.get_new_blocks(need).tolist())
         if self.enable_caching:
             num_full = min(total_computed + num_new_tokens, request.num_tokens) // bs
             if num_full > request.num_cached_blocks:
@@ -201,8 +218,7 @@ class KVCacheManager:
         """Release a finished or preempted request's blocks, tail block first."""
         blocks = request.blocks
         if blocks:
-            blocks.reverse()
-            self.block_pool.free_blocks(blocks)
+            self.block_pool.free_blocks(np.array(blocks[::-1], dtype=np.int64))
         request.blocks = []
         request.num_cached_blocks = 0
 
@@ -213,15 +229,16 @@ class KVCacheManager:
         pool.check_invariants()
         owners: dict[int, int] = {}
         for request in live_requests:
-            ids = [b.block_id for b in request.blocks]
+            ids = request.blocks
             assert len(set(ids)) == len(ids), f"{request!r} holds a block twice"
             assert 0 not in ids, f"{request!r} holds the null block"
             for block_id in ids:
                 owners[block_id] = owners.get(block_id, 0) + 1
             assert request.num_cached_blocks <= len(request.blocks)
-        for block in pool.blocks[1:]:
-            assert block.ref_cnt == owners.get(block.block_id, 0), (
-                f"{block!r}: ref_cnt != number of holders {owners.get(block.block_id, 0)}")
+        for block in range(1, pool.num_gpu_blocks):
+            assert pool.ref_cnt[block] == owners.get(block, 0), (
+                f"block {block}: ref_cnt {pool.ref_cnt[block]} != number of holders "
+                f"{owners.get(block, 0)}")
         for request in live_requests:
             if request.hit_index is not None:
                 direct = len(self._longest_hit(request))

@@ -6,15 +6,21 @@ size, full blocks only) and, where the trace knows them, of the blocks its gener
 tokens complete. ``block_hashes`` grows like vLLM's ``Request.block_hashes``: one hash
 per *full* block of the tokens known so far (prompt + generated).
 
-Hashes of generated blocks the trace does not know are synthetic and unique per
-(request, block index): negative ints, so they never equal a trace hash (uint64 >= 0),
-yet a preempted request that recomputes finds its own generated blocks again.
+Hashes are *hash ids*: the trace's 64-bit hashes interned to dense ints (equal hash,
+equal id; ``tuner.sim.hash_ids``), so the prefix cache can index arrays with them. Blocks
+the trace does not hash (missing prompt hashes, generated blocks without a trace hash)
+get synthetic ids, unique per (request, block index) and above every trace id, so they
+never match another request, yet a preempted request that recomputes finds its own
+generated blocks again. Their range is reserved by ``KVCacheManager.adopt``
+(``bind_synthetic``) when the request first reaches the cache.
 """
 
 from __future__ import annotations
 
 from enum import IntEnum
 from typing import Any, Sequence
+
+import numpy as np
 
 
 class RequestStatus(IntEnum):
@@ -54,7 +60,8 @@ class SimRequest:
         "is_prefill_chunk", "blocks", "num_cached_blocks", "block_hashes", "_output_hashes",
         "_block_size", "first_scheduled_s", "first_token_s", "last_token_s", "finish_s",
         "num_cached_tokens", "session_id", "seq", "steady", "g0", "next_event",
-        "hit_memo", "hit_index", "hit_watched",
+        "hit_memo", "hit_index", "hit_watched", "hash_array", "synthetic_base",
+        "_num_known",
     )
 
     def __init__(self, *, request_id: str, index: int, arrival_s: float, num_prompt_tokens: int,
@@ -73,15 +80,21 @@ class SimRequest:
         self.num_tokens = num_prompt_tokens
         self.num_preemptions = 0
         self.is_prefill_chunk = False  # set after each scheduling: computed < num_tokens
-        self.blocks: list = []  # KVCacheBlocks held, in sequence order (vLLM req_to_blocks)
+        self.blocks: list[int] = []  # block ids held, in sequence order (vLLM req_to_blocks)
         self.num_cached_blocks = 0  # leading blocks whose hashes are registered
         self._block_size = block_size
         n_full = num_prompt_tokens // block_size
         hashes = _as_int_list(prompt_block_hashes)[:n_full]
-        while len(hashes) < n_full:  # trace lacks some prompt hashes: unique ones
-            hashes.append(self.synthetic_hash(len(hashes)))
+        self._num_known = len(hashes)  # prompt blocks the trace hashes; the rest: synthetic
         self.block_hashes: list[int] = hashes
         self._output_hashes = _as_int_list(output_block_hashes)
+        self.synthetic_base = -1  # first synthetic id; -1 until bind_synthetic
+        # block_hashes as an array for vectorised prefix lookups; rebuilt when a
+        # lookup needs more of it (a preempted request's generated blocks).
+        if isinstance(prompt_block_hashes, np.ndarray) and len(prompt_block_hashes) >= n_full:
+            self.hash_array = prompt_block_hashes[:n_full].astype(np.int64, copy=False)
+        else:
+            self.hash_array = np.asarray(hashes, dtype=np.int64)
         self.first_scheduled_s = float("nan")
         self.first_token_s = float("nan")
         self.last_token_s = float("nan")
@@ -103,9 +116,34 @@ class SimRequest:
         self.hit_index: dict[int, int] | None = None
         self.hit_watched = 0  # leading block positions whose hashes are in hit_index
 
+    def num_synthetic_ids(self) -> int:
+        """How many synthetic ids this request can ever need (missing prompt hashes plus
+        generated blocks past the trace's output hashes)."""
+        bs = self._block_size
+        n_full = self.num_prompt_tokens // bs
+        generated = (self.num_prompt_tokens + self.max_tokens) // bs - n_full
+        return (n_full - self._num_known) + max(0, generated - len(self._output_hashes))
+
+    def bind_synthetic(self, base: int) -> None:
+        """Take ids ``base ..`` for synthetic hashes and fill the missing prompt ones."""
+        self.synthetic_base = base
+        hashes = self.block_hashes
+        n_full = self.num_prompt_tokens // self._block_size
+        if len(hashes) < n_full:
+            hashes.extend(range(base, base + n_full - len(hashes)))
+            self.hash_array = np.asarray(hashes, dtype=np.int64)
+
     def synthetic_hash(self, block_index: int) -> int:
-        """Unique, deterministic hash of block ``block_index`` of this request (< 0)."""
-        return -1 - ((self.index << 32) | block_index)
+        """Unique, deterministic id of block ``block_index`` of this request."""
+        assert self.synthetic_base >= 0, f"{self!r}: synthetic ids not bound (tuner bug)"
+        n_full = self.num_prompt_tokens // self._block_size
+        if block_index < n_full:
+            offset = block_index - self._num_known
+        else:
+            offset = n_full - self._num_known + block_index - n_full - len(self._output_hashes)
+        assert 0 <= offset < self.num_synthetic_ids(), (
+            f"{self!r}: block {block_index} past its reserved synthetic ids (tuner bug)")
+        return self.synthetic_base + offset
 
     def generated_block_hash(self, block_index: int) -> int:
         """Hash of block ``block_index`` completed by generated tokens."""
@@ -113,6 +151,13 @@ class SimRequest:
         if 0 <= j < len(self._output_hashes):
             return self._output_hashes[j]
         return self.synthetic_hash(block_index)
+
+    def hashes_upto(self, num_blocks: int) -> np.ndarray:
+        """``block_hashes[:num_blocks]`` as an array (callers keep ``num_blocks`` within
+        ``len(block_hashes)``)."""
+        if len(self.hash_array) < num_blocks:
+            self.hash_array = np.asarray(self.block_hashes, dtype=np.int64)
+        return self.hash_array[:num_blocks]
 
     def append_output_token(self) -> None:
         """One sampled token: extend ``block_hashes`` when it completes a block."""

@@ -69,7 +69,7 @@ class Scheduler(DecodeGroupSteps):
     """
 
     def __init__(self, settings: SchedulerSettings, cache: CacheSettings,
-                 options: SimOptions | None = None) -> None:
+                 options: SimOptions | None = None, *, num_hash_ids: int = 1 << 16) -> None:
         settings.validate()
         cache.validate()
         self.settings = settings
@@ -80,7 +80,7 @@ class Scheduler(DecodeGroupSteps):
         self.kv_cache_manager = KVCacheManager(
             num_gpu_blocks=cache.num_gpu_blocks, block_size=cache.block_size,
             enable_caching=cache.enable_prefix_caching, max_model_len=cache.max_model_len,
-            watermark=settings.watermark)
+            watermark=settings.watermark, num_hash_ids=num_hash_ids)
         self.policy = settings.policy
         self.waiting = create_request_queue(settings.policy)
         self.running: list[SimRequest] = []
@@ -112,6 +112,7 @@ class Scheduler(DecodeGroupSteps):
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request: SimRequest) -> None:
+        self.kv_cache_manager.adopt(request)
         request.status = _WAITING
         self.waiting.add_request(request)
 

@@ -174,6 +174,24 @@ def _split(src: np.ndarray, n_target: int, k: int) -> np.ndarray:
     return _mix64_tail(x)
 
 
+def _kv_chain(src: np.ndarray, out: np.ndarray, input_len: int, output_len: int, f: int,
+              t: int) -> tuple[np.ndarray, int, bool]:
+    """The source chain a request's KV blocks split from: ``(chain, number of KV blocks,
+    whether it runs on into the output)``, by ``reblock_request_hashes``'s rules."""
+    chain, covered, with_output = src, input_len, False
+    if out.size:
+        joined = np.concatenate([src[: input_len // f], out])
+        joined_covered = min(input_len + output_len, joined.size * f)
+        if input_len <= joined_covered:  # else the reference falls back to the prompt alone
+            chain, covered, with_output = joined, joined_covered, True
+    n_target = covered // t
+    if chain.size < -(-n_target // (f // t)):  # too few hashes: let the reference raise
+        reblock_request_hashes([int(v) for v in src], [int(v) for v in out], input_len,
+                               output_len, f, t)
+        raise AssertionError("reblock_request_hashes accepted what reblock_arrays refuses")
+    return chain, n_target, with_output
+
+
 def reblock_arrays(block_hashes: Any, output_block_hashes: Any, input_len: int,
                    output_len: int, from_block_size: int,
                    to_block_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -190,17 +208,42 @@ def reblock_arrays(block_hashes: Any, output_block_hashes: Any, input_len: int,
             [int(v) for v in src], [int(v) for v in out], input_len, output_len, f, t)
         return np.asarray(prompt, dtype=np.uint64), np.asarray(output, dtype=np.uint64)
     k = f // t
-    chain, covered, with_output = src, input_len, False
-    if out.size:
-        joined = np.concatenate([src[: input_len // f], out])
-        joined_covered = min(input_len + output_len, joined.size * f)
-        if input_len <= joined_covered:  # else the reference falls back to the prompt alone
-            chain, covered, with_output = joined, joined_covered, True
-    n_target = covered // t
-    if chain.size < -(-n_target // k):  # too few hashes: let the reference raise
-        reblock_request_hashes([int(v) for v in src], [int(v) for v in out], input_len,
-                               output_len, f, t)
-        raise AssertionError("reblock_request_hashes accepted what reblock_arrays refuses")
+    chain, n_target, with_output = _kv_chain(src, out, input_len, output_len, f, t)
     whole = chain[:n_target].copy() if k == 1 else _split(chain, n_target, k)
     n_prompt = input_len // t
     return whole[:n_prompt], (whole[n_prompt:] if with_output else _EMPTY)
+
+
+def reblock_ids(block_ids: np.ndarray, output_block_ids: np.ndarray, input_len: int,
+                output_len: int, from_block_size: int,
+                to_block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``reblock_arrays`` on dense hash *ids* (``int64``) instead of hashes.
+
+    A split KV block's hash is a function of its source hash and its position ``j`` in
+    it, so ``source id * k + j`` is a dense id of the KV hash: equal hashes, equal ids
+    (up to 64-bit collisions of the split, which ids do not have). Only for
+    ``from_block_size % to_block_size == 0``.
+    """
+    f, t = from_block_size, to_block_size
+    assert f > 0 and t > 0 and f % t == 0, "reblock_ids splits; grouping needs hashes"
+    k = f // t
+    out = output_block_ids if len(output_block_ids) else _NO_IDS
+    chain, n_target, with_output = _kv_chain(block_ids, out, input_len, output_len, f, t)
+    if k == 1:
+        whole = chain[:n_target]
+    else:
+        n_src = -(-n_target // k)
+        whole = (np.repeat(chain[:n_src] * k, k) + np.tile(_positions(k), n_src))[:n_target]
+    n_prompt = input_len // t
+    return whole[:n_prompt], (whole[n_prompt:] if with_output else _NO_IDS)
+
+
+_NO_IDS = np.zeros(0, dtype=np.int64)
+_POSITIONS: dict[int, np.ndarray] = {}
+
+
+def _positions(k: int) -> np.ndarray:
+    pos = _POSITIONS.get(k)
+    if pos is None:
+        pos = _POSITIONS[k] = np.arange(k, dtype=np.int64)
+    return pos
