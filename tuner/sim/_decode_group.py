@@ -80,10 +80,7 @@ class DecodeGroup:
             r.num_output_tokens += d
             r.num_computed_tokens += d
             r.last_token_s = self.last_end_s
-            hashes = r.block_hashes
-            n_full = r.num_tokens // self.block_size
-            while len(hashes) < n_full:
-                hashes.append(r.generated_block_hash(len(hashes)))
+            r.add_generated_hashes(r.num_tokens // self.block_size)
             r.g0 = self.G
 
     def add(self, r: "SimRequest", now_s: float) -> None:
@@ -181,7 +178,7 @@ class DecodeGroupSteps:
             if pos < last:
                 spent_before_last += n
             slot = min(request.num_computed_tokens + n, max_model_len)
-            nb = -(-slot // bs) - len(request.blocks)
+            nb = -(-slot // bs) - request.num_blocks
             if nb > 0:
                 need_blocks += nb
         if token_budget - (n_steady - 1) - spent_before_last <= 0:
@@ -220,10 +217,10 @@ class DecodeGroupSteps:
                 group.materialize(member)
                 t = member.num_tokens
                 if (t - 1) % bs == 0:
-                    member.blocks.append(pool.get_new_block())
+                    member.append_block(pool.get_new_block())
                 if caching and t % bs == 0:
                     index = t // bs - 1
-                    pool.cache_block(member.blocks[index], member.block_hashes[index])
+                    pool.cache_block(int(member.block_buf[index]), member.hash_at(index))
                     member.num_cached_blocks = index + 1
                 continue
             request, n = items[i]
@@ -273,8 +270,7 @@ class DecodeGroupSteps:
             member.last_token_s = now_s
             member.g0 = g
             if t % bs == 0:
-                hashes = member.block_hashes
-                hashes.append(member.generated_block_hash(len(hashes)))
+                member.gen_hashes.append(member.generated_block_hash(member.num_hashes))
             if out_tokens >= member.max_tokens:
                 group.remove(member)
                 member.status = RequestStatus.FINISHED
@@ -301,7 +297,7 @@ class DecodeGroupSteps:
     def _maybe_promote(self, request: SimRequest, now_s: float) -> None:
         """Move a decode-ready running request into the group."""
         if (request.num_computed_tokens == request.num_tokens - 1
-                and len(request.blocks) == -(-request.num_computed_tokens // self.block_size)
+                and request.num_blocks == -(-request.num_computed_tokens // self.block_size)
                 and not request.is_prefill_chunk):
             self.group.add(request, now_s)  # type: ignore[union-attr]
 

@@ -159,15 +159,18 @@ class BlockPool:
             self.extra_holders.setdefault(block_hash, []).append(block)
             self.has_extra[block_hash] = True
 
-    def cache_full_blocks(self, request: "SimRequest", blocks: list[int],
+    def cache_full_blocks(self, request: "SimRequest", blocks: np.ndarray,
                           num_cached_blocks: int, num_full_blocks: int) -> None:
         """Register hashes of ``blocks[num_cached_blocks:num_full_blocks]``."""
-        ids = np.asarray(blocks[num_cached_blocks:num_full_blocks], dtype=_ID)
-        if num_full_blocks <= len(request.hash_array):
+        ids = blocks[num_cached_blocks:num_full_blocks]
+        prompt = len(request.hash_array)
+        if num_full_blocks <= prompt:
             hashes = request.hash_array[num_cached_blocks:num_full_blocks]
-        else:  # generated blocks: a short slice of the list, not a rebuilt array
-            hashes = np.asarray(request.block_hashes[num_cached_blocks:num_full_blocks],
-                                dtype=_ID)
+        elif num_cached_blocks >= prompt:  # generated blocks: a short slice of the list
+            hashes = np.asarray(request.gen_hashes[num_cached_blocks - prompt:
+                                                   num_full_blocks - prompt], dtype=_ID)
+        else:
+            hashes = request.hashes_upto(num_full_blocks)[num_cached_blocks:]
         if (self.first_holder[hashes] >= 0).any() or len(set(hashes.tolist())) < len(ids):
             for block, block_hash in zip(ids.tolist(), hashes.tolist()):  # held twice
                 self.cache_block(block, block_hash)

@@ -192,7 +192,7 @@ class Simulator:
             self.itl_samples.append((gap, gaps[gap]))
         self._in_flight -= len(finished)
         for request in finished:
-            request.block_hashes = []  # drop per-request memory early
+            request.release_memory()  # drop per-request arrays early
         self.now_s = t_end
         self.num_steps += 1
 

@@ -72,8 +72,8 @@ class KVCacheManager:
         # its last token; hits are whole blocks, so a block-aligned prompt recomputes
         # its whole last block (48 tokens -> <= 32 cached; 50 -> <= 48).
         max_blocks = (request.num_tokens - 1) // self.block_size
-        if max_blocks > len(request.block_hashes):
-            max_blocks = len(request.block_hashes)
+        if max_blocks > request.num_hashes:
+            max_blocks = request.num_hashes
         if max_blocks <= 0:
             return _NO_BLOCKS
         # One gather over the prompt's hash ids: agentic prompts have thousands of
@@ -95,9 +95,9 @@ class KVCacheManager:
         if request.synthetic_base < 0:
             self.adopt(request)
         max_blocks = (request.num_tokens - 1) // self.block_size
-        hashes = request.block_hashes
-        if max_blocks > len(hashes):
-            max_blocks = len(hashes)
+        if max_blocks > request.num_hashes:
+            max_blocks = request.num_hashes
+        hashes = request.hashes_upto(max_blocks)
         pool = self.block_pool
         holder = pool.first_holder
         index = request.hit_index
@@ -108,18 +108,18 @@ class KVCacheManager:
         else:
             length = request.hit_memo
         if length < max_blocks and holder[hashes[length]] >= 0:
-            absent = np.flatnonzero(holder[request.hashes_upto(max_blocks)[length + 1:]] < 0)
+            absent = np.flatnonzero(holder[hashes[length + 1:]] < 0)
             length = length + 1 + int(absent[0]) if len(absent) else max_blocks
         request.hit_memo = length
         start = request.hit_watched
         if length > start:  # watch the newly covered hashes (first index wins)
-            new = hashes[start:length]
+            new = hashes[start:length].tolist()
             items = dict(zip(reversed(new), range(length - 1, start - 1, -1)))
             for repeated in items.keys() & index.keys():  # a hash twice in one chain
                 del items[repeated]
             index.update(items)
             request.hit_watched = length
-            pool.watched_mask[request.hashes_upto(length)[start:]] = True
+            pool.watched_mask[hashes[start:length]] = True
             pool.num_watched_ids += length - start
         return length
 
@@ -178,7 +178,7 @@ class KVCacheManager:
             self.adopt(request)
         bs = self.block_size
         pool = self.block_pool
-        held = len(request.blocks)
+        held = request.num_blocks
         num_hit = len(new_computed_blocks)
         num_local_computed = request.num_computed_tokens + num_new_computed_tokens
         total_computed = min(num_local_computed, self.max_model_len)
@@ -202,24 +202,24 @@ class KVCacheManager:
             return False
         if num_hit:
             pool.touch(new_computed_blocks)
-            request.blocks.extend(new_computed_blocks.tolist())
-            request.num_cached_blocks = len(request.blocks)
+            request.extend_blocks(new_computed_blocks)
+            request.num_cached_blocks = request.num_blocks
         if need:
-            request.blocks.extend(pool.get_new_blocks(need).tolist())
+            request.extend_blocks(pool.get_new_blocks(need))
         if self.enable_caching:
             num_full = min(total_computed + num_new_tokens, request.num_tokens) // bs
             if num_full > request.num_cached_blocks:
-                pool.cache_full_blocks(request, request.blocks, request.num_cached_blocks,
+                pool.cache_full_blocks(request, request.block_buf, request.num_cached_blocks,
                                        num_full)
                 request.num_cached_blocks = num_full
         return True
 
     def free(self, request: "SimRequest") -> None:
         """Release a finished or preempted request's blocks, tail block first."""
-        blocks = request.blocks
-        if blocks:
-            self.block_pool.free_blocks(np.array(blocks[::-1], dtype=np.int64))
-        request.blocks = []
+        n = request.num_blocks
+        if n:
+            self.block_pool.free_blocks(request.block_buf[n - 1::-1])
+        request.num_blocks = 0
         request.num_cached_blocks = 0
 
     def check_invariants(self, live_requests: "list[SimRequest]") -> None:
@@ -234,7 +234,7 @@ class KVCacheManager:
             assert 0 not in ids, f"{request!r} holds the null block"
             for block_id in ids:
                 owners[block_id] = owners.get(block_id, 0) + 1
-            assert request.num_cached_blocks <= len(request.blocks)
+            assert request.num_cached_blocks <= request.num_blocks
         for block in range(1, pool.num_gpu_blocks):
             assert pool.ref_cnt[block] == owners.get(block, 0), (
                 f"block {block}: ref_cnt {pool.ref_cnt[block]} != number of holders "

@@ -22,6 +22,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+_NO_IDS = np.zeros(0, dtype=np.int64)
+
 
 class RequestStatus(IntEnum):
     """Order matters: ``status >= FINISHED`` means done (one comparison, as in vLLM)."""
@@ -57,7 +59,8 @@ class SimRequest:
     __slots__ = (
         "request_id", "index", "arrival_s", "num_prompt_tokens", "max_tokens", "priority",
         "status", "num_computed_tokens", "num_output_tokens", "num_tokens", "num_preemptions",
-        "is_prefill_chunk", "blocks", "num_cached_blocks", "block_hashes", "_output_hashes",
+        "is_prefill_chunk", "block_buf", "num_blocks", "num_cached_blocks", "gen_hashes",
+        "_output_hashes", "_joined",
         "_block_size", "first_scheduled_s", "first_token_s", "last_token_s", "finish_s",
         "num_cached_tokens", "session_id", "seq", "steady", "g0", "next_event",
         "hit_memo", "hit_index", "hit_watched", "hash_array", "synthetic_base",
@@ -80,21 +83,25 @@ class SimRequest:
         self.num_tokens = num_prompt_tokens
         self.num_preemptions = 0
         self.is_prefill_chunk = False  # set after each scheduling: computed < num_tokens
-        self.blocks: list[int] = []  # block ids held, in sequence order (vLLM req_to_blocks)
+        # Block ids held, in sequence order (vLLM req_to_blocks): the first num_blocks
+        # of block_buf, an array so a whole prompt's blocks are freed in one call.
+        self.block_buf = _NO_IDS
+        self.num_blocks = 0
         self.num_cached_blocks = 0  # leading blocks whose hashes are registered
         self._block_size = block_size
         n_full = num_prompt_tokens // block_size
-        hashes = _as_int_list(prompt_block_hashes)[:n_full]
-        self._num_known = len(hashes)  # prompt blocks the trace hashes; the rest: synthetic
-        self.block_hashes: list[int] = hashes
-        self._output_hashes = _as_int_list(output_block_hashes)
-        self.synthetic_base = -1  # first synthetic id; -1 until bind_synthetic
-        # block_hashes as an array for vectorised prefix lookups; rebuilt when a
-        # lookup needs more of it (a preempted request's generated blocks).
-        if isinstance(prompt_block_hashes, np.ndarray) and len(prompt_block_hashes) >= n_full:
+        # Hash ids of the full blocks known so far: the prompt's (an array, for
+        # vectorised prefix lookups) then the generated ones (a list, appended to).
+        if isinstance(prompt_block_hashes, np.ndarray):
             self.hash_array = prompt_block_hashes[:n_full].astype(np.int64, copy=False)
         else:
-            self.hash_array = np.asarray(hashes, dtype=np.int64)
+            self.hash_array = np.asarray(_as_int_list(prompt_block_hashes)[:n_full],
+                                         dtype=np.int64)
+        self._num_known = len(self.hash_array)  # the rest of the prompt: synthetic ids
+        self.gen_hashes: list[int] = []
+        self._joined = self.hash_array  # hash_array + gen_hashes when a lookup needs both
+        self._output_hashes = _as_int_list(output_block_hashes)
+        self.synthetic_base = -1  # first synthetic id; -1 until bind_synthetic
         self.first_scheduled_s = float("nan")
         self.first_token_s = float("nan")
         self.last_token_s = float("nan")
@@ -127,11 +134,11 @@ class SimRequest:
     def bind_synthetic(self, base: int) -> None:
         """Take ids ``base ..`` for synthetic hashes and fill the missing prompt ones."""
         self.synthetic_base = base
-        hashes = self.block_hashes
         n_full = self.num_prompt_tokens // self._block_size
-        if len(hashes) < n_full:
-            hashes.extend(range(base, base + n_full - len(hashes)))
-            self.hash_array = np.asarray(hashes, dtype=np.int64)
+        missing = n_full - len(self.hash_array)
+        if missing > 0:
+            self.hash_array = self._joined = np.concatenate(
+                [self.hash_array, np.arange(base, base + missing, dtype=np.int64)])
 
     def synthetic_hash(self, block_index: int) -> int:
         """Unique, deterministic id of block ``block_index`` of this request."""
@@ -152,19 +159,77 @@ class SimRequest:
             return self._output_hashes[j]
         return self.synthetic_hash(block_index)
 
+    @property
+    def num_hashes(self) -> int:
+        """Full blocks whose hash is known (``len(block_hashes)``)."""
+        return len(self.hash_array) + len(self.gen_hashes)
+
+    @property
+    def block_hashes(self) -> list[int]:
+        """Hash ids of the full blocks known so far (a fresh list: for checks and tests)."""
+        return self.hash_array.tolist() + self.gen_hashes
+
+    def hash_at(self, block_index: int) -> int:
+        n = len(self.hash_array)
+        if block_index < n:
+            return int(self.hash_array[block_index])
+        return self.gen_hashes[block_index - n]
+
     def hashes_upto(self, num_blocks: int) -> np.ndarray:
-        """``block_hashes[:num_blocks]`` as an array (callers keep ``num_blocks`` within
-        ``len(block_hashes)``)."""
-        if len(self.hash_array) < num_blocks:
-            self.hash_array = np.asarray(self.block_hashes, dtype=np.int64)
-        return self.hash_array[:num_blocks]
+        """``block_hashes[:num_blocks]`` as an array (``num_blocks <= num_hashes``)."""
+        if num_blocks <= len(self.hash_array):
+            return self.hash_array[:num_blocks]
+        if len(self._joined) < num_blocks:  # a recompute reaches its generated blocks
+            self._joined = np.concatenate(
+                [self.hash_array, np.asarray(self.gen_hashes, dtype=np.int64)])
+        return self._joined[:num_blocks]
+
+    def add_generated_hashes(self, num_full_blocks: int) -> None:
+        """Extend the known hashes to ``num_full_blocks`` full blocks."""
+        n = len(self.hash_array) + len(self.gen_hashes)
+        while n < num_full_blocks:
+            self.gen_hashes.append(self.generated_block_hash(n))
+            n += 1
+
+    @property
+    def blocks(self) -> list[int]:
+        """Block ids held, in sequence order (a fresh list: for checks and tests)."""
+        return self.block_buf[:self.num_blocks].tolist()
+
+    def extend_blocks(self, block_ids: np.ndarray) -> None:
+        n = self.num_blocks
+        end = n + len(block_ids)
+        if end > len(self.block_buf):
+            self._grow_blocks(end)
+        self.block_buf[n:end] = block_ids
+        self.num_blocks = end
+
+    def append_block(self, block_id: int) -> None:
+        n = self.num_blocks
+        if n == len(self.block_buf):
+            self._grow_blocks(n + 1)
+        self.block_buf[n] = block_id
+        self.num_blocks = n + 1
+
+    def _grow_blocks(self, needed: int) -> None:
+        """Room for the longest sequence this request can reach (one allocation)."""
+        longest = -(-(self.num_prompt_tokens + self.max_tokens) // self._block_size)
+        buf = np.empty(max(needed, longest, 2 * len(self.block_buf)), dtype=np.int64)
+        buf[:self.num_blocks] = self.block_buf[:self.num_blocks]
+        self.block_buf = buf
+
+    def release_memory(self) -> None:
+        """Drop per-request arrays once finished (the replay keeps only the results)."""
+        self.block_buf = _NO_IDS
+        self.hash_array = self._joined = _NO_IDS
+        self.gen_hashes = []
 
     def append_output_token(self) -> None:
-        """One sampled token: extend ``block_hashes`` when it completes a block."""
+        """One sampled token: extend the known hashes when it completes a block."""
         self.num_output_tokens += 1
         self.num_tokens += 1
         if self.num_tokens % self._block_size == 0:
-            self.block_hashes.append(self.generated_block_hash(len(self.block_hashes)))
+            self.gen_hashes.append(self.generated_block_hash(self.num_hashes))
 
     @property
     def is_finished(self) -> bool:
@@ -173,4 +238,4 @@ class SimRequest:
     def __repr__(self) -> str:
         return (f"SimRequest({self.request_id!r}, {self.status.name}, computed="
                 f"{self.num_computed_tokens}/{self.num_tokens}, out={self.num_output_tokens}/"
-                f"{self.max_tokens}, blocks={len(self.blocks)})")
+                f"{self.max_tokens}, blocks={self.num_blocks})")

@@ -455,7 +455,7 @@ class Scheduler(DecodeGroupSteps):
         assert len(self.running) <= self.max_num_running_reqs, "running > max_num_seqs"
         for request in self.waiting:
             assert request.status in (_WAITING, _PREEMPTED), f"{request!r} in waiting"
-            assert not request.blocks, f"waiting {request!r} holds blocks"
+            assert request.num_blocks == 0, f"waiting {request!r} holds blocks"
         for request in self.running:
             assert request.status == _RUNNING, f"{request!r} in running"
             assert request.num_output_tokens < request.max_tokens
