@@ -24,7 +24,10 @@ shows both paths give byte-identical results.
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from tuner.sim.request import RequestStatus, SimRequest
 
@@ -80,7 +83,9 @@ class DecodeGroup:
             r.num_output_tokens += d
             r.num_computed_tokens += d
             r.last_token_s = self.last_end_s
-            r.add_generated_hashes(r.num_tokens // self.block_size)
+            n_full = r.num_tokens // self.block_size
+            if len(r.hash_array) + len(r.gen_hashes) < n_full:
+                r.add_generated_hashes(n_full)
             r.g0 = self.G
 
     def add(self, r: "SimRequest", now_s: float) -> None:
@@ -125,9 +130,8 @@ class DecodeGroup:
         self.odd.clear()
 
 
-def seq_order(r: "SimRequest") -> int:
-    """Sort key: running order (admission sequence number)."""
-    return r.seq
+#: Sort key: running order (admission sequence number); C-level, no Python call.
+seq_order = attrgetter("seq")
 
 
 class DecodeGroupSteps:
@@ -196,46 +200,85 @@ class DecodeGroupSteps:
                         items: list[tuple[SimRequest, int]], events: list[SimRequest]
                         ) -> tuple[int, bool]:
         """The running loop of a group step: allocations and registrations of members
-        with an event and of the other running requests, merged in running order."""
+        with an event and of the other running requests, merged in running order.
+
+        Members between two other running requests are handled as one batch (one pop
+        from the free queue for all their new blocks, one registration call for all
+        their full blocks). Within a batch, allocations precede registrations rather
+        than alternating member by member; the pool ends in the same state: a
+        registered block is held, so no allocation can take it, and an evicted hash
+        that a member registers again ends with the same first holder either way.
+        """
         group = self.group
         assert group is not None
         kvm = self.kv_cache_manager
-        pool = kvm.block_pool
-        bs = self.block_size
-        caching = kvm.enable_caching
         prefill_scheduled = False
         spent = 0
-        i = j = 0
-        n_items, n_events = len(items), len(events)
-        while i < n_items or j < n_events:
-            if j < n_events and (i >= n_items or events[j].seq < items[i][0].seq):
-                member = events[j]
-                j += 1
-                # allocate_slots(member, 1) for a decode-ready request, inlined: a new
-                # block when the computed token starts one, then the hash of a block
-                # the computed tokens fill (the plan checked the free blocks).
-                group.materialize(member)
-                t = member.num_tokens
-                if (t - 1) % bs == 0:
-                    member.append_block(pool.get_new_block())
-                if caching and t % bs == 0:
-                    index = t // bs - 1
-                    pool.cache_block(int(member.block_buf[index]), member.hash_at(index))
-                    member.num_cached_blocks = index + 1
-                continue
-            request, n = items[i]
-            i += 1
+        j = 0
+        n_events = len(events)
+        for request, n in items:
+            end = j
+            while end < n_events and events[end].seq < request.seq:
+                end += 1
+            if end > j:
+                self._member_events(events[j:end])
+                j = end
             ok = kvm.allocate_slots(request, n)
             assert ok, f"group step allocation failed for {request!r} (tuner bug)"
             out.scheduled.append((request, n))
             spent += n
             if request.is_prefill_chunk:
                 prefill_scheduled = True
+        if j < n_events:
+            self._member_events(events[j:] if j else events)
         out.group_size = group.size
         out.group_sum_tokens = group.sum_tokens
         out.group_events = events
         out.total_num_scheduled_tokens += group.size + spent
         return token_budget - group.size - spent, prefill_scheduled
+
+    def _member_events(self, members: list[SimRequest]) -> None:
+        """``allocate_slots(member, 1)`` for decode-ready members, batched: a new block
+        for each whose computed token starts one, then the hashes of the blocks the
+        computed tokens fill (the plan checked the free blocks)."""
+        group = self.group
+        assert group is not None
+        pool = self.kv_cache_manager.block_pool
+        bs = self.block_size
+        caching = self.kv_cache_manager.enable_caching
+        g, last_end = group.G, group.last_end_s
+        takers: list[SimRequest] = []
+        fillers: list[SimRequest] = []
+        for m in members:
+            d = g - m.g0  # group.materialize(m), inlined
+            t = m.num_tokens
+            if d:
+                t += d
+                m.num_tokens = t
+                m.num_output_tokens += d
+                m.num_computed_tokens += d
+                m.last_token_s = last_end
+                m.g0 = g
+                if len(m.hash_array) + len(m.gen_hashes) < t // bs:
+                    m.add_generated_hashes(t // bs)
+            if (t - 1) % bs == 0:
+                takers.append(m)
+            if caching and t % bs == 0:
+                fillers.append(m)
+        if takers:
+            new = pool.get_new_blocks(len(takers)) if len(takers) > 1 else (
+                pool.get_new_block(),)
+            for m, block in zip(takers, new):
+                m.append_block(block)
+        if fillers:
+            blocks, hashes = [], []
+            for m in fillers:
+                index = m.num_tokens // bs - 1
+                blocks.append(m.block_buf[index])
+                hashes.append(m.hash_at(index))
+                m.num_cached_blocks = index + 1
+            pool.cache_blocks(np.asarray(blocks, dtype=np.int64),
+                              np.asarray(hashes, dtype=np.int64))
 
     def _group_tokens(self, out: SchedulerOutput, now_s: float, gaps: dict[float, int],
                       finished: list[SimRequest]) -> None:

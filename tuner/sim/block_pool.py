@@ -171,13 +171,17 @@ class BlockPool:
                                                    num_full_blocks - prompt], dtype=_ID)
         else:
             hashes = request.hashes_upto(num_full_blocks)[num_cached_blocks:]
-        if (self.first_holder[hashes] >= 0).any() or len(set(hashes.tolist())) < len(ids):
-            for block, block_hash in zip(ids.tolist(), hashes.tolist()):  # held twice
+        self.cache_blocks(ids, hashes)
+
+    def cache_blocks(self, blocks: np.ndarray, hashes: np.ndarray) -> None:
+        """Register ``hashes[i]`` for ``blocks[i]``, in order (as ``cache_block`` each)."""
+        if (self.first_holder[hashes] >= 0).any() or len(set(hashes.tolist())) < len(blocks):
+            for block, block_hash in zip(blocks.tolist(), hashes.tolist()):  # held twice
                 self.cache_block(block, block_hash)
             return
-        assert (self.block_hash[ids] < 0).all(), "a block cached twice (BlockPool bug)"
-        self.block_hash[ids] = hashes
-        self.first_holder[hashes] = ids
+        assert (self.block_hash[blocks] < 0).all(), "a block cached twice (BlockPool bug)"
+        self.block_hash[blocks] = hashes
+        self.first_holder[hashes] = blocks
 
     def _evict_many(self, blocks: np.ndarray, hashes: np.ndarray) -> None:
         """Drop the cached hashes of freshly popped ``blocks`` (vectorised when each is
