@@ -174,12 +174,23 @@ class BlockPool:
         self.cache_blocks(ids, hashes)
 
     def cache_blocks(self, blocks: np.ndarray, hashes: np.ndarray) -> None:
-        """Register ``hashes[i]`` for ``blocks[i]``, in order (as ``cache_block`` each)."""
-        if (self.first_holder[hashes] >= 0).any() or len(set(hashes.tolist())) < len(blocks):
+        """Register ``hashes[i]`` for ``blocks[i]``, in order (as ``cache_block`` each).
+
+        Hashes new to the map are stored in one vectorised pass; a hash already held
+        (or twice in the batch) adds a holder, one by one in batch order. Holders of
+        different hashes are independent, so splitting the batch changes nothing.
+        """
+        if len(blocks) > 1 and len(set(hashes.tolist())) < len(blocks):
             for block, block_hash in zip(blocks.tolist(), hashes.tolist()):  # held twice
                 self.cache_block(block, block_hash)
             return
         assert (self.block_hash[blocks] < 0).all(), "a block cached twice (BlockPool bug)"
+        held = self.first_holder[hashes] >= 0
+        if held.any():
+            for block, block_hash in zip(blocks[held].tolist(), hashes[held].tolist()):
+                self.cache_block(block, block_hash)
+            fresh = ~held
+            blocks, hashes = blocks[fresh], hashes[fresh]
         self.block_hash[blocks] = hashes
         self.first_holder[hashes] = blocks
 
@@ -229,10 +240,13 @@ class BlockPool:
             if index is not None and request.hit_memo > index:
                 request.hit_memo = index
 
-    def touch(self, blocks: np.ndarray) -> None:
-        """Adopt prefix-cache hits: free ones leave the free queue; ref count + 1."""
+    def touch(self, blocks: np.ndarray) -> bool:
+        """Adopt prefix-cache hits: free ones leave the free queue; ref count + 1.
+
+        Returns whether a block occurred twice (a hash repeated in one chain).
+        """
         if not len(blocks):
-            return
+            return False
         ref = self.ref_cnt
         if self._has_repeats(blocks):
             queue = self.free_block_queue
@@ -240,14 +254,18 @@ class BlockPool:
                 if ref[block] == 0:
                     queue.remove(block)
                 ref[block] += 1
-            return
+            return True
         was_free = blocks[ref[blocks] == 0]
         if len(was_free):
             self.free_block_queue.remove_many(was_free)
         ref[blocks] += 1
+        return False
 
-    def free_blocks(self, ordered_blocks: np.ndarray) -> None:
+    def free_blocks(self, ordered_blocks: np.ndarray, may_repeat: bool = True) -> None:
         """Release blocks in the given order (callers pass a request's blocks tail first).
+
+        ``may_repeat=False``: the caller knows no block occurs twice (a request whose
+        prefix hit named distinct blocks), which skips the check.
 
         Blocks reaching ref count 0 go to the back when hashed (kept longest: FIFO/LRU
         eviction among cached blocks) and to the front when not (nothing to keep, so
@@ -257,7 +275,7 @@ class BlockPool:
         if not len(blocks):
             return
         ref = self.ref_cnt
-        if self._has_repeats(blocks):
+        if may_repeat and self._has_repeats(blocks):
             zero = []
             for block in blocks.tolist():  # a block reaches 0 at its last occurrence
                 ref[block] -= 1

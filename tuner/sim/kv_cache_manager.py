@@ -201,7 +201,8 @@ class KVCacheManager:
         if need + num_evictable + watermark > free:
             return False
         if num_hit:
-            pool.touch(new_computed_blocks)
+            if pool.touch(new_computed_blocks):
+                request.repeated_blocks = True
             request.extend_blocks(new_computed_blocks)
             request.num_cached_blocks = request.num_blocks
         if need:
@@ -218,7 +219,9 @@ class KVCacheManager:
         """Release a finished or preempted request's blocks, tail block first."""
         n = request.num_blocks
         if n:
-            self.block_pool.free_blocks(request.block_buf[n - 1::-1])
+            self.block_pool.free_blocks(request.block_buf[n - 1::-1],
+                                        may_repeat=request.repeated_blocks)
+        request.repeated_blocks = False
         request.num_blocks = 0
         request.num_cached_blocks = 0
 

@@ -60,7 +60,7 @@ class SimRequest:
         "request_id", "index", "arrival_s", "num_prompt_tokens", "max_tokens", "priority",
         "status", "num_computed_tokens", "num_output_tokens", "num_tokens", "num_preemptions",
         "is_prefill_chunk", "block_buf", "num_blocks", "num_cached_blocks", "gen_hashes",
-        "_output_hashes", "_joined",
+        "_output_hashes", "_joined", "repeated_blocks",
         "_block_size", "first_scheduled_s", "first_token_s", "last_token_s", "finish_s",
         "num_cached_tokens", "session_id", "seq", "steady", "g0", "next_event",
         "hit_memo", "hit_index", "hit_watched", "hash_array", "synthetic_base",
@@ -87,6 +87,9 @@ class SimRequest:
         # of block_buf, an array so a whole prompt's blocks are freed in one call.
         self.block_buf = _NO_IDS
         self.num_blocks = 0
+        # Whether a block occurs twice in block_buf (a hit over a hash repeated in the
+        # chain; vLLM then holds the block twice too): freeing must count each.
+        self.repeated_blocks = False
         self.num_cached_blocks = 0  # leading blocks whose hashes are registered
         self._block_size = block_size
         n_full = num_prompt_tokens // block_size
