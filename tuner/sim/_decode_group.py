@@ -259,8 +259,11 @@ class DecodeGroupSteps:
                 m.num_computed_tokens += d
                 m.last_token_s = last_end
                 m.g0 = g
-                if len(m.hash_array) + len(m.gen_hashes) < t // bs:
-                    m.add_generated_hashes(t // bs)
+                gen = m.gen_hashes
+                n = len(m.hash_array) + len(gen)
+                while n < t // bs:  # m.add_generated_hashes(t // bs), inlined
+                    gen.append(m.generated_block_hash(n))
+                    n += 1
             if (t - 1) % bs == 0:
                 takers.append(m)
             if caching and t % bs == 0:
@@ -269,13 +272,20 @@ class DecodeGroupSteps:
             new = pool.get_new_blocks(len(takers)) if len(takers) > 1 else (
                 pool.get_new_block(),)
             for m, block in zip(takers, new):
-                m.append_block(block)
+                n = m.num_blocks  # m.append_block(block), inlined
+                if n < len(m.block_buf):
+                    m.block_buf[n] = block
+                    m.num_blocks = n + 1
+                else:
+                    m.append_block(block)
         if fillers:
             blocks, hashes = [], []
             for m in fillers:
                 index = m.num_tokens // bs - 1
                 blocks.append(m.block_buf[index])
-                hashes.append(m.hash_at(index))
+                prompt = len(m.hash_array)  # m.hash_at(index), inlined
+                hashes.append(m.gen_hashes[index - prompt] if index >= prompt
+                              else m.hash_array[index])
                 m.num_cached_blocks = index + 1
             pool.cache_blocks(np.asarray(blocks, dtype=np.int64),
                               np.asarray(hashes, dtype=np.int64))

@@ -86,9 +86,9 @@ class KVCacheManager:
         """Length in blocks of the longest cached prefix, memoised across steps.
 
         Same value as ``len(_longest_hit(request))`` (check_invariants compares them).
-        Why: a waiting request is probed every step (the blocked head, PR #54625's window)
-        and an agentic prompt has thousands of blocks. The memo covers the hit found so
-        far; the request joins the pool's watched set with an index of those hashes, and
+        Why: a waiting request is probed every step (the blocked head, PR #54625's window),
+        for thousands of steps under pressure, and an agentic prompt has thousands of
+        blocks. The memo covers the hit found so far; the request joins the pool's watched set with an index of those hashes, and
         the pool shrinks the memo when one of them leaves the map. A probe then only
         extends the memo past its end (new registrations), usually one array read.
         """
@@ -182,23 +182,24 @@ class KVCacheManager:
         num_hit = len(new_computed_blocks)
         num_local_computed = request.num_computed_tokens + num_new_computed_tokens
         total_computed = min(num_local_computed, self.max_model_len)
-        num_evictable = pool.num_evictable(new_computed_blocks) if num_hit else 0
         watermark = 0
         if has_scheduled_reqs and request.status != RequestStatus.RUNNING:
             watermark = self.watermark_blocks
         free = pool.free_block_queue.num_free_blocks
+        need_full = 0
         if full_sequence_must_fit:
             full = min(request.num_tokens, self.max_model_len)
-            need = -(-full // bs) - held - num_hit
-            if (need if need > 0 else 0) + num_evictable + watermark > free:
-                return False
+            need_full = max(-(-full // bs) - held - num_hit, 0)
         num_slot = total_computed + num_new_tokens
         if num_slot > self.max_model_len:
             num_slot = self.max_model_len
-        need = -(-num_slot // bs) - held - num_hit
-        if need < 0:
-            need = 0
-        if need + num_evictable + watermark > free:
+        need = max(-(-num_slot // bs) - held - num_hit, 0)
+        # Both checks without the evictable hit blocks first: a request that fails
+        # anyway skips counting them.
+        if max(need, need_full) + watermark > free:
+            return False
+        num_evictable = pool.num_evictable(new_computed_blocks) if num_hit else 0
+        if max(need, need_full) + num_evictable + watermark > free:
             return False
         if num_hit:
             if pool.touch(new_computed_blocks):
