@@ -13,7 +13,6 @@ journal next to the profile (``profiles/NAME.optuna-journal``).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import pathlib
@@ -24,13 +23,13 @@ from tuner.errors import ConfigError, StudyNotFound
 from tuner.tune import (Objective, Point, default_journal_path, open_storage, pareto_front,
                         parse_objectives, redact_url, select)
 from tuner.tune.storage import journal_path, quiet_optuna
+from tuner.tune.survivors import STAGE2_SUFFIX, settings_key
 
 if TYPE_CHECKING:
     import optuna
 
     from tuner.profile import Profile
 
-_STAGE2_SUFFIX = ".full"  # tuner.tune.study's name for the stage-2 study
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +76,6 @@ class ReportData:
         return {}
 
 
-def _key(settings: dict[str, Any]) -> str:
-    return json.dumps(settings, sort_keys=True)  # the same key tuner.tune.study uses
-
-
 def find_study_storage(profile_path: pathlib.Path | None, profile: "Profile | None",
                        storage: str | None) -> str | None:
     """The storage of a profile's study: ``storage`` if given, else the journal named in
@@ -106,7 +101,7 @@ def find_study_storage(profile_path: pathlib.Path | None, profile: "Profile | No
 def _study_names(storage_obj: Any) -> list[str]:
     import optuna
 
-    return [n for n in optuna.get_all_study_names(storage_obj) if not n.endswith(_STAGE2_SUFFIX)]
+    return [n for n in optuna.get_all_study_names(storage_obj) if not n.endswith(STAGE2_SUFFIX)]
 
 
 def load_report_data(*, profile: str | os.PathLike[str] | None = None, study: str | None = None,
@@ -154,7 +149,7 @@ def load_report_data(*, profile: str | os.PathLike[str] | None = None, study: st
             raise StudyNotFound(f"no study {name!r} in {redact_url(url)}; existing: "
                                 f"{', '.join(_study_names(storage_obj)) or 'none'}") from None
         try:
-            st2 = optuna.load_study(study_name=name + _STAGE2_SUFFIX, storage=storage_obj)
+            st2 = optuna.load_study(study_name=name + STAGE2_SUFFIX, storage=storage_obj)
         except KeyError:
             st2 = None
         data = _from_study(st, st2, prof, notes)
@@ -197,7 +192,7 @@ def _from_study(st: "optuna.Study", st2: "optuna.Study | None", prof: "Profile |
                                 settings=a.get("settings", {}), metrics=a.get("metrics", {}),
                                 feasible=all(v <= 0 for v in (t.constraints or {}).values()),
                                 is_baseline=a.get("role") == "baseline",
-                                holdout=held.get(a.get("key", _key(a.get("settings", {}))))))
+                                holdout=held.get(a.get("key", settings_key(a.get("settings", {}))))))
     else:
         notes.append("The stage-2 study (training-window replays) is missing: the tuning run "
                      "did not reach stage 2; the Pareto chart is empty.")
@@ -215,8 +210,8 @@ def _choose(data: ReportData) -> None:
         return
     prof = data.profile
     if prof is not None:
-        want = _key(prof.scheduler.to_dict())
-        match = next((p for p in data.stage2 if _key(p.settings) == want), None)
+        want = settings_key(prof.scheduler.to_dict())
+        match = next((p for p in data.stage2 if settings_key(p.settings) == want), None)
         sel = prof.predicted.get("selection") or {}
         data.rule, data.reason = str(sel.get("rule", "")), str(sel.get("reason", ""))
         if match is not None:
