@@ -145,14 +145,16 @@ def test_memoised_hit_shrinks_on_eviction_and_grows_on_registration():
     kvm = cached_pool(6, (48, [1, 2, 3]))  # free queue [4, 5?]: blocks 1-3 cached
     waiter = make_request("w", 64, [1, 2, 3, 4])
     assert kvm.num_hit_blocks(waiter) == 3
-    assert waiter.hit_index == {1: 0, 2: 1, 3: 2}
     pool = kvm.block_pool
+    assert waiter in pool.watched and pool.watched_mask[[1, 2, 3]].all()
+    epoch = pool.watch_epoch
     # Take blocks until block 2 (hash 2) is reallocated: the memo drops to 1 block.
     taken = []
     while pool.block_hash[2] >= 0:
         taken.extend(pool.get_new_blocks(1).tolist())
-    assert waiter.hit_memo == 1
+    assert pool.watch_epoch > epoch  # a covered hash left: the memo is stale
     assert kvm.num_hit_blocks(waiter) == len(kvm._longest_hit(waiter)) == 1
+    assert waiter.hit_memo == 1 and waiter.hit_epoch == pool.watch_epoch
     pool.free_blocks(np.asarray(taken))
     # Registering hash 2 again (another request computes it) extends the memo.
     other = make_request("o", 32, [1, 2], status=RequestStatus.RUNNING)
@@ -160,7 +162,7 @@ def test_memoised_hit_shrinks_on_eviction_and_grows_on_registration():
     assert kvm.allocate_slots(other, 32 - hit, hit, blocks)
     assert kvm.num_hit_blocks(waiter) == len(kvm._longest_hit(waiter)) == 2
     kvm.unwatch(waiter)
-    assert waiter.hit_index is None and waiter not in pool.watched
+    assert waiter.hit_memo == -1 and waiter not in pool.watched
 
 
 def test_memo_stays_exact_through_a_pressured_replay():
@@ -181,10 +183,8 @@ def test_memo_with_a_hash_repeated_in_one_chain_uses_its_first_position():
     kvm = cached_pool(8, (48, [5, 6, 5]))  # a (pathological) chain repeating hash 5
     waiter = make_request("w", 64, [5, 6, 5, 7])
     assert kvm.num_hit_blocks(waiter) == 3
-    assert waiter.hit_index == {5: 0, 6: 1}
     pool = kvm.block_pool
     taken = []
     while pool.get_cached_block(5) is not None:  # evict every block carrying hash 5
         taken.extend(pool.get_new_blocks(1).tolist())
-    assert waiter.hit_memo == 0
     assert kvm.num_hit_blocks(waiter) == len(kvm._longest_hit(waiter)) == 0

@@ -53,7 +53,7 @@ class BlockPool:
     __slots__ = ("num_gpu_blocks", "enable_caching", "ref_cnt", "block_hash",
                  "free_block_queue", "first_holder", "extra_holders", "has_extra",
                  "num_hash_ids", "null_block", "num_evictions", "watched", "watched_mask",
-                 "num_watched_ids", "num_stale_watched", "_mark", "_positions")
+                 "num_watched_ids", "num_stale_watched", "watch_epoch", "_mark", "_positions")
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool = True,
                  num_hash_ids: int = 1 << 16) -> None:
@@ -72,13 +72,14 @@ class BlockPool:
         self.extra_holders: dict[int, list[int]] = {}
         self.null_block = NULL_BLOCK
         self.num_evictions = 0  # cached hashes dropped by reallocation
-        # Waiting requests whose memoised prefix hit (``SimRequest.hit_memo``) must
-        # shrink when one of their hashes leaves the map (KVCacheManager.num_hit_blocks),
-        # and a superset of their hashes as a mask, so an eviction costs one gather.
+        # Waiting requests with a memoised prefix hit (``SimRequest.hit_memo``) and a
+        # superset of the hash ids their memos cover, so an eviction tells in one read
+        # whether memos may be stale (KVCacheManager.num_hit_blocks).
         self.watched: set = set()
         self.watched_mask = np.zeros(len(self.first_holder), dtype=bool)
         self.num_watched_ids = 0  # ids set in the mask (with stale ones)
         self.num_stale_watched = 0  # ids of unwatched requests still in the mask
+        self.watch_epoch = 0  # bumped when a marked id leaves the map: memos are stale
         # Scratch for the duplicate check of a block batch (see _has_repeats).
         self._mark = np.zeros(num_gpu_blocks, dtype=_ID)
         self._positions = np.arange(1024, dtype=_ID)
@@ -209,9 +210,8 @@ class BlockPool:
             self.first_holder[hashes] = -1
             self.block_hash[blocks] = -1
             self.num_evictions += len(blocks)
-            gone = hashes[self.watched_mask[hashes]]
-            for block_hash in gone.tolist():
-                self._hash_gone(block_hash)
+            if self.watched_mask[hashes].any():
+                self.watch_epoch += 1
 
     def _evict(self, block: int, block_hash: int) -> None:
         """Drop ``block``'s cached hash ``block_hash`` (it is being reallocated)."""
@@ -220,7 +220,7 @@ class BlockPool:
                 f"hash map does not point {block_hash} at block {block} (BlockPool bug)")
             self.first_holder[block_hash] = -1
             if self.watched_mask[block_hash]:
-                self._hash_gone(block_hash)
+                self.watch_epoch += 1
         else:
             extra = self.extra_holders[block_hash]
             if self.first_holder[block_hash] == block:
@@ -232,13 +232,6 @@ class BlockPool:
                 self.has_extra[block_hash] = False
         self.block_hash[block] = -1
         self.num_evictions += 1
-
-    def _hash_gone(self, block_hash: int) -> None:
-        """A watched hash left the map: shrink the memoised hits that reached past it."""
-        for request in self.watched:
-            index = request.hit_index.get(block_hash)
-            if index is not None and request.hit_memo > index:
-                request.hit_memo = index
 
     def touch(self, blocks: np.ndarray) -> bool:
         """Adopt prefix-cache hits: free ones leave the free queue; ref count + 1.

@@ -88,59 +88,56 @@ class KVCacheManager:
         Same value as ``len(_longest_hit(request))`` (check_invariants compares them).
         Why: a waiting request is probed every step (the blocked head, PR #54625's window),
         for thousands of steps under pressure, and an agentic prompt has thousands of
-        blocks. The memo covers the hit found so far; the request joins the pool's watched set with an index of those hashes, and
-        the pool shrinks the memo when one of them leaves the map. A probe then only
-        extends the memo past its end (new registrations), usually one array read.
+        blocks. The memo ``hit_memo`` holds while no hash it covers left the map: the
+        pool marks the covered hash ids in ``watched_mask`` and bumps ``watch_epoch`` when
+        it evicts a marked one, so a memo from the current epoch only needs extending
+        past its end (new registrations: usually one array read); an older one is
+        recomputed with one gather. No per-request index is kept (building one per
+        watched prompt cost more than the recomputes it saved).
         """
         if request.synthetic_base < 0:
             self.adopt(request)
-        max_blocks = (request.num_tokens - 1) // self.block_size
-        if max_blocks > request.num_hashes:
-            max_blocks = request.num_hashes
-        hashes = request.hashes_upto(max_blocks)
         pool = self.block_pool
-        holder = pool.first_holder
-        index = request.hit_index
-        if index is None:
-            index = request.hit_index = {}
+        length = request.hit_memo
+        if length < 0:
             pool.watched.add(request)
-            length = 0
+        if length < 0 or request.hit_epoch != pool.watch_epoch:
+            length = len(self._longest_hit(request))
+            request.hit_epoch = pool.watch_epoch
         else:
-            length = request.hit_memo
-        if length < max_blocks and holder[hashes[length]] >= 0:
-            absent = np.flatnonzero(holder[hashes[length + 1:]] < 0)
-            length = length + 1 + int(absent[0]) if len(absent) else max_blocks
+            max_blocks = (request.num_tokens - 1) // self.block_size
+            if max_blocks > request.num_hashes:
+                max_blocks = request.num_hashes
+            if length < max_blocks:
+                hashes = request.hashes_upto(max_blocks)
+                holder = pool.first_holder
+                if holder[hashes[length]] >= 0:
+                    absent = np.flatnonzero(holder[hashes[length + 1:]] < 0)
+                    length = length + 1 + int(absent[0]) if len(absent) else max_blocks
         request.hit_memo = length
         start = request.hit_watched
-        if length > start:  # watch the newly covered hashes (first index wins)
-            new = hashes[start:length].tolist()
-            items = dict(zip(reversed(new), range(length - 1, start - 1, -1)))
-            for repeated in items.keys() & index.keys():  # a hash twice in one chain
-                del items[repeated]
-            index.update(items)
-            request.hit_watched = length
-            pool.watched_mask[hashes[start:length]] = True
+        if length > start:  # mark the newly covered hash ids
+            pool.watched_mask[request.hashes_upto(length)[start:]] = True
             pool.num_watched_ids += length - start
+            request.hit_watched = length
         return length
 
     def unwatch(self, request: "SimRequest") -> None:
         """Drop ``request``'s memo (it is admitted). The pool's watched mask is rebuilt
         from the watched requests once stale ids dominate it."""
-        index = request.hit_index
-        if index is None:
+        if request.hit_memo < 0:
             return
         pool = self.block_pool
         pool.watched.discard(request)
-        pool.num_stale_watched += len(index)
-        request.hit_index = None
+        pool.num_stale_watched += request.hit_watched
         request.hit_memo = -1
         request.hit_watched = 0
         if pool.num_stale_watched > 100_000 + 2 * pool.num_watched_ids // 3:
             pool.watched_mask[:] = False
             pool.num_watched_ids = 0
             for other in pool.watched:
-                pool.watched_mask[list(other.hit_index)] = True
-                pool.num_watched_ids += len(other.hit_index)
+                pool.watched_mask[other.hashes_upto(other.hit_watched)] = True
+                pool.num_watched_ids += other.hit_watched
             pool.num_stale_watched = 0
 
     def get_computed_blocks(self, request: "SimRequest") -> tuple[np.ndarray, int]:
@@ -244,9 +241,10 @@ class KVCacheManager:
                 f"block {block}: ref_cnt {pool.ref_cnt[block]} != number of holders "
                 f"{owners.get(block, 0)}")
         for request in live_requests:
-            if request.hit_index is not None:
+            if request.hit_memo >= 0:
                 direct = len(self._longest_hit(request))
-                assert request.hit_memo <= direct, f"{request!r}: memoised hit too long"
+                if request.hit_epoch == pool.watch_epoch:
+                    assert request.hit_memo <= direct, f"{request!r}: memoised hit too long"
                 assert self.num_hit_blocks(request) == direct, f"{request!r}: memo != walk"
         used = len(owners)
         free = pool.get_num_free_blocks()

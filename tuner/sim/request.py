@@ -63,7 +63,7 @@ class SimRequest:
         "_output_hashes", "_joined", "repeated_blocks",
         "_block_size", "first_scheduled_s", "first_token_s", "last_token_s", "finish_s",
         "num_cached_tokens", "session_id", "seq", "steady", "g0", "next_event",
-        "hit_memo", "hit_index", "hit_watched", "hash_array", "synthetic_base",
+        "hit_memo", "hit_epoch", "hit_watched", "hash_array", "synthetic_base",
         "_num_known",
     )
 
@@ -119,12 +119,13 @@ class SimRequest:
         self.steady = False
         self.g0 = 0
         self.next_event = -1
-        # Memoised prefix hit of a waiting request, in blocks (-1: none), kept exact by
-        # the pool through ``hit_index`` (hash -> first block index of the memo's
-        # hashes; None when not watched). See KVCacheManager.num_hit_blocks.
+        # Memoised prefix hit of a waiting request, in blocks (-1: not watched), valid
+        # while ``hit_epoch`` equals the pool's ``watch_epoch``; its first
+        # ``hit_watched`` hash ids are marked in the pool's ``watched_mask``. See
+        # KVCacheManager.num_hit_blocks.
         self.hit_memo = -1
-        self.hit_index: dict[int, int] | None = None
-        self.hit_watched = 0  # leading block positions whose hashes are in hit_index
+        self.hit_epoch = -1
+        self.hit_watched = 0
 
     def num_synthetic_ids(self) -> int:
         """How many synthetic ids this request can ever need (missing prompt hashes plus

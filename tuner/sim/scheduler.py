@@ -288,7 +288,7 @@ class Scheduler(DecodeGroupSteps):
             if len(running) >= self.max_num_running_reqs:
                 break
             request = waiting[0]
-            if request.hit_index is not None and self._surely_blocked(
+            if request.hit_memo >= 0 and self._surely_blocked(
                     request, token_budget, threshold, defer):
                 break
             # Twin: every waiting request has num_computed_tokens == 0 (no connector).
@@ -306,7 +306,7 @@ class Scheduler(DecodeGroupSteps):
             if not kvm.allocate_slots(request, num_new, num_hit, hit_blocks,
                                       full_sequence_must_fit=full_fit,
                                       has_scheduled_reqs=bool(running)):
-                if kvm.enable_caching and request.hit_index is None:
+                if kvm.enable_caching and request.hit_memo < 0:
                     kvm.num_hit_blocks(request)  # memoise: it will be probed again
                 break  # head-of-line blocking: no preemption from the waiting loop
             kvm.unwatch(request)
