@@ -186,13 +186,20 @@ class BlockPool:
                 self.cache_block(block, block_hash)
             return
         assert (self.block_hash[blocks] < 0).all(), "a block cached twice (BlockPool bug)"
+        self.block_hash[blocks] = hashes
         held = self.first_holder[hashes] >= 0
-        if held.any():
-            for block, block_hash in zip(blocks[held].tolist(), hashes[held].tolist()):
-                self.cache_block(block, block_hash)
+        if held.any():  # an extra holder each (the hashes are distinct here)
+            more, ids = blocks[held], hashes[held]
+            self.has_extra[ids] = True
+            extra = self.extra_holders
+            for block, block_hash in zip(more.tolist(), ids.tolist()):
+                holders = extra.get(block_hash)
+                if holders is None:
+                    extra[block_hash] = [block]
+                else:
+                    holders.append(block)
             fresh = ~held
             blocks, hashes = blocks[fresh], hashes[fresh]
-        self.block_hash[blocks] = hashes
         self.first_holder[hashes] = blocks
 
     def _evict_many(self, blocks: np.ndarray, hashes: np.ndarray) -> None:
@@ -200,9 +207,8 @@ class BlockPool:
         its hash's only holder, the common case)."""
         shared = self.has_extra[hashes]
         if shared.any():
-            for block, block_hash in zip(blocks[shared].tolist(), hashes[shared].tolist()):
-                self._evict(block, block_hash)
             keep = ~shared
+            self._evict_shared(blocks[shared], hashes[shared])
             blocks, hashes = blocks[keep], hashes[keep]
         if len(blocks):
             assert (self.first_holder[hashes] == blocks).all(), (
@@ -212,6 +218,31 @@ class BlockPool:
             self.num_evictions += len(blocks)
             if self.watched_mask[hashes].any():
                 self.watch_epoch += 1
+
+    def _evict_shared(self, blocks: np.ndarray, hashes: np.ndarray) -> None:
+        """``_evict`` for blocks whose hashes have several holders: the first holder
+        passes to the next one registered, else the block leaves the extra list."""
+        if len(set(hashes.tolist())) < len(hashes):  # two holders of one hash popped
+            for block, block_hash in zip(blocks.tolist(), hashes.tolist()):
+                self._evict(block, block_hash)
+            return
+        extra = self.extra_holders
+        first = self.first_holder
+        emptied = []
+        for block, block_hash, head in zip(blocks.tolist(), hashes.tolist(),
+                                           first[hashes].tolist()):
+            holders = extra[block_hash]
+            if head == block:
+                first[block_hash] = holders.pop(0)
+            else:
+                holders.remove(block)
+            if not holders:
+                del extra[block_hash]
+                emptied.append(block_hash)
+        if emptied:
+            self.has_extra[emptied] = False
+        self.block_hash[blocks] = -1
+        self.num_evictions += len(blocks)
 
     def _evict(self, block: int, block_hash: int) -> None:
         """Drop ``block``'s cached hash ``block_hash`` (it is being reallocated)."""
