@@ -265,24 +265,6 @@ class BlockPool:
             block.ref_cnt += 1
         queue.num_free_blocks -= removed
 
-    def cache_full_blocks(self, request: "object", blocks: list[KVCacheBlock],
-                          num_cached_blocks: int, num_full_blocks: int) -> None:
-        """Register hashes of ``blocks[num_cached_blocks:num_full_blocks]``."""
-        hashes = request.block_hashes
-        table = self.cached_block_hash_to_block
-        for i in range(num_cached_blocks, num_full_blocks):
-            block = blocks[i]
-            assert block.block_hash is None, f"{block!r} already cached (BlockPool bug)"
-            block_hash = hashes[i]
-            block.block_hash = block_hash
-            entry = table.get(block_hash)
-            if entry is None:
-                table[block_hash] = block
-            elif entry.__class__ is KVCacheBlock:
-                table[block_hash] = {entry.block_id: entry, block.block_id: block}  # type: ignore[union-attr]
-            else:
-                entry[block.block_id] = block  # type: ignore[index]
-
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Release blocks in the given order (callers pass a request's blocks tail first).
 

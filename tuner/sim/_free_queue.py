@@ -197,29 +197,25 @@ class FreeBlockQueue:
 
     def _compact(self, extra: int) -> None:
         """Drop stale back entries (and grow if the live ones still do not leave room)."""
-        head, tail = self._head, self._tail
-        ids, stamps = self._ids[head:tail], self._stamps[head:tail]
-        live = self.stamp_of[ids] == stamps
-        ids, stamps = ids[live], stamps[live]
-        n = len(ids)
-        if n + extra > len(self._ids) // 2:
-            cap = 2 * (n + extra)
-            self._ids = np.empty(cap, dtype=_ID)
-            self._stamps = np.empty(cap, dtype=_ID)
-        self._ids[:n] = ids
-        self._stamps[:n] = stamps
+        self._ids, self._stamps, n = self._repack(self._ids, self._stamps, self._head,
+                                                  self._tail, extra)
         self._head, self._tail = 0, n
 
     def _compact_front(self, extra: int) -> None:
-        top = self._ftop
-        ids, stamps = self._fids[:top], self._fstamps[:top]
+        self._fids, self._fstamps, self._ftop = self._repack(self._fids, self._fstamps, 0,
+                                                             self._ftop, extra)
+
+    def _repack(self, ids_buf: np.ndarray, stamps_buf: np.ndarray, lo: int, hi: int,
+                extra: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """The live entries of ``[lo, hi)`` moved to the start of the (maybe new, twice
+        larger) buffers, with room for ``extra`` more; returns the buffers and count."""
+        ids, stamps = ids_buf[lo:hi], stamps_buf[lo:hi]
         live = self.stamp_of[ids] == stamps
         ids, stamps = ids[live], stamps[live]
         n = len(ids)
-        if n + extra > len(self._fids) // 2:
-            cap = 2 * (n + extra)
-            self._fids = np.empty(cap, dtype=_ID)
-            self._fstamps = np.empty(cap, dtype=_ID)
-        self._fids[:n] = ids
-        self._fstamps[:n] = stamps
-        self._ftop = n
+        if n + extra > len(ids_buf) // 2:
+            ids_buf = np.empty(2 * (n + extra), dtype=_ID)
+            stamps_buf = np.empty(2 * (n + extra), dtype=_ID)
+        ids_buf[:n] = ids
+        stamps_buf[:n] = stamps
+        return ids_buf, stamps_buf, n
