@@ -11,3 +11,15 @@ __version__ = "0.1.0"
 
 #: The vLLM release whose scheduler semantics the twin mirrors (plus PR #54625).
 VLLM_TWIN_VERSION = "0.33.0"
+
+
+def _mark_forked_child() -> None:
+    global IN_FORKED_CHILD
+    IN_FORKED_CHILD = True
+
+
+#: True in a process forked from one that had imported tuner (tuning workers). polars
+#: must not run there: its thread pool does not survive ``fork`` and the child hangs, so
+#: code with a polars fast path checks this and takes its numpy path instead.
+IN_FORKED_CHILD = False
+__import__("os").register_at_fork(after_in_child=_mark_forked_child)

@@ -79,3 +79,35 @@ def test_hash_ids_name_exactly_the_equal_hashes(sizes):
                 assert 0 <= i < interned.num_hash_ids
                 seen += 1
     assert seen > len(pairs) > 0  # some hashes recur: shared prefixes were checked
+
+
+def test_dense_ids_are_the_same_with_polars_and_in_a_forked_child(monkeypatch):
+    """Forked tuning workers intern with numpy (polars hangs after fork): same ids."""
+    import tuner
+    from tuner.replay import _kv_requests
+
+    rng = np.random.default_rng(7)
+    values = rng.integers(0, 1 << 64, size=5_000, dtype=np.uint64)[rng.integers(0, 5_000, 20_000)]
+    with_polars, n_polars = _kv_requests._dense_ids(values)
+    monkeypatch.setattr(tuner, "IN_FORKED_CHILD", True)
+    with_numpy, n_numpy = _kv_requests._dense_ids(values)
+    assert n_polars == n_numpy == len(np.unique(values))
+    assert np.array_equal(with_polars, with_numpy) and with_numpy.dtype == np.int64
+
+
+def test_a_forked_child_interns_without_polars():
+    import multiprocessing
+
+    reqs = make_requests(10, hbs=64)
+    want = [np.asarray(r.block_hashes).tolist() for r in kv_request_ids(reqs, 64, 16)]
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply_async(_intern_in_child, (reqs,)).get(timeout=120)
+    assert got == want
+
+
+def _intern_in_child(reqs):
+    import tuner
+
+    assert tuner.IN_FORKED_CHILD
+    return [np.asarray(r.block_hashes).tolist() for r in kv_request_ids(reqs, 64, 16)]

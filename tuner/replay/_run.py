@@ -80,7 +80,11 @@ def _kv_requests(trace: TraceLike, hash_block_size: int | None, block_size: int,
     interned to dense ids, an ``InternedRequests`` list.
     """
     if arrays:
-        from tuner.replay._kv_requests import kv_request_ids, kv_requests, load_trace_arrays
+        from tuner.replay._kv_requests import (InternedRequests, kv_request_ids, kv_requests,
+                                               load_trace_arrays)
+
+        if hash_ids and isinstance(trace, InternedRequests) and trace.block_size == block_size:
+            return trace  # interned once by the caller (tuning windows)
 
         if isinstance(trace, (str, os.PathLike)):
             from tuner.trace import read_trace

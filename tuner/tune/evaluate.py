@@ -189,22 +189,28 @@ class ReplayEvaluator:
         at the first arrival, so no re-basing is needed.
         """
         from tuner.replay import load_requests, reblock_request
+        from tuner.replay._kv_requests import kv_request_ids
 
         if self._all is None:
             requests, size = load_requests(self._trace)
             self.fingerprint = requests_fingerprint(requests, size)
-            if size is not None and size != self.block_size:
-                requests = [reblock_request(r, size, self.block_size) for r in requests]
-            self._all = requests
             self._arrivals = [r.arrival_s for r in requests]
+            if self.backend == "sim":  # hash ids at the KV block size, interned once here
+                self._all = kv_request_ids(requests, size, self.block_size)
+            else:
+                if size is not None and size != self.block_size:
+                    requests = [reblock_request(r, size, self.block_size) for r in requests]
+                self._all = requests
+        cut = self._all.window if hasattr(self._all, "window") else (
+            lambda start=None, stop=None: self._all[start:stop])  # type: ignore[index]
         if window == "holdout":
             w = self.windows
             warmup_s = min((w.t1 - w.t_split) * HOLDOUT_WARMUP, w.t_split - w.t0)
-            return self._all[bisect.bisect_left(self._arrivals, w.t_split - warmup_s):]
+            return cut(bisect.bisect_left(self._arrivals, w.t_split - warmup_s))
         if window == "train" and not self.windows.has_holdout:
             return self._all
         end_s = self.windows.t_split if window == "train" else self.windows.t_stage1
-        return self._all[:bisect.bisect_left(self._arrivals, end_s)]
+        return cut(None, bisect.bisect_left(self._arrivals, end_s))
 
     def evaluate(self, settings: SchedulerSettings, window: WindowName) -> dict[str, Any]:
         """Replay ``window`` under ``settings`` and summarise it.
