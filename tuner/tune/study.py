@@ -24,6 +24,8 @@ created the study runs stages 2 and 3 (:mod:`tuner.tune.survivors`).
 
 from __future__ import annotations
 
+import datetime
+
 import contextlib
 import math
 import multiprocessing
@@ -304,15 +306,28 @@ def _fail_dead_local_trials(study: "optuna.Study") -> list[str]:
     from optuna.trial import TrialState
 
     host, notes = socket.gethostname(), []
+    now = datetime.datetime.now()
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        pid = trial.user_attrs.get("pid")
+        if "host" not in trial.user_attrs and trial.datetime_start is not None and (
+                now - trial.datetime_start).total_seconds() > ORPHAN_AFTER_S:
+            # A worker killed between ask() and recording its host/pid: nobody owns it.
+            study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+            notes.append(f"trial {trial.number} has been running {ORPHAN_AFTER_S:.0f}+ s "
+                         "with no worker recorded; marked failed")
+            continue
         if trial.user_attrs.get("host") != host:
             continue
-        pid = trial.user_attrs.get("pid")
         if isinstance(pid, int) and not _pid_alive(pid):
             # NOTE(tuner): Study has no public call to fail another process's trial.
             study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
             notes.append(f"trial {trial.number} was left running by a dead process; marked failed")
     return notes
+
+
+#: A RUNNING trial without a recorded worker this old is a killed run's leftover (a live
+#: worker records its host and pid right after ask(), within milliseconds).
+ORPHAN_AFTER_S = 600.0
 
 
 def _pid_alive(pid: int) -> bool:
