@@ -83,9 +83,7 @@ class DecodeGroup:
             r.num_output_tokens += d
             r.num_computed_tokens += d
             r.last_token_s = self.last_end_s
-            n_full = r.num_tokens // self.block_size
-            if len(r.hash_array) + len(r.gen_hashes) < n_full:
-                r.add_generated_hashes(n_full)
+            r.add_generated_hashes(r.num_tokens // self.block_size)
             r.g0 = self.G
 
     def add(self, r: "SimRequest", now_s: float) -> None:
@@ -259,11 +257,7 @@ class DecodeGroupSteps:
                 m.num_computed_tokens += d
                 m.last_token_s = last_end
                 m.g0 = g
-                gen = m.gen_hashes
-                n = len(m.hash_array) + len(gen)
-                while n < t // bs:  # m.add_generated_hashes(t // bs), inlined
-                    gen.append(m.generated_block_hash(n))
-                    n += 1
+                m.add_generated_hashes(t // bs)
             if (t - 1) % bs == 0:
                 takers.append(m)
             if caching and t % bs == 0:
@@ -272,20 +266,13 @@ class DecodeGroupSteps:
             new = pool.get_new_blocks(len(takers)) if len(takers) > 1 else (
                 pool.get_new_block(),)
             for m, block in zip(takers, new):
-                n = m.num_blocks  # m.append_block(block), inlined
-                if n < len(m.block_buf):
-                    m.block_buf[n] = block
-                    m.num_blocks = n + 1
-                else:
-                    m.append_block(block)
+                m.append_block(block)
         if fillers:
             blocks, hashes = [], []
             for m in fillers:
                 index = m.num_tokens // bs - 1
                 blocks.append(m.block_buf[index])
-                prompt = len(m.hash_array)  # m.hash_at(index), inlined
-                hashes.append(m.gen_hashes[index - prompt] if index >= prompt
-                              else m.hash_array[index])
+                hashes.append(m.hash_at(index))
                 m.num_cached_blocks = index + 1
             pool.cache_blocks(np.asarray(blocks, dtype=np.int64),
                               np.asarray(hashes, dtype=np.int64))

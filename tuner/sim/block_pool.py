@@ -193,11 +193,7 @@ class BlockPool:
             self.has_extra[ids] = True
             extra = self.extra_holders
             for block, block_hash in zip(more.tolist(), ids.tolist()):
-                holders = extra.get(block_hash)
-                if holders is None:
-                    extra[block_hash] = [block]
-                else:
-                    holders.append(block)
+                extra.setdefault(block_hash, []).append(block)
             fresh = ~held
             blocks, hashes = blocks[fresh], hashes[fresh]
         self.first_holder[hashes] = blocks
@@ -226,23 +222,27 @@ class BlockPool:
             for block, block_hash in zip(blocks.tolist(), hashes.tolist()):
                 self._evict(block, block_hash)
             return
-        extra = self.extra_holders
-        first = self.first_holder
-        emptied = []
-        for block, block_hash, head in zip(blocks.tolist(), hashes.tolist(),
-                                           first[hashes].tolist()):
-            holders = extra[block_hash]
-            if head == block:
-                first[block_hash] = holders.pop(0)
-            else:
-                holders.remove(block)
-            if not holders:
-                del extra[block_hash]
-                emptied.append(block_hash)
+        emptied = [block_hash for block, block_hash, head in zip(
+                       blocks.tolist(), hashes.tolist(), self.first_holder[hashes].tolist())
+                   if self._drop_holder(block, block_hash, head)]
         if emptied:
             self.has_extra[emptied] = False
         self.block_hash[blocks] = -1
         self.num_evictions += len(blocks)
+
+    def _drop_holder(self, block: int, block_hash: int, first: int) -> bool:
+        """Take ``block`` out of the holders of a hash with several (``first`` is its
+        first holder): the first one passes to the next registered. True when the
+        extra list emptied (the caller clears ``has_extra``)."""
+        holders = self.extra_holders[block_hash]
+        if first == block:
+            self.first_holder[block_hash] = holders.pop(0)
+        else:
+            holders.remove(block)
+        if holders:
+            return False
+        del self.extra_holders[block_hash]
+        return True
 
     def _evict(self, block: int, block_hash: int) -> None:
         """Drop ``block``'s cached hash ``block_hash`` (it is being reallocated)."""
@@ -252,15 +252,8 @@ class BlockPool:
             self.first_holder[block_hash] = -1
             if self.watched_mask[block_hash]:
                 self.watch_epoch += 1
-        else:
-            extra = self.extra_holders[block_hash]
-            if self.first_holder[block_hash] == block:
-                self.first_holder[block_hash] = extra.pop(0)
-            else:
-                extra.remove(block)
-            if not extra:
-                del self.extra_holders[block_hash]
-                self.has_extra[block_hash] = False
+        elif self._drop_holder(block, block_hash, int(self.first_holder[block_hash])):
+            self.has_extra[block_hash] = False
         self.block_hash[block] = -1
         self.num_evictions += 1
 

@@ -67,13 +67,15 @@ class KVCacheManager:
                              f"{self.num_trace_hash_ids} (intern the hashes first)")
         request.bind_synthetic(self.block_pool.reserve_ids(request.num_synthetic_ids()))
 
+    def _max_hit_blocks(self, request: "SimRequest") -> int:
+        """The most blocks a hit can cover. Last-token rule: cap at num_tokens - 1 so a
+        fully cached prompt still runs its last token; hits are whole blocks, so a
+        block-aligned prompt recomputes its whole last block (48 tokens -> <= 32 cached;
+        50 -> <= 48)."""
+        return min((request.num_tokens - 1) // self.block_size, request.num_hashes)
+
     def _longest_hit(self, request: "SimRequest") -> np.ndarray:
-        # Last-token rule: cap at num_tokens - 1 so a fully cached prompt still runs
-        # its last token; hits are whole blocks, so a block-aligned prompt recomputes
-        # its whole last block (48 tokens -> <= 32 cached; 50 -> <= 48).
-        max_blocks = (request.num_tokens - 1) // self.block_size
-        if max_blocks > request.num_hashes:
-            max_blocks = request.num_hashes
+        max_blocks = self._max_hit_blocks(request)
         if max_blocks <= 0:
             return _NO_BLOCKS
         # One gather over the prompt's hash ids: agentic prompts have thousands of
@@ -105,9 +107,7 @@ class KVCacheManager:
             length = len(self._longest_hit(request))
             request.hit_epoch = pool.watch_epoch
         else:
-            max_blocks = (request.num_tokens - 1) // self.block_size
-            if max_blocks > request.num_hashes:
-                max_blocks = request.num_hashes
+            max_blocks = self._max_hit_blocks(request)
             if length < max_blocks:
                 hashes = request.hashes_upto(max_blocks)
                 holder = pool.first_holder
