@@ -201,16 +201,21 @@ class ReplayEvaluator:
                 if size is not None and size != self.block_size:
                     requests = [reblock_request(r, size, self.block_size) for r in requests]
                 self._all = requests
-        cut = self._all.window if hasattr(self._all, "window") else (
-            lambda start=None, stop=None: self._all[start:stop])  # type: ignore[index]
         if window == "holdout":
             w = self.windows
             warmup_s = min((w.t1 - w.t_split) * HOLDOUT_WARMUP, w.t_split - w.t0)
-            return cut(bisect.bisect_left(self._arrivals, w.t_split - warmup_s))
+            return self._slice(bisect.bisect_left(self._arrivals, w.t_split - warmup_s), None)
         if window == "train" and not self.windows.has_holdout:
             return self._all
         end_s = self.windows.t_split if window == "train" else self.windows.t_stage1
-        return cut(None, bisect.bisect_left(self._arrivals, end_s))
+        return self._slice(None, bisect.bisect_left(self._arrivals, end_s))
+
+    def _slice(self, start: int | None, stop: int | None) -> list[Any]:
+        """``_all[start:stop]``, keeping the hash-id space of interned requests."""
+        assert self._all is not None
+        if hasattr(self._all, "window"):
+            return self._all.window(start, stop)
+        return self._all[start:stop]
 
     def evaluate(self, settings: SchedulerSettings, window: WindowName) -> dict[str, Any]:
         """Replay ``window`` under ``settings`` and summarise it.
