@@ -23,6 +23,20 @@ def _is_profile(target: str) -> bool:
     return p.suffix in (".yaml", ".yml") or p.is_file()
 
 
+def _write(page: Any, output: str, as_json: bool, **extra: Any) -> None:
+    """Write ``page`` and say what was written (a line, or JSON with ``extra`` fields)."""
+    from tuner.report import write_page
+
+    out = write_page(page, output)
+    summary = {"output": str(out), **extra,
+               "charts": _count_charts(out.read_text(encoding="utf-8")),
+               "bytes": out.stat().st_size}
+    if as_json:
+        echo_json(summary)
+    else:
+        click.echo(f"wrote {out} ({summary['charts']} charts, {summary['bytes']:,} bytes)")
+
+
 def _count_charts(html: str) -> int:
     return html.count('<svg xmlns="http://www.w3.org/2000/svg"')
 
@@ -58,7 +72,7 @@ def report_cmd(target: str, output: str, storage: str | None, trace_path: str | 
       tuner report agentic --storage postgresql://tuner@db/tuner -o report.html
     """
     from tuner.errors import ConfigError
-    from tuner.report import study_report, write_page
+    from tuner.report import study_report
 
     if _is_profile(target):
         kwargs: dict[str, Any] = {"profile": target, "storage": storage}
@@ -74,15 +88,8 @@ def report_cmd(target: str, output: str, storage: str | None, trace_path: str | 
 
     page = study_report(**kwargs, trace=trace_path, replay=not no_replay,
                         include_trace=not no_trace_section, on_step=say)
-    out = write_page(page, output)
-    summary = {"output": str(out), "title": page.title,
-               "sections": [s.title for s in page.sections],
-               "charts": _count_charts(out.read_text(encoding="utf-8")),
-               "bytes": out.stat().st_size}
-    if as_json:
-        echo_json(summary)
-    else:
-        click.echo(f"wrote {out} ({summary['charts']} charts, {summary['bytes']:,} bytes)")
+    _write(page, output, as_json, title=page.title,
+           sections=[s.title for s in page.sections])
 
 
 @click.command("report")
@@ -99,16 +106,9 @@ def trace_report_cmd(trace: str, output: str, as_json: bool) -> None:
     Example:
       tuner trace report traces/agentic_1h.parquet -o trace.html
     """
-    from tuner.report import trace_report, write_page
+    from tuner.report import trace_report
 
-    page = trace_report(trace)
-    out = write_page(page, output)
-    summary = {"output": str(out), "charts": _count_charts(out.read_text(encoding="utf-8")),
-               "bytes": out.stat().st_size}
-    if as_json:
-        echo_json(summary)
-    else:
-        click.echo(f"wrote {out} ({summary['charts']} charts, {summary['bytes']:,} bytes)")
+    _write(trace_report(trace), output, as_json)
 
 
 @click.command("dashboard")

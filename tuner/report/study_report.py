@@ -303,25 +303,18 @@ def _comparison_section(data: ReportData, replays: list[WindowReplay], source: s
         sec.blocks.append(Table(["metric", "window", "baseline", "tuned", "change"],
                                 _metric_rows(pairs),
                                 caption="Baseline (vLLM defaults) against the recommendation"))
-        cats = [f"{w} window" for w, _, _ in pairs]
-        hit = bar_chart(cats, [("baseline", [float(b.get("prefix_cache_hit_rate") or math.nan)
-                                             for _, b, _ in pairs]),
-                               ("tuned", [float(t.get("prefix_cache_hit_rate") or math.nan)
-                                          for _, _, t in pairs])],
-                        title="Prefix-cache hit rate", colors=(BASE_COLOR, TUNED_COLOR),
-                        caption="Cached prompt tokens over queried prompt tokens at admission. "
-                                "Cache-aware admission raises it by admitting requests whose "
-                                "prefix is still cached before it is evicted.",
-                        y_label="hit rate (fraction)", x_label="window")
-        pre = bar_chart(cats, [("baseline", [float(b.get("preemptions") or 0.0)
-                                             for _, b, _ in pairs]),
-                               ("tuned", [float(t.get("preemptions") or 0.0)
-                                          for _, _, t in pairs])],
-                        title="Preemptions", colors=(BASE_COLOR, TUNED_COLOR),
-                        caption="Requests preempted for lack of KV blocks (each one recomputes "
-                                "its prefix). Fewer is better; a rise means the tuned setting "
-                                "admits too much under pressure.",
-                        y_label="preemptions (count)", x_label="window")
+        hit = _baseline_vs_tuned(
+            pairs, "prefix_cache_hit_rate", math.nan, title="Prefix-cache hit rate",
+            caption="Cached prompt tokens over queried prompt tokens at admission. "
+                    "Cache-aware admission raises it by admitting requests whose "
+                    "prefix is still cached before it is evicted.",
+            y_label="hit rate (fraction)")
+        pre = _baseline_vs_tuned(
+            pairs, "preemptions", 0.0, title="Preemptions",
+            caption="Requests preempted for lack of KV blocks (each one recomputes "
+                    "its prefix). Fewer is better; a rise means the tuned setting "
+                    "admits too much under pressure.",
+            y_label="preemptions (count)")
         sec.blocks.append(Figures([hit, pre]))
     charts: list[Chart] = []
     for window in ("train", "holdout"):
@@ -439,3 +432,15 @@ def study_report(*, profile: str | os.PathLike[str] | None = None, study: str | 
         page.sections.append(Section("Trace", [Note(f"No trace charts: {why}. Pass --trace "
                                                     "to point at it.")]))
     return page
+
+
+def _baseline_vs_tuned(pairs: Sequence[tuple[str, dict[str, Any], dict[str, Any]]], key: str,
+                       missing: float, *, title: str, caption: str, y_label: str) -> Chart:
+    """One bar per window for baseline and tuned: metric ``key`` (``missing`` if absent)."""
+    def values(side: int) -> list[float]:
+        return [float(pair[side].get(key) or missing) for pair in pairs]
+
+    return bar_chart([f"{w} window" for w, _, _ in pairs],
+                     [("baseline", values(1)), ("tuned", values(2))], title=title,
+                     colors=(BASE_COLOR, TUNED_COLOR), caption=caption, y_label=y_label,
+                     x_label="window")
