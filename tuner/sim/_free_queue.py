@@ -118,7 +118,7 @@ class FreeBlockQueue:
             top = self._ftop
             lo = max(0, top - max(2 * need, 64))
             cand = self._fids[lo:top][::-1]
-            live = np.flatnonzero(stamp_of[cand] == self._fstamps[lo:top][::-1])
+            live = (stamp_of[cand] == self._fstamps[lo:top][::-1]).nonzero()[0]
             if len(live) >= need:
                 parts.append(cand[live[:need]])
                 self._ftop = top - int(live[need - 1]) - 1
@@ -135,7 +135,7 @@ class FreeBlockQueue:
             head = self._head
             hi = min(self._tail, head + max(2 * need, 64))
             cand = self._ids[head:hi]
-            live = np.flatnonzero(stamp_of[cand] == self._stamps[head:hi])
+            live = (stamp_of[cand] == self._stamps[head:hi]).nonzero()[0]
             if len(live) >= need:
                 parts.append(cand[live[:need]])
                 self._head = head + int(live[need - 1]) + 1

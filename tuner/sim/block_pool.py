@@ -112,11 +112,6 @@ class BlockPool:
         """Fraction 0.0-1.0 of usable blocks held by live requests (cached free count as free)."""
         return 1.0 - self.free_block_queue.num_free_blocks / (self.num_gpu_blocks - 1)
 
-    def num_evictable(self, block_ids: np.ndarray) -> int:
-        """How many of ``block_ids`` sit in the free queue (counted per occurrence, as
-        vLLM's ``allocate_slots`` counts its evictable hit blocks)."""
-        return int(np.count_nonzero(self.ref_cnt[block_ids] == 0))
-
     def _has_repeats(self, block_ids: np.ndarray) -> bool:
         """Whether a block occurs twice in the batch (two fancy-index stores, no sort).
 
@@ -128,7 +123,7 @@ class BlockPool:
             self._positions = np.arange(2 * n, dtype=_ID)
         pos = self._positions[:n]
         self._mark[block_ids] = pos
-        return bool((self._mark[block_ids] != pos).any())
+        return np.count_nonzero(self._mark[block_ids] != pos) != 0
 
     # ----------------------------------------------------------------- state changes
     def get_new_blocks(self, num_blocks: int) -> np.ndarray:
@@ -137,7 +132,7 @@ class BlockPool:
         self.ref_cnt[blocks] += 1
         hashes = self.block_hash[blocks]
         cached = hashes >= 0
-        if cached.any():
+        if np.count_nonzero(cached):
             self._evict_many(blocks[cached], hashes[cached])
         return blocks
 
@@ -185,10 +180,11 @@ class BlockPool:
             for block, block_hash in zip(blocks.tolist(), hashes.tolist()):  # held twice
                 self.cache_block(block, block_hash)
             return
-        assert (self.block_hash[blocks] < 0).all(), "a block cached twice (BlockPool bug)"
+        assert not np.count_nonzero(self.block_hash[blocks] >= 0), (
+            "a block cached twice (BlockPool bug)")
         self.block_hash[blocks] = hashes
         held = self.first_holder[hashes] >= 0
-        if held.any():  # an extra holder each (the hashes are distinct here)
+        if np.count_nonzero(held):  # an extra holder each (the hashes are distinct here)
             more, ids = blocks[held], hashes[held]
             self.has_extra[ids] = True
             extra = self.extra_holders
@@ -202,17 +198,17 @@ class BlockPool:
         """Drop the cached hashes of freshly popped ``blocks`` (vectorised when each is
         its hash's only holder, the common case)."""
         shared = self.has_extra[hashes]
-        if shared.any():
+        if np.count_nonzero(shared):
             keep = ~shared
             self._evict_shared(blocks[shared], hashes[shared])
             blocks, hashes = blocks[keep], hashes[keep]
         if len(blocks):
-            assert (self.first_holder[hashes] == blocks).all(), (
+            assert not np.count_nonzero(self.first_holder[hashes] != blocks), (
                 "hash map does not point back at an evicted block (BlockPool bug)")
             self.first_holder[hashes] = -1
             self.block_hash[blocks] = -1
             self.num_evictions += len(blocks)
-            if self.watched_mask[hashes].any():
+            if np.count_nonzero(self.watched_mask[hashes]):
                 self.watch_epoch += 1
 
     def _evict_shared(self, blocks: np.ndarray, hashes: np.ndarray) -> None:
@@ -257,9 +253,11 @@ class BlockPool:
         self.block_hash[block] = -1
         self.num_evictions += 1
 
-    def touch(self, blocks: np.ndarray) -> bool:
+    def touch(self, blocks: np.ndarray, refs: np.ndarray | None = None) -> bool:
         """Adopt prefix-cache hits: free ones leave the free queue; ref count + 1.
 
+        ``refs``: ``ref_cnt[blocks]`` if the caller already read it (the admission check
+        counts the free hit blocks first), saving a second gather over the prompt.
         Returns whether a block occurred twice (a hash repeated in one chain).
         """
         if not len(blocks):
@@ -272,10 +270,12 @@ class BlockPool:
                     queue.remove(block)
                 ref[block] += 1
             return True
-        was_free = blocks[ref[blocks] == 0]
+        if refs is None:
+            refs = ref[blocks]
+        was_free = blocks[refs == 0]
         if len(was_free):
             self.free_block_queue.remove_many(was_free)
-        ref[blocks] += 1
+        ref[blocks] = refs + 1
         return False
 
     def free_blocks(self, ordered_blocks: np.ndarray, may_repeat: bool = True) -> None:
@@ -299,11 +299,14 @@ class BlockPool:
                 if ref[block] == 0:
                     zero.append(block)
             released = np.asarray(zero, dtype=_ID)
+            if np.count_nonzero(ref[blocks] < 0):
+                raise RuntimeError("a block was freed more often than taken (tuner bug)")
         else:
-            ref[blocks] -= 1
-            released = blocks[ref[blocks] == 0]
-        if (ref[blocks] < 0).any():
-            raise RuntimeError("a block was freed more often than taken (tuner bug)")
+            refs = ref[blocks] - 1  # one gather and one store (no block occurs twice)
+            if np.count_nonzero(refs < 0):
+                raise RuntimeError("a block was freed more often than taken (tuner bug)")
+            ref[blocks] = refs
+            released = blocks[refs == 0]
         if len(released):
             hashed = self.block_hash[released] >= 0
             queue = self.free_block_queue

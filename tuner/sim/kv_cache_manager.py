@@ -81,7 +81,7 @@ class KVCacheManager:
         # One gather over the prompt's hash ids: agentic prompts have thousands of
         # blocks and this runs at every admission.
         found = self.block_pool.first_holder[request.hashes_upto(max_blocks)]
-        missing = np.flatnonzero(found < 0)
+        missing = (found < 0).nonzero()[0]
         return found[:missing[0]] if len(missing) else found
 
     def num_hit_blocks(self, request: "SimRequest") -> int:
@@ -112,7 +112,7 @@ class KVCacheManager:
                 hashes = request.hashes_upto(max_blocks)
                 holder = pool.first_holder
                 if holder[hashes[length]] >= 0:
-                    absent = np.flatnonzero(holder[hashes[length + 1:]] < 0)
+                    absent = (holder[hashes[length + 1:]] < 0).nonzero()[0]
                     length = length + 1 + int(absent[0]) if len(absent) else max_blocks
         request.hit_memo = length
         start = request.hit_watched
@@ -195,11 +195,12 @@ class KVCacheManager:
         # anyway skips counting them.
         if max(need, need_full) + watermark > free:
             return False
-        num_evictable = pool.num_evictable(new_computed_blocks) if num_hit else 0
-        if max(need, need_full) + num_evictable + watermark > free:
-            return False
-        if num_hit:
-            if pool.touch(new_computed_blocks):
+        hit_refs = None
+        if num_hit:  # hit blocks sitting in the free queue consume free capacity too
+            hit_refs = pool.ref_cnt[new_computed_blocks]
+            if max(need, need_full) + np.count_nonzero(hit_refs == 0) + watermark > free:
+                return False
+            if pool.touch(new_computed_blocks, hit_refs):
                 request.repeated_blocks = True
             request.extend_blocks(new_computed_blocks)
             request.num_cached_blocks = request.num_blocks
