@@ -68,7 +68,7 @@ class DecodeGroup:
         k = (1 - t) % bs  # the token computed this step starts a new block
         if self.caching:
             k_reg = (-t) % bs  # the computed tokens fill a block: register its hash
-            if k_reg < k:
+            if k_reg < k and (t + k_reg) // bs <= r.num_shared_hash_blocks:
                 k = k_reg
         k_fin = r.max_tokens - 1 - r.num_output_tokens
         if k_fin < k:
@@ -83,7 +83,6 @@ class DecodeGroup:
             r.num_output_tokens += d
             r.num_computed_tokens += d
             r.last_token_s = self.last_end_s
-            r.add_generated_hashes(r.num_tokens // self.block_size)
             r.g0 = self.G
 
     def add(self, r: "SimRequest", now_s: float) -> None:
@@ -257,10 +256,9 @@ class DecodeGroupSteps:
                 m.num_computed_tokens += d
                 m.last_token_s = last_end
                 m.g0 = g
-                m.add_generated_hashes(t // bs)
             if (t - 1) % bs == 0:
                 takers.append(m)
-            if caching and t % bs == 0:
+            if caching and t % bs == 0 and t // bs <= m.num_shared_hash_blocks:
                 fillers.append(m)
         if takers:
             new = pool.get_new_blocks(len(takers)) if len(takers) > 1 else (
@@ -271,6 +269,7 @@ class DecodeGroupSteps:
             blocks, hashes = [], []
             for m in fillers:
                 index = m.num_tokens // bs - 1
+                assert m.num_cached_blocks == index, f"{m!r}: registration gap (tuner bug)"
                 blocks.append(m.block_buf[index])
                 hashes.append(m.hash_at(index))
                 m.num_cached_blocks = index + 1
@@ -309,8 +308,6 @@ class DecodeGroupSteps:
             member.num_output_tokens = out_tokens
             member.last_token_s = now_s
             member.g0 = g
-            if t % bs == 0:
-                member.gen_hashes.append(member.generated_block_hash(member.num_hashes))
             if out_tokens >= member.max_tokens:
                 group.remove(member)
                 member.status = RequestStatus.FINISHED
@@ -321,7 +318,7 @@ class DecodeGroupSteps:
             k = (1 - t) % bs
             if caching:
                 k_reg = (-t) % bs
-                if k_reg < k:
+                if k_reg < k and (t + k_reg) // bs <= member.num_shared_hash_blocks:
                     k = k_reg
             k_fin = member.max_tokens - 1 - out_tokens
             if k_fin < k:

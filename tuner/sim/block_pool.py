@@ -159,14 +159,7 @@ class BlockPool:
                           num_cached_blocks: int, num_full_blocks: int) -> None:
         """Register hashes of ``blocks[num_cached_blocks:num_full_blocks]``."""
         ids = blocks[num_cached_blocks:num_full_blocks]
-        prompt = len(request.hash_array)
-        if num_full_blocks <= prompt:
-            hashes = request.hash_array[num_cached_blocks:num_full_blocks]
-        elif num_cached_blocks >= prompt:  # generated blocks: a short slice of the list
-            hashes = np.asarray(request.gen_hashes[num_cached_blocks - prompt:
-                                                   num_full_blocks - prompt], dtype=_ID)
-        else:
-            hashes = request.hashes_upto(num_full_blocks)[num_cached_blocks:]
+        hashes = request.hashes_upto(num_full_blocks)[num_cached_blocks:]
         self.cache_blocks(ids, hashes)
 
     def cache_blocks(self, blocks: np.ndarray, hashes: np.ndarray) -> None:

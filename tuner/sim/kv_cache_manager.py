@@ -215,8 +215,18 @@ class KVCacheManager:
         return True
 
     def free(self, request: "SimRequest") -> None:
-        """Release a finished or preempted request's blocks, tail block first."""
+        """Release a finished or preempted request's blocks, tail block first.
+
+        First the hashes of full blocks the decode group left unregistered (generated
+        blocks with synthetic ids: no other request can hit them, so registering them
+        now, before they reach the free queue, is indistinguishable from on time).
+        """
         n = request.num_blocks
+        if self.enable_caching:
+            num_full = min(request.num_computed_tokens, request.num_tokens) // self.block_size
+            if num_full > request.num_cached_blocks:
+                self.block_pool.cache_full_blocks(request, request.block_buf,
+                                                  request.num_cached_blocks, num_full)
         if n:
             self.block_pool.free_blocks(request.block_buf[n - 1::-1],
                                         may_repeat=request.repeated_blocks)

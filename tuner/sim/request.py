@@ -12,7 +12,10 @@ the trace does not hash (missing prompt hashes, generated blocks without a trace
 get synthetic ids, unique per (request, block index) and above every trace id, so they
 never match another request, yet a preempted request that recomputes finds its own
 generated blocks again. Their range is reserved by ``KVCacheManager.adopt``
-(``bind_synthetic``) when the request first reaches the cache.
+(``bind_synthetic``) when the request first reaches the cache; from then on
+``hash_array`` holds the id of every block the request can ever fill (prompt and
+generated), so a block becoming full never builds a hash in Python: the first
+``num_tokens // block_size`` entries are vLLM's ``block_hashes``.
 """
 
 from __future__ import annotations
@@ -59,12 +62,12 @@ class SimRequest:
     __slots__ = (
         "request_id", "index", "arrival_s", "num_prompt_tokens", "max_tokens", "priority",
         "status", "num_computed_tokens", "num_output_tokens", "num_tokens", "num_preemptions",
-        "is_prefill_chunk", "block_buf", "num_blocks", "num_cached_blocks", "gen_hashes",
-        "_output_hashes", "_joined", "repeated_blocks",
+        "is_prefill_chunk", "block_buf", "num_blocks", "num_cached_blocks",
+        "_output_hashes", "repeated_blocks",
         "_block_size", "first_scheduled_s", "first_token_s", "last_token_s", "finish_s",
         "num_cached_tokens", "session_id", "seq", "steady", "g0", "next_event",
         "hit_memo", "hit_epoch", "hit_watched", "hash_array", "synthetic_base",
-        "_num_known",
+        "_num_known", "num_shared_hash_blocks",
     )
 
     def __init__(self, *, request_id: str, index: int, arrival_s: float, num_prompt_tokens: int,
@@ -93,17 +96,19 @@ class SimRequest:
         self.num_cached_blocks = 0  # leading blocks whose hashes are registered
         self._block_size = block_size
         n_full = num_prompt_tokens // block_size
-        # Hash ids of the full blocks known so far: the prompt's (an array, for
-        # vectorised prefix lookups) then the generated ones (a list, appended to).
+        # Hash ids of the prompt's full blocks (the trace's; an array, for vectorised
+        # prefix lookups); bind_synthetic completes it with every later block's id.
         if isinstance(prompt_block_hashes, np.ndarray):
             self.hash_array = prompt_block_hashes[:n_full].astype(np.int64, copy=False)
         else:
             self.hash_array = np.asarray(_as_int_list(prompt_block_hashes)[:n_full],
                                          dtype=np.int64)
         self._num_known = len(self.hash_array)  # the rest of the prompt: synthetic ids
-        self.gen_hashes: list[int] = []
-        self._joined = self.hash_array  # hash_array + gen_hashes when a lookup needs both
         self._output_hashes = _as_int_list(output_block_hashes)
+        # Blocks below this index can carry a trace hash, which another request may look
+        # up; generated blocks from it on get synthetic ids only this request can hit,
+        # so the decode group may register them late (see tuner.sim._decode_group).
+        self.num_shared_hash_blocks = n_full + len(self._output_hashes)
         self.synthetic_base = -1  # first synthetic id; -1 until bind_synthetic
         self.first_scheduled_s = float("nan")
         self.first_token_s = float("nan")
@@ -141,8 +146,23 @@ class SimRequest:
         n_full = self.num_prompt_tokens // self._block_size
         missing = n_full - len(self.hash_array)
         if missing > 0:
-            self.hash_array = self._joined = np.concatenate(
+            self.hash_array = np.concatenate(
                 [self.hash_array, np.arange(base, base + missing, dtype=np.int64)])
+
+    def _lay_out_generated(self) -> None:
+        """Append the ids of every block generated tokens can complete: the trace's
+        output ids, then synthetic ones. Done once, when a lookup or registration first
+        reaches past the prompt (not at arrival: a waiting prompt's array may be a view
+        into the trace's, and copying thousands of waiting prompts would cost memory)."""
+        assert self.synthetic_base >= 0, f"{self!r}: synthetic ids not bound (tuner bug)"
+        bs = self._block_size
+        n_full = self.num_prompt_tokens // bs
+        n_all = (self.num_prompt_tokens + self.max_tokens) // bs
+        traced = self._output_hashes[:n_all - n_full]
+        start = self.synthetic_base + n_full - self._num_known
+        untraced = np.arange(start, start + n_all - n_full - len(traced), dtype=np.int64)
+        self.hash_array = np.concatenate(
+            [self.hash_array[:n_full], np.asarray(traced, dtype=np.int64), untraced])
 
     def synthetic_hash(self, block_index: int) -> int:
         """Unique, deterministic id of block ``block_index`` of this request."""
@@ -156,44 +176,31 @@ class SimRequest:
             f"{self!r}: block {block_index} past its reserved synthetic ids (tuner bug)")
         return self.synthetic_base + offset
 
-    def generated_block_hash(self, block_index: int) -> int:
-        """Hash of block ``block_index`` completed by generated tokens."""
-        j = block_index - self.num_prompt_tokens // self._block_size
-        if 0 <= j < len(self._output_hashes):
-            return self._output_hashes[j]
-        return self.synthetic_hash(block_index)
-
     @property
     def num_hashes(self) -> int:
-        """Full blocks whose hash is known (``len(block_hashes)``)."""
-        return len(self.hash_array) + len(self.gen_hashes)
+        """Full blocks whose hash is known (``len(block_hashes)``): all of them once the
+        synthetic ids are bound."""
+        n = self.num_tokens // self._block_size
+        if self.synthetic_base < 0 and n > len(self.hash_array):
+            return len(self.hash_array)
+        return n
 
     @property
     def block_hashes(self) -> list[int]:
         """Hash ids of the full blocks known so far (a fresh list: for checks and tests)."""
-        return self.hash_array.tolist() + self.gen_hashes
+        return self.hashes_upto(self.num_tokens // self._block_size).tolist()
 
     def hash_at(self, block_index: int) -> int:
-        n = len(self.hash_array)
-        if block_index < n:
-            return int(self.hash_array[block_index])
-        return self.gen_hashes[block_index - n]
+        """``block_hashes[block_index]`` (the decode group's registrations)."""
+        if block_index >= len(self.hash_array):
+            self._lay_out_generated()
+        return int(self.hash_array[block_index])
 
     def hashes_upto(self, num_blocks: int) -> np.ndarray:
         """``block_hashes[:num_blocks]`` as an array (``num_blocks <= num_hashes``)."""
-        if num_blocks <= len(self.hash_array):
-            return self.hash_array[:num_blocks]
-        if len(self._joined) < num_blocks:  # a recompute reaches its generated blocks
-            self._joined = np.concatenate(
-                [self.hash_array, np.asarray(self.gen_hashes, dtype=np.int64)])
-        return self._joined[:num_blocks]
-
-    def add_generated_hashes(self, num_full_blocks: int) -> None:
-        """Extend the known hashes to ``num_full_blocks`` full blocks."""
-        n = len(self.hash_array) + len(self.gen_hashes)
-        while n < num_full_blocks:
-            self.gen_hashes.append(self.generated_block_hash(n))
-            n += 1
+        if num_blocks > len(self.hash_array) and self.synthetic_base >= 0:
+            self._lay_out_generated()
+        return self.hash_array[:num_blocks]
 
     @property
     def blocks(self) -> list[int]:
@@ -225,15 +232,12 @@ class SimRequest:
     def release_memory(self) -> None:
         """Drop per-request arrays once finished (the replay keeps only the results)."""
         self.block_buf = _NO_IDS
-        self.hash_array = self._joined = _NO_IDS
-        self.gen_hashes = []
+        self.hash_array = _NO_IDS
 
     def append_output_token(self) -> None:
-        """One sampled token: extend the known hashes when it completes a block."""
+        """One sampled token (its block's hash id is laid out already)."""
         self.num_output_tokens += 1
         self.num_tokens += 1
-        if self.num_tokens % self._block_size == 0:
-            self.gen_hashes.append(self.generated_block_hash(self.num_hashes))
 
     @property
     def is_finished(self) -> bool:
