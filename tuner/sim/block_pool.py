@@ -149,6 +149,9 @@ class BlockPool:
         """Register one full block's hash (``cache_full_blocks`` for a single block)."""
         assert self.block_hash[block] < 0, f"block {block} already cached (BlockPool bug)"
         self.block_hash[block] = block_hash
+        self._add_holder(block, block_hash)
+
+    def _add_holder(self, block: int, block_hash: int) -> None:
         if self.first_holder[block_hash] < 0:
             self.first_holder[block_hash] = block
         else:
@@ -166,18 +169,16 @@ class BlockPool:
         """Register ``hashes[i]`` for ``blocks[i]``, in order (as ``cache_block`` each).
 
         Hashes new to the map are stored in one vectorised pass; a hash already held
-        (or twice in the batch) adds a holder, one by one in batch order. Holders of
-        different hashes are independent, so splitting the batch changes nothing.
+        adds a holder, one by one in batch order. Holders of different hashes are
+        independent, so splitting the batch changes nothing. A new hash twice in the
+        batch (rare: a chain repeating a hash) shows after the store, which kept its
+        last block instead of its first; those batches are redone one by one.
         """
-        if len(blocks) > 1 and len(set(hashes.tolist())) < len(blocks):
-            for block, block_hash in zip(blocks.tolist(), hashes.tolist()):  # held twice
-                self.cache_block(block, block_hash)
-            return
         assert not np.count_nonzero(self.block_hash[blocks] >= 0), (
             "a block cached twice (BlockPool bug)")
         self.block_hash[blocks] = hashes
         held = self.first_holder[hashes] >= 0
-        if np.count_nonzero(held):  # an extra holder each (the hashes are distinct here)
+        if np.count_nonzero(held):  # an extra holder each, in batch order
             more, ids = blocks[held], hashes[held]
             self.has_extra[ids] = True
             extra = self.extra_holders
@@ -185,7 +186,12 @@ class BlockPool:
                 extra.setdefault(block_hash, []).append(block)
             fresh = ~held
             blocks, hashes = blocks[fresh], hashes[fresh]
-        self.first_holder[hashes] = blocks
+        holder = self.first_holder
+        holder[hashes] = blocks
+        if len(blocks) > 1 and np.count_nonzero(holder[hashes] != blocks):
+            holder[hashes] = -1
+            for block, block_hash in zip(blocks.tolist(), hashes.tolist()):
+                self._add_holder(block, block_hash)
 
     def _evict_many(self, blocks: np.ndarray, hashes: np.ndarray) -> None:
         """Drop the cached hashes of freshly popped ``blocks`` (vectorised when each is
