@@ -76,7 +76,7 @@ class DecodeGroup:
         return self.G + k
 
     def materialize(self, r: "SimRequest") -> None:
-        """Bring ``r``'s counters (and block hashes) to group step ``G``."""
+        """Bring ``r``'s counters to group step ``G``."""
         d = self.G - r.g0
         if d:
             r.num_tokens += d
@@ -86,6 +86,8 @@ class DecodeGroup:
             r.g0 = self.G
 
     def add(self, r: "SimRequest", now_s: float) -> None:
+        if self.caching:
+            r.lay_out_hashes()  # registrations read hash_array directly
         r.steady = True
         r.g0 = self.G
         self.size += 1
@@ -271,7 +273,7 @@ class DecodeGroupSteps:
                 index = m.num_tokens // bs - 1
                 assert m.num_cached_blocks == index, f"{m!r}: registration gap (tuner bug)"
                 blocks.append(m.block_buf[index])
-                hashes.append(m.hash_at(index))
+                hashes.append(m.hash_array[index])  # laid out by DecodeGroup.add
                 m.num_cached_blocks = index + 1
             pool.cache_blocks(np.asarray(blocks, dtype=np.int64),
                               np.asarray(hashes, dtype=np.int64))
@@ -300,21 +302,18 @@ class DecodeGroupSteps:
         caching = group.caching
         calendar = group.calendar
         for member in out.group_events:
-            # group.materialize(member) for the one step since _run_group_step, inlined
-            t = member.num_tokens + 1
-            member.num_tokens = t
-            member.num_computed_tokens += 1
+            # Its counters stay as of the step that just ran (_member_events brought
+            # them there): G - g0 = 1 now, so a later materialize adds this token too.
             out_tokens = member.num_output_tokens + 1
-            member.num_output_tokens = out_tokens
-            member.last_token_s = now_s
-            member.g0 = g
             if out_tokens >= member.max_tokens:
+                group.materialize(member)
                 group.remove(member)
                 member.status = RequestStatus.FINISHED
                 member.finish_s = now_s
                 finished.append(member)
                 continue
-            # group.schedule(member), inlined
+            # group.schedule(member) at its true token count, inlined
+            t = member.num_tokens + 1
             k = (1 - t) % bs
             if caching:
                 k_reg = (-t) % bs

@@ -149,6 +149,11 @@ class SimRequest:
             self.hash_array = np.concatenate(
                 [self.hash_array, np.arange(base, base + missing, dtype=np.int64)])
 
+    def lay_out_hashes(self) -> None:
+        """Make ``hash_array`` hold every block's id (idempotent)."""
+        if len(self.hash_array) < (self.num_prompt_tokens + self.max_tokens) // self._block_size:
+            self._lay_out_generated()
+
     def _lay_out_generated(self) -> None:
         """Append the ids of every block generated tokens can complete: the trace's
         output ids, then synthetic ones. Done once, when a lookup or registration first
