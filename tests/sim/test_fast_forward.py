@@ -19,8 +19,12 @@ def step_time(batch) -> float:
             + 1e-7 * batch.num_decode_reqs ** 1.5)
 
 
-def run(reqs, settings, cache, fast: bool, load=OpenLoop(), mode: str = "local"):
-    options = SimOptions(fast_forward=fast, record_steps=True, check_invariants=True,
+def run(reqs, settings, cache, fast: bool, load=OpenLoop(), mode: str = "local",
+        check: bool = True):
+    """``check``: check invariants after every step. That materialises every group
+    member each step, so a fast run with it never leaves counters lagging: the
+    differential tests run the fast path both ways."""
+    options = SimOptions(fast_forward=fast, record_steps=True, check_invariants=check,
                          prefill_interval_mode=mode)
     return Simulator(reqs, settings, cache, step_time, options=options, load=load).run()
 
@@ -75,6 +79,7 @@ def test_fast_path_is_identical(case, seed):
     fast = run(reqs, settings, cache, True)
     check_result(reqs, slow)
     assert_identical(slow, fast)
+    assert_identical(slow, run(reqs, settings, cache, True, check=False))
     if case.endswith("preempts") or case.endswith("tiny"):
         assert slow.counters["preemptions"] > 0  # the case exercises preemption
 
@@ -90,6 +95,7 @@ def test_fast_path_identical_closed_loop_dp_and_no_caching(seed):
             slow = run(reqs, settings, cache, False, load, mode)
             fast = run(reqs, settings, cache, True, load, mode)
             assert_identical(slow, fast)
+            assert_identical(slow, run(reqs, settings, cache, True, load, mode, check=False))
 
 
 def test_long_decode_stretch_uses_group_steps():
@@ -112,3 +118,33 @@ def test_long_decode_stretch_uses_group_steps():
     fast = sim.run()
     assert_identical(slow, fast)
     assert sum(lazy_steps) > 0.8 * len(lazy_steps)
+
+
+@pytest.mark.parametrize("with_output_hashes", [True, False])
+@pytest.mark.parametrize("seed", range(3))
+def test_group_steps_preempt_without_dissolving(seed, with_output_hashes):
+    """fcfs out of blocks: the group step itself preempts from the tail (no plain step
+    over every decoder), and generated blocks with synthetic ids, registered late by the
+    group, are in the cache when the preempted request comes back. Same as plain."""
+    reqs = random_trace(seed + 20, 60, max_input=200, max_output=120,
+                        with_output_hashes=with_output_hashes, rate=40.0)
+    settings = SchedulerSettings(max_num_batched_tokens=256, max_num_seqs=24)
+    cache = CacheSettings(num_gpu_blocks=45, block_size=16)
+    slow = run(reqs, settings, cache, False)
+    sim = Simulator(reqs, settings, cache, step_time,
+                    options=SimOptions(fast_forward=True, record_steps=True))
+    preempting_group_steps = []
+    original = sim.scheduler.schedule
+
+    def spy():
+        out = original()
+        preempting_group_steps.append(out.lazy and bool(out.preempted))
+        return out
+
+    sim.scheduler.schedule = spy  # type: ignore[method-assign]
+    fast = sim.run()
+    check_result(reqs, slow)
+    assert_identical(slow, fast)
+    assert_identical(slow, run(reqs, settings, cache, True))  # invariants on every step
+    assert slow.counters["preemptions"] > 0
+    assert any(preempting_group_steps)

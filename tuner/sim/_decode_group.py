@@ -141,10 +141,13 @@ class DecodeGroupSteps:
     """
 
     def _plan_group_step(self, token_budget: int, threshold: int, defer: bool
-                         ) -> tuple[list[tuple[SimRequest, int]], list[SimRequest]] | None:
+                         ) -> tuple[list[tuple[SimRequest, int]], list[SimRequest], bool] | None:
         """Tokens for the running requests outside the group, if this step can be a
-        group step: every member gets its token and no allocation can fail. Same rules
-        as ``_schedule_running``, evaluated without touching the pool."""
+        group step: every member that is not preempted gets its token. Same rules as
+        ``_schedule_running``, evaluated without touching the pool. The flag says the
+        free blocks do not cover the step's new blocks, so an allocation will fail and
+        preempt (allowed with fcfs only: its victims come from the tail of running,
+        after every request already scheduled)."""
         group = self.group
         assert group is not None
         running = self.running
@@ -191,13 +194,14 @@ class DecodeGroupSteps:
         for request in events:
             if (request.num_tokens + (g - request.g0) - 1) % bs == 0:
                 need_blocks += 1
-        if need_blocks > self.kv_cache_manager.block_pool.free_block_queue.num_free_blocks:
-            return None  # an allocation could fail and preempt: take the plain path
-        return items, events
+        short = need_blocks > self.kv_cache_manager.block_pool.free_block_queue.num_free_blocks
+        if short and self.policy != "fcfs":
+            return None  # a priority victim may be scheduled already: the plain path
+        return items, events, short
 
     def _run_group_step(self, out: SchedulerOutput, token_budget: int,
-                        items: list[tuple[SimRequest, int]], events: list[SimRequest]
-                        ) -> tuple[int, bool]:
+                        items: list[tuple[SimRequest, int]], events: list[SimRequest],
+                        short: bool) -> tuple[int, bool]:
         """The running loop of a group step: allocations and registrations of members
         with an event and of the other running requests, merged in running order.
 
@@ -210,6 +214,8 @@ class DecodeGroupSteps:
         """
         group = self.group
         assert group is not None
+        if short:
+            return self._run_preempting_group_step(out, token_budget, items, events)
         kvm = self.kv_cache_manager
         prefill_scheduled = False
         spent = 0
@@ -235,6 +241,67 @@ class DecodeGroupSteps:
         out.group_events = events
         out.total_num_scheduled_tokens += group.size + spent
         return token_budget - group.size - spent, prefill_scheduled
+
+    def _run_preempting_group_step(self, out: SchedulerOutput, token_budget: int,
+                                   items: list[tuple[SimRequest, int]],
+                                   events: list[SimRequest]) -> tuple[int, bool]:
+        """The running loop of a group step that runs out of free blocks (fcfs).
+
+        vLLM's loop, restricted to the requests that touch the pool: members with an
+        event and the other running requests, one by one in running order, each with
+        ``allocate_slots``; a failed allocation preempts the last running request
+        (member or not) and retries, and a request that preempts itself ends the loop
+        (it was the last). Members without an event need no block: in vLLM their
+        ``allocate_slots`` changes nothing but registering blocks with synthetic ids,
+        which the group defers (see ``tuner.sim._decode_group``). Preempted members
+        leave the group without their token; every other member gets it.
+        """
+        group = self.group
+        assert group is not None
+        kvm = self.kv_cache_manager
+        running = self.running
+        work = [(m, 1, True) for m in events] + [(r, n, False) for r, n in items]
+        work.sort(key=lambda entry: entry[0].seq)
+        prefill_scheduled = False
+        spent = 0
+        for request, n, member in work:
+            if request.status != RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            if member:
+                group.materialize(request)
+            while not kvm.allocate_slots(request, n):
+                victim = running.pop()
+                if victim.steady:
+                    self._drop_member(victim)
+                self._preempt_request(victim)  # type: ignore[attr-defined]
+                out.preempted.append(victim)
+                if victim is request:
+                    break
+            else:
+                if not member:
+                    out.scheduled.append((request, n))
+                    spent += n
+                    if request.is_prefill_chunk:
+                        prefill_scheduled = True
+                continue
+            break  # the request preempted itself: nothing runs after it
+        self.nonsteady = [r for r in self.nonsteady if r.status == RequestStatus.RUNNING]
+        out.group_size = group.size
+        out.group_sum_tokens = group.sum_tokens
+        out.group_events = [m for m in events if m.steady]
+        out.total_num_scheduled_tokens += group.size + spent
+        return token_budget - group.size - spent, prefill_scheduled
+
+    def _drop_member(self, request: SimRequest) -> None:
+        """Take a member out of the group before it is preempted: counters up to date,
+        and out of the calendar (it may rejoin later with the same event step)."""
+        group = self.group
+        assert group is not None
+        group.materialize(request)
+        bucket = group.calendar.get(request.next_event)
+        if bucket is not None and request in bucket:
+            bucket.remove(request)
+        group.remove(request)
 
     def _member_events(self, members: list[SimRequest]) -> None:
         """``allocate_slots(member, 1)`` for decode-ready members, batched: a new block
