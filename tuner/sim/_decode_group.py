@@ -15,11 +15,17 @@ finish), so a group step touches only the requests with an event, in running ord
 path: block ids, evictions and hash registrations happen in exactly vLLM's order.
 
 The scheduler uses a group step only when it can prove that every steady request is
-scheduled with one token (the running loop's token budget reaches the last one) and
-that no allocation can fail (the blocks needed this step fit in the free queue, so no
-preemption). Otherwise it dissolves the group (materialising every request) and runs
-the plain step, re-forming the group afterwards. ``tests/sim/test_fast_forward.py``
-shows both paths give byte-identical results.
+scheduled with one token (the running loop's token budget reaches the last one). If the
+blocks needed this step exceed the free queue, an allocation will fail: with fcfs the
+group step then walks the pool-touching requests one by one and preempts from the tail
+of running, as vLLM's loop does (``_run_preempting_group_step``); with priority, or when
+the budget cannot reach every member, it dissolves the group (materialising every
+request) and runs the plain step, re-forming the group afterwards.
+
+A generated block whose hash is synthetic (no trace output hash: no other request can
+look it up) is registered when its request frees its blocks, not when it fills, so such
+blocks cost no event (``SimRequest.num_shared_hash_blocks``; ``KVCacheManager.free``).
+``tests/sim/test_fast_forward.py`` shows both paths give byte-identical results.
 """
 
 from __future__ import annotations
