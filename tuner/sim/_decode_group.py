@@ -318,23 +318,15 @@ class DecodeGroupSteps:
         pool = self.kv_cache_manager.block_pool
         bs = self.block_size
         caching = self.kv_cache_manager.enable_caching
-        g, last_end = group.G, group.last_end_s
+        g = group.G
         takers: list[SimRequest] = []
-        fillers: list[SimRequest] = []
+        fillers: list[tuple[SimRequest, int]] = []  # (member, index of the full block)
         for m in members:
-            d = g - m.g0  # group.materialize(m), inlined
-            t = m.num_tokens
-            if d:
-                t += d
-                m.num_tokens = t
-                m.num_output_tokens += d
-                m.num_computed_tokens += d
-                m.last_token_s = last_end
-                m.g0 = g
+            t = m.num_tokens + g - m.g0  # its true token count (counters stay lagging)
             if (t - 1) % bs == 0:
                 takers.append(m)
             if caching and t % bs == 0 and t // bs <= m.num_shared_hash_blocks:
-                fillers.append(m)
+                fillers.append((m, t // bs - 1))
         if takers:
             new = pool.get_new_blocks(len(takers)) if len(takers) > 1 else (
                 pool.get_new_block(),)
@@ -342,8 +334,7 @@ class DecodeGroupSteps:
                 m.append_block(block)
         if fillers:
             blocks, hashes = [], []
-            for m in fillers:
-                index = m.num_tokens // bs - 1
+            for m, index in fillers:
                 assert m.num_cached_blocks == index, f"{m!r}: registration gap (tuner bug)"
                 blocks.append(m.block_buf[index])
                 hashes.append(m.hash_array[index])  # laid out by DecodeGroup.add
@@ -375,9 +366,8 @@ class DecodeGroupSteps:
         caching = group.caching
         calendar = group.calendar
         for member in out.group_events:
-            # Its counters stay as of the step that just ran (_member_events brought
-            # them there): G - g0 = 1 now, so a later materialize adds this token too.
-            out_tokens = member.num_output_tokens + 1
+            lag = g - member.g0  # its counters lag by G - g0 tokens, this one included
+            out_tokens = member.num_output_tokens + lag
             if out_tokens >= member.max_tokens:
                 group.materialize(member)
                 group.remove(member)
@@ -386,7 +376,7 @@ class DecodeGroupSteps:
                 finished.append(member)
                 continue
             # group.schedule(member) at its true token count, inlined
-            t = member.num_tokens + 1
+            t = member.num_tokens + lag
             k = (1 - t) % bs
             if caching:
                 k_reg = (-t) % bs
