@@ -66,21 +66,6 @@ class DecodeGroup:
         self.block_size = block_size
         self.caching = caching
 
-    def next_event(self, r: "SimRequest") -> int:
-        """First group step >= G where ``r`` (materialised at G) allocates, registers
-        a full block or receives its last token."""
-        bs = self.block_size
-        t = r.num_tokens
-        k = (1 - t) % bs  # the token computed this step starts a new block
-        if self.caching:
-            k_reg = (-t) % bs  # the computed tokens fill a block: register its hash
-            if k_reg < k and (t + k_reg) // bs <= r.num_shared_hash_blocks:
-                k = k_reg
-        k_fin = r.max_tokens - 1 - r.num_output_tokens
-        if k_fin < k:
-            k = k_fin
-        return self.G + k
-
     def materialize(self, r: "SimRequest") -> None:
         """Bring ``r``'s counters to group step ``G``."""
         d = self.G - r.g0
@@ -103,7 +88,21 @@ class DecodeGroup:
         self.schedule(r)
 
     def schedule(self, r: "SimRequest") -> None:
-        ev = self.next_event(r)
+        """File ``r`` in the calendar under its next event: the first group step >= G
+        where it allocates, registers a full block with a shareable hash or receives its
+        last token. Its counters may lag (true values: stored + ``G - g0``)."""
+        bs = self.block_size
+        lag = self.G - r.g0
+        t = r.num_tokens + lag
+        k = (1 - t) % bs  # the token computed this step starts a new block
+        if self.caching:
+            k_reg = (-t) % bs  # the computed tokens fill a block: register its hash
+            if k_reg < k and (t + k_reg) // bs <= r.num_shared_hash_blocks:
+                k = k_reg
+        k_fin = r.max_tokens - 1 - (r.num_output_tokens + lag)
+        if k_fin < k:
+            k = k_fin
+        ev = self.G + k
         r.next_event = ev
         bucket = self.calendar.get(ev)
         if bucket is None:
@@ -265,7 +264,6 @@ class DecodeGroupSteps:
         group = self.group
         assert group is not None
         kvm = self.kv_cache_manager
-        running = self.running
         work = [(m, 1, True) for m in events] + [(r, n, False) for r, n in items]
         work.sort(key=lambda entry: entry[0].seq)
         prefill_scheduled = False
@@ -276,7 +274,8 @@ class DecodeGroupSteps:
             if member:
                 group.materialize(request)
             while not kvm.allocate_slots(request, n):
-                victim = running.pop()
+                # fcfs: the tail of running, never a request already scheduled here
+                victim = self._pick_victim()  # type: ignore[attr-defined]
                 if victim.steady:
                     self._drop_member(victim)
                 self._preempt_request(victim)  # type: ignore[attr-defined]
@@ -362,36 +361,16 @@ class DecodeGroupSteps:
         g = group.G
         group.sum_tokens += out.group_size
         group.last_end_s = now_s
-        bs = self.block_size
-        caching = group.caching
-        calendar = group.calendar
         for member in out.group_events:
-            lag = g - member.g0  # its counters lag by G - g0 tokens, this one included
-            out_tokens = member.num_output_tokens + lag
-            if out_tokens >= member.max_tokens:
+            # Its counters lag by G - g0 tokens, this step's included.
+            if member.num_output_tokens + g - member.g0 >= member.max_tokens:
                 group.materialize(member)
                 group.remove(member)
                 member.status = RequestStatus.FINISHED
                 member.finish_s = now_s
                 finished.append(member)
                 continue
-            # group.schedule(member) at its true token count, inlined
-            t = member.num_tokens + lag
-            k = (1 - t) % bs
-            if caching:
-                k_reg = (-t) % bs
-                if k_reg < k and (t + k_reg) // bs <= member.num_shared_hash_blocks:
-                    k = k_reg
-            k_fin = member.max_tokens - 1 - out_tokens
-            if k_fin < k:
-                k = k_fin
-            ev = g + k
-            member.next_event = ev
-            bucket = calendar.get(ev)
-            if bucket is None:
-                calendar[ev] = [member]
-            else:
-                bucket.append(member)
+            group.schedule(member)
 
     def _maybe_promote(self, request: SimRequest, now_s: float) -> None:
         """Move a decode-ready running request into the group."""

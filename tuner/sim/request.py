@@ -195,12 +195,6 @@ class SimRequest:
         """Hash ids of the full blocks known so far (a fresh list: for checks and tests)."""
         return self.hashes_upto(self.num_tokens // self._block_size).tolist()
 
-    def hash_at(self, block_index: int) -> int:
-        """``block_hashes[block_index]`` (the decode group's registrations)."""
-        if block_index >= len(self.hash_array):
-            self._lay_out_generated()
-        return int(self.hash_array[block_index])
-
     def hashes_upto(self, num_blocks: int) -> np.ndarray:
         """``block_hashes[:num_blocks]`` as an array (``num_blocks <= num_hashes``)."""
         if num_blocks > len(self.hash_array) and self.synthetic_base >= 0:
