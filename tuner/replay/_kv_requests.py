@@ -111,7 +111,6 @@ def _dense_ids(values: np.ndarray) -> tuple[np.ndarray, int]:
     return ids, int(ids.max()) + 1
 
 
-
 def load_trace_arrays(trace: Any) -> list[Any]:
     """A ``Trace``'s requests in arrival order with hashes as views into flat arrays.
 

@@ -195,7 +195,6 @@ class KVCacheManager:
         # anyway skips counting them.
         if max(need, need_full) + watermark > free:
             return False
-        hit_refs = None
         if num_hit:  # hit blocks sitting in the free queue consume free capacity too
             hit_refs = pool.ref_cnt[new_computed_blocks]
             if max(need, need_full) + np.count_nonzero(hit_refs == 0) + watermark > free:
