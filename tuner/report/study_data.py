@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from tuner.profile import Profile
 
 
-
 @dataclass(frozen=True, slots=True)
 class TrialRow:
     """One stage-1 trial as the report shows it."""
