@@ -61,7 +61,7 @@ def make_server_options(*, endpoint: str | None, launch: bool, vllm_python: str 
     """``ServerOptions`` from the :func:`server_options` flags (+ the target flags)."""
     import os
 
-    from tuner.replay._serve_server import ServerOptions
+    from tuner.serve.server import ServerOptions
 
     if (endpoint is None) == (not launch):
         raise ConfigError("use exactly one of --endpoint URL (attach) or --launch (start "
@@ -147,8 +147,8 @@ def calibrate_command(hardware: str, model: str, tp: int, dp: int, block_size: i
           -o calib.yaml
       tuner replay trace.parquet --hardware ... --model ... --calibration calib.yaml
     """
-    from tuner.replay._serve_server import VllmServer
-    from tuner.replay.calibrate import ProbePlan, calibrate
+    from tuner.serve.server import VllmServer
+    from tuner.fidelity.calibrate import ProbePlan, calibrate
     from tuner.sim.calibration import save_calibration
     from tuner.sim.settings import SchedulerSettings
 
@@ -224,7 +224,7 @@ def validate_command(profile_path: str, trace: str, hardware: str, model: str, t
     """
     from tuner.metrics import summarize
     from tuner.profile import load_profile
-    from tuner.replay.validate import COMPARED, validate
+    from tuner.fidelity.validate import COMPARED, validate
 
     as_json = kw.pop("as_json")
     baseline_endpoint = kw.pop("baseline_endpoint")

@@ -26,8 +26,8 @@ from typing import Any
 
 from tuner.errors import BackendError, ConfigError
 from tuner.replay._run import TraceLike, run
-from tuner.replay._serve_client import ServerDiedError
-from tuner.replay._serve_server import ServerOptions
+from tuner.serve.client import ServerDiedError
+from tuner.serve.server import ServerOptions
 from tuner.sim.load import ClosedLoop, OpenLoop
 from tuner.sim.settings import SchedulerSettings
 from tuner.sim.target import Target
