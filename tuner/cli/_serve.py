@@ -147,8 +147,8 @@ def calibrate_command(hardware: str, model: str, tp: int, dp: int, block_size: i
           -o calib.yaml
       tuner replay trace.parquet --hardware ... --model ... --calibration calib.yaml
     """
-    from tuner.serve.server import VllmServer
     from tuner.fidelity.calibrate import ProbePlan, calibrate
+    from tuner.serve.server import VllmServer
     from tuner.sim.calibration import save_calibration
     from tuner.sim.settings import SchedulerSettings
 
@@ -222,9 +222,8 @@ def validate_command(profile_path: str, trace: str, hardware: str, model: str, t
           --vllm-python /opt/vllm/bin/python --model llama-3.1-70b \\
           --serve-model /models/llama-3.1-70b --tp 8 --calibration calib.yaml --concurrency 64
     """
-    from tuner.metrics import summarize
-    from tuner.profile import load_profile
     from tuner.fidelity.validate import COMPARED, validate
+    from tuner.profile import load_profile
 
     as_json = kw.pop("as_json")
     baseline_endpoint = kw.pop("baseline_endpoint")
@@ -243,8 +242,8 @@ def validate_command(profile_path: str, trace: str, hardware: str, model: str, t
     elif baseline_endpoint:
         raise ConfigError("--baseline-endpoint goes with --endpoint, not --launch")
     say = None if as_json else (lambda m: click.echo(f"  {m}", err=True))
-    rows = validate(profile, trace, server=options, target=target, summarize=summarize,
-                    load=load, endpoints=endpoints, thread_outputs=thread_outputs, progress=say)
+    rows = validate(profile, trace, server=options, target=target, load=load,
+                    endpoints=endpoints, thread_outputs=thread_outputs, progress=say)
     if as_json:
         echo_json([r.to_dict() for r in rows])
         return
