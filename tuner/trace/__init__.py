@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from tuner.trace.schema import TraceMetadata
     from tuner.trace.slicing import slice_trace
     from tuner.trace.sources import detect_format
-    from tuner.trace.stats import TraceStats, trace_stats
+    from tuner.trace.stats import TraceStats, format_trace_stats, stats_rows, trace_stats
     from tuner.trace.store import Trace, TraceWriter, read_trace, write_trace
     from tuner.trace.synth import synthesize
 
@@ -34,6 +34,8 @@ _LAZY = {
     "detect_format": "tuner.trace.sources",
     "trace_stats": "tuner.trace.stats",
     "TraceStats": "tuner.trace.stats",
+    "format_trace_stats": "tuner.trace.stats",
+    "stats_rows": "tuner.trace.stats",
     "slice_trace": "tuner.trace.slicing",
     "synthesize": "tuner.trace.synth",
 }
@@ -47,11 +49,13 @@ __all__ = [
     "TraceStats",
     "TraceWriter",
     "detect_format",
+    "format_trace_stats",
     "ingest",
     "read_trace",
     "reblock",
     "reblock_request_hashes",
     "slice_trace",
+    "stats_rows",
     "synthesize",
     "trace_stats",
     "write_trace",
