@@ -147,10 +147,9 @@ def calibrate_command(hardware: str, model: str, tp: int, dp: int, block_size: i
           -o calib.yaml
       tuner replay trace.parquet --hardware ... --model ... --calibration calib.yaml
     """
-    from tuner.fidelity.calibrate import ProbePlan, calibrate
-    from tuner.serve.server import VllmServer
+    from tuner.fidelity.calibrate import ProbePlan
+    from tuner.fidelity.runs import calibrate_server
     from tuner.sim.calibration import save_calibration
-    from tuner.sim.settings import SchedulerSettings
 
     as_json = kw.pop("as_json")
     output = kw.pop("output")
@@ -161,20 +160,10 @@ def calibrate_command(hardware: str, model: str, tp: int, dp: int, block_size: i
     budget = kw.pop("max_num_batched_tokens")
     options = make_server_options(model=model, tp=tp, block_size=block_size,
                                   num_gpu_blocks=num_gpu_blocks, max_model_len=max_model_len, **kw)
-    if options.launches:
-        # Under async scheduling vLLM schedules step k+1 while step k runs, so a request's
-        # SCHEDULED time (the start of its prefill time) would include the step in flight.
-        options = options.replace(async_scheduling=False)
     say = (lambda m: click.echo(f"  {m}", err=True)) if not as_json else None
-    settings = SchedulerSettings(max_num_batched_tokens=budget,
-                                 max_num_seqs=min(256, budget))
-    with VllmServer(options) as server:
-        server.start(settings)
-        if say:
-            say(f"server ready ({server.startup_s:.1f} s, vLLM {server.vllm_version})")
-        result = calibrate(server, hardware=hardware, model=model, tp=tp, plan=plan,
-                           max_num_batched_tokens=budget if options.launches else None,
-                           max_model_len=max_model_len, progress=say)
+    result = calibrate_server(options, hardware=hardware, model=model, tp=tp, plan=plan,
+                              max_num_batched_tokens=budget, max_model_len=max_model_len,
+                              progress=say)
     path = save_calibration(output, result.calibration)
     if as_json:
         echo_json({"output": str(path), "probes": result.table(),
@@ -222,8 +211,9 @@ def validate_command(profile_path: str, trace: str, hardware: str, model: str, t
           --vllm-python /opt/vllm/bin/python --model llama-3.1-70b \\
           --serve-model /models/llama-3.1-70b --tp 8 --calibration calib.yaml --concurrency 64
     """
-    from tuner.fidelity.validate import COMPARED, validate
+    from tuner.metrics import summarize
     from tuner.profile import load_profile
+    from tuner.fidelity.validate import COMPARED, validate
 
     as_json = kw.pop("as_json")
     baseline_endpoint = kw.pop("baseline_endpoint")
@@ -242,8 +232,8 @@ def validate_command(profile_path: str, trace: str, hardware: str, model: str, t
     elif baseline_endpoint:
         raise ConfigError("--baseline-endpoint goes with --endpoint, not --launch")
     say = None if as_json else (lambda m: click.echo(f"  {m}", err=True))
-    rows = validate(profile, trace, server=options, target=target, load=load,
-                    endpoints=endpoints, thread_outputs=thread_outputs, progress=say)
+    rows = validate(profile, trace, server=options, target=target, summarize=summarize,
+                    load=load, endpoints=endpoints, thread_outputs=thread_outputs, progress=say)
     if as_json:
         echo_json([r.to_dict() for r in rows])
         return

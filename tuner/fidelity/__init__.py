@@ -4,6 +4,9 @@
   server and fit the step-time model's coefficients;
 * :mod:`tuner.fidelity.validate` -- ``tuner validate`` / ``tuner tune --confirm-top``:
   replay configurations on the twin and on a real server, predicted against measured.
+* :mod:`tuner.fidelity.runs` -- what the commands decide before measuring, for notebooks:
+  :func:`calibrate_server` (a calibration server's settings and scheduling mode) and
+  :func:`twin_options_for` (the twin's options matching an installed vLLM).
 
 This package sits downstream of ``tuner.serve`` and ``tuner.metrics``
 (tests/test_layering.py), so it drives servers and summarises replays itself. The names
@@ -24,6 +27,9 @@ _LAZY = {
     "Comparison": "tuner.fidelity.validate",
     "compare_on_server": "tuner.fidelity.validate",
     "confirm_on_server": "tuner.fidelity.validate",
+    "calibrate_server": "tuner.fidelity.runs",
+    "probe_settings": "tuner.fidelity.runs",
+    "twin_options_for": "tuner.fidelity.runs",
 }
 
 __all__ = sorted(_LAZY)
