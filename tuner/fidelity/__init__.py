@@ -18,8 +18,14 @@ their modules.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from typing import TYPE_CHECKING
+
+from tuner._lazy import lazy_getattr
+
+if TYPE_CHECKING:
+    from tuner.fidelity.calibrate import CalibrationResult, ProbePlan
+    from tuner.fidelity.runs import calibrate_server, probe_settings, twin_options_for
+    from tuner.fidelity.validate import Comparison, compare_on_server, confirm_on_server
 
 _LAZY = {
     "ProbePlan": "tuner.fidelity.calibrate",
@@ -34,9 +40,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tuner.fidelity' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())

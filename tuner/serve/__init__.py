@@ -18,8 +18,15 @@ server is wanted (the registry in ``tuner.replay`` imports the backend the same 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from typing import TYPE_CHECKING
+
+from tuner._lazy import lazy_getattr
+
+if TYPE_CHECKING:
+    from tuner.serve.backend import VllmServeBackend, options_from_env, replay_on_server
+    from tuner.serve.client import ReplayPlan, ServerDiedError, ServerReplay
+    from tuner.serve.prometheus import MetricsSnapshot, parse_exposition
+    from tuner.serve.server import ServerOptions, VllmServer, settings_args
 
 _LAZY = {
     "ServerOptions": "tuner.serve.server",
@@ -37,9 +44,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tuner.serve' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())

@@ -8,9 +8,9 @@ TraceRequest`` never imports them.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from tuner._lazy import lazy_getattr
 from tuner.trace.reblock import reblock, reblock_request_hashes
 from tuner.trace.request import TRACE_FORMAT_VERSION, TraceRequest
 
@@ -61,11 +61,4 @@ __all__ = [
     "write_trace",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tuner.trace' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
