@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from vllm_env import ROOT
 
 from tuner import vllm_compat
+
+pytestmark = pytest.mark.vllm
 
 _PROBE = ROOT / "tests" / "vllm" / "scenarios" / "compat_probe.py"
 
