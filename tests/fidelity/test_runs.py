@@ -84,13 +84,17 @@ def test_an_attached_server_keeps_its_settings_and_its_budget_is_not_assumed(
 @pytest.mark.parametrize("version,mode", [("0.32.0", "off"), ("0.32.1+cpu", "off"),
                                           ("0.33.0", "local"), ("0.34.0.dev1", "local")])
 def test_prefill_interval_mode_follows_the_release(version: str, mode: str) -> None:
-    assert runs.prefill_interval_mode_for(version) == mode
+    from tuner import vllm_compat
+
+    assert vllm_compat.prefill_interval_mode(version) == mode
 
 
 def _fake_python(tmp_path: Path, version: str) -> str:
     """An executable that answers the version query like a vLLM environment's python."""
     path = tmp_path / "python"
-    path.write_text(f"#!/bin/sh\necho {version}\n")
+    # tuner.vllm_compat.detect reads the last stdout line as JSON
+    path.write_text("#!/bin/sh\necho '{\"version\": \"%s\", \"native_admission\": false}'\n"
+                    % version)
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return os.fspath(path)
 
