@@ -51,8 +51,8 @@ def fidelity_command(trace: str, vllm_python: str | None, hardware: str, model: 
           --set cache_aware_admission_window=16 --set cache_aware_admission_threshold=0.5
     """
     from tuner import replay
-    from tuner.replay.parity import run_parity
-    from tuner.replay.vllm_core import find_vllm_python, vllm_version
+    from tuner.fidelity.parity import run_parity
+    from tuner.vllm_core.backend import find_vllm_python, vllm_version
     from tuner.sim.presets import resolve_target
     from tuner.sim.settings import SimOptions
 
