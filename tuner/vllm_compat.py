@@ -295,6 +295,10 @@ def plan_scheduler_args(settings: Any, vllm: str | VllmFeatures, *,
 # ----------------------------------------------------------------------------------------
 # Finding and asking a vLLM Python
 # ----------------------------------------------------------------------------------------
+#: What needs the vLLM Python, in the words of the error message.
+_PURPOSE_NAMES: dict[str, str] = {"core": "vllm-core backend", "serve": "vllm-serve backend"}
+
+
 def vllm_python_from_env(purpose: PythonPurpose = "core") -> str | None:
     """The first of :data:`PYTHON_ENV_VARS` ``[purpose]`` that is set, else None."""
     return next((os.environ[v] for v in PYTHON_ENV_VARS[purpose] if os.environ.get(v)), None)
@@ -310,8 +314,9 @@ def find_vllm_python(explicit: str | os.PathLike[str] | None = None,
     path = str(explicit) if explicit else vllm_python_from_env(purpose)
     if not path:
         names = " or ".join(f"${v}" for v in PYTHON_ENV_VARS[purpose])
-        raise ConfigError(f"needs a Python with vLLM installed: pass --vllm-python PATH (or set "
-                          f"{names}); .ci/setup-vllm.sh builds one")
+        raise ConfigError(f"the {_PURPOSE_NAMES[purpose]} needs a Python with vLLM installed: "
+                          f"pass --vllm-python PATH (or set {names}); .ci/setup-vllm.sh "
+                          "builds one")
     if not os.access(path, os.X_OK):
         raise ConfigError(f"--vllm-python {path}: not an executable file")
     return path

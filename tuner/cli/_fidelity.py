@@ -51,8 +51,8 @@ def fidelity_command(trace: str, vllm_python: str | None, hardware: str, model: 
           --set cache_aware_admission_window=16 --set cache_aware_admission_threshold=0.5
     """
     from tuner import replay
-    from tuner.replay.parity import run_parity
     from tuner import vllm_compat
+    from tuner.fidelity.parity import run_parity
     from tuner.fidelity.runs import twin_options_for
     from tuner.sim.presets import resolve_target
 

@@ -1,7 +1,7 @@
 """The ``vllm-core`` backend: replay through vLLM's own ``Scheduler``, in a vLLM Python.
 
 tuner's environment stays free of vLLM: :meth:`VllmCoreBackend.run` starts
-``tuner/replay/_vllm_core_driver.py`` with the Python that has vLLM installed
+``tuner/vllm_core/driver.py`` with the Python that has vLLM installed
 (``--vllm-python``, or ``$TUNER_VLLM_PYTHON``), hands it the job as a pickle in a temporary
 folder (plain request data, settings, the KV-cache shape, the twin's step-time model and
 load), reads progress from its stdout (JSON lines) and loads the ``ReplayResult`` it
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from tuner.trace import TraceRequest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-DRIVER = pathlib.Path(__file__).with_name("_vllm_core_driver.py")
+DRIVER = pathlib.Path(__file__).with_name("driver.py")
 #: A ``config.json``-only Llama: vLLM's ``ModelConfig`` needs a model folder; the scheduler
 #: never looks at the weights (there are none).
 DEFAULT_MODEL_DIR = ROOT / "tests" / "data" / "tiny-llama"
