@@ -35,8 +35,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import tuner.serve.http as http
 from tuner.errors import BackendError, ConfigError
+import tuner.serve.http as http
 from tuner.serve.prometheus import CACHE_CONFIG_INFO, MetricsSnapshot, parse_exposition
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
