@@ -12,7 +12,7 @@ from serve_env import CPU_HARDWARE, DATA, MODEL_DIR
 
 from tuner.serve.client import prompt_tokens
 from tuner.serve.prometheus import (CACHE_CONFIG_INFO, ExpositionError, counter_deltas,
-                                         histogram_deltas, parse_exposition)
+                                    histogram_deltas, parse_exposition)
 from tuner.serve.server import settings_args
 from tuner.vllm_core.tokens import TokenFactory
 from tuner.sim.batch import StepBatch

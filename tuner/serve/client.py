@@ -29,11 +29,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import tuner.serve.http as http
 from tuner.errors import BackendError
 from tuner.records import ReplayResult, RequestResult
-from tuner.serve import http
 from tuner.serve.prometheus import (KV_USAGE, NUM_RUNNING, NUM_WAITING, MetricsSnapshot,
-                                         counter_deltas, histogram_deltas)
+                                    counter_deltas, histogram_deltas)
 from tuner.vllm_core.tokens import DriverRequest, TokenFactory
 from tuner.sim.load import ClosedLoop, OpenLoop
 

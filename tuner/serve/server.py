@@ -37,7 +37,7 @@ from typing import Any
 
 from tuner import vllm_compat
 from tuner.errors import BackendError, ConfigError
-from tuner.serve import http
+import tuner.serve.http as http
 from tuner.serve.prometheus import CACHE_CONFIG_INFO, MetricsSnapshot, parse_exposition
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
