@@ -33,7 +33,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "tuner"
 ORDER = ["trace", "sim", "perf", "replay", "vllm_core", "serve", "metrics", "fidelity", "tune",
          "profile", "report", "jobs", "cli"]
 #: Top-level modules any stage may import (they import no stage).
-SHARED = ("__init__", "errors", "records", "vllm_compat", "loaders", "durations",
+SHARED = ("__init__", "errors", "records", "vllm_compat", "loaders", "durations", "progress",
           "vllm_plugin")
 #: Allowed downstream imports, each with its reason.
 EXCEPTIONS = {
