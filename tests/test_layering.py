@@ -33,8 +33,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "tuner"
 ORDER = ["trace", "sim", "perf", "replay", "vllm_core", "serve", "metrics", "fidelity", "tune",
          "profile", "report", "jobs", "cli"]
 #: Top-level modules any stage may import (they import no stage).
-SHARED = ("__init__", "errors", "records", "vllm_compat", "loaders", "durations", "progress",
-          "vllm_plugin")
+SHARED = ("__init__", "_lazy", "errors", "records", "vllm_compat", "loaders", "durations",
+          "progress", "vllm_plugin")
 #: Allowed downstream imports, each with its reason.
 EXCEPTIONS = {
     # tune saves the recommended profile and reads the profile model (profile -> tune would
@@ -182,8 +182,12 @@ def _module_graph(*, module_level_only: bool = True) -> dict[str, set[str]]:
     modules = _all_modules()
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
+        # ``from pkg import sub`` names ``pkg`` too, but a submodule reaching its own parent
+        # package is no design circle: Python initialises the parent before any submodule,
+        # and a package ``__init__`` that re-exports its submodules lazily (``tuner._lazy``)
+        # only names them under TYPE_CHECKING.
         graph[name] = {m for m in _imports(path, module_level_only=module_level_only)
-                       if m in modules and m != name}
+                       if m in modules and m != name and not name.startswith(m + ".")}
     return graph
 
 

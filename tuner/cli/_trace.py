@@ -108,36 +108,13 @@ def stats_cmd(trace: str, as_json: bool) -> None:
       tuner trace stats traces/agentic_1h.parquet
       tuner trace stats trace.parquet --json | jq .ideal_prefix_hit_rate
     """
-    from tuner.trace import read_trace, trace_stats
+    from tuner.trace import format_trace_stats, read_trace, trace_stats
 
     stats = trace_stats(read_trace(trace))
     if as_json:
         echo_json(stats.to_dict())
         return
-    d = stats.to_dict()
-    rows = [
-        ("requests", f"{d['requests']:,}"),
-        ("span", f"{d['duration_s']:,.1f} s"),
-        ("arrival rate", f"{d['arrival_rate_mean_per_s']:.2f}/s mean, "
-                         f"{d['arrival_rate_peak_per_min']:,}/min peak"),
-        ("input tokens", f"mean {d['input_len_mean']:,.0f}, p50 {d['input_len_p50']:,.0f}, "
-                         f"p90 {d['input_len_p90']:,.0f}, p99 {d['input_len_p99']:,.0f}, "
-                         f"max {d['input_len_max']:,}"),
-        ("output tokens", f"mean {d['output_len_mean']:,.0f}, p50 {d['output_len_p50']:,.0f}, "
-                          f"p90 {d['output_len_p90']:,.0f}, p99 {d['output_len_p99']:,.0f}, "
-                          f"max {d['output_len_max']:,}"),
-        ("sessions", f"{d['sessions']:,} ({d['turns_per_session_mean']:.1f} turns mean, "
-                     f"{d['turns_per_session_max']} max)"),
-        ("ideal prefix-hit rate", f"{d['ideal_prefix_hit_rate']:.4f} (unbounded cache)"),
-        ("distinct KV blocks", f"{d['distinct_blocks']:,} x {d['hash_block_size']} tokens "
-                               f"= {d['distinct_block_tokens']:,} tokens"),
-        ("reuse distance", f"p50 {d['reuse_distance_p50_s']:.1f} s, "
-                           f"p90 {d['reuse_distance_p90_s']:.1f} s, "
-                           f"p99 {d['reuse_distance_p99_s']:.1f} s"),
-    ]
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        click.echo(f"{k:<{width}}  {v}")
+    click.echo(format_trace_stats(stats))
 
 
 @trace_group.command("slice")

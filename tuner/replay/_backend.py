@@ -103,7 +103,7 @@ _Entry = Union[str, BackendFactory]
 _REGISTRY: dict[str, _Entry] = {
     "sim": "tuner.replay._sim:SimBackend",
     "vllm-core": "tuner.replay.vllm_core:VllmCoreBackend",
-    "vllm-serve": "tuner.replay.vllm_serve:VllmServeBackend",
+    "vllm-serve": "tuner.serve.backend:VllmServeBackend",
 }
 
 

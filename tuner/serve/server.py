@@ -37,8 +37,8 @@ from typing import Any
 
 from tuner import vllm_compat
 from tuner.errors import BackendError, ConfigError
-from tuner.replay import _serve_http as http
-from tuner.replay._serve_metrics import CACHE_CONFIG_INFO, MetricsSnapshot, parse_exposition
+from tuner.serve import http
+from tuner.serve.prometheus import CACHE_CONFIG_INFO, MetricsSnapshot, parse_exposition
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
