@@ -62,11 +62,13 @@ def ingest_cmd(sources: tuple[str, ...], output: str, fmt: str, hash_block_size:
       tuner ingest traces/mooncake_synthetic.jsonl -o mooncake.parquet
       tuner ingest vllm-*.log.gz -o trace.parquet --salt-file ~/.tuner-salt --on-error skip
     """
+    from tuner.cli._progress import progress_display
     from tuner.trace import ingest
 
-    report = ingest(list(sources), output, format=fmt, hash_block_size=hash_block_size,
-                    salt=salt_file, tokenizer=tokenizer, on_error=on_error,  # type: ignore[arg-type]
-                    progress=not as_json)
+    with progress_display(False if as_json else None) as shown:
+        report = ingest(list(sources), output, format=fmt, hash_block_size=hash_block_size,
+                        salt=salt_file, tokenizer=tokenizer, on_error=on_error,  # type: ignore[arg-type]
+                        progress=shown)
     if as_json:
         echo_json(report.to_dict())
         return

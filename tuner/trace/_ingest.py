@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -26,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tuner.errors import TraceFormatError
+from tuner.progress import Progress, check_progress
 from tuner.trace.formats import READERS
 from tuner.trace.formats._batch import LINE, IngestContext, OnError, Quarantine
 from tuner.trace.hashing import Hasher, load_salt
@@ -70,7 +70,7 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
            output: str | os.PathLike[str], *, format: str = "auto",
            hash_block_size: int | None = None, salt: bytes | str | os.PathLike[str] | None = None,
            tokenizer: str | None = None, on_error: OnError = "fail",
-           progress: bool = True) -> IngestReport:
+           progress: Progress | None = None) -> IngestReport:
     """Ingest log files into one canonical trace at ``output``.
 
     Args:
@@ -84,7 +84,7 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
             missing); ``None`` uses ``$TUNER_SALT`` or the default salt file.
         tokenizer: a Hugging Face tokenizer directory or tokenizer.json (openai-jsonl).
         on_error: ``fail`` stops at the first bad record; ``skip`` quarantines it.
-        progress: show a progress bar when stderr is a terminal.
+        progress: a :class:`tuner.progress.Progress` sink for the bytes read; None = silent.
 
     Raises:
         TraceFormatError: a bad record (``fail``), empty input, unknown or mixed formats.
@@ -109,7 +109,7 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
     meta = TraceMetadata(hash_block_size=hbs, source_format=fmt,
                          salt_fingerprint=hasher.fingerprint)
     state = _TimelineState()
-    bar = _Progress(paths, enabled=progress)
+    bar = _Progress(paths, check_progress(progress))
     # zstd level 1: salted hashes are random bytes that no level compresses; it is speed.
     writer = TraceWriter(out, meta, compression_level=1)
     placed = False
@@ -286,30 +286,24 @@ def _sort_in_place(path: Path, min_offset: float, meta: TraceMetadata) -> None:
 
 
 class _Progress:
-    """A rich progress bar over source bytes, shown only on a terminal."""
+    """Source bytes read so far, reported to a :class:`tuner.progress.Progress` sink."""
 
-    def __init__(self, paths: list[str], *, enabled: bool) -> None:
-        self._bar = None
-        if not (enabled and sys.stderr.isatty()):
+    def __init__(self, paths: list[str], sink: Progress | None) -> None:
+        self._sink = sink
+        if sink is None:
             return
-        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
         self._sizes = [Path(p).stat().st_size for p in paths]
-        self._bar = Progress("[progress.description]{task.description}", BarColumn(),
-                             DownloadColumn(), TimeRemainingColumn(), transient=True)
-        self._task = self._bar.add_task("ingest", total=sum(self._sizes))
-        self._bar.start()
+        sink.stage("ingest", sum(self._sizes), unit="bytes")
 
     def update(self, index: int, fh: Any) -> None:
-        if self._bar is None:
+        if self._sink is None:
             return
         raw = getattr(fh, "fileobj", None) or getattr(fh, "_fp", None) or fh
         try:
             pos = raw.tell()
         except (OSError, AttributeError, ValueError):
             return
-        self._bar.update(self._task, completed=sum(self._sizes[:index]) + pos)
+        self._sink.update(sum(self._sizes[:index]) + pos)
 
     def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-            self._bar = None
+        """Nothing to release: the sink is its caller's."""

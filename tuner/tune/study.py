@@ -37,6 +37,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from tuner.errors import ConfigError, StudyNotFound
+from tuner.progress import Progress, check_progress
 from tuner.sim.target import Target
 from tuner.tune._progress import StudyProgress, best_so_far
 from tuner.tune.evaluate import Evaluator, ReplayEvaluator, evaluator_from_spec
@@ -64,7 +65,7 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
          holdout: float = 0.25, prefer: str = "throughput", stage1_fraction: float = 0.25,
          n_survivors: int | None = None, backend: str = "sim",
          output: "str | os.PathLike[str] | None" = None, evaluator: Evaluator | None = None,
-         progress: bool = False) -> TuneResult:
+         progress: "Progress | None" = None) -> TuneResult:
     """Search scheduler settings for ``trace`` on ``target`` and pick a recommended point.
 
     Args:
@@ -87,7 +88,8 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
             1.0 disables staging.
         n_survivors: points promoted to stage 2; None = ``min(32, max(8, n_trials // 10))``.
         evaluator: replaces the trace replay (tests, custom backends).
-        progress: rich progress on stderr.
+        progress: a :class:`tuner.progress.Progress` sink (stages, trials done, best so
+            far); None = silent.
 
     Raises:
         ConfigError: bad space/objectives/constraints, an existing study with another
@@ -129,7 +131,7 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
         notes = _fail_dead_local_trials(study)
         notes += _enqueue_start_points(study, config, evaluator, warm_start)
         timings: dict[str, float] = {}
-        with StudyProgress(progress) as bar:
+        with StudyProgress(check_progress(progress)) as bar:
             t = time.perf_counter()
             _run_stage1(study, storage_url, config, evaluator, workers, bar)
             timings["stage1_s"] = time.perf_counter() - t
@@ -165,7 +167,8 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
 
 
 def join(study_name: str, storage: str, n_trials: int | None = None, *, trace: Any = None,
-         evaluator: Evaluator | None = None, progress: bool = False) -> dict[str, Any]:
+         evaluator: Evaluator | None = None,
+         progress: "Progress | None" = None) -> dict[str, Any]:
     """Work on an existing study's stage 1 from another process or machine.
 
     The study's user attrs hold the space, objectives, constraints, target and trace
@@ -199,7 +202,7 @@ def join(study_name: str, storage: str, n_trials: int | None = None, *, trace: A
                               f"{str(config.evaluator.get('trace_fingerprint'))[:16]}; "
                               "use the same trace file")
         before = _finished(study)
-        with StudyProgress(progress) as bar:
+        with StudyProgress(check_progress(progress)) as bar:
             bar.stage(f"join {study_name}", config.n_trials, before)
             _optimize(study, config, evaluator, worker_cap=n_trials,
                       seed=config.seed + 1000 + os.getpid() % 1000, bar=bar)
