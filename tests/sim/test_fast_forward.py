@@ -9,33 +9,16 @@ from tuner.sim.engine import Simulator
 from tuner.sim.load import ClosedLoop, OpenLoop
 from tuner.sim.settings import CacheSettings, SchedulerSettings, SimOptions
 
-from sim_helpers import check_result, random_trace
-
-
-def step_time(batch) -> float:
-    # Nonlinear in the sums so that a wrong batch changes the clock.
-    return (0.004 + 3e-6 * batch.num_prefill_tokens + 2e-5 * batch.num_decode_reqs
-            + 1e-8 * batch.decode_ctx_tokens + 1e-12 * batch.prefill_attn_pairs
-            + 1e-7 * batch.num_decode_reqs ** 1.5)
+from sim_helpers import assert_identical, check_result, nonlinear_step as step_time, random_trace
 
 
 def run(reqs, settings, cache, fast: bool, load=OpenLoop(), mode: str = "local",
         check: bool = True):
-    """``check``: check invariants after every step. That materialises every group
-    member each step, so a fast run with it never leaves counters lagging: the
-    differential tests run the fast path both ways."""
+    """``check``: check invariants after every step (they must not change the path
+    taken; the differential tests run the fast path both ways)."""
     options = SimOptions(fast_forward=fast, record_steps=True, check_invariants=check,
                          prefill_interval_mode=mode)
     return Simulator(reqs, settings, cache, step_time, options=options, load=load).run()
-
-
-def assert_identical(a, b) -> None:
-    assert repr(a.requests) == repr(b.requests)
-    assert a.counters == b.counters
-    assert repr(a.steps) == repr(b.steps)
-    assert repr(a.itl_samples) == repr(b.itl_samples)
-    assert repr(a.timeseries) == repr(b.timeseries)
-    assert repr(a.simulated_s) == repr(b.simulated_s)
 
 
 CASES = {
@@ -111,7 +94,7 @@ def test_long_decode_stretch_uses_group_steps():
 
     def spy():
         out = original()
-        lazy_steps.append(out.lazy)
+        lazy_steps.append(out.group is not None)
         return out
 
     sim.scheduler.schedule = spy  # type: ignore[method-assign]
@@ -138,7 +121,7 @@ def test_group_steps_preempt_without_dissolving(seed, with_output_hashes):
 
     def spy():
         out = original()
-        preempting_group_steps.append(out.lazy and bool(out.preempted))
+        preempting_group_steps.append(out.group is not None and bool(out.preempted))
         return out
 
     sim.scheduler.schedule = spy  # type: ignore[method-assign]
