@@ -131,3 +131,54 @@ def test_group_steps_preempt_without_dissolving(seed, with_output_hashes):
     assert_identical(slow, run(reqs, settings, cache, True))  # invariants on every step
     assert slow.counters["preemptions"] > 0
     assert any(preempting_group_steps)
+
+
+def test_budget_spent_before_the_last_member_is_a_plain_step():
+    """The plan's last-member guard: a prefill chunk between two members takes the whole
+    budget left (A 1 + P 15 of 16), so vLLM's running loop stops before member B. B got
+    in behind P during a deferred step (prefill_schedule_interval 2) with a full prefix hit,
+    which needs no prefill. The fast path must see that B gets nothing and step aside."""
+    from itertools import count
+
+    from tuner.sim.request import SimRequest
+    from tuner.sim.scheduler import Scheduler
+
+    index = count()
+
+    def req(rid, n, hashes=(), max_tokens=1):
+        return SimRequest(request_id=rid, index=next(index), arrival_s=0.0,
+                          num_prompt_tokens=n, max_tokens=max_tokens, block_size=16,
+                          prompt_block_hashes=list(hashes))
+
+    def scenario(fast: bool):
+        s = Scheduler(SchedulerSettings(max_num_batched_tokens=16, max_num_seqs=8,
+                                        prefill_schedule_interval=2),
+                      CacheSettings(num_gpu_blocks=1000, block_size=16),
+                      SimOptions(fast_forward=fast))
+        log = []
+
+        def steps(n):
+            for _ in range(n):
+                out = s.schedule()
+                log.append((s.scheduled_tokens(out), out.group is not None))
+                s.update_from_output(out, float(len(log)))
+                s.check_invariants()
+
+        s.add_request(req("W", 49, [1, 2, 3]))  # caches the 3 blocks B will hit
+        steps(4)
+        s.add_request(req("A", 4, max_tokens=100))
+        steps(2)
+        s.add_request(req("P", 300, max_tokens=3))
+        steps(3)
+        s.add_request(req("B", 49, [1, 2, 3], max_tokens=20))
+        steps(6)
+        return s, log
+
+    plain, plain_log = scenario(False)
+    fast, fast_log = scenario(True)
+    assert [sched for sched, _ in fast_log] == [sched for sched, _ in plain_log]
+    assert [r.request_id for r in fast.running] == ["A", "P", "B"]
+    assert fast.group is not None and fast.group.size == 2  # A and B are members
+    budget_spent = [group for sched, group in fast_log if sched == {"A": 1, "P": 15}]
+    assert budget_spent[-1] is False  # with B behind P: the plain step
+    assert any(group for sched, group in fast_log if sched == {"A": 1, "B": 1})
