@@ -155,3 +155,25 @@ def test_generated_settings_take_group_steps() -> None:
          CacheSettings(num_gpu_blocks=300), {"record_steps": True}, OpenLoop(),
          fast=True, check=True, spy=path)
     assert sum(group for group, _ in path) > len(path) // 2
+
+
+def test_group_step_items_expire_when_the_scheduler_moves_on() -> None:
+    """``items()`` of a group step reads live membership: after the step is applied, or
+    the next one is scheduled, it raises instead of listing another step's members."""
+    from tuner.sim.request import SimRequest
+
+    s = Scheduler(SchedulerSettings(max_num_batched_tokens=64, max_num_seqs=4),
+                  CacheSettings(num_gpu_blocks=100), SimOptions())
+    s.add_request(SimRequest(request_id="a", index=0, arrival_s=0.0, num_prompt_tokens=4,
+                             max_tokens=50, block_size=16))
+    s.update_from_output(s.schedule(), 1.0)  # prefill; "a" joins the group
+    out = s.schedule()
+    assert out.group is not None and list(out.items()) == [(s.running[0], 1)]
+    assert out.num_scheduled_tokens() == {"a": 1}
+    s.update_from_output(out, 2.0)
+    with pytest.raises(RuntimeError, match="after the scheduler applied it"):
+        out.num_scheduled_tokens()
+    first = s.schedule()
+    s.schedule()  # the next step, before ``first`` was applied
+    with pytest.raises(RuntimeError):
+        list(first.items())

@@ -34,7 +34,7 @@ from tuner.sim.fast_path import fast_path_refusal
 from tuner.sim.kv_cache_manager import KVCacheManager
 from tuner.sim.request import RequestStatus, SimRequest
 from tuner.sim.request_queue import FCFSRequestQueue, create_request_queue
-from tuner.sim.scheduler_output import SchedulerOutput
+from tuner.sim.scheduler_output import GroupStep, SchedulerOutput
 from tuner.sim.settings import CacheSettings, SchedulerSettings, SimOptions
 
 __all__ = ["Scheduler", "SchedulerOutput"]
@@ -102,6 +102,7 @@ class Scheduler:
                                      caching=cache.enable_prefix_caching,
                                      max_model_len=cache.max_model_len)
         self._next_seq = 0
+        self._last_group_step: GroupStep | None = None  # expired when the next step starts
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request: SimRequest) -> None:
@@ -114,6 +115,9 @@ class Scheduler:
 
     # ----------------------------------------------------------------- schedule
     def schedule(self) -> SchedulerOutput:
+        last = self._last_group_step
+        if last is not None:  # the group moves on: the previous step's view is stale
+            last.expired = True
         out = SchedulerOutput()
         running = self.running
         token_budget = self.max_num_scheduled_tokens
@@ -130,6 +134,7 @@ class Scheduler:
                 group.dissolve()  # not provably a group step: the plain step below
             else:
                 token_budget, prefill_scheduled = group.run(out, token_budget, plan)
+        self._last_group_step = out.group
         if out.group is None:
             token_budget, prefill_scheduled = self._schedule_running(out, token_budget,
                                                                      threshold, defer)
