@@ -44,10 +44,7 @@ EXCEPTIONS = {
 #: Circles that exist only through function-level (lazy) imports, each with why it is
 #: tolerated. Every other circle -- lazy or not -- fails test_no_lazy_import_circles, and an
 #: entry that no longer forms a circle fails too, so the list cannot go stale.
-LAZY_CIRCLES = {
-    frozenset({"tuner.sim._decode_group", "tuner.sim.scheduler"}):
-        "SchedulerOutput is defined in scheduler.py; issue 13 item 2 moves it to its own module",
-}
+LAZY_CIRCLES: dict[frozenset[str], str] = {}
 HEAVY = ("pyarrow", "polars", "optuna", "click", "rich")
 PLAIN_STAGES = ("sim", "perf")
 
