@@ -5,9 +5,10 @@
 its ``StepBatch`` and its tokens are produced at the step's end. ``Simulator`` builds
 both and runs the loop; its results:
 
-Records: one ``RequestResult`` per input request (trace order), pooled inter-token gaps
-as ``(gap_s, count)`` pairs (one pair per distinct gap per step), counters as vLLM counts
-them, a per-step time series (downsampled by 2 whenever it exceeds
+Records: one ``RequestResult`` per input request (trace order; a columnar
+``RequestTable``: a request's live state is dropped when it finishes), pooled inter-token
+gaps as ``(gap_s, count)`` pairs (``GapSamples``, one pair per distinct gap per step),
+counters as vLLM counts them, a per-step time series (downsampled by 2 whenever it exceeds
 ``TIMESERIES_MAX_POINTS``; the kept stride is in ``notes``) and, with
 ``SimOptions.record_steps``, one ``StepRecord`` per step.
 
@@ -18,9 +19,9 @@ Requests that can never run are rejected at arrival (status ``"rejected"``) by
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
-from tuner.records import ReplayResult, RequestResult, StepRecord
+from tuner.records import GapSamples, ReplayResult, RequestTable, StepRecord
 from tuner.sim.batch import StepBatch
 from tuner.sim.hash_ids import intern_hashes
 from tuner.sim.load import ClosedLoop, OpenLoop
@@ -30,26 +31,96 @@ from tuner.sim.scheduler import Scheduler, SchedulerOutput
 from tuner.sim.settings import CacheSettings, SchedulerSettings, SimOptions
 
 TIMESERIES_MAX_POINTS = 200_000
-_NAN = float("nan")
+
+
+class ArrivalSource(Protocol):
+    """Where the twin's requests come from, read lazily (``tuner.replay`` streams a
+    Parquet trace in windows; :class:`ListArrivals` serves an in-memory list).
+
+    ``num_hash_ids``: the hash-id space the sources' dense ids start in. ``bind`` hands
+    over the scheduler before the first request is read, so a source that interns hashes
+    as it reads can reserve ids in (and compact) the scheduler's id space.
+    """
+
+    num_requests: int
+    num_hash_ids: int
+
+    def table(self) -> RequestTable:
+        """The per-request records, identity columns filled in (trace order)."""
+
+    def bind(self, scheduler: Scheduler) -> None:
+        """The scheduler the sources' hash ids are for."""
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        """``(index, source)`` in issue order; sources carry dense hash ids."""
+
+
+class ListArrivals:
+    """An in-memory request list as an :class:`ArrivalSource`.
+
+    Hashes are raw (interned here, ``tuner.sim.hash_ids``) unless ``num_hash_ids`` is
+    given: then they are dense ids below it already.
+    """
+
+    def __init__(self, requests: Iterable[Any], num_hash_ids: int | None = None) -> None:
+        self.sources = list(requests)
+        self.num_requests = len(self.sources)
+        self._hash_ids: list[tuple[Any, Any]] | None = None
+        if num_hash_ids is None:
+            self._hash_ids, num_hash_ids = intern_hashes(self.sources)
+        self.num_hash_ids = num_hash_ids
+
+    def table(self) -> RequestTable:
+        sources = self.sources
+        return RequestTable([str(r.request_id) for r in sources],
+                            [int(r.input_len) for r in sources],
+                            [getattr(r, "session_id", None) for r in sources])
+
+    def bind(self, scheduler: Scheduler) -> None:
+        """Ids are fixed before the replay: nothing to reserve."""
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        sources, hash_ids = self.sources, self._hash_ids
+        # Issue order: by arrival time, ties by trace position (stable).
+        order = sorted(range(len(sources)), key=lambda i: (float(sources[i].arrival_s), i))
+        if hash_ids is None:
+            return ((i, sources[i]) for i in order)
+        return ((i, _Interned(sources[i], *hash_ids[i])) for i in order)
+
+
+class _Interned:
+    """A source request seen through its interned hash ids."""
+
+    __slots__ = ("source", "block_hashes", "output_block_hashes")
+
+    def __init__(self, source: Any, prompt: Any, output: Any) -> None:
+        self.source = source
+        self.block_hashes = prompt
+        self.output_block_hashes = output
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.source, name)
 
 
 class TwinEngine:
     """The twin's scheduler behind the loop's ``StepEngine`` calls.
 
-    ``hash_ids``: per source index, ``(prompt ids, output ids)`` when the sources carry
-    raw hashes (``intern_hashes``); None when their hashes are dense ids already.
+    A request's ``SimRequest`` lives from its arrival to its finish; its outcome then goes
+    to the columnar ``table`` and the object is dropped, so memory follows the live
+    requests, not the trace.
     """
 
-    def __init__(self, scheduler: Scheduler, block_size: int, options: SimOptions, *,
-                 num_requests: int, hash_ids: list[tuple[Any, Any]] | None = None) -> None:
+    def __init__(self, scheduler: Scheduler, block_size: int, options: SimOptions,
+                 table: RequestTable) -> None:
         self.scheduler = scheduler
         self.block_size = block_size
         self.check = options.check_invariants
-        self._hash_ids = hash_ids
-        self.sim_requests: list[SimRequest | None] = [None] * num_requests
-        self.rejected: dict[int, float] = {}  # index -> issue time
+        self.table = table
+        self.live: dict[int, SimRequest] = {}  # trace position -> live request
+        self.num_rejected = 0
+        self.num_finished = 0
         self.num_steps = 0
-        self.itl_samples: list[tuple[float, int]] = []
+        self.itl_samples = GapSamples()
         self.steps: list[StepRecord] | None = [] if options.record_steps else None
         self.timeseries: dict[str, list[float]] = {k: [] for k in (
             "t_s", "kv_usage", "num_running", "num_waiting", "num_scheduled_tokens")}
@@ -57,27 +128,37 @@ class TwinEngine:
 
     # ----------------------------------------------------------------- arrivals
     def add_request(self, index: int, source: Any, arrival_s: float) -> None:
-        if self._hash_ids is None:
-            prompt, output = source.block_hashes, getattr(source, "output_block_hashes", None)
-        else:
-            prompt, output = self._hash_ids[index]
         request = SimRequest(
             request_id=str(source.request_id), index=index, arrival_s=arrival_s,
             num_prompt_tokens=int(source.input_len), max_tokens=int(source.output_len),
-            block_size=self.block_size, prompt_block_hashes=prompt,
-            output_block_hashes=output, priority=int(getattr(source, "priority", 0) or 0),
+            block_size=self.block_size, prompt_block_hashes=source.block_hashes,
+            output_block_hashes=getattr(source, "output_block_hashes", None),
+            priority=int(getattr(source, "priority", 0) or 0),
             session_id=getattr(source, "session_id", None))
-        self.sim_requests[index] = request
+        self.live[index] = request
         self.scheduler.add_request(request)
 
     def reject_request(self, index: int, source: Any, arrival_s: float) -> None:
-        self.rejected[index] = arrival_s
+        self.table.record(index, "rejected", arrival_s)
+        self.num_rejected += 1
 
     def has_requests(self) -> bool:
         return self.scheduler.has_requests()
 
     def idle(self) -> None:
         self.scheduler.dp_step_counter = 0  # idle engine: the next DP wave starts at 0
+
+    def _record(self, request: SimRequest, status: Any) -> None:
+        self.table.record(
+            request.index, status, request.arrival_s, output_len=request.num_output_tokens,
+            first_scheduled_s=request.first_scheduled_s, first_token_s=request.first_token_s,
+            finish_s=request.finish_s, num_cached_tokens=max(0, request.num_cached_tokens),
+            num_preemptions=request.num_preemptions)
+
+    def finish(self) -> None:
+        """The replay ended: record the requests still live as unfinished."""
+        for request in self.live.values():
+            self._record(request, "unfinished")
 
     # ----------------------------------------------------------------- steps
     def schedule(self, now_s: float) -> tuple[SchedulerOutput, float, float]:
@@ -122,8 +203,12 @@ class TwinEngine:
         samples = self.itl_samples
         for gap in sorted(gaps):  # sorted: the same pairs whichever path ran the step
             samples.append((gap, gaps[gap]))
+        live = self.live
         for request in finished:
+            self._record(request, "finished")
+            del live[request.index]
             request.release_memory()  # drop per-request arrays early
+        self.num_finished += len(finished)
         if self.check:
             self.scheduler.check_invariants()
         return len(finished)
@@ -149,34 +234,31 @@ class Simulator:
 
     ``requests``: objects with ``request_id``, ``arrival_s``, ``input_len``,
     ``output_len``, ``block_hashes`` (prompt blocks at the KV block size),
-    ``output_block_hashes`` (or None) and ``priority`` (``tuner.trace.TraceRequest``).
-    Hashes are raw (interned here, ``tuner.sim.hash_ids``) unless ``num_hash_ids`` is
-    given: then they are already dense ids below it (the replay path interns once per
-    trace, faster, at the trace's own block size). ``step_time``: a ``StepTimeModel`` or
-    a callable (``tuner.sim.loop.price_function``).
+    ``output_block_hashes`` (or None) and ``priority`` (``tuner.trace.TraceRequest``), or
+    an :class:`ArrivalSource` (``tuner.replay`` streams a Parquet trace that way).
+    Hashes of a list are raw (interned here, ``tuner.sim.hash_ids``) unless
+    ``num_hash_ids`` is given: then they are already dense ids below it (the replay path
+    interns once per trace, faster, at the trace's own block size). ``step_time``: a
+    ``StepTimeModel`` or a callable (``tuner.sim.loop.price_function``).
     """
 
-    def __init__(self, requests: Iterable[Any], settings: SchedulerSettings,
+    def __init__(self, requests: Iterable[Any] | ArrivalSource, settings: SchedulerSettings,
                  cache: CacheSettings, step_time: StepTime, *,
                  options: SimOptions = SimOptions(), load: OpenLoop | ClosedLoop = OpenLoop(),
                  num_gpus: int = 1, num_hash_ids: int | None = None) -> None:
-        self.sources = list(requests)
-        hash_ids = None
-        if num_hash_ids is None:
-            hash_ids, num_hash_ids = intern_hashes(self.sources)
+        source = (requests if hasattr(requests, "bind") and hasattr(requests, "table")
+                  else ListArrivals(requests, num_hash_ids))
+        self.source: Any = source
         self.settings = settings
         self.cache = cache
         self.options = options
         self.num_gpus = num_gpus
-        self.scheduler = Scheduler(settings, cache, options, num_hash_ids=num_hash_ids)
-        self.engine = TwinEngine(self.scheduler, cache.block_size, options,
-                                 num_requests=len(self.sources), hash_ids=hash_ids)
-        # Issue order: by arrival time, ties by trace position (stable).
-        order = sorted(range(len(self.sources)),
-                       key=lambda i: (float(self.sources[i].arrival_s), i))
-        self.loop = ReplayLoop(self.engine, ((i, self.sources[i]) for i in order), step_time,
+        self.scheduler = Scheduler(settings, cache, options, num_hash_ids=source.num_hash_ids)
+        source.bind(self.scheduler)
+        self.engine = TwinEngine(self.scheduler, cache.block_size, options, source.table())
+        self.loop = ReplayLoop(self.engine, source, step_time,
                                AdmissionRules.of(settings, cache), load=load,
-                               num_requests=len(self.sources))
+                               num_requests=source.num_requests)
 
     def run(self, progress: Callable[[float], None] | None = None) -> ReplayResult:
         """Replay to the end; ``progress`` gets the fraction of requests issued."""
@@ -184,52 +266,28 @@ class Simulator:
         self.scheduler.materialize_all()
         self.loop.run(progress)
         self.scheduler.materialize_all()
+        self.engine.finish()
         return self._result(time.perf_counter() - wall0)
 
     # ----------------------------------------------------------------- results
     def _result(self, wall_s: float) -> ReplayResult:
         engine = self.engine
-        results = []
-        num_finished = 0
-        for index, src in enumerate(self.sources):
-            request = engine.sim_requests[index]
-            if request is None:
-                arrival = engine.rejected.get(index)
-                status = "rejected" if arrival is not None else "unfinished"
-                results.append(RequestResult(
-                    request_id=str(src.request_id),
-                    arrival_s=arrival if arrival is not None else _NAN,
-                    input_len=int(src.input_len), output_len=0, first_scheduled_s=_NAN,
-                    first_token_s=_NAN, finish_s=_NAN, num_cached_tokens=0, status=status,
-                    session_id=getattr(src, "session_id", None)))
-                continue
-            finished = request.is_finished
-            num_finished += finished
-            results.append(RequestResult(
-                request_id=request.request_id, arrival_s=request.arrival_s,
-                input_len=request.num_prompt_tokens, output_len=request.num_output_tokens,
-                first_scheduled_s=request.first_scheduled_s,
-                first_token_s=request.first_token_s, finish_s=request.finish_s,
-                num_cached_tokens=max(0, request.num_cached_tokens),
-                num_preemptions=request.num_preemptions,
-                status="finished" if finished else "unfinished",
-                session_id=request.session_id))
+        table = engine.table
         scheduler = self.scheduler
         counters: dict[str, float] = {
             "prefix_cache_queries": scheduler.prefix_cache_queries,
             "prefix_cache_hits": scheduler.prefix_cache_hits,
             "preemptions": scheduler.num_preemptions,
             "num_steps": engine.num_steps,
-            "rejected": len(engine.rejected),
-            "num_requests": len(self.sources),
-            "num_finished": num_finished,
+            "rejected": engine.num_rejected,
+            "num_requests": len(table),
+            "num_finished": engine.num_finished,
         }
-        first_arrival = min((r.arrival_s for r in results if r.arrival_s == r.arrival_s),
-                            default=0.0)
+        first_arrival = min((a for a in table.arrival_s if a == a), default=0.0)
         now = self.loop.now_s
         notes = [f"timeseries stride: every {engine.ts_stride} step(s)"]
         return ReplayResult(
-            backend="sim", requests=results, itl_samples=engine.itl_samples,
+            backend="sim", requests=table, itl_samples=engine.itl_samples,
             timeseries=engine.timeseries, counters=counters,
             simulated_s=max(0.0, now - min(first_arrival, now)),
             wall_s=wall_s, num_gpus=self.num_gpus, steps=engine.steps, notes=notes)
