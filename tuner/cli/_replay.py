@@ -15,7 +15,7 @@ P90_HELP = ("p90 interactivity = 1 / (90th percentile over requests of the per-r
 
 
 def target_options(func):  # type: ignore[no-untyped-def]
-    """The deployment flags shared by replay-like commands (-> ``tuner.sim.target.Target``)."""
+    """The deployment flags shared by replay-like commands (-> ``tuner.perf.target.Target``)."""
     opts = [
         click.option("--hardware", default="mi355x", show_default=True,
                      help="Hardware preset (mi355x, mi300x, mi325x, h100, h200, b200) or a YAML file."),
@@ -45,7 +45,7 @@ def target_options(func):  # type: ignore[no-untyped-def]
 def make_target(hardware: str, model: str, tp: int, dp: int, block_size: int | None,
                 num_gpu_blocks: int | None, gpu_memory_utilization: float,
                 max_model_len: int | None, calibration: str | None):  # type: ignore[no-untyped-def]
-    from tuner.sim.target import Target
+    from tuner.perf.target import Target
 
     return Target(hardware=hardware, model=model, tp=tp, dp=dp, block_size=block_size,
                   num_gpu_blocks=num_gpu_blocks, gpu_memory_utilization=gpu_memory_utilization,
@@ -108,7 +108,7 @@ def replay_command(trace: str, backend: str, hardware: str, model: str, tp: int,
 
     from tuner import replay
     from tuner.metrics import summarize, summary_table, write_requests_parquet
-    from tuner.sim.presets import resolve_target
+    from tuner.perf.presets import resolve_target
 
     if measure_from is not None and measure_to is not None and measure_to <= measure_from:
         raise ConfigError(f"--measure-to ({measure_to}) must be greater than --measure-from "

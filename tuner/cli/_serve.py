@@ -149,7 +149,7 @@ def calibrate_command(hardware: str, model: str, tp: int, dp: int, block_size: i
     """
     from tuner.replay._serve_server import VllmServer
     from tuner.replay.calibrate import ProbePlan, calibrate
-    from tuner.sim.calibration import save_calibration
+    from tuner.perf.calibration import save_calibration
     from tuner.sim.settings import SchedulerSettings
 
     as_json = kw.pop("as_json")

@@ -76,7 +76,7 @@ class RetuneConfig:
         return self.storage or str(self.state_dir / "studies.optuna-journal")
 
     def make_target(self):  # type: ignore[no-untyped-def]
-        from tuner.sim.target import Target
+        from tuner.perf.target import Target
 
         return Target(**self.target)
 

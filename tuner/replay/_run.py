@@ -19,7 +19,7 @@ from tuner.errors import ConfigError
 from tuner.replay._backend import ProgressCallback, create_backend
 from tuner.sim.load import ClosedLoop, OpenLoop
 from tuner.sim.settings import SchedulerSettings, SimOptions
-from tuner.sim.target import Target
+from tuner.perf.target import Target
 from tuner.trace.reblock import reblock_request_hashes
 
 if TYPE_CHECKING:
@@ -157,7 +157,7 @@ def run(trace: TraceLike, settings: SchedulerSettings | None = None, *, backend:
         TraceSchemaError: the trace file is not a valid trace.
         BackendError: the backend failed.
     """
-    from tuner.sim.presets import resolve_target
+    from tuner.perf.presets import resolve_target
 
     resolved = resolve_target(target, scheduler_settings=settings)
     if settings is None:

@@ -23,7 +23,7 @@ several steps' tokens in one burst, which distorts gaps and spans (measured on t
 2-core CI machine: a decode probe read 0.13 ms for a 5 ms step). The replay itself still
 stamps tokens client-side: that is the user-visible latency it reports.
 
-Each probe becomes a ``StepBatch``; :func:`tuner.sim.calibration_fit.fit_step_time` fits
+Each probe becomes a ``StepBatch``; :func:`tuner.perf.calibration_fit.fit_step_time` fits
 the roofline's coefficients by non-negative least squares over its feature vector and the
 result is written with ``save_calibration`` (``--calibration FILE`` in the twin).
 Prompts are fresh random tokens every run, so the prefix cache never shortens a probe.
@@ -45,10 +45,10 @@ from tuner.errors import BackendError, ConfigError
 from tuner.replay import _serve_http as http
 from tuner.replay._serve_server import VllmServer
 from tuner.sim.batch import StepBatch
-from tuner.sim.calibration import Calibration
-from tuner.sim.calibration_fit import StepTimeFit, fit_step_time
-from tuner.sim.hardware import load_hardware
-from tuner.sim.models import load_model
+from tuner.perf.calibration import Calibration
+from tuner.perf.calibration_fit import StepTimeFit, fit_step_time
+from tuner.perf.hardware import load_hardware
+from tuner.perf.models import load_model
 
 ProbeKind = Literal["prefill", "decode", "mixed"]
 _VOCAB_LOW, _VOCAB_HIGH = 3, 999  # as the replay's TokenFactory: valid for any vocab >= 1000

@@ -257,7 +257,7 @@ def run_parity(trace: Any, settings: Any = None, *, vllm_python: str | None = No
     """
     from tuner.replay._run import run
     from tuner.sim.settings import SimOptions
-    from tuner.sim.target import Target
+    from tuner.perf.target import Target
 
     options = replace(options or SimOptions(), record_steps=True)
     target = target or Target()
@@ -309,9 +309,9 @@ def run_parity_many(cases: "list[ParityCase]", *, vllm_python: str | None = None
     from tuner.replay._run import load_requests, reblock_request, run
     from tuner.replay.vllm_core import VllmCoreBackend, run_driver
     from tuner.sim.load import OpenLoop
-    from tuner.sim.presets import resolve_target
+    from tuner.perf.presets import resolve_target
     from tuner.sim.settings import SimOptions
-    from tuner.sim.target import Target
+    from tuner.perf.target import Target
 
     backend_kw: dict[str, Any] = {} if model_dir is None else {"model_dir": model_dir}
     twins, jobs = [], []

@@ -30,7 +30,7 @@ from tuner.replay._serve_client import ServerDiedError
 from tuner.replay._serve_server import ServerOptions
 from tuner.sim.load import ClosedLoop, OpenLoop
 from tuner.sim.settings import SchedulerSettings
-from tuner.sim.target import Target
+from tuner.perf.target import Target
 
 #: Summary fields compared, in print order (all "lower is better" except the rates).
 COMPARED: tuple[str, ...] = (
@@ -148,7 +148,7 @@ def validate(profile: Any, trace: TraceLike, *, server: ServerOptions, target: T
             target, as ``tuner replay`` uses).
         endpoints: attach mode, ``{"profile": URL, "baseline": URL}`` (either may be missing).
     """
-    from tuner.sim.presets import resolve_target
+    from tuner.perf.presets import resolve_target
 
     if baseline is None:
         baseline = resolve_target(target).default_settings

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from tuner import __version__
 from tuner.errors import ConfigError, StudyNotFound
-from tuner.sim.target import Target
+from tuner.perf.target import Target
 from tuner.tune._progress import StudyProgress, best_so_far
 from tuner.tune.evaluate import Evaluator, ReplayEvaluator, evaluator_from_spec
 from tuner.tune.objectives import (Constraint, Objective, parse_constraints, parse_objectives)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tuner.errors import ConfigError
-from tuner.sim.hardware import find_preset, preset_names
+from tuner.perf.hardware import find_preset, preset_names
 
 AttentionKind = Literal["gqa", "mla"]
 

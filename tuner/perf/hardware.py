@@ -1,6 +1,6 @@
 """GPU specifications for the step-time model, loaded from YAML data files.
 
-Each preset in ``tuner/sim/presets/hardware/<name>.yaml`` gives vendor peak numbers
+Each preset in ``tuner/perf/presets/hardware/<name>.yaml`` gives vendor peak numbers
 (dense, never sparse; ../shared/spec/landscape.md §5), the scale-up interconnect, and
 what vLLM picks by default on that GPU: the attention backend and hence the KV block
 size (vLLM 0.33.0 ``platforms/{rocm,cuda}.py`` backend priorities and
@@ -90,7 +90,7 @@ def preset_names(folder: Path, suffix: str) -> list[str]:
 def find_preset(name: str, folder: Path, suffix: str, *, kind: str, not_a: str) -> Path:
     """The bundled preset ``name`` (any case) in ``folder``, once the caller found that
     ``name`` is not a file of the user's. Shared by hardware and model presets
-    (:func:`tuner.sim.models.load_model`), so both refuse an unknown name alike.
+    (:func:`tuner.perf.models.load_model`), so both refuse an unknown name alike.
 
     Raises:
         ConfigError: no such preset; the message says ``name`` is ``not_a`` and lists the

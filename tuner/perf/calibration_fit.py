@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tuner.sim.batch import StepBatch
-from tuner.sim.hardware import HardwareSpec
-from tuner.sim.models import ModelSpec
-from tuner.sim.step_time import FEATURE_NAMES, Coefficients, RooflineStepTimeModel
+from tuner.perf.hardware import HardwareSpec
+from tuner.perf.models import ModelSpec
+from tuner.perf.step_time import FEATURE_NAMES, Coefficients, RooflineStepTimeModel
 
 #: Feature indices whose weight is ``1/efficiency`` (bounded: efficiency <= 1.5).
 _EFFICIENCY_IDX = tuple(range(4, 11))

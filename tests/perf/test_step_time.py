@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from tuner.errors import ConfigError
 from tuner.sim.batch import StepBatch
-from tuner.sim.hardware import load_hardware
-from tuner.sim.models import list_models, load_model
-from tuner.sim.step_time import FEATURE_NAMES, Coefficients, RooflineStepTimeModel, StepTimeModel
+from tuner.perf.hardware import load_hardware
+from tuner.perf.models import list_models, load_model
+from tuner.perf.step_time import FEATURE_NAMES, Coefficients, RooflineStepTimeModel, StepTimeModel
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "step-time-model.md"
 
@@ -204,7 +204,7 @@ def test_calibrated_coefficients_change_the_time():
 # ---------------------------------------------------------- worked example
 def worked_example_markdown() -> str:
     """The block between the markers in docs/step-time-model.md, computed now."""
-    from tuner.sim.capacity import kv_capacity
+    from tuner.perf.capacity import kv_capacity
 
     model = RooflineStepTimeModel(MI355X, L70, 8)
     block = MI355X.block_size_for(L70.backend_kind)

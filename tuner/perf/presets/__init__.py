@@ -1,4 +1,4 @@
-"""Presets: turn a :class:`~tuner.sim.target.Target` into what the twin runs with.
+"""Presets: turn a :class:`~tuner.perf.target.Target` into what the twin runs with.
 
 ``resolve_target`` loads the hardware and model presets (or files), applies dtype
 overrides and a calibration file, builds the step-time model, and sizes the KV cache
@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.errors import ConfigError
-from tuner.sim.calibration import Calibration, load_calibration, save_calibration
-from tuner.sim.capacity import KVCapacity, kv_capacity, num_gpu_blocks
-from tuner.sim.hardware import HardwareSpec, list_hardware, load_hardware
-from tuner.sim.models import ModelSpec, list_models, load_model
+from tuner.perf.calibration import Calibration, load_calibration, save_calibration
+from tuner.perf.capacity import KVCapacity, kv_capacity, num_gpu_blocks
+from tuner.perf.hardware import HardwareSpec, list_hardware, load_hardware
+from tuner.perf.models import ModelSpec, list_models, load_model
 from tuner.sim.settings import CacheSettings, SchedulerSettings
-from tuner.sim.step_time import Coefficients, RooflineStepTimeModel, StepTimeModel
-from tuner.sim.target import Target
+from tuner.perf.step_time import Coefficients, RooflineStepTimeModel, StepTimeModel
+from tuner.perf.target import Target
 
 __all__ = [
     "Calibration", "Coefficients", "HardwareSpec", "KVCapacity", "ModelSpec",

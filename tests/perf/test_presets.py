@@ -12,14 +12,14 @@ import yaml
 
 from tuner.errors import ConfigError
 from tuner.sim.batch import StepBatch
-from tuner.sim.calibration import Calibration, load_calibration, save_calibration
-from tuner.sim.capacity import CUDAGRAPH_BYTES, NON_TORCH_BYTES, kv_capacity, num_gpu_blocks
-from tuner.sim.hardware import list_hardware, load_hardware
-from tuner.sim.models import PRESET_DIR, list_models, load_model
-from tuner.sim.presets import default_scheduler_settings, resolve_target
+from tuner.perf.calibration import Calibration, load_calibration, save_calibration
+from tuner.perf.capacity import CUDAGRAPH_BYTES, NON_TORCH_BYTES, kv_capacity, num_gpu_blocks
+from tuner.perf.hardware import list_hardware, load_hardware
+from tuner.perf.models import PRESET_DIR, list_models, load_model
+from tuner.perf.presets import default_scheduler_settings, resolve_target
 from tuner.sim.settings import SchedulerSettings
-from tuner.sim.step_time import Coefficients
-from tuner.sim.target import Target
+from tuner.perf.step_time import Coefficients
+from tuner.perf.target import Target
 
 GIB = 1 << 30
 

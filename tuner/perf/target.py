@@ -1,7 +1,7 @@
 """``Target``: the deployment a replay models (GPU, model, parallelism, KV cache).
 
 A ``Target`` is what the user names on the command line (``--hardware mi355x --model
-llama-3.1-70b --tp 8``). ``tuner.sim.presets.resolve_target`` turns it into the concrete
+llama-3.1-70b --tp 8``). ``tuner.perf.presets.resolve_target`` turns it into the concrete
 pieces the twin needs: a step-time model, the KV-cache shape and the GPU count.
 """
 

@@ -34,8 +34,8 @@ from typing import Any
 
 from tuner.errors import ConfigError
 from tuner.sim.batch import StepBatch
-from tuner.sim.hardware import HardwareSpec
-from tuner.sim.models import DTYPE_BYTES, ModelSpec, expected_experts_touched
+from tuner.perf.hardware import HardwareSpec
+from tuner.perf.models import DTYPE_BYTES, ModelSpec, expected_experts_touched
 
 #: Names of :meth:`RooflineStepTimeModel.features`, in order, and the coefficient
 #: each one's weight stands for (``1/x`` for an efficiency ``x``).

@@ -1,6 +1,6 @@
 """Calibration files: step-time coefficients fitted for one (GPU, model, TP).
 
-``tuner calibrate`` (a later stage) fits :class:`~tuner.sim.step_time.Coefficients`
+``tuner calibrate`` (a later stage) fits :class:`~tuner.perf.step_time.Coefficients`
 against step times measured on a real vLLM server and writes them here;
 ``Target.calibration`` points the twin at the file. Layout (YAML)::
 
@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from tuner.errors import ConfigError
-from tuner.sim.step_time import Coefficients
+from tuner.perf.step_time import Coefficients
 
 
 @dataclass(frozen=True, slots=True)
