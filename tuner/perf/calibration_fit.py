@@ -1,41 +1,98 @@
-"""Fit the roofline step-time model to measured step times (non-negative least squares).
+"""Fit the per-kernel step-time model to measured step times.
 
 Pure math, no I/O: ``tuner calibrate`` measures steps on a server and hands this module
-``(StepBatch, seconds)`` pairs. The model is linear in its coefficient vector ``theta``
-once the regime of each kernel group (memory- or compute-bound) is fixed
-(:meth:`RooflineStepTimeModel.features`), so the fit alternates::
-
-    features under the current coefficients -> NNLS for theta >= 0 -> new coefficients
-    -> recompute features (regimes may flip) -> ... until the regimes stop changing
-
-and keeps the round whose *rebuilt model* (``from_linear``) reproduces the probes best:
-that is the model the twin will run, so it is what the reported error describes.
-
-The least squares are relative (each row divided by its measured time): a 2 ms decode
-step and a 200 ms prefill weigh the same, which is what "within X %" promises.
-
-Efficiencies are fractions of the vendor peak and ``Coefficients`` refuses one above 1.5
-(a weight below 1/1.5). A fitted weight in (0, 1/1.5) is pinned at 1/1.5 and the rest
-refitted (an active-set step), rather than silently rejected.
+``(StepBatch, seconds)`` pairs. The fitted quantities are the model's physical
+parameters for the kernel formats the model uses (per format ``eta_mem``,
+``eta_compute``, ``m_half``, ``t0``; KV bandwidth, attention efficiencies and floor;
+all-reduce latency and bandwidth; the CPU and launch overheads), each bounded and pulled
+weakly towards the GPU's default (its preset's priors and the shipped fit) by
+:func:`tuner.perf.fitting.fit_params`. The residuals are relative (log of predicted
+over measured): a 2 ms decode step and a 200 ms prefill weigh the same, which is what
+"within X %" promises. Probes price vectorised (:meth:`RooflineStepTimeModel.terms`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from tuner.sim.batch import StepBatch
+from tuner.perf.coefficients import Coefficients
+from tuner.perf.fitted import default_coefficients
+from tuner.perf.fitting import Param, fit_params
 from tuner.perf.hardware import HardwareSpec
 from tuner.perf.models import ModelSpec
-from tuner.perf.step_time import FEATURE_NAMES, Coefficients, RooflineStepTimeModel
+from tuner.perf.step_time import RooflineStepTimeModel, kernel_format
+from tuner.sim.batch import StepBatch
 
-#: Feature indices whose weight is ``1/efficiency`` (bounded: efficiency <= 1.5).
-_EFFICIENCY_IDX = tuple(range(4, 11))
-_MIN_EFF_WEIGHT = 1.0 / 1.5
+#: Bounds of each kind of parameter (physical: efficiencies are fractions of a peak).
+BOUNDS: dict[str, tuple[float, float]] = {
+    "eta_mem": (0.02, 1.0), "eta_compute": (0.02, 1.0), "m_half": (1.0, 4096.0),
+    "t0_s": (2e-7, 1e-4), "kv_bw_eff": (0.05, 1.0), "attn_prefill_eff": (0.02, 1.0),
+    "attn_decode_eff": (0.02, 1.0), "attn_floor_s": (2e-7, 1e-4),
+    "allreduce_latency_s": (1e-6, 2e-4), "allreduce_bw_eff": (0.05, 1.0),
+    "step_overhead_s": (1e-5, 2e-2), "request_overhead_s": (1e-7, 2e-4),
+    "layer_overhead_mixed_s": (1e-7, 2e-4), "layer_overhead_decode_s": (1e-8, 5e-5),
+    "moe_layer_overhead_s": (1e-7, 2e-4),
+}
+
+
+#: Relative noise of a measured probe (repeats of one probe on a quiet server scatter by
+#: about 1 %); residuals are divided by it, so the prior terms weigh as much as one
+#: probe that is off by ``sigma`` e-folds x this.
+PROBE_NOISE = 0.01
+
+
+def bounds_of(name: str) -> tuple[float, float]:
+    """Bounds of a flat coefficient name (``gemm.fp8.eta_mem`` -> the ``eta_mem`` ones)."""
+    return BOUNDS[name.rsplit(".", 1)[-1]]
+
+
+def used_formats(model: ModelSpec) -> list[str]:
+    """GEMM kernel formats ``model``'s layers run."""
+    fmts = {kernel_format(d) for d in (model.weight_dtype, model.attn_weight_dtype,
+                                        model.act_dtype)}
+    if model.is_moe:
+        fmts.add(kernel_format(model.expert_weight_dtype))
+    return sorted(fmts)
+
+
+def server_params(hardware: HardwareSpec, model: ModelSpec, tp: int,
+                  base: Coefficients, *, sigma: float = 1.5) -> list[Param]:
+    """What a server calibration fits for this target (formats it uses, TP, MoE)."""
+    names = [f"gemm.{f}.{k}" for f in used_formats(model)
+             for k in ("eta_mem", "eta_compute", "m_half", "t0_s")]
+    names += ["kv_bw_eff", "attn_prefill_eff", "attn_decode_eff", "attn_floor_s",
+              "step_overhead_s", "request_overhead_s", "layer_overhead_mixed_s",
+              "layer_overhead_decode_s"]
+    if tp > 1:
+        names += ["allreduce_latency_s", "allreduce_bw_eff"]
+    if model.is_moe:
+        names.append("moe_layer_overhead_s")
+    flat = base.flat()
+    if "allreduce_latency_s" not in flat:
+        flat["allreduce_latency_s"] = hardware.allreduce_latency_s
+    out = []
+    for name in names:
+        lo, hi = bounds_of(name)
+        out.append(Param(name, lo, hi, min(max(flat[name], lo * 1.0001), hi / 1.0001), sigma))
+    return out
+
+
+def batch_arrays(batches: Sequence[StepBatch]) -> tuple[np.ndarray, ...]:
+    """The six ``StepBatch`` counters as float arrays (for ``terms``)."""
+    cols = np.array([(b.num_prefill_reqs, b.num_decode_reqs, b.num_prefill_tokens,
+                      b.prefill_ctx_tokens, b.prefill_attn_pairs, b.decode_ctx_tokens)
+                     for b in batches], dtype=np.float64).reshape(-1, 6)
+    return tuple(cols[:, i] for i in range(6))
+
+
+def step_times(model: RooflineStepTimeModel, arrays: tuple[np.ndarray, ...]) -> np.ndarray:
+    """Vectorised ``step_time_s`` over many steps (0 where a step has no token)."""
+    t = sum(model.terms(*arrays, maximum=np.maximum, minimum=np.minimum).values())
+    return np.where(arrays[1] + arrays[2] > 0, t, 0.0)
 
 
 def nnls(a: np.ndarray, b: np.ndarray, *, max_iter: int | None = None
@@ -100,14 +157,15 @@ class StepTimeFit:
     """The outcome of :func:`fit_step_time`."""
 
     coefficients: Coefficients
-    theta: tuple[float, ...]  # feature weights (FEATURE_NAMES order)
-    predicted_s: tuple[float, ...]  # the rebuilt model's step time per probe
+    theta: tuple[float, ...]  # fitted values, in ``names`` order
+    predicted_s: tuple[float, ...]  # the fitted model's time per probe (with extras)
     rel_errors: tuple[float, ...]  # (predicted - measured) / measured per probe
-    rounds: int  # regime rounds run
-    regimes_stable: bool  # the last round's regimes equalled the previous round's
-    pinned: tuple[str, ...] = ()  # efficiencies pinned at 1.5 (their weight fell below 1/1.5)
-    unused: tuple[str, ...] = field(default=())  # features that were zero on every probe
+    rounds: int  # Levenberg-Marquardt iterations
+    regimes_stable: bool  # the solver converged
+    pinned: tuple[str, ...] = ()  # parameters that ended at a physical bound
+    unused: tuple[str, ...] = field(default=())  # parameters no probe is sensitive to
     extra_weights: tuple[float, ...] = ()  # fitted weights of ``extra_features`` (>= 0)
+    names: tuple[str, ...] = ()  # fitted parameter names
 
     @property
     def rms_rel_error(self) -> float:
@@ -116,21 +174,21 @@ class StepTimeFit:
 
 def fit_step_time(hardware: HardwareSpec, model: ModelSpec, tp: int,
                   batches: Sequence[StepBatch], times_s: Sequence[float], *,
-                  base: Coefficients | None = None, max_rounds: int = 12,
+                  base: Coefficients | None = None, max_rounds: int = 60,
                   extra_features: Sequence[Sequence[float]] | None = None) -> StepTimeFit:
-    """Fit ``Coefficients`` so the roofline reproduces ``times_s`` for ``batches``.
+    """Fit ``Coefficients`` so the model reproduces ``times_s`` for ``batches``.
 
     Args:
         hardware, model, tp: the deployment the times were measured on.
         batches: one ``StepBatch`` per measured step (or per probe, averaged).
         times_s: measured seconds, > 0, same length.
-        base: coefficients whose efficiencies are kept where the data never exercise
-            them (a zero weight) and that pick the first round's regimes.
-        max_rounds: cap on the regime iterations.
+        base: the starting point and prior centre (default: the GPU's defaults,
+            :func:`tuner.perf.fitted.default_coefficients`).
+        max_rounds: cap on solver iterations.
         extra_features: per probe, further non-negative columns that are part of the
-            measurement but not of a step, fitted alongside (weights >= 0) and left out of
-            the coefficients; e.g. 1.0 for a probe measured as TTFT, whose weight is then
-            the request overhead in seconds. Predictions and errors include them.
+            measurement but not of a step, fitted alongside (weights >= 0, seconds per
+            unit) and left out of the coefficients; e.g. 1.0 for a probe measured as
+            TTFT, whose weight is then the request overhead. Predictions include them.
 
     Raises:
         ValueError: lengths differ, no data, or a non-positive time.
@@ -141,87 +199,41 @@ def fit_step_time(hardware: HardwareSpec, model: ModelSpec, tp: int,
     y = np.asarray(times_s, dtype=np.float64)
     if not np.all(np.isfinite(y)) or (y <= 0).any():
         raise ValueError("measured step times must be finite and > 0")
-    base = base or Coefficients()
+    base = base or default_coefficients(hardware)
     extra = np.zeros((len(y), 0)) if extra_features is None else np.asarray(
         extra_features, dtype=np.float64).reshape(len(y), -1)
-    best: StepTimeFit | None = None
-    # Several starting regimes: the alternation below finds a local optimum of a
-    # max-of-linear model, so it starts from the base coefficients, from "every kernel
-    # group memory-bound" and from "every group compute-bound", and keeps the best.
-    for start in _starts(base):
-        fit = _alternate(hardware, model, tp, batches, y, extra, start, base, max_rounds)
-        if best is None or fit.rms_rel_error < best.rms_rel_error - 1e-12:
-            best = fit
-    assert best is not None
-    return best
+    arrays = batch_arrays(batches)
+    params = server_params(hardware, model, tp, base)
+    params += [Param(f"extra.{j}", 1e-9, 10.0, 1e-4, math.inf) for j in range(extra.shape[1])]
+    names = [p.name for p in params]
 
+    def split(values: dict[str, float]) -> tuple[Coefficients, np.ndarray]:
+        coeffs = base.with_flat({k: v for k, v in values.items() if not k.startswith("extra.")})
+        w = np.array([values[f"extra.{j}"] for j in range(extra.shape[1])])
+        return coeffs, w
 
-def _starts(base: Coefficients) -> list[Coefficients]:
-    slow, fast = 0.01, 1.5
-    memory_bound = dataclasses.replace(base, weight_bw_eff=slow, kv_bw_eff=slow, mfu_prefill=fast,
-                                       mfu_decode=fast, attn_prefill_eff=fast, attn_decode_eff=fast)
-    compute_bound = dataclasses.replace(base, weight_bw_eff=fast, kv_bw_eff=fast, mfu_prefill=slow,
-                                        mfu_decode=slow, attn_prefill_eff=slow,
-                                        attn_decode_eff=slow)
-    return [base, memory_bound, compute_bound]
+    def predict(values: dict[str, float]) -> np.ndarray:
+        coeffs, w = split(values)
+        return step_times(RooflineStepTimeModel(hardware, model, tp, coeffs), arrays) + extra @ w
 
+    def residual(values: dict[str, float]) -> np.ndarray:
+        # in units of the probes' noise (~1 %), so the priors only settle what the
+        # probes leave open
+        return np.log(np.maximum(predict(values), 1e-12) / y) / PROBE_NOISE
 
-def _alternate(hardware: HardwareSpec, model: ModelSpec, tp: int, batches: Sequence[StepBatch],
-               y: np.ndarray, extra: np.ndarray, start: Coefficients, base: Coefficients,
-               max_rounds: int) -> StepTimeFit:
-    """Regimes from the current coefficients -> NNLS -> rebuild, until regimes repeat."""
-    current = RooflineStepTimeModel(hardware, model, tp, start)
-    best: StepTimeFit | None = None
-    seen: set[bytes] = set()
-    stable = False
-    rnd = 0
-    for rnd in range(1, max_rounds + 1):
-        f = np.array([current.features(b) for b in batches], dtype=np.float64)
-        regimes = (f != 0).tobytes()  # which feature is on, per probe
-        stable = regimes in seen
-        seen.add(regimes)
-        theta_all, pinned = _fit_theta(np.hstack([f, extra]), y)
-        theta_f = tuple(float(t) for t in theta_all[:f.shape[1]])  # plain floats: YAML
-        extra_w = theta_all[f.shape[1]:]
-        rebuilt = RooflineStepTimeModel.from_linear(hardware, model, tp, theta_f, base=base)
-        pred = np.array([rebuilt.step_time_s(b) for b in batches]) + extra @ extra_w
-        rel = (pred - y) / y
-        used = (f != 0).any(axis=0)
-        fit = StepTimeFit(
-            coefficients=rebuilt.coefficients, theta=theta_f,
-            predicted_s=tuple(float(p) for p in pred), rel_errors=tuple(float(e) for e in rel),
-            rounds=rnd, regimes_stable=stable,
-            pinned=tuple(FEATURE_NAMES[i] for i in pinned),
-            unused=tuple(FEATURE_NAMES[i] for i, u in enumerate(used) if not u),
-            extra_weights=tuple(float(w) for w in extra_w))
-        if best is None or fit.rms_rel_error < best.rms_rel_error - 1e-12:
-            best = fit
-        if stable:
-            break
-        current = rebuilt
-    assert best is not None
-    return dataclasses.replace(best, rounds=rnd, regimes_stable=stable)
-
-
-def _fit_theta(f: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, list[int]]:
-    """Relative NNLS with efficiency weights either 0 or >= 1/1.5 (pin and refit)."""
-    a = f / y[:, None]
-    scale = np.where(np.abs(a).max(axis=0) > 0, np.abs(a).max(axis=0), 1.0)
-    a_scaled = a / scale  # column scaling: features span 1 to 1e-9 s
-    rhs = np.ones_like(y)
-    pinned: list[int] = []
-    free = np.ones(f.shape[1], dtype=bool)
-    theta = np.zeros(f.shape[1])
-    for _ in range(len(_EFFICIENCY_IDX) + 1):
-        fixed = np.zeros(f.shape[1])
-        for i in pinned:
-            fixed[i] = _MIN_EFF_WEIGHT
-        x, _ = nnls(a_scaled[:, free], rhs - a @ fixed)
-        theta = fixed.copy()
-        theta[free] = x / scale[free]
-        low = [i for i in _EFFICIENCY_IDX if free[i] and 0.0 < theta[i] < _MIN_EFF_WEIGHT]
-        if not low:
-            break
-        pinned += low
-        free[low] = False
-    return theta, pinned
+    result = fit_params(residual, params, max_iter=max_rounds)
+    coeffs, w = split(result.values)
+    pred = predict(result.values)
+    # a parameter no probe responds to (e.g. prefill efficiency without prefill probes)
+    unused = []
+    for p in params:
+        bumped = dict(result.values)
+        bumped[p.name] = p.clip(result.values[p.name] * 1.5)
+        if np.allclose(predict(bumped), pred, rtol=1e-9, atol=0.0):
+            unused.append(p.name)
+    return StepTimeFit(
+        coefficients=coeffs, theta=tuple(result.values[n] for n in names),
+        predicted_s=tuple(float(v) for v in pred),
+        rel_errors=tuple(float(e) for e in (pred - y) / y), rounds=result.iterations,
+        regimes_stable=result.converged, pinned=result.at_bounds, unused=tuple(unused),
+        extra_weights=tuple(float(v) for v in w), names=tuple(names))

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from tuner.errors import ConfigError
+from tuner.perf.coefficients import Coefficients, coefficients_from_preset
 from tuner.sim.settings import SchedulerSettings
 
 PRESET_DIR = Path(__file__).parent / "presets" / "hardware"
@@ -45,6 +46,9 @@ class HardwareSpec:
     # default attention backend and KV block size by model kind ("gqa", "gqa_sinks", "mla")
     attention_backend: dict[str, str] = field(default_factory=dict)
     default_block_size: dict[str, int] = field(default_factory=dict)
+    compute_units: int = 128  # CUs (AMD) or SMs (NVIDIA): what attention work must fill
+    # step-time priors from the preset's ``step_time`` section (sources in the YAML)
+    coefficients: Coefficients = field(default_factory=Coefficients)
 
     @property
     def memory_bytes(self) -> int:
@@ -177,4 +181,6 @@ def hardware_from_dict(data: Any, *, source: str = "hardware") -> HardwareSpec:
         allreduce_latency_s=num(link, "latency_us", "interconnect.") * 1e-6,
         attention_backend={str(k): str(v) for k, v in (data.get("attention_backend") or {}).items()},
         default_block_size={str(k): int(v) for k, v in block.items()},
+        compute_units=int(num(data, "compute_units", "")) if "compute_units" in data else 128,
+        coefficients=coefficients_from_preset(data.get("step_time"), source=source),
     )

@@ -21,8 +21,9 @@ class Target:
     gpu_memory_utilization: float = 0.92  # vLLM 0.33 default
     max_model_len: int | None = None  # None = the model's max_position_embeddings
     calibration: str | None = None  # path to a calibration YAML (tuner calibrate) replacing coefficients
-    weight_dtype: str | None = None  # override the model's weight dtype (bf16, fp8, fp4)
-    kv_cache_dtype: str | None = None  # override the KV dtype (auto = weight dtype, fp8)
+    weight_dtype: str | None = None  # tuner-only override of every linear layer (bf16, fp8, fp4)
+    kv_cache_dtype: str | None = None  # vLLM --kv-cache-dtype (auto = the model dtype, fp8, ...)
+    quantization: str | None = None  # vLLM --quantization (None/none = the checkpoint's scheme)
 
     @property
     def num_gpus(self) -> int:
