@@ -210,7 +210,9 @@ def worked_example_markdown() -> str:
     """The block between the markers in docs/step-time-model.md, computed now."""
     from tuner.perf.capacity import kv_capacity
 
-    model = RooflineStepTimeModel(MI355X, L70, 8)
+    from tuner.perf.fitted import default_coefficients
+
+    model = RooflineStepTimeModel(MI355X, L70, 8, default_coefficients(MI355X))
     block = MI355X.block_size_for(L70.backend_kind)
     cap = kv_capacity(MI355X, L70, 8, block, 0.92, max_num_batched_tokens=16384,
                       max_num_seqs=1024)

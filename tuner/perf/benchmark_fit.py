@@ -11,7 +11,8 @@ the rows barely constrain stays physical instead of absorbing a row's noise.
 Every GPU's parameters touch only that GPU's rows, so the fit splits by GPU exactly.
 The residuals are ``log(predicted / published)`` over every reported figure, divided by
 :data:`FIGURE_NOISE` (published figures of one setup scatter by about that much
-between software builds and runs). Leave-one-series-out (:func:`leave_one_series_out`)
+between software builds and runs), under a soft-L1 loss (robust to a row whose setup
+the file under-states). Leave-one-series-out (:func:`leave_one_series_out`)
 refits without each series and predicts it: what to expect on results the fit has not
 seen.
 """
@@ -22,10 +23,12 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tuner.errors import ConfigError
 from tuner.perf.benchmarks import BenchmarkRow, RecordedRun
 from tuner.perf.calibration_fit import bounds_of, used_formats
 from tuner.perf.coefficients import Coefficients
@@ -99,7 +102,11 @@ def fit_gpu(runs: Sequence[RecordedRun], base: Coefficients) -> tuple[Coefficien
         for run, logs in zip(runs, published):
             pred = run.figures(_model(run, coeffs))
             parts.append((np.log([pred[k] for k in run.row.figures]) - logs) / FIGURE_NOISE)
-        return np.concatenate(parts)
+        r = np.concatenate(parts)
+        # soft-L1: quadratic within the noise, linear beyond, so one figure whose setup the
+        # row does not fully state (a KV dtype, a kernel fallback) cannot drag a GPU's
+        # physics to a bound
+        return np.sign(r) * np.sqrt(2.0 * (np.sqrt(1.0 + r * r) - 1.0))
 
     result = fit_params(residual, params, max_iter=80)
     coeffs = base.with_flat(result.values)
@@ -169,3 +176,108 @@ def changed(fitted: Coefficients, prior: Coefficients) -> dict[str, Any]:
             else:
                 out[name] = float(f"{value:.6g}")
     return out
+
+
+# ------------------------------------------------------------------ the whole job
+@dataclass(slots=True)
+class BenchmarkFit:
+    """Everything ``tuner calibrate --from-benchmarks`` computes for one CSV."""
+
+    source: str
+    runs: list[RecordedRun]
+    skipped: list[Any]  # benchmarks.SkippedRow
+    priors: dict[str, Coefficients]
+    fitted: dict[str, Coefficients]
+    infos: dict[str, Any]
+    in_sample: list[Prediction]
+    at_priors: list[Prediction]
+    loso: list[Prediction] | None = None
+
+    def document(self) -> dict[str, Any]:
+        """The fitted-presets YAML (``presets/fitted/published.yaml`` layout)."""
+        hardware: dict[str, Any] = {}
+        for gpu in sorted(self.infos):
+            rows = [r.row for r in self.runs if r.row.hardware == gpu]
+            fitted_rows = [r.row for r in self.runs
+                           if r.row.hardware == gpu and fittable(r) is None]
+            hardware[gpu] = {
+                "represents": sorted({r.versions for r in fitted_rows}),
+                "rows": sorted(r.id for r in fitted_rows),
+                "not_fitted": sorted(r.id for r in rows if r not in fitted_rows),
+                "fit": self.infos[gpu],
+                "coefficients": changed(self.fitted[gpu], self.priors[gpu]),
+            }
+        return {
+            "source": self.source,
+            "method": ("per-GPU bounded log-space Levenberg-Marquardt over the step-time "
+                       "model's physical coefficients, log-normal priors from the hardware "
+                       f"presets, figure noise {FIGURE_NOISE:g}; each row replayed by the "
+                       "twin (tuner.perf.benchmarks)"),
+            "command": "tuner calibrate --from-benchmarks <csv> -o <this file>",
+            "median_abs_error_pct": {
+                "in_sample": round(100 * median_abs_error(self.in_sample), 2),
+                "priors_only": round(100 * median_abs_error(self.at_priors), 2),
+                **({"leave_one_series_out": round(100 * median_abs_error(self.loso), 2)}
+                   if self.loso is not None else {})},
+            "hardware": hardware,
+        }
+
+
+def fit_benchmarks(csv_path: str | Path, *, loso: bool = False) -> BenchmarkFit:
+    """Replay every usable row, fit per GPU, predict in sample (and leave-one-series-out)."""
+    from tuner.perf.benchmarks import load_rows, record
+    from tuner.perf.hardware import load_hardware
+
+    rows, skipped = load_rows(csv_path)
+    if not rows:
+        raise ConfigError(f"{csv_path}: no row the twin can replay "
+                          f"({len(skipped)} skipped: {skipped[0].reason if skipped else 'empty'})")
+    runs = [record(r) for r in rows]
+    priors = {g: load_hardware(g).coefficients for g in sorted({r.hardware for r in rows})}
+    fitted, infos = fit_all(runs, priors)
+    return BenchmarkFit(
+        source=str(csv_path), runs=runs, skipped=skipped, priors=priors, fitted=fitted,
+        infos=infos, in_sample=predict(runs, fitted), at_priors=predict(runs, priors),
+        loso=leave_one_series_out(runs, priors) if loso else None)
+
+
+def save_document(path: str | Path, document: dict[str, Any]) -> Path:
+    """Write the fitted-presets YAML atomically (temp file beside it, then rename)."""
+    import os
+    import tempfile
+
+    import yaml
+
+    p = Path(path).expanduser()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    header = ("# Step-time coefficients fitted to published serving benchmarks.\n"
+              "# Written by `tuner calibrate --from-benchmarks`; do not edit by hand:\n"
+              "# re-run the command (bench/calibration_fit.py reports the errors).\n")
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(header + yaml.safe_dump(document, sort_keys=False, width=100))
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p
+
+
+def table(preds: Sequence[Prediction], loso: Sequence[Prediction] | None = None) -> list[str]:
+    """Markdown rows: id, series, figure, published, predicted, error (and LOSO)."""
+    by_key = {(p.row.id, p.figure): p for p in loso or []}
+    head = "| row | series | figure | published | predicted | error |"
+    sep = "|---|---|---|---:|---:|---:|"
+    if loso is not None:
+        head += " LOSO predicted | LOSO error |"
+        sep += "---:|---:|"
+    lines = [head, sep]
+    for p in preds:
+        line = (f"| {p.row.id} | {p.row.series} | {p.figure} | {p.published:.4g} | "
+                f"{p.predicted:.4g} | {100 * p.rel_error:+.1f}% |")
+        if loso is not None:
+            q = by_key.get((p.row.id, p.figure))
+            line += (f" {q.predicted:.4g} | {100 * q.rel_error:+.1f}% |" if q else " | |")
+        lines.append(line)
+    return lines

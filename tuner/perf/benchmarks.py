@@ -77,6 +77,7 @@ class BenchmarkRow:
     figures: dict[str, float]  # column -> published value
     source: str = ""
     notes: str = ""
+    versions: str = ""  # engine / ROCm / AITER versions the row was measured with
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +116,20 @@ def _model_ref(name: str) -> str:
         path = MODEL_DIR / f"{ref}.json"
         return str(path) if path.is_file() else ref
     return name.strip()
+
+
+def _versions(rec: dict[str, str]) -> str:
+    """``vLLM 0.20.1rc1.dev365, ROCm 7.2.2, AITER 63332f2`` from a row's columns."""
+    parts = [f"{rec.get('engine') or 'vLLM'} {rec.get('engine_ver') or '(version not stated)'}"]
+    text = " ".join(rec.get(k) or "" for k in ("flags", "engine_ver", "par"))
+    for name in ("ROCm", "AITER"):
+        m = re.search(rf"{name}\s+([0-9A-Za-z.]+)", text)
+        if m and m.group(0) not in parts[0]:
+            parts.append(m.group(0))
+    m = re.search(r"image\s+(\S+?)[;,]?\s", text + " ")
+    if m:
+        parts.append(f"image {m.group(1)}")
+    return ", ".join(parts)
 
 
 def load_rows(path: str | Path = PUBLISHED_CSV) -> tuple[list[BenchmarkRow], list[SkippedRow]]:
@@ -195,7 +210,8 @@ def load_rows(path: str | Path = PUBLISHED_CSV) -> tuple[list[BenchmarkRow], lis
             num_prompts=n or (10 * int(conc or 1) if kind == "closed" else OFFLINE_PROMPTS),
             gpu_memory_utilization=float(util.group(1)) if util else 0.90,
             max_model_len=int(mml.group(1)) if mml else int(isl) + int(osl) + 64,
-            figures=figures, source=rec.get("source") or "", notes=rec.get("notes") or ""))
+            figures=figures, source=rec.get("source") or "", notes=rec.get("notes") or "",
+            versions=_versions(rec)))
         del line
     return rows, skipped
 

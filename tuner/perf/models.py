@@ -315,6 +315,58 @@ class ModelSpec:
 
 
 # ---------------------------------------------------------------- loading
+#: The optional package whose wheel ships Hugging Face config.json files by model id.
+AIC_PACKAGE = "aiconfigurator_core"
+AIC_EXTRA = "pip install 'tuner[aic]'  (or: pip install aiconfigurator-core)"
+
+
+def aic_model_dir() -> Path | None:
+    """``aiconfigurator_core/model_configs`` if the package is installed, found without
+    importing it (its ``__init__`` pulls pandas; tuner.perf must stay light)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(AIC_PACKAGE)
+    except (ImportError, ValueError):
+        return None
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        folder = Path(root) / "model_configs"
+        if folder.is_dir():
+            return folder
+    return None
+
+
+def hf_config_path(model_id: str) -> Path:
+    """The bundled ``config.json`` of a Hugging Face id (``org/name``); never a download.
+
+    Raises:
+        ConfigError: the id is malformed, the aiconfigurator-core extra is missing (the
+            message says how to install it), or the package has no config for the id
+            (the message lists close ids).
+    """
+    parts = model_id.strip().split("/")
+    if len(parts) != 2 or not all(parts):
+        raise ConfigError(f"--model {model_id!r}: not a file, folder, preset or Hugging Face "
+                          "id (org/name)")
+    folder = aic_model_dir()
+    if folder is None:
+        raise ConfigError(f"--model {model_id!r} is a Hugging Face id; tuner reads the configs "
+                          f"of such ids from the aiconfigurator-core package, which is not "
+                          f"installed: {AIC_EXTRA}; or pass a local config.json "
+                          "(tuner never downloads from a model hub)")
+    stem = f"{parts[0]}--{parts[1]}"
+    for candidate in folder.glob("*_config.json"):
+        if candidate.name[:-len("_config.json")].lower() == stem.lower():
+            return candidate
+    known = sorted(c.name[:-len("_config.json")].replace("--", "/", 1)
+                   for c in folder.glob("*_config.json") if not c.name.endswith("quant_config.json"))
+    close = [k for k in known if parts[1].lower().split("-")[0] in k.lower()][:8]
+    raise ConfigError(f"--model {model_id!r}: aiconfigurator-core ships no config for this id"
+                      + (f"; close: {', '.join(close)}" if close else "")
+                      + "; pass a local config.json instead")
+
+
+
 def list_models() -> list[str]:
     """Names of the bundled model presets."""
     return preset_names(PRESET_DIR, ".json")
@@ -332,8 +384,11 @@ def load_model(name_or_path: str | Path) -> ModelSpec:
     if path.is_dir():
         path = path / "config.json"
     elif not path.exists():
-        path = find_preset(text, PRESET_DIR, ".json", kind="model",
-                           not_a="not a file or folder,")
+        if (PRESET_DIR / f"{text.lower()}.json").is_file() or "/" not in text:
+            path = find_preset(text, PRESET_DIR, ".json", kind="model",
+                               not_a="not a file or folder,")
+        else:
+            path = hf_config_path(text)
     try:
         config = json.loads(path.read_text())
     except OSError as exc:
@@ -342,7 +397,9 @@ def load_model(name_or_path: str | Path) -> ModelSpec:
         raise ConfigError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: a config.json must hold a JSON object")
-    name = path.stem if path.parent == PRESET_DIR else str(path)
+    name = path.stem if path.parent == PRESET_DIR else (
+        text if path.name.endswith("_config.json") and "/" in text and not Path(text).exists()
+        else str(path))
     return model_from_config(config, name=name, source=str(path))
 
 

@@ -91,6 +91,8 @@ class ExportPlan:
     async_scheduling: bool | None = None  # False -> emit --no-async-scheduling
     additional_config: dict[str, Any] | None = None  # the plugin's window/threshold
     notes: list[str] = field(default_factory=list)  # comment lines (what and why)
+    #: engine (not scheduler) flags the twin's clock assumed: --quantization, --kv-cache-dtype
+    engine: list[tuple[str, str]] = field(default_factory=list)
 
     def serve_args(self) -> list[str]:
         """``vllm serve`` arguments as a list (no shell quoting)."""
@@ -107,6 +109,8 @@ class ExportPlan:
             args.append("--no-async-scheduling")
         if self.additional_config is not None:
             args += ["--additional-config", json.dumps(self.additional_config)]
+        for name, value in self.engine:
+            args += [flag_name(name), value]
         return args
 
     def config_mapping(self) -> dict[str, Any]:
@@ -120,6 +124,8 @@ class ExportPlan:
             # A JSON string, as on the command line: every vLLM version's config loader
             # passes a string through unchanged.
             out["additional-config"] = json.dumps(self.additional_config)
+        for name, value in self.engine:
+            out[flag_name(name)[2:]] = value
         return out
 
     def scheduler_kwargs(self) -> dict[str, Any]:
@@ -159,6 +165,11 @@ def plan_export(profile: Profile, *, vllm_version: str = CHECKED_VLLM_VERSION,
     settings = profile.scheduler
     use_async = profile.target.async_scheduling if async_scheduling is None else async_scheduling
     plan = ExportPlan(vllm_version=vllm_version)
+    t = profile.target
+    if t.quantization not in (None, "none"):
+        plan.engine.append(("quantization", str(t.quantization)))
+    if t.kv_cache_dtype not in (None, "auto"):
+        plan.engine.append(("kv_cache_dtype", str(t.kv_cache_dtype)))
     window = settings.cache_aware_admission_window
     plugin = force_plugin or (not native_admission and window > 0)
     for f in fields(SchedulerSettings):
