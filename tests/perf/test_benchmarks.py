@@ -136,3 +136,33 @@ def test_fit_reproduces_the_shipped_mi300x_presets():
     for k in a:
         assert math.isclose(a[k], b[k], rel_tol=1e-3), k
     assert all(fittable(r) is None for r in runs)
+
+
+def test_calibrate_from_benchmarks_cli(tmp_path):
+    """A user's own CSV (here: four MI300X rows) -> a fitted-presets file the twin loads."""
+    import yaml
+    from click.testing import CliRunner
+
+    from tuner.cli import cli
+    from tuner.perf.fitted import default_coefficients
+
+    lines = PUBLISHED_CSV.read_text().splitlines()
+    keep = [lines[0]] + [ln for ln in lines[1:] if ln.startswith(("ORA-L405-MI300X-bs1,",
+            "ORA-L405-MI300X-bs64,", "AMDP-L70-MI300X-lat-bs1,", "AMDP-L70-MI300X-lat-bs4,"))]
+    csv = tmp_path / "mine.csv"
+    csv.write_text("\n".join(keep) + "\n")
+    out = tmp_path / "fitted.yaml"
+    result = CliRunner().invoke(cli, ["calibrate", "--from-benchmarks", str(csv), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "4 rows replayed" in result.output and "median |error|" in result.output
+    doc = yaml.safe_load(out.read_text())
+    assert doc["hardware"]["mi300x"]["rows"] == sorted(
+        ["ORA-L405-MI300X-bs1", "ORA-L405-MI300X-bs64", "AMDP-L70-MI300X-lat-bs1",
+         "AMDP-L70-MI300X-lat-bs4"])
+    hw = load_hardware("mi300x")
+    assert default_coefficients(hw, path=str(out)) != hw.coefficients
+    bad = tmp_path / "bad.csv"
+    bad.write_text("id,hw\nx,mi300x\n")
+    result = CliRunner().invoke(cli, ["calibrate", "--from-benchmarks", str(bad), "-o", str(out)])
+    assert result.exit_code != 0 and "bad.csv:1: missing column(s)" in result.output
+    assert "Traceback" not in result.output
