@@ -136,54 +136,80 @@ class RooflineStepTimeModel(StepTimeModel):
         self._gpu_mixed = floors + layers * c.layer_overhead_mixed_s
         self._cpu_step = c.step_overhead_s
         self._cpu_req = c.request_overhead_s
+        self._pack()
 
     # ------------------------------------------------------------- hot path
+    def _pack(self) -> None:
+        """One tuple of every constant the hot path reads: a single attribute load and
+        an unpack cost less than two dozen attribute loads. Per-step and per-token
+        constants that are always added together are pre-summed."""
+        fixed = self._cpu_step + self._ar_fixed
+        dense = self._dense
+        one = dense[0] if len(dense) == 1 else (0.0, 0.0, 0.0)
+        self._k = (
+            fixed + self._gpu_mixed, fixed + self._gpu_decode,
+            self._cpu_req + self._sample,  # per request
+            self._kv_write + self._ar_tok,  # per token
+            one[0], one[1], one[2], dense if len(dense) > 1 else (),
+            *self._lm, self._moe, self._e_mem, self._e_tok, self._e_half, self._num_experts,
+            self._expert_q, self._kv_tok, self._occ_floor, self._attn_d, self._attn_p,
+            self._sliding, self._ar_lib_tokens, self._ar_lib_extra)
+
     def step_time_s(self, batch: StepBatch) -> float:
         npt = batch.num_prefill_tokens
         ndr = batch.num_decode_reqs
         tokens = npt + ndr
         if tokens <= 0:
             return 0.0  # vLLM does not run the model for an empty schedule
+        (mixed, decode, per_req, per_tok, d_mem, d_tok, d_zero, more, lm_mem, lm_tok, lm_zero,
+         moe, e_mem, e_tok, e_half, num_experts, expert_q, kv_tok, occ, attn_d, attn_p,
+         sliding, lib_tokens, lib_extra) = self._k
         reqs = batch.num_prefill_reqs + ndr
-        t = self._cpu_step + self._cpu_req * reqs + (self._gpu_mixed if npt else self._gpu_decode)
-        for mem, per_tok, zero in self._dense:
-            cmp = per_tok * tokens + zero
+        t = (mixed if npt else decode) + per_req * reqs + per_tok * tokens
+        cmp = d_tok * tokens + d_zero
+        t += d_mem if d_mem > cmp else cmp
+        for mem, tok, zero in more:  # models with GEMMs in more than one format
+            cmp = tok * tokens + zero
             t += mem if mem > cmp else cmp
-        mem, per_tok, zero = self._lm
-        cmp = per_tok * reqs + zero
-        t += mem if mem > cmp else cmp
-        if self._moe:
-            touched = self._num_experts * (1.0 - self._expert_q ** tokens)
-            mem = self._e_mem * touched
-            cmp = self._e_tok * tokens + self._e_half * touched
+        cmp = lm_tok * reqs + lm_zero
+        t += lm_mem if lm_mem > cmp else cmp
+        if moe:
+            touched = num_experts * (1.0 - expert_q ** tokens)
+            mem = e_mem * touched
+            cmp = e_tok * tokens + e_half * touched
             t += mem if mem > cmp else cmp
         # attention: decode part (KV read vs occupancy floor vs compute), prefill part
-        dctx = batch.decode_ctx_tokens
         if ndr:
-            mem = self._kv_tok * dctx
-            if mem < self._occ_floor:
-                mem = self._occ_floor
-            cmp = self._attn_d * dctx
+            dctx = batch.decode_ctx_tokens
+            mem = kv_tok * dctx
+            if mem < occ:
+                mem = occ
+            cmp = attn_d * dctx
             t += mem if mem > cmp else cmp
         if npt:
-            mem = self._kv_tok * (batch.prefill_ctx_tokens + npt)
-            cmp = self._attn_p * batch.prefill_attn_pairs
+            mem = kv_tok * (batch.prefill_ctx_tokens + npt)
+            cmp = attn_p * batch.prefill_attn_pairs
             t += mem if mem > cmp else cmp
-        t += self._kv_write * tokens
-        if self._sliding:
+        if sliding:
             t += self._sliding_s(batch)
-        t += self._ar_fixed + self._ar_tok * tokens
-        if tokens > self._ar_lib_tokens:
-            t += self._ar_lib_extra
-        return t + self._sample * reqs
+        if tokens > lib_tokens:
+            t += lib_extra
+        return t
 
     def _sliding_s(self, batch: StepBatch) -> float:
-        """Sliding-window layers: each query sees at most ``window`` keys."""
+        """Sliding-window layers: each query sees at most ``window`` keys (conditional
+        expressions instead of ``min``: a builtin call costs ~60 ns here)."""
         w = self._window
         ndr, npr, npt = batch.num_decode_reqs, batch.num_prefill_reqs, batch.num_prefill_tokens
-        sd = min(batch.decode_ctx_tokens, ndr * w)
-        sp = min(batch.prefill_ctx_tokens, npr * w)
-        pp = min(batch.prefill_attn_pairs, npt * w)
+        sd = batch.decode_ctx_tokens
+        if sd > ndr * w:
+            sd = ndr * w
+        sp = batch.prefill_ctx_tokens
+        if sp > npr * w:
+            sp = npr * w
+        pp = batch.prefill_attn_pairs
+        if pp > npt * w:
+            pp = npt * w
         mem = self._kv_slide_tok * (sd + sp + npt)
         cmp = self._slide_p * pp + self._slide_d * sd
         return mem if mem > cmp else cmp
