@@ -134,7 +134,7 @@ def _confirm_top(profile: Any, trace: str, top_k: int, server_kw: dict[str, Any]
 
     from tuner.cli._serve import make_server_options
     from tuner.metrics import summarize
-    from tuner.replay.validate import confirm_on_server
+    from tuner.fidelity.validate import confirm_on_server
 
     options = make_server_options(model=target_kw["model"], tp=target_kw["tp"],
                                   block_size=target_kw["block_size"],

@@ -28,13 +28,13 @@ them only for speculative decoding; MLP blocks are gated (SwiGLU, three matrices
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from tuner.errors import ConfigError
+from tuner.loaders import load_json
 from tuner.perf.dtypes import (format_of, normalize_kv_cache_dtype, normalize_quantization,
                                scheme_for, scheme_from_config)
 from tuner.perf.hardware import find_preset, preset_names
@@ -389,14 +389,7 @@ def load_model(name_or_path: str | Path) -> ModelSpec:
                                not_a="not a file or folder,")
         else:
             path = hf_config_path(text)
-    try:
-        config = json.loads(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read model config: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
-    if not isinstance(config, dict):
-        raise ConfigError(f"{path}: a config.json must hold a JSON object")
+    config = load_json(path, "model config", mapping=True).data
     name = path.stem if path.parent == PRESET_DIR else (
         text if path.name.endswith("_config.json") and "/" in text and not Path(text).exists()
         else str(path))

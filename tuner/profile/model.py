@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from tuner.errors import ConfigError, ProfileError
+from tuner.loaders import load_yaml
 from tuner.perf.dtypes import normalize_kv_cache_dtype, normalize_quantization
 from tuner.sim.settings import SchedulerSettings
 
@@ -143,16 +144,7 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
             ``PATH: field: what is wrong``.
     """
     p = pathlib.Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ProfileError(f"{p}: cannot read profile: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
-        raise ProfileError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    data = load_yaml(p, "profile", error=ProfileError).data
     return profile_from_dict(data, source=str(p))
 
 

@@ -101,8 +101,8 @@ _Entry = Union[str, BackendFactory]
 #: name -> factory or "module:attribute" (imported on first use).
 _REGISTRY: dict[str, _Entry] = {
     "sim": "tuner.replay._sim:SimBackend",
-    "vllm-core": "tuner.replay.vllm_core:VllmCoreBackend",
-    "vllm-serve": "tuner.replay.vllm_serve:VllmServeBackend",
+    "vllm-core": "tuner.vllm_core.backend:VllmCoreBackend",
+    "vllm-serve": "tuner.serve.backend:VllmServeBackend",
 }
 
 

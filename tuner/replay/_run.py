@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
 from tuner.errors import ConfigError
-from tuner.replay._backend import ProgressCallback, create_backend
+from tuner.replay._backend import Backend, ProgressCallback, create_backend
 from tuner.sim.load import ClosedLoop, OpenLoop
 from tuner.sim.settings import SchedulerSettings, SimOptions
 from tuner.perf.target import Target
@@ -126,6 +126,40 @@ def _progress_bar(enabled: bool) -> Iterator[ProgressCallback | None]:
         yield update
 
 
+def prepare(trace: TraceLike, settings: SchedulerSettings | None = None, *,
+            backend: str = "sim", target: Target = Target(),
+            load: OpenLoop | ClosedLoop | None = OpenLoop(), options: SimOptions = SimOptions(),
+            hash_block_size: int | None = None, **backend_options: Any) -> Backend:
+    """A backend ready to ``run()`` ``trace`` under ``settings``: the one preparation path.
+
+    Resolves the target, picks the GPU's vLLM defaults when ``settings`` is None,
+    validates the settings, loads the trace in the form the backend accepts (re-blocked
+    to the KV block size; arrays or hash ids where it takes them) and calls the backend's
+    ``prepare``. :func:`run` and the parity checks (``tuner.fidelity.parity``) both come
+    through here, so a twin replay and a vLLM-core replay of one case see the same inputs.
+    The caller runs the backend and must ``close()`` it; on an error here it is closed.
+
+    Arguments and errors: as :func:`run`.
+    """
+    from tuner.perf.presets import resolve_target
+
+    resolved = resolve_target(target, scheduler_settings=settings)
+    if settings is None:
+        settings = resolved.default_settings
+    settings.validate(max_model_len=resolved.cache.max_model_len)
+    load = OpenLoop() if load is None else load
+    instance = create_backend(backend, **backend_options)
+    try:
+        requests = _kv_requests(trace, hash_block_size, resolved.cache.block_size,
+                                arrays=instance.accepts_array_hashes,
+                                hash_ids=instance.accepts_hash_ids)
+        instance.prepare(requests, settings, resolved, load, options)
+    except BaseException:
+        instance.close()
+        raise
+    return instance
+
+
 def run(trace: TraceLike, settings: SchedulerSettings | None = None, *, backend: str = "sim",
         target: Target = Target(), load: OpenLoop | ClosedLoop | None = OpenLoop(),
         options: SimOptions = SimOptions(),
@@ -157,20 +191,9 @@ def run(trace: TraceLike, settings: SchedulerSettings | None = None, *, backend:
         TraceSchemaError: the trace file is not a valid trace.
         BackendError: the backend failed.
     """
-    from tuner.perf.presets import resolve_target
-
-    resolved = resolve_target(target, scheduler_settings=settings)
-    if settings is None:
-        settings = resolved.default_settings
-    settings.validate(max_model_len=resolved.cache.max_model_len)
-    load = OpenLoop() if load is None else load
-    instance = create_backend(backend, **backend_options)
+    instance = prepare(trace, settings, backend=backend, target=target, load=load,
+                       options=options, hash_block_size=hash_block_size, **backend_options)
     try:
-        requests = _kv_requests(trace, hash_block_size, resolved.cache.block_size,
-                                arrays=instance.accepts_array_hashes,
-                                hash_ids=instance.accepts_hash_ids)
-        instance.prepare(requests, settings, resolved, load, options)
-        del requests  # the backend holds what it needs; keep peak memory to one copy
         if callable(progress):
             return instance.run(progress)
         with _progress_bar(bool(progress)) as callback:

@@ -44,7 +44,7 @@ import numpy as np
 import pyarrow as pa
 
 from tuner.errors import ConfigError
-from tuner.trace._ingest import IngestContext, make_batch
+from tuner.trace.formats._batch import IngestContext, make_batch
 from tuner.trace.sources import iter_lines
 
 _BATCH_ROWS = 8192
