@@ -2,8 +2,9 @@
 
 The package follows the data: ``trace`` (ingest, canonical Parquet traces) ->
 ``sim`` (CPU twin of vLLM's scheduler, prefix cache and step time) -> ``replay``
-(backends behind one interface) -> ``metrics`` -> ``tune`` (Optuna search) ->
-``profile`` (profiles and exporters) -> ``jobs`` (periodic re-tuning).
+(backends behind one interface) -> ``serve`` (a live ``vllm serve``) -> ``metrics`` ->
+``fidelity`` (the twin against vLLM) -> ``tune`` (Optuna search) -> ``profile``
+(profiles and exporters) -> ``jobs`` (periodic re-tuning).
 ``cli`` is a thin Click shell over those library APIs.
 """
 

@@ -15,8 +15,8 @@ import time
 
 from serve_env import CPU_ENV, MODEL_DIR
 
-from tuner.replay import _serve_http as http
-from tuner.replay._serve_server import ServerOptions, VllmServer
+import tuner.serve.http as http
+from tuner.serve.server import ServerOptions, VllmServer
 from tuner.sim.settings import SchedulerSettings
 
 # 5 blocks of 32 (block 0 is the null block: 4 usable, 128 tokens), one request at a time.

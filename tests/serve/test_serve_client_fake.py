@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from tuner.replay._serve_server import ServerOptions, VllmServer
-from tuner.replay.vllm_serve import replay_on_server
+from tuner.serve.backend import replay_on_server
+from tuner.serve.server import ServerOptions, VllmServer
 from tuner.sim.load import ClosedLoop, OpenLoop
 from tuner.trace import TraceRequest
 
@@ -132,9 +132,9 @@ def test_tokens_usage_and_counters_from_a_chunked_stream(fake: FakeServer) -> No
 def test_errors_rejections_and_short_streams_are_counted(fake: FakeServer) -> None:
     server = _attach(fake)
     # a block hash whose first token is 500/400/555 is hard to pick: patch the prompt instead
-    from tuner.replay import _serve_client
+    from tuner.serve import client as serve_client
 
-    original = _serve_client.prompt_tokens
+    original = serve_client.prompt_tokens
     firsts = {"ok": 9, "boom": 500, "bad": 400, "short": 555}
 
     def fake_prompt(factory, request):  # type: ignore[no-untyped-def]
@@ -142,12 +142,12 @@ def test_errors_rejections_and_short_streams_are_counted(fake: FakeServer) -> No
         toks[0] = firsts[request.request_id]
         return toks
 
-    _serve_client.prompt_tokens = fake_prompt
+    serve_client.prompt_tokens = fake_prompt
     try:
         reqs = [_req(name, 1, 4) for name in firsts]
         result = replay_on_server(server, reqs, block_size=32, load=ClosedLoop(2))
     finally:
-        _serve_client.prompt_tokens = original
+        serve_client.prompt_tokens = original
     status = {r.request_id: r.status for r in result.requests}
     assert status == {"ok": "finished", "boom": "error", "bad": "rejected", "short": "error"}
     assert result.counters["num_errors"] == 2 and result.counters["num_rejected"] == 1
@@ -157,21 +157,21 @@ def test_errors_rejections_and_short_streams_are_counted(fake: FakeServer) -> No
 
 def test_a_stalled_request_times_out_as_an_error(fake: FakeServer) -> None:
     server = _attach(fake, timeout_s=0.5)
-    from tuner.replay import _serve_client
+    from tuner.serve import client as serve_client
 
-    original = _serve_client.prompt_tokens
+    original = serve_client.prompt_tokens
 
     def stall(factory, request):  # type: ignore[no-untyped-def]
         toks = original(factory, request)
         toks[0] = 777 if request.request_id == "slow" else 9
         return toks
 
-    _serve_client.prompt_tokens = stall
+    serve_client.prompt_tokens = stall
     try:
         result = replay_on_server(server, [_req("slow", 1, 3), _req("fast", 2, 3)],
                                   block_size=32, load=ClosedLoop(2))
     finally:
-        _serve_client.prompt_tokens = original
+        serve_client.prompt_tokens = original
     status = {r.request_id: r.status for r in result.requests}
     assert status == {"slow": "error", "fast": "finished"}
     assert result.counters["num_timeouts"] == 1

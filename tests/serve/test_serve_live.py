@@ -17,9 +17,9 @@ from serve_env import CPU_ENV, CPU_HARDWARE, MODEL_DIR, vllm032_python
 
 from tuner import replay
 from tuner.metrics import summarize
-from tuner.replay._serve_server import ServerOptions, VllmServer, group_alive
-from tuner.replay.calibrate import ProbePlan, calibrate
-from tuner.replay.vllm_serve import ServerDiedError
+from tuner.fidelity.calibrate import ProbePlan, calibrate
+from tuner.serve.backend import ServerDiedError
+from tuner.serve.server import ServerOptions, VllmServer, group_alive
 from tuner.sim.load import ClosedLoop, OpenLoop
 from tuner.sim.presets import resolve_target, save_calibration
 from tuner.sim.settings import SchedulerSettings
@@ -136,7 +136,7 @@ def test_calibration_fit_reproduces_its_probes(calibrated) -> None:  # type: ign
 
 def test_validate_prints_predicted_against_measured(server: VllmServer, calibrated) -> None:  # type: ignore[no-untyped-def]
     from tuner.profile.model import Profile, ProfileTarget
-    from tuner.replay.validate import validate
+    from tuner.fidelity.validate import validate
 
     _, path = calibrated
     target = Target(hardware=str(CPU_HARDWARE), model=str(MODEL_DIR), block_size=BS,

@@ -21,7 +21,7 @@ import time
 import pytest
 from serve_env import ROOT, vllm032_python
 
-from tuner.replay._serve_server import group_alive
+from tuner.serve.server import group_alive
 
 pytestmark = pytest.mark.vllm
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from serve_env import CPU_HARDWARE, DATA, MODEL_DIR
 
-from tuner.replay._serve_client import prompt_tokens
-from tuner.replay._serve_metrics import (CACHE_CONFIG_INFO, ExpositionError, counter_deltas,
-                                         histogram_deltas, parse_exposition)
-from tuner.replay._serve_server import settings_args
+from tuner.serve.client import prompt_tokens
+from tuner.serve.prometheus import (CACHE_CONFIG_INFO, ExpositionError, counter_deltas,
+                                    histogram_deltas, parse_exposition)
+from tuner.serve.server import settings_args
 from tuner.vllm_core.tokens import TokenFactory
 from tuner.sim.batch import StepBatch
 from tuner.sim.calibration_fit import fit_step_time, nnls

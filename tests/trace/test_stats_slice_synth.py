@@ -10,7 +10,8 @@ import pytest
 
 from tuner.errors import ConfigError
 from tuner.trace import (
-    Trace, TraceMetadata, TraceRequest, read_trace, slice_trace, synthesize, trace_stats,
+    Trace, TraceMetadata, TraceRequest, format_trace_stats, read_trace, slice_trace, stats_rows,
+    synthesize, trace_stats,
 )
 
 META = TraceMetadata(hash_block_size=10, source_format="test")
@@ -44,6 +45,25 @@ def test_stats_by_hand() -> None:
     for key in ("requests", "duration_s", "input_len_mean", "output_len_mean",
                 "ideal_prefix_hit_rate", "distinct_blocks"):
         assert key in d
+
+
+def test_stats_text_by_hand() -> None:
+    # the figures of test_stats_by_hand, as `tuner trace stats` prints them: 4 arrivals
+    # over 80 s, input mean 26.25 -> 26, hit rate 50/105, 9 distinct 10-token blocks
+    text = format_trace_stats(trace_stats(_small()))
+    assert text.splitlines() == [
+        "requests               4",
+        "span                   80.0 s",
+        "arrival rate           0.05/s mean, 3/min peak",
+        "input tokens           mean 26, p50 20, p90 50, p99 59, max 60",
+        "output tokens          mean 7, p50 3, p90 16, p99 20, max 20",
+        "sessions               1 (2.0 turns mean, 2 max)",
+        "ideal prefix-hit rate  0.4762 (unbounded cache)",
+        "distinct KV blocks     9 x 10 tokens = 90 tokens",
+        "reuse distance         p50 10.0 s, p90 10.0 s, p99 10.0 s",
+    ]
+    rows = stats_rows(trace_stats(_small()))
+    assert [k for k, _ in rows] == [line[:21].rstrip() for line in text.splitlines()]
 
 
 def test_hit_capped_at_input_len() -> None:

@@ -51,20 +51,18 @@ def fidelity_command(trace: str, vllm_python: str | None, hardware: str, model: 
           --set cache_aware_admission_window=16 --set cache_aware_admission_threshold=0.5
     """
     from tuner import replay
+    from tuner import vllm_compat
     from tuner.fidelity.parity import run_parity
-    from tuner.vllm_core.backend import find_vllm_python, vllm_version
+    from tuner.fidelity.runs import twin_options_for
     from tuner.sim.presets import resolve_target
-    from tuner.sim.settings import SimOptions
 
-    python = find_vllm_python(vllm_python)
+    python = vllm_compat.find_vllm_python(vllm_python, "core")
     target = make_target(hardware, model, tp, dp, block_size, num_gpu_blocks,
                          gpu_memory_utilization, max_model_len, calibration)
     load = make_load(speedup, concurrency)
     settings = replay.parse_settings(assignments, resolve_target(target).default_settings)
-    if prefill_interval_mode is None:
-        prefill_interval_mode = "off" if vllm_version(python).startswith("0.32") else "local"
     report, _, _ = run_parity(trace, settings, vllm_python=python, target=target, load=load,
-                              options=SimOptions(prefill_interval_mode=prefill_interval_mode),
+                              options=twin_options_for(python, prefill_interval_mode),
                               context=context)
     if as_json:
         echo_json({**report.to_dict(), "settings": settings.to_dict()})

@@ -9,6 +9,7 @@ import click
 
 from tuner.cli._common import echo_json, handle_errors
 from tuner.cli._replay import P90_HELP, make_load, make_target, target_options
+from tuner import vllm_compat
 from tuner.errors import ConfigError
 
 
@@ -59,9 +60,7 @@ def make_server_options(*, endpoint: str | None, launch: bool, vllm_python: str 
                         server_log: str | None, startup_timeout: float,
                         request_timeout: float) -> Any:
     """``ServerOptions`` from the :func:`server_options` flags (+ the target flags)."""
-    import os
-
-    from tuner.replay._serve_server import ServerOptions
+    from tuner.serve.server import ServerOptions
 
     if (endpoint is None) == (not launch):
         raise ConfigError("use exactly one of --endpoint URL (attach) or --launch (start "
@@ -73,8 +72,7 @@ def make_server_options(*, endpoint: str | None, launch: bool, vllm_python: str 
             raise ConfigError(f"--serve-env {item!r}: expected KEY=VALUE")
         env.append((key, value))
     if launch:
-        vllm_python = vllm_python or os.environ.get("TUNER_VLLM_PYTHON") or os.environ.get(
-            "TUNER_VLLM032_PYTHON")
+        vllm_python = vllm_python or vllm_compat.vllm_python_from_env("serve")
         options = ServerOptions(
             vllm_python=vllm_python, model=serve_model or model, load_format=load_format,
             tp=tp, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
@@ -147,10 +145,9 @@ def calibrate_command(hardware: str, model: str, tp: int, dp: int, block_size: i
           -o calib.yaml
       tuner replay trace.parquet --hardware ... --model ... --calibration calib.yaml
     """
-    from tuner.replay._serve_server import VllmServer
-    from tuner.replay.calibrate import ProbePlan, calibrate
+    from tuner.fidelity.calibrate import ProbePlan
+    from tuner.fidelity.runs import calibrate_server
     from tuner.sim.calibration import save_calibration
-    from tuner.sim.settings import SchedulerSettings
 
     as_json = kw.pop("as_json")
     output = kw.pop("output")
@@ -161,20 +158,10 @@ def calibrate_command(hardware: str, model: str, tp: int, dp: int, block_size: i
     budget = kw.pop("max_num_batched_tokens")
     options = make_server_options(model=model, tp=tp, block_size=block_size,
                                   num_gpu_blocks=num_gpu_blocks, max_model_len=max_model_len, **kw)
-    if options.launches:
-        # Under async scheduling vLLM schedules step k+1 while step k runs, so a request's
-        # SCHEDULED time (the start of its prefill time) would include the step in flight.
-        options = options.replace(async_scheduling=False)
     say = (lambda m: click.echo(f"  {m}", err=True)) if not as_json else None
-    settings = SchedulerSettings(max_num_batched_tokens=budget,
-                                 max_num_seqs=min(256, budget))
-    with VllmServer(options) as server:
-        server.start(settings)
-        if say:
-            say(f"server ready ({server.startup_s:.1f} s, vLLM {server.vllm_version})")
-        result = calibrate(server, hardware=hardware, model=model, tp=tp, plan=plan,
-                           max_num_batched_tokens=budget if options.launches else None,
-                           max_model_len=max_model_len, progress=say)
+    result = calibrate_server(options, hardware=hardware, model=model, tp=tp, plan=plan,
+                              max_num_batched_tokens=budget, max_model_len=max_model_len,
+                              progress=say)
     path = save_calibration(output, result.calibration)
     if as_json:
         echo_json({"output": str(path), "probes": result.table(),
@@ -224,7 +211,7 @@ def validate_command(profile_path: str, trace: str, hardware: str, model: str, t
     """
     from tuner.metrics import summarize
     from tuner.profile import load_profile
-    from tuner.replay.validate import COMPARED, validate
+    from tuner.fidelity.validate import COMPARED, validate
 
     as_json = kw.pop("as_json")
     baseline_endpoint = kw.pop("baseline_endpoint")

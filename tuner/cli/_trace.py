@@ -3,41 +3,25 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import click
 
 from tuner.cli._common import echo_json, handle_errors
+from tuner.durations import parse_duration
 from tuner.errors import ConfigError
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?", re.IGNORECASE)
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
-
-
-def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``30m``, ``1h30m``, ``2d`` -> seconds."""
-    pos, total, s = 0, 0.0, text.strip()
-    if not s:
-        raise ConfigError("empty duration")
-    while pos < len(s):
-        m = _DURATION.match(s, pos)
-        if m is None or m.end() == pos:
-            raise ConfigError(f"bad duration {text!r}; use e.g. 90, 90s, 30m, 1h30m")
-        unit = m.group(2).lower() if m.group(2) else None
-        total += float(m.group(1)) * _UNIT_S[unit]
-        pos = m.end()
-    return total
 
 
 class Duration(click.ParamType):
+    """A click type over :func:`tuner.durations.parse_duration` (the config files' grammar)."""
+
     name = "duration"
 
     def convert(self, value: Any, param: Any, ctx: Any) -> float:
-        if isinstance(value, (int, float)):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         try:
-            return parse_duration(str(value))
+            return parse_duration(str(value), "duration", allow_zero=True)
         except ConfigError as exc:
             self.fail(str(exc), param, ctx)
 
@@ -78,11 +62,13 @@ def ingest_cmd(sources: tuple[str, ...], output: str, fmt: str, hash_block_size:
       tuner ingest traces/mooncake_synthetic.jsonl -o mooncake.parquet
       tuner ingest vllm-*.log.gz -o trace.parquet --salt-file ~/.tuner-salt --on-error skip
     """
+    from tuner.cli._progress import progress_display
     from tuner.trace import ingest
 
-    report = ingest(list(sources), output, format=fmt, hash_block_size=hash_block_size,
-                    salt=salt_file, tokenizer=tokenizer, on_error=on_error,  # type: ignore[arg-type]
-                    progress=not as_json)
+    with progress_display(False if as_json else None) as shown:
+        report = ingest(list(sources), output, format=fmt, hash_block_size=hash_block_size,
+                        salt=salt_file, tokenizer=tokenizer, on_error=on_error,  # type: ignore[arg-type]
+                        progress=shown)
     if as_json:
         echo_json(report.to_dict())
         return
@@ -122,36 +108,13 @@ def stats_cmd(trace: str, as_json: bool) -> None:
       tuner trace stats traces/agentic_1h.parquet
       tuner trace stats trace.parquet --json | jq .ideal_prefix_hit_rate
     """
-    from tuner.trace import read_trace, trace_stats
+    from tuner.trace import format_trace_stats, read_trace, trace_stats
 
     stats = trace_stats(read_trace(trace))
     if as_json:
         echo_json(stats.to_dict())
         return
-    d = stats.to_dict()
-    rows = [
-        ("requests", f"{d['requests']:,}"),
-        ("span", f"{d['duration_s']:,.1f} s"),
-        ("arrival rate", f"{d['arrival_rate_mean_per_s']:.2f}/s mean, "
-                         f"{d['arrival_rate_peak_per_min']:,}/min peak"),
-        ("input tokens", f"mean {d['input_len_mean']:,.0f}, p50 {d['input_len_p50']:,.0f}, "
-                         f"p90 {d['input_len_p90']:,.0f}, p99 {d['input_len_p99']:,.0f}, "
-                         f"max {d['input_len_max']:,}"),
-        ("output tokens", f"mean {d['output_len_mean']:,.0f}, p50 {d['output_len_p50']:,.0f}, "
-                          f"p90 {d['output_len_p90']:,.0f}, p99 {d['output_len_p99']:,.0f}, "
-                          f"max {d['output_len_max']:,}"),
-        ("sessions", f"{d['sessions']:,} ({d['turns_per_session_mean']:.1f} turns mean, "
-                     f"{d['turns_per_session_max']} max)"),
-        ("ideal prefix-hit rate", f"{d['ideal_prefix_hit_rate']:.4f} (unbounded cache)"),
-        ("distinct KV blocks", f"{d['distinct_blocks']:,} x {d['hash_block_size']} tokens "
-                               f"= {d['distinct_block_tokens']:,} tokens"),
-        ("reuse distance", f"p50 {d['reuse_distance_p50_s']:.1f} s, "
-                           f"p90 {d['reuse_distance_p90_s']:.1f} s, "
-                           f"p99 {d['reuse_distance_p99_s']:.1f} s"),
-    ]
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        click.echo(f"{k:<{width}}  {v}")
+    click.echo(format_trace_stats(stats))
 
 
 @trace_group.command("slice")

@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from tuner.errors import ConfigError, ProfileError
+from tuner.loaders import load_yaml
 from tuner.sim.settings import SchedulerSettings
 
 #: Bumped when the file layout changes incompatibly; load_profile refuses newer files.
@@ -136,16 +137,7 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
             ``PATH: field: what is wrong``.
     """
     p = pathlib.Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ProfileError(f"{p}: cannot read profile: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
-        raise ProfileError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    data = load_yaml(p, "profile", error=ProfileError).data
     return profile_from_dict(data, source=str(p))
 
 

@@ -1,5 +1,5 @@
 """Replay a trace on a backend: the CPU twin (``sim``), vLLM's ``Scheduler``
-(``vllm-core``) or a live ``vllm serve`` (``vllm-serve``).
+(``vllm-core``) or a live ``vllm serve`` (``vllm-serve``, in :mod:`tuner.serve`).
 
 Public API::
 

@@ -9,13 +9,13 @@ order (``prepare`` -> ``run`` -> ``close``).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Union
 
 from tuner.errors import ConfigError
+from tuner.progress import Progress, check_progress, fraction_callback
 from tuner.replay._backend import Backend, ProgressCallback, create_backend
 from tuner.sim.load import ClosedLoop, OpenLoop
 from tuner.sim.settings import SchedulerSettings, SimOptions
@@ -113,25 +113,6 @@ def _kv_requests(trace: TraceLike, hash_block_size: int | None, block_size: int,
     return requests
 
 
-@contextlib.contextmanager
-def _progress_bar(enabled: bool) -> Iterator[ProgressCallback | None]:
-    """A rich progress bar on stderr fed with the fraction done, or no callback."""
-    if not enabled:
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("replay"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("replay", total=1.0)
-
-        def update(fraction: float) -> None:
-            bar.update(task, completed=min(max(fraction, 0.0), 1.0))
-
-        yield update
-
-
 def prepare(trace: TraceLike, settings: SchedulerSettings | None = None, *,
             backend: str = "sim", target: Target = Target(),
             load: OpenLoop | ClosedLoop | None = OpenLoop(), options: SimOptions = SimOptions(),
@@ -169,7 +150,8 @@ def prepare(trace: TraceLike, settings: SchedulerSettings | None = None, *,
 def run(trace: TraceLike, settings: SchedulerSettings | None = None, *, backend: str = "sim",
         target: Target = Target(), load: OpenLoop | ClosedLoop | None = OpenLoop(),
         options: SimOptions = SimOptions(),
-        progress: bool | ProgressCallback = False, hash_block_size: int | None = None,
+        progress: "Progress | ProgressCallback | None" = None,
+        hash_block_size: int | None = None,
         **backend_options: Any) -> "ReplayResult":
     """Replay ``trace`` under ``settings`` on ``backend`` and return its records.
 
@@ -182,8 +164,8 @@ def run(trace: TraceLike, settings: SchedulerSettings | None = None, *, backend:
         load: ``OpenLoop(speedup=...)`` (default ``OpenLoop()``: the trace's own arrival
             times; None means the same) or ``ClosedLoop(concurrency)``.
         options: twin options (``record_steps``, ``check_invariants``, ...).
-        progress: True for a rich progress bar on stderr, or a callback taking the
-            fraction done in [0, 1].
+        progress: a :class:`tuner.progress.Progress` sink (one stage, ``replay``, of total
+            1.0), or a callback taking the fraction done in [0, 1]; None = silent.
         hash_block_size: for a plain request sequence, the block size of its hashes
             (None = already at the KV block size).
         **backend_options: passed to the backend's factory.
@@ -202,7 +184,6 @@ def run(trace: TraceLike, settings: SchedulerSettings | None = None, *, backend:
     try:
         if callable(progress):
             return instance.run(progress)
-        with _progress_bar(bool(progress)) as callback:
-            return instance.run(callback)
+        return instance.run(fraction_callback(check_progress(progress), "replay"))
     finally:
         instance.close()

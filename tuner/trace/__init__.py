@@ -8,9 +8,9 @@ TraceRequest`` never imports them.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from tuner._lazy import lazy_getattr
 from tuner.trace.reblock import reblock, reblock_request_hashes
 from tuner.trace.request import TRACE_FORMAT_VERSION, TraceRequest
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from tuner.trace.schema import TraceMetadata
     from tuner.trace.slicing import slice_trace
     from tuner.trace.sources import detect_format
-    from tuner.trace.stats import TraceStats, trace_stats
+    from tuner.trace.stats import TraceStats, format_trace_stats, stats_rows, trace_stats
     from tuner.trace.store import Trace, TraceWriter, read_trace, write_trace
     from tuner.trace.synth import synthesize
 
@@ -34,6 +34,8 @@ _LAZY = {
     "detect_format": "tuner.trace.sources",
     "trace_stats": "tuner.trace.stats",
     "TraceStats": "tuner.trace.stats",
+    "format_trace_stats": "tuner.trace.stats",
+    "stats_rows": "tuner.trace.stats",
     "slice_trace": "tuner.trace.slicing",
     "synthesize": "tuner.trace.synth",
 }
@@ -47,21 +49,16 @@ __all__ = [
     "TraceStats",
     "TraceWriter",
     "detect_format",
+    "format_trace_stats",
     "ingest",
     "read_trace",
     "reblock",
     "reblock_request_hashes",
     "slice_trace",
+    "stats_rows",
     "synthesize",
     "trace_stats",
     "write_trace",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tuner.trace' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())

@@ -108,6 +108,48 @@ def trace_stats(trace: Trace) -> TraceStats:
     )
 
 
+def stats_rows(stats: TraceStats) -> list[tuple[str, str]]:
+    """``(label, value)`` pairs of ``stats`` for people, in ``tuner trace stats`` order.
+
+    Counts get thousands separators, lengths are whole tokens, rates and distances keep
+    the precision they are read at; the ideal hit rate names its assumption (an unbounded
+    cache), so a reader does not take it for a replay's rate.
+    """
+    d = stats.to_dict()
+    return [
+        ("requests", f"{d['requests']:,}"),
+        ("span", f"{d['duration_s']:,.1f} s"),
+        ("arrival rate", f"{d['arrival_rate_mean_per_s']:.2f}/s mean, "
+                         f"{d['arrival_rate_peak_per_min']:,}/min peak"),
+        ("input tokens", f"mean {d['input_len_mean']:,.0f}, p50 {d['input_len_p50']:,.0f}, "
+                         f"p90 {d['input_len_p90']:,.0f}, p99 {d['input_len_p99']:,.0f}, "
+                         f"max {d['input_len_max']:,}"),
+        ("output tokens", f"mean {d['output_len_mean']:,.0f}, p50 {d['output_len_p50']:,.0f}, "
+                          f"p90 {d['output_len_p90']:,.0f}, p99 {d['output_len_p99']:,.0f}, "
+                          f"max {d['output_len_max']:,}"),
+        ("sessions", f"{d['sessions']:,} ({d['turns_per_session_mean']:.1f} turns mean, "
+                     f"{d['turns_per_session_max']} max)"),
+        ("ideal prefix-hit rate", f"{d['ideal_prefix_hit_rate']:.4f} (unbounded cache)"),
+        ("distinct KV blocks", f"{d['distinct_blocks']:,} x {d['hash_block_size']} tokens "
+                               f"= {d['distinct_block_tokens']:,} tokens"),
+        ("reuse distance", f"p50 {d['reuse_distance_p50_s']:.1f} s, "
+                           f"p90 {d['reuse_distance_p90_s']:.1f} s, "
+                           f"p99 {d['reuse_distance_p99_s']:.1f} s"),
+    ]
+
+
+def format_trace_stats(stats: TraceStats) -> str:
+    """``stats`` as the aligned text ``tuner trace stats`` prints (one row per line).
+
+    Example::
+
+        print(format_trace_stats(trace_stats(read_trace("traces/agentic_1h.parquet"))))
+    """
+    rows = stats_rows(stats)
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
 @dataclass
 class _Hits:
     tokens: int

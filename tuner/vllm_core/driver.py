@@ -67,9 +67,6 @@ class _Live:
 # ----------------------------------------------------------------------------------------
 # Building vLLM's Scheduler from a config.json-only model folder
 # ----------------------------------------------------------------------------------------
-_SETTING_FIELDS = ("max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold",
-                   "enable_chunked_prefill", "policy", "scheduler_reserve_full_isl",
-                   "watermark", "prefill_schedule_interval")
 #: SchedulerConfig class defaults: a setting at this value may be left out when the
 #: installed vLLM lacks the field (e.g. 0.32 has no local prefill cadence knob semantics).
 _DEFAULTS = {"long_prefill_token_threshold": 0, "enable_chunked_prefill": True,
@@ -97,14 +94,15 @@ def build_scheduler(*, model_dir: str, settings: dict[str, Any], block_size: int
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
-    from tuner import vllm_plugin
+    from tuner import vllm_compat, vllm_plugin
 
     if scheduler_cls is None:
         scheduler_cls = (vllm_plugin.CacheAwareAsyncScheduler if async_scheduling
                          else vllm_plugin.CacheAwareScheduler)
     known = {f.name for f in dc.fields(SchedulerConfig)}
     kwargs: dict[str, Any] = {}
-    for name in _SETTING_FIELDS:
+    # the fields every supported release has (tuner.vllm_compat's table, docs/vllm-versions.md)
+    for name in vllm_compat.BASE_FIELDS:
         if name not in settings:
             continue
         if name in known:
@@ -118,8 +116,7 @@ def build_scheduler(*, model_dir: str, settings: dict[str, Any], block_size: int
                                    async_scheduling=async_scheduling, **kwargs)
     cache_config = CacheConfig(block_size=block_size,
                                enable_prefix_caching=enable_prefix_caching)
-    extra = {k: settings[k] for k in ("cache_aware_admission_window",
-                                      "cache_aware_admission_threshold") if k in settings}
+    extra = {k: settings[k] for k in vllm_compat.ADMISSION_FIELDS if k in settings}
     vllm_config = VllmConfig(scheduler_config=sched_config, model_config=model_config,
                              cache_config=cache_config, device_config=DeviceConfig(device="cpu"),
                              additional_config=extra)

@@ -4,10 +4,10 @@
 prints both side by side with the error of the prediction; ``confirm_on_server`` does the
 same for the tuner's Pareto finalists (``tuner tune --confirm-top K``).
 
-Layering (tests/test_layering.py): ``tuner.replay`` sits upstream of ``tuner.metrics`` and
-``tuner.profile``, so this module imports neither. Callers hand in the summariser
-(``summarize=tuner.metrics.summarize``) and a loaded profile (anything with
-``.scheduler`` and ``.pareto_settings()``).
+Layering (tests/test_layering.py): ``tuner.fidelity`` sits downstream of ``tuner.metrics``,
+so replays are summarised with :func:`tuner.metrics.summarize` unless a caller passes its
+own ``summarize``; it is upstream of ``tuner.profile``, so a profile arrives loaded
+(anything with ``.scheduler`` and ``.pareto_settings()``).
 
 Like for like: when any compared configuration needs the scheduler plugin (a non-zero
 cache-aware-admission window on vLLM <= 0.33, which runs synchronous scheduling), every
@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.errors import BackendError, ConfigError
+from tuner.metrics import summarize as summarize_replay
 from tuner.replay._run import TraceLike, run
-from tuner.replay._serve_client import ServerDiedError
-from tuner.replay._serve_server import ServerOptions
+from tuner.serve.client import ServerDiedError
+from tuner.serve.server import ServerOptions
 from tuner.sim.load import ClosedLoop, OpenLoop
 from tuner.sim.settings import SchedulerSettings
 from tuner.sim.target import Target
@@ -72,7 +73,8 @@ def _errors(predicted: dict[str, float], measured: dict[str, float]) -> dict[str
 
 
 def compare_on_server(configs: Sequence[tuple[str, SchedulerSettings]], trace: TraceLike, *,
-                      server: ServerOptions, target: Target, summarize: Summarize,
+                      server: ServerOptions, target: Target,
+                      summarize: Summarize = summarize_replay,
                       load: OpenLoop | ClosedLoop | None = None,
                       endpoints: dict[str, str] | None = None, thread_outputs: bool = False,
                       progress: Callable[[str], None] | None = None) -> list[Comparison]:
@@ -84,7 +86,8 @@ def compare_on_server(configs: Sequence[tuple[str, SchedulerSettings]], trace: T
         server: launch options (one fresh server per configuration) or, for attach mode,
             a template whose ``endpoint`` is overridden per name by ``endpoints``.
         target: the deployment the twin models (use the calibration of this server).
-        summarize: ``tuner.metrics.summarize`` (injected: metrics is downstream of replay).
+        summarize: ``ReplayResult`` -> summary with the :data:`COMPARED` fields
+            (default :func:`tuner.metrics.summarize`).
         load: open loop (default) or closed loop, the same for both sides.
         endpoints: attach mode: configuration name -> URL of a server already running
             with those settings. A name without an endpoint is predicted only.
@@ -136,7 +139,8 @@ def compare_on_server(configs: Sequence[tuple[str, SchedulerSettings]], trace: T
 
 
 def validate(profile: Any, trace: TraceLike, *, server: ServerOptions, target: Target,
-             summarize: Summarize, baseline: SchedulerSettings | None = None,
+             summarize: Summarize = summarize_replay,
+             baseline: SchedulerSettings | None = None,
              load: OpenLoop | ClosedLoop | None = None,
              endpoints: dict[str, str] | None = None, thread_outputs: bool = False,
              progress: Callable[[str], None] | None = None) -> list[Comparison]:
@@ -161,9 +165,9 @@ def validate(profile: Any, trace: TraceLike, *, server: ServerOptions, target: T
 
 
 def confirm_on_server(profile_or_pareto_settings: Any, trace: TraceLike,
-                      server_options: ServerOptions, *, target: Target, summarize: Summarize,
-                      top_k: int | None = None, load: OpenLoop | ClosedLoop | None = None,
-                      thread_outputs: bool = False,
+                      server_options: ServerOptions, *, target: Target,
+                      summarize: Summarize = summarize_replay, top_k: int | None = None,
+                      load: OpenLoop | ClosedLoop | None = None, thread_outputs: bool = False,
                       progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Re-run the twin's finalists on a real server: predicted against measured.
 
@@ -175,7 +179,7 @@ def confirm_on_server(profile_or_pareto_settings: Any, trace: TraceLike,
         server_options: launch options (one fresh server per finalist); an attach-mode
             ``endpoint`` is refused, because one running server has one set of settings.
         target: the deployment the twin modelled.
-        summarize: ``tuner.metrics.summarize``.
+        summarize: as in :func:`compare_on_server` (default :func:`tuner.metrics.summarize`).
         top_k: confirm only the first K finalists.
 
     Returns:

@@ -1,6 +1,6 @@
 """The ``vllm-serve`` backend: replay a trace against a real ``vllm serve`` (ground truth).
 
-Two ways to get a server (:class:`~tuner.replay._serve_server.ServerOptions`):
+Two ways to get a server (:class:`~tuner.serve.server.ServerOptions`):
 
 * launch: ``vllm_python=`` + ``model=`` start ``python -m vllm.entrypoints.openai.api_server``
   with the replay's scheduler settings as flags (on vLLM <= 0.33 a non-zero
@@ -12,7 +12,7 @@ Two ways to get a server (:class:`~tuner.replay._serve_server.ServerOptions`):
 
 The records are the same ``ReplayResult`` every backend produces, so
 ``tuner.metrics.summarize`` reads them unchanged; what a client cannot observe is listed
-in ``tuner/replay/_serve_client.py`` and docs/ground-truth.md.
+in ``tuner/serve/client.py`` and docs/ground-truth.md.
 
 Example::
 
@@ -30,10 +30,11 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from tuner import vllm_compat
 from tuner.errors import ConfigError
 from tuner.replay._backend import Backend, ProgressCallback
-from tuner.replay._serve_client import ReplayPlan, ServerDiedError, ServerReplay, prompt_tokens
-from tuner.replay._serve_server import ServerOptions, VllmServer
+from tuner.serve.client import ReplayPlan, ServerDiedError, ServerReplay, prompt_tokens
+from tuner.serve.server import ServerOptions, VllmServer
 from tuner.sim.load import ClosedLoop, OpenLoop
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ def options_from_env() -> ServerOptions:
     endpoint = os.environ.get("TUNER_VLLM_ENDPOINT")
     if endpoint:
         return ServerOptions(endpoint=endpoint)
-    python = os.environ.get("TUNER_VLLM_PYTHON") or os.environ.get("TUNER_VLLM032_PYTHON")
+    python = vllm_compat.vllm_python_from_env("serve")
     return ServerOptions(vllm_python=python, load_format="dummy")
 
 

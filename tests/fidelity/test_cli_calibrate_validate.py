@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import pathlib
+
 from click.testing import CliRunner
-from serve_env import DATA
 
 from tuner.cli import cli
 
-TRACE_DIR = DATA / "trace"
+TRACE_DIR = pathlib.Path(__file__).resolve().parents[1] / "data" / "trace"
 
 
 def _invoke(args: list[str]):  # type: ignore[no-untyped-def]

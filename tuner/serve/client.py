@@ -29,16 +29,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import tuner.serve.http as http
 from tuner.errors import BackendError
 from tuner.records import ReplayResult, RequestResult
-from tuner.replay import _serve_http as http
-from tuner.replay._serve_metrics import (KV_USAGE, NUM_RUNNING, NUM_WAITING, MetricsSnapshot,
-                                         counter_deltas, histogram_deltas)
+from tuner.serve.prometheus import (KV_USAGE, NUM_RUNNING, NUM_WAITING, MetricsSnapshot,
+                                    counter_deltas, histogram_deltas)
 from tuner.vllm_core.tokens import DriverRequest, TokenFactory
 from tuner.sim.load import ClosedLoop, OpenLoop
 
 if TYPE_CHECKING:
-    from tuner.replay._serve_server import VllmServer
+    from tuner.serve.server import VllmServer
     from tuner.trace import TraceRequest
 
 

@@ -41,9 +41,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import tuner.serve.http as http
 from tuner.errors import BackendError, ConfigError
-from tuner.replay import _serve_http as http
-from tuner.replay._serve_server import VllmServer
+from tuner.serve.server import VllmServer
 from tuner.sim.batch import StepBatch
 from tuner.sim.calibration import Calibration
 from tuner.sim.calibration_fit import StepTimeFit, fit_step_time

@@ -114,26 +114,25 @@ async def _body_chunks(reader: asyncio.StreamReader, headers: dict[str, str]
 
 async def get(ep: Endpoint, path: str) -> tuple[int, bytes]:
     """``GET path`` -> (status, body)."""
-    reader, writer, status, headers = await _open(ep, "GET", path, None)
-    try:
-        body = b"".join([c async for c in _body_chunks(reader, headers)])
-    except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-        raise HttpError(f"{ep.url}{path}: {exc}") from None
-    finally:
-        writer.close()
-    return status, body
+    return await _whole_response(ep, "GET", path, None)
 
 
 async def post_json(ep: Endpoint, path: str, payload: dict[str, Any]) -> tuple[int, bytes]:
     """``POST path`` with a JSON body -> (status, body), not streamed."""
-    reader, writer, status, headers = await _open(ep, "POST", path, json.dumps(payload).encode())
+    return await _whole_response(ep, "POST", path, json.dumps(payload).encode())
+
+
+async def _whole_response(ep: Endpoint, method: str, path: str,
+                          body: bytes | None) -> tuple[int, bytes]:
+    """Send one request and read its whole body; a broken body is an :class:`HttpError`."""
+    reader, writer, status, headers = await _open(ep, method, path, body)
     try:
-        body = b"".join([c async for c in _body_chunks(reader, headers)])
+        data = b"".join([c async for c in _body_chunks(reader, headers)])
     except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
         raise HttpError(f"{ep.url}{path}: {exc}") from None
     finally:
         writer.close()
-    return status, body
+    return status, data
 
 
 class SseStream:
