@@ -1,8 +1,8 @@
 """tuner.sim: the CPU twin of vLLM's V1 scheduler and prefix cache.
 
 Public names other packages use; implementation modules mirror vLLM's files
-(``block_pool``, ``kv_cache_manager``, ``request_queue``, ``scheduler``) and ``engine``
-holds the event loop. ``tuner.sim`` imports no pyarrow, polars, optuna or click.
+(``block_pool``, ``kv_cache_manager``, ``request_queue``, ``scheduler``); ``loop`` is the
+replay clock every engine runs on (``StepEngine``) and ``engine`` the twin's side of it. ``tuner.sim`` imports no pyarrow, polars, optuna or click.
 """
 
 from tuner.sim.batch import StepBatch
@@ -10,12 +10,14 @@ from tuner.sim.block_pool import BlockPool
 from tuner.sim.engine import Simulator
 from tuner.sim.kv_cache_manager import KVCacheManager
 from tuner.sim.load import ClosedLoop, OpenLoop
+from tuner.sim.loop import AdmissionRules, ReplayLoop, StepEngine
 from tuner.sim.request import RequestStatus, SimRequest
 from tuner.sim.request_queue import FCFSRequestQueue, PriorityRequestQueue, create_request_queue
 from tuner.sim.scheduler import Scheduler, SchedulerOutput
 from tuner.sim.settings import CacheSettings, SchedulerSettings, SimOptions
 
 __all__ = [
+    "AdmissionRules",
     "BlockPool",
     "CacheSettings",
     "ClosedLoop",
@@ -23,6 +25,7 @@ __all__ = [
     "KVCacheManager",
     "OpenLoop",
     "PriorityRequestQueue",
+    "ReplayLoop",
     "RequestStatus",
     "Scheduler",
     "SchedulerOutput",
@@ -31,5 +34,6 @@ __all__ = [
     "SimRequest",
     "Simulator",
     "StepBatch",
+    "StepEngine",
     "create_request_queue",
 ]
