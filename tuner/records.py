@@ -81,6 +81,63 @@ class ReplayResult:
     notes: list[str] = field(default_factory=list)
 
 
+class StringColumn(Sequence["str | None"]):
+    """Strings (or None) packed in one UTF-8 buffer with offsets: ~1 byte a character
+    plus 8 an entry, where a list of ``str`` costs ~60 bytes an entry. For the request and
+    session ids of long replays (``RequestTable``)."""
+
+    __slots__ = ("_data", "_offsets", "_null")
+
+    def __init__(self, data: bytes, offsets: "Sequence[int] | bytes",
+                 null: bytes | bytearray | None = None) -> None:
+        """``offsets``: ``len + 1`` int64 positions into ``data`` (or their native bytes);
+        ``null``: one byte an entry, non-zero for None (or None: no None)."""
+        self._data = bytes(data)
+        self._offsets = array("q")
+        if isinstance(offsets, bytes):
+            self._offsets.frombytes(offsets)
+        else:
+            self._offsets.extend(offsets)
+        self._null = bytes(null) if null is not None and any(null) else None
+
+    @classmethod
+    def of(cls, values: Iterable["str | None"]) -> "StringColumn":
+        parts, offsets, null = [], [0], bytearray()
+        at = 0
+        for value in values:
+            raw = b"" if value is None else str(value).encode()
+            parts.append(raw)
+            at += len(raw)
+            offsets.append(at)
+            null.append(value is None)
+        return cls(b"".join(parts), offsets, null)
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    def _get(self, i: int) -> "str | None":
+        if self._null is not None and self._null[i]:
+            return None
+        return self._data[self._offsets[i]:self._offsets[i + 1]].decode()
+
+    @overload
+    def __getitem__(self, index: int) -> "str | None": ...
+
+    @overload
+    def __getitem__(self, index: slice) -> "list[str | None]": ...
+
+    def __getitem__(self, index: "int | slice") -> "str | None | list[str | None]":
+        if isinstance(index, slice):
+            return [self._get(i) for i in range(*index.indices(len(self)))]
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"string {index} of {n}")
+        return self._get(index % n)
+
+    def __repr__(self) -> str:
+        return f"StringColumn({len(self)} strings)"
+
+
 _STATUS_CODES: tuple[RequestStatus, ...] = ("finished", "rejected", "aborted", "unfinished",
                                             "error")
 _NAN = float("nan")
@@ -102,6 +159,7 @@ class RequestTable(Sequence[RequestResult]):
 
     def __init__(self, request_ids: Sequence[str], input_lens: Iterable[int],
                  session_ids: Sequence[str | None] | None = None) -> None:
+        """Ids may be any sequence (a list, a ``StringColumn``)."""
         n = len(request_ids)
         self.request_id = request_ids
         self.input_len = array("q", input_lens)

@@ -1,6 +1,7 @@
 """Golden replays: restructuring the replay loop or the fast path must not change a byte.
 
-Seven replays of the bundled traces (the agentic hour's first 10 minutes with cache-aware
+Seven replays of the bundled traces, each read two ways (streamed with frequent id
+renumbering, as ``tuner.replay.run`` reads a trace, and interned whole, as tuning does) (the agentic hour's first 10 minutes with cache-aware
 admission off and on and on small pools, one with
 ``prefill_schedule_interval`` and ``long_prefill_token_threshold``; the Mooncake-format sample unbounded, on a small
 pool and in a closed loop) are reduced to SHA-256 digests of their per-request records,
@@ -75,20 +76,35 @@ def _trace(name: str, tmp: Path) -> Any:
     return read_trace(out)
 
 
-def replay(case: str, tmp: Path) -> Any:
+#: How the replay reads the trace: "stream" is the replay path (``tuner.replay._stream``,
+#: lazy windows, hashes interned as read, here with the id space renumbered every few
+#: windows); "interned" interns the whole trace first (the tuning evaluator's path).
+PATHS = ("stream", "interned")
+
+
+def replay(case: str, tmp: Path, path: str = "stream") -> Any:
     """The case's ``ReplayResult`` through the replay path's interning and the twin's loop."""
-    from tuner.replay._run import _kv_requests
+    from tuner.replay._kv_requests import kv_request_ids, load_trace_arrays
+    from tuner.replay._stream import TraceArrivals
     from tuner.sim.engine import Simulator
     from tuner.sim.load import ClosedLoop, OpenLoop
     from tuner.sim.settings import CacheSettings, SimOptions
 
     trace_name, overrides, blocks, concurrency = CASES[case]
     cache = CacheSettings(block_size=16, num_gpu_blocks=blocks, max_model_len=131072)
-    requests = _kv_requests(_trace(trace_name, tmp), None, 16, arrays=True, hash_ids=True)
+    trace = _trace(trace_name, tmp)
+    if path == "stream":
+        requests: Any = TraceArrivals(trace, 16, window=256, min_compact_ids=1 << 16)
+    else:
+        requests = kv_request_ids(load_trace_arrays(trace), trace.metadata.hash_block_size, 16)
     load = ClosedLoop(concurrency) if concurrency else OpenLoop()
-    return Simulator(requests, _settings(**overrides), cache, frozen_step_time,
-                     options=SimOptions(record_steps=True), load=load,
-                     num_hash_ids=requests.num_hash_ids).run()
+    sim = Simulator(requests, _settings(**overrides), cache, frozen_step_time,
+                    options=SimOptions(record_steps=True), load=load,
+                    num_hash_ids=getattr(requests, "num_hash_ids", None))
+    result = sim.run()
+    if path == "stream":  # the renumbering ran, so the digests cover it
+        assert requests.num_renumberings > 0, f"{case}: the id space was never renumbered"
+    return result
 
 
 def digests(result: Any) -> dict[str, str]:
@@ -106,11 +122,13 @@ def digests(result: Any) -> dict[str, str]:
     }
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_replay_matches_stored_digest(case: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_replay_matches_stored_digest(case: str, path: str,
+                                      tmp_path_factory: pytest.TempPathFactory) -> None:
     stored = json.loads(DIGESTS.read_text())[case]
-    got = digests(replay(case, tmp_path_factory.getbasetemp()))
-    assert got == stored, f"{case}: replay records differ from the golden digests"
+    got = digests(replay(case, tmp_path_factory.getbasetemp(), path))
+    assert got == stored, f"{case} ({path}): replay records differ from the golden digests"
 
 
 def _write() -> None:

@@ -77,7 +77,9 @@ def _kv_requests(trace: TraceLike, hash_block_size: int | None, block_size: int,
 
     ``arrays``: hashes as ``uint64`` arrays through the vectorised path (memory-light, for
     backends that accept them), else tuples of ints. ``hash_ids`` (with ``arrays``):
-    interned to dense ids, an ``InternedRequests`` list.
+    interned to dense ids: for a ``Trace`` (or a path) a ``TraceArrivals`` stream that
+    reads and interns as the replay goes (``tuner.replay._stream``: memory follows live
+    requests), else an ``InternedRequests`` list.
     """
     if arrays:
         from tuner.replay._kv_requests import (InternedRequests, kv_request_ids, kv_requests,
@@ -90,6 +92,10 @@ def _kv_requests(trace: TraceLike, hash_block_size: int | None, block_size: int,
             from tuner.trace import read_trace
 
             trace = read_trace(trace)
+        if hash_ids and hasattr(trace, "metadata") and hasattr(trace, "stored"):
+            from tuner.replay._stream import TraceArrivals
+
+            return TraceArrivals(trace, block_size)  # type: ignore[return-value]
         if hasattr(trace, "metadata") and hasattr(trace, "lazy"):
             requests, size = load_trace_arrays(trace), int(trace.metadata.hash_block_size)
         else:

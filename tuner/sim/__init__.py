@@ -2,8 +2,10 @@
 
 Public names other packages use; implementation modules mirror vLLM's files
 (``block_pool``, ``kv_cache_manager``, ``request_queue``, ``scheduler``,
-``scheduler_output``) and ``engine`` holds the event loop. The fast path is
-``decode_group``; its contract (and how each settings field is treated) is ``fast_path``. ``tuner.sim`` imports no pyarrow, polars, optuna or click.
+``scheduler_output``); ``loop`` is the replay clock every engine runs on (``StepEngine``)
+and ``engine`` the twin's side of it. The fast path is ``decode_group``; its contract (and
+how each settings field is treated) is ``fast_path``. ``tuner.sim`` imports no pyarrow,
+polars, optuna or click.
 """
 
 from tuner.sim.batch import StepBatch
@@ -11,6 +13,7 @@ from tuner.sim.block_pool import BlockPool
 from tuner.sim.engine import Simulator
 from tuner.sim.kv_cache_manager import KVCacheManager
 from tuner.sim.load import ClosedLoop, OpenLoop
+from tuner.sim.loop import AdmissionRules, ReplayLoop, StepEngine
 from tuner.sim.request import RequestStatus, SimRequest
 from tuner.sim.request_queue import FCFSRequestQueue, PriorityRequestQueue, create_request_queue
 from tuner.sim.scheduler import Scheduler
@@ -18,6 +21,7 @@ from tuner.sim.scheduler_output import SchedulerOutput
 from tuner.sim.settings import CacheSettings, SchedulerSettings, SimOptions
 
 __all__ = [
+    "AdmissionRules",
     "BlockPool",
     "CacheSettings",
     "ClosedLoop",
@@ -25,6 +29,7 @@ __all__ = [
     "KVCacheManager",
     "OpenLoop",
     "PriorityRequestQueue",
+    "ReplayLoop",
     "RequestStatus",
     "Scheduler",
     "SchedulerOutput",
@@ -33,5 +38,6 @@ __all__ = [
     "SimRequest",
     "Simulator",
     "StepBatch",
+    "StepEngine",
     "create_request_queue",
 ]

@@ -133,7 +133,8 @@ class ReplayLoop:
         engine: a :class:`StepEngine`.
         arrivals: ``(index, source)`` pairs in issue order (arrival time, then index);
             each source has ``arrival_s``, ``input_len`` and ``output_len``. Read lazily:
-            only the next pair is held.
+            only the next pair is held, and the next is read only after the engine took
+            the previous one (``add_request``/``reject_request``).
         step_time: see :func:`price_function`.
         rules: the arrival-time refusals.
         load: ``OpenLoop`` or ``ClosedLoop``.
@@ -187,13 +188,15 @@ class ReplayLoop:
                 arrival = float(source.arrival_s) / self._speedup
                 if arrival > now:
                     return
-            self._head = next(self._arrivals, None)
             self.num_issued += 1
             if rules.rejects(int(source.input_len), int(source.output_len)):
-                engine.reject_request(index, source, arrival)
-                continue  # a rejection frees its closed-loop slot at once
-            self.in_flight += 1
-            engine.add_request(index, source, arrival)
+                engine.reject_request(index, source, arrival)  # frees its closed-loop slot
+            else:
+                self.in_flight += 1
+                engine.add_request(index, source, arrival)
+            # Read on only once the engine holds the request: a source reading lazily may
+            # renumber what the engine holds when it reads its next window.
+            self._head = next(self._arrivals, None)
 
     # ----------------------------------------------------------------- the loop
     def run(self, progress: Callable[[float], None] | None = None) -> None:

@@ -231,6 +231,27 @@ class SimRequest:
         buf[:self.num_blocks] = self.block_buf[:self.num_blocks]
         self.block_buf = buf
 
+    def mark_hash_ids(self, mask: np.ndarray) -> None:
+        """Set ``mask`` at every hash id this request holds or can still reach (laid-out
+        ids, the trace's output ids, its whole synthetic range): what a renumbering of
+        the id space must keep (``tuner.sim.hash_space``)."""
+        mask[self.hash_array] = True
+        if self._output_hashes:
+            mask[np.asarray(self._output_hashes, dtype=np.int64)] = True
+        if self.synthetic_base >= 0:
+            mask[self.synthetic_base:self.synthetic_base + self.num_synthetic_ids()] = True
+
+    def renumber_hash_ids(self, live: np.ndarray) -> None:
+        """Hash id ``live[i]`` becomes ``i`` (``live`` sorted, covering
+        :meth:`mark_hash_ids`): monotone, so the synthetic range stays contiguous."""
+        if len(self.hash_array):
+            self.hash_array = np.searchsorted(live, self.hash_array)
+        if self._output_hashes:
+            self._output_hashes = np.searchsorted(
+                live, np.asarray(self._output_hashes, dtype=np.int64)).tolist()
+        if self.synthetic_base >= 0:
+            self.synthetic_base = int(np.searchsorted(live, self.synthetic_base))
+
     def release_memory(self) -> None:
         """Drop per-request arrays once finished (the replay keeps only the results)."""
         self.block_buf = _NO_IDS

@@ -222,6 +222,28 @@ def reblock_ids(block_ids: np.ndarray, output_block_ids: np.ndarray, input_len: 
     return whole[:n_prompt], (whole[n_prompt:] if with_output else _NO_IDS)
 
 
+def reblock_id_ranges(block_firsts: np.ndarray, output_block_firsts: np.ndarray,
+                      input_len: int, output_len: int, from_block_size: int,
+                      to_block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``reblock_ids`` where each source block owns a range of ``k`` consecutive ids
+    starting anywhere: the inputs are each source block's first id, sub-block ``j`` gets
+    ``first + j``. (``reblock_ids`` is the case ``first = source id * k``.) A replay that
+    interns as it reads allocates such ranges and renumbers them later
+    (``tuner.replay._stream``)."""
+    f, t = from_block_size, to_block_size
+    assert f > 0 and t > 0 and f % t == 0, "reblock_id_ranges splits; grouping needs hashes"
+    k = f // t
+    out = output_block_firsts if len(output_block_firsts) else _NO_IDS
+    chain, n_target, with_output = _kv_chain(block_firsts, out, input_len, output_len, f, t)
+    if k == 1:
+        whole = chain[:n_target]
+    else:
+        n_src = -(-n_target // k)
+        whole = (np.repeat(chain[:n_src], k) + np.tile(_positions(k), n_src))[:n_target]
+    n_prompt = input_len // t
+    return whole[:n_prompt], (whole[n_prompt:] if with_output else _NO_IDS)
+
+
 _NO_IDS = np.zeros(0, dtype=np.int64)
 _POSITIONS: dict[int, np.ndarray] = {}
 

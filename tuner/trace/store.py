@@ -160,6 +160,11 @@ class Trace:
         """All rows as a polars LazyFrame, sorted by ``arrival_s``."""
         return self._frame.sort("arrival_s", maintain_order=True)
 
+    def stored(self) -> pl.LazyFrame:
+        """All rows in storage order (not sorted): for readers that fetch row ranges
+        lazily (``tuner.replay._stream`` reads hashes a row range at a time)."""
+        return self._frame
+
     def to_arrow(self) -> pa.Table:
         return self.lazy().collect().to_arrow().cast(SCHEMA)
 

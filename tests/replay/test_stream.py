@@ -1,0 +1,137 @@
+"""The streamed trace reader (tuner.replay._stream): same replay as interning the whole
+trace, at any window, with the id space renumbered often; memory structures drop what
+is no longer live."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+from replay_traces import make_requests
+
+from tuner.replay._kv_requests import kv_request_ids, load_trace_arrays
+from tuner.replay._stream import TraceArrivals
+from tuner.sim.engine import Simulator
+from tuner.sim.load import ClosedLoop, OpenLoop
+from tuner.sim.settings import CacheSettings, SchedulerSettings, SimOptions
+
+
+def step_time(batch) -> float:  # type: ignore[no-untyped-def]
+    return 0.004 + 2e-5 * batch.num_prefill_tokens + 1e-4 * batch.num_decode_reqs
+
+
+def write(tmp_path: Path, hbs: int, n: int = 80, seed: int = 0) -> Path:
+    from tuner.trace import write_trace
+    from tuner.trace.schema import TraceMetadata
+
+    reqs = make_requests(n, seed=seed, hbs=hbs, spacing_s=0.02)
+    return write_trace(tmp_path / f"t{hbs}_{seed}.parquet", reqs,
+                       TraceMetadata(hash_block_size=hbs, source_format="test"))
+
+
+def records(result) -> str:  # type: ignore[no-untyped-def]
+    """Every record, as text (repr is exact for floats, and nan equals nan there)."""
+    return repr(([dataclasses.astuple(r) for r in result.requests],
+                 [dataclasses.astuple(s) for s in result.steps], list(result.itl_samples),
+                 sorted(result.counters.items())))
+
+
+@pytest.mark.parametrize("hbs,block_size", [(16, 16), (64, 16), (16, 32), (32, 16)])
+@pytest.mark.parametrize("load", [OpenLoop(), ClosedLoop(6)])
+def test_stream_replays_like_whole_trace_interning(tmp_path: Path, hbs: int, block_size: int,
+                                                   load) -> None:  # type: ignore[no-untyped-def]
+    from tuner.trace import read_trace
+
+    trace = read_trace(write(tmp_path, hbs))
+    settings = SchedulerSettings(max_num_batched_tokens=256, max_num_seqs=12)
+    cache = CacheSettings(block_size=block_size, num_gpu_blocks=60, max_model_len=4096)
+    options = SimOptions(record_steps=True, check_invariants=True)
+    interned = kv_request_ids(load_trace_arrays(trace), hbs, block_size)
+    want = records(Simulator(interned, settings, cache, step_time, options=options, load=load,
+                             num_hash_ids=interned.num_hash_ids).run())
+    for window in (1, 7, 1000):
+        stream = TraceArrivals(trace, block_size, window=window, min_compact_ids=16)
+        got = records(Simulator(stream, settings, cache, step_time, options=options,
+                                load=load).run())
+        assert got == want, f"window {window}"
+        if window == 1:
+            assert stream.num_renumberings > 0
+
+
+def test_renumbering_keeps_only_live_ids(tmp_path: Path) -> None:
+    """After a replay the id space holds what the cache and the map still reference,
+    not every hash the trace had."""
+    from tuner.trace import read_trace
+
+    trace = read_trace(write(tmp_path, 16, n=200, seed=3))
+    cache = CacheSettings(block_size=16, num_gpu_blocks=20, max_model_len=4096)
+    settings = SchedulerSettings(max_num_batched_tokens=256, max_num_seqs=12)
+    stream = TraceArrivals(trace, 16, window=4, min_compact_ids=16)
+    sim = Simulator(stream, settings, cache, step_time)
+    sim.run()
+    pool = sim.scheduler.kv_cache_manager.block_pool
+    assert stream.num_renumberings > 3
+    assert stream._space is not None
+    stream._renumber(stream._space)  # nothing is live but the cache: it alone is kept
+    cached = pool.block_hash[pool.block_hash >= 0]
+    assert pool.num_hash_ids == len(np.unique(cached)) <= 19
+    assert sorted(np.unique(cached).tolist()) == list(range(pool.num_hash_ids))
+    assert (pool.first_holder[cached] >= 0).all()  # every cached hash still maps to a block
+    cached = pool.block_hash[pool.block_hash >= 0]
+    assert (pool.first_holder[cached] >= 0).all()  # every cached hash still maps to a block
+
+
+def test_hash_chunks_are_dropped_once_issued(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from tuner.replay import _stream
+    from tuner.trace import read_trace
+
+    monkeypatch.setattr(_stream, "CHUNK_ROWS", 10)
+    trace = read_trace(write(tmp_path, 16, n=60))
+    stream = TraceArrivals(trace, 16, window=5)
+    sim = Simulator(stream, SchedulerSettings(), CacheSettings(num_gpu_blocks=500), step_time)
+    held = []
+    original = stream._build
+
+    def spy(start: int, stop: int):  # type: ignore[no-untyped-def]
+        out = original(start, stop)
+        held.append(len(stream._chunks))
+        return out
+
+    stream._build = spy  # type: ignore[method-assign]
+    result = sim.run()
+    assert len(result.requests) == 60 and max(held) <= 3  # the trace is stored in time order
+
+
+def test_empty_trace_is_refused(tmp_path: Path) -> None:
+    from tuner.errors import ConfigError
+    from tuner.trace import Trace
+    from tuner.trace.schema import TraceMetadata
+
+    empty = Trace.from_requests([], TraceMetadata(hash_block_size=16, source_format="test"))
+    with pytest.raises(ConfigError, match="no requests"):
+        TraceArrivals(empty, 16)
+
+
+def test_string_and_request_columns() -> None:
+    from tuner.records import GapSamples, RequestResult, RequestTable, StringColumn
+
+    ids = StringColumn.of(["a", "bé", None, ""])
+    assert list(ids) == ["a", "bé", None, ""] and ids[-3] == "bé" and ids[1:3] == ["bé", None]
+    with pytest.raises(IndexError):
+        ids[4]
+    table = RequestTable(StringColumn.of(["x", "y"]), [10, 20], [None, "s"])
+    table.record(1, "finished", 1.5, output_len=3, first_scheduled_s=1.5, first_token_s=2.0,
+                 finish_s=3.0, num_cached_tokens=16, num_preemptions=1)
+    table.record(0, "rejected", 0.5)
+    nan = float("nan")
+    rows = list(table)
+    assert rows[1] == RequestResult("y", 1.5, 20, 3, 1.5, 2.0, 3.0, 16, 1, "finished", "s")
+    assert rows[0].status == "rejected" and rows[0].input_len == 10 and rows[0].arrival_s == 0.5
+    assert np.isnan(rows[0].first_token_s) and not table == [rows[0]]
+    gaps = GapSamples()
+    gaps.append((0.5, 2))
+    gaps.append((0.25, 1))
+    assert gaps == [(0.5, 2), (0.25, 1)] and gaps[1] == (0.25, 1) and len(gaps) == 2
+    assert nan != nan  # the table's nan defaults are real nans

@@ -1,0 +1,264 @@
+"""A trace streamed into the twin: requests read lazily, hashes interned as they are read.
+
+Why: interning a whole trace up front (``tuner.replay._kv_requests.kv_request_ids``) holds
+every request's KV-block ids for the whole replay (a 16-token replay of the Mooncake
+sample holds ~960 ids a request, 8 bytes each) and sizes the prefix cache's id arrays by
+every distinct hash the trace ever has. Replay memory then grows with trace length
+(1.75 GB for six hours of the Mooncake sample's traffic on the README's replay) instead
+of with what is live. :class:`TraceArrivals` is the twin's ``ArrivalSource`` for a
+``Trace``:
+
+* one pass over the small columns (ids, times, lengths) orders the requests by arrival
+  (ties: storage order, as ``Trace.lazy``) and gives the result table its identity
+  columns;
+* the hash columns are read in storage-order row ranges of ``CHUNK_ROWS`` (a Parquet row
+  group) and dropped once every request in the range has been issued; for a trace stored
+  in arrival order that is one or two ranges at a time (a trace stored grouped by session
+  keeps its ranges until their last request: at worst the whole trace, at the trace's
+  own block size);
+* requests are built ``window`` at a time in issue order: their raw hashes are interned
+  (a sorted map from raw hash to the first of its ids; a hash new to the map takes ``k``
+  consecutive ids from the twin's id space, one per KV block it splits into) and split to
+  KV-block ids (``tuner.trace.reblock_vec.reblock_id_ranges``);
+* before a window is built, when the id space has outgrown twice its live part (and
+  ``min_compact_ids``), the live ids are renumbered (``tuner.sim.hash_space``): map
+  entries none of whose ids is still referenced are forgotten.
+
+Equal KV hashes get equal ids and different ones different ids, as with whole-trace
+interning; only the id values differ, and no decision of the twin depends on them.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any, Iterator
+
+import numpy as np
+
+from tuner.errors import ConfigError
+from tuner.records import RequestTable, StringColumn
+from tuner.sim.hash_space import HashIdSpace
+from tuner.trace.reblock_vec import reblock_arrays, reblock_id_ranges
+
+__all__ = ["CHUNK_ROWS", "TraceArrivals"]
+
+CHUNK_ROWS = 65_536  # = tuner.trace.store.ROW_GROUP_SIZE: one Parquet row group a read
+_NO_IDS = np.zeros(0, dtype=np.int64)
+_NO_HASHES = np.zeros(0, dtype=np.uint64)
+
+
+def _strings(column: Any) -> StringColumn:
+    """A polars string column as a ``StringColumn`` (from its Arrow buffers)."""
+    import pyarrow as pa
+
+    arr = column.to_arrow()
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    arr = arr.cast(pa.large_string())
+    _, offsets_buffer, data = arr.buffers()
+    offsets = np.frombuffer(offsets_buffer, dtype=np.int64)[arr.offset:arr.offset + len(arr) + 1]
+    raw = b"" if data is None else data.to_pybytes()[offsets[0]:offsets[-1]]
+    null = (np.asarray(arr.is_null(), dtype=np.uint8).tobytes() if arr.null_count else None)
+    return StringColumn(raw, (offsets - offsets[0]).tobytes(), null)
+
+
+def _ints(column: Any) -> array:
+    return array("q", column.fill_null(0).cast(int).to_numpy().astype(np.int64).tobytes())
+
+
+class StreamedRequest:
+    """One request as the twin reads it: trace fields, hashes as KV-block ids."""
+
+    __slots__ = ("request_id", "arrival_s", "input_len", "output_len", "block_hashes",
+                 "output_block_hashes", "priority", "session_id")
+
+    def __init__(self, request_id: str, arrival_s: float, input_len: int, output_len: int,
+                 block_hashes: np.ndarray, output_block_hashes: np.ndarray, priority: int,
+                 session_id: str | None) -> None:
+        self.request_id = request_id
+        self.arrival_s = arrival_s
+        self.input_len = input_len
+        self.output_len = output_len
+        self.block_hashes = block_hashes
+        self.output_block_hashes = output_block_hashes
+        self.priority = priority
+        self.session_id = session_id
+
+
+class _HashMap:
+    """Raw 64-bit hash -> first of its ``k`` ids, as two sorted arrays."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.keys = _NO_HASHES
+        self.firsts = _NO_IDS
+
+    def lookup(self, raw: np.ndarray, space: HashIdSpace) -> np.ndarray:
+        """First ids of ``raw``'s hashes; hashes new to the map take fresh ranges."""
+        if not len(raw):
+            return _NO_IDS
+        keys = self.keys
+        pos = np.searchsorted(keys, raw)
+        if len(keys):
+            known = keys[np.minimum(pos, len(keys) - 1)] == raw
+        else:
+            known = np.zeros(len(raw), dtype=bool)
+        if not known.all():
+            new = np.unique(raw[~known])
+            k = self.k
+            firsts = space.reserve(k * len(new)) + k * np.arange(len(new), dtype=np.int64)
+            at = np.searchsorted(keys, new)
+            self.keys = np.insert(keys, at, new)
+            self.firsts = np.insert(self.firsts, at, firsts)
+            pos = np.searchsorted(self.keys, raw)
+        return self.firsts[pos]
+
+    def keep_live(self, mask: np.ndarray) -> None:
+        """Forget entries none of whose ids is set in ``mask``; set all ids of the rest
+        (a range is renumbered whole, so ``first + j`` stays its ``j``-th id)."""
+        if not len(self.keys):
+            return
+        k = self.k
+        counts = np.concatenate([[0], np.cumsum(mask, dtype=np.int64)])
+        alive = counts[self.firsts + k] - counts[self.firsts] > 0
+        self.keys, self.firsts = self.keys[alive], self.firsts[alive]
+        if k == 1:
+            mask[self.firsts] = True
+        else:
+            mask[(self.firsts[:, None] + np.arange(k, dtype=np.int64)).ravel()] = True
+
+    def renumber(self, live: np.ndarray) -> None:
+        self.firsts = np.searchsorted(live, self.firsts)
+
+
+class TraceArrivals:
+    """A ``Trace`` as the twin's ``tuner.sim.engine.ArrivalSource`` (see the module doc).
+
+    Args:
+        trace: a ``tuner.trace.Trace`` (file, directory or in memory).
+        block_size: the KV block size to replay at.
+        window: requests built (hashes interned and split) at a time.
+        min_compact_ids: no renumbering while the id space is smaller than this.
+    """
+
+    def __init__(self, trace: Any, block_size: int, *, window: int = 1024,
+                 min_compact_ids: int = 1 << 22) -> None:
+        import polars as pl
+
+        self.block_size = block_size
+        self.hash_block_size = f = int(trace.metadata.hash_block_size)
+        self.window = window
+        self.min_compact_ids = min_compact_ids
+        self._split = f > 0 and block_size > 0 and f % block_size == 0
+        self._map = _HashMap(f // block_size if self._split else 1)
+        self._frame = trace.stored()
+        meta = (self._frame.with_row_index("_row")
+                .select(["_row", "request_id", "arrival_s", "input_len", "output_len",
+                         "session_id", "priority"])
+                .sort("arrival_s", maintain_order=True).collect())
+        if not meta.height:
+            raise ConfigError("the trace has no requests to replay")
+        self.num_requests = meta.height
+        self.num_hash_ids = 0  # ids are reserved as windows are read
+        self._rows = meta.get_column("_row").to_numpy().astype(np.int64)
+        # Compact columns (no Python object a request): a day of traffic is millions.
+        self._request_ids = _strings(meta.get_column("request_id"))
+        self._session_ids = _strings(meta.get_column("session_id"))
+        self._arrivals = array("d", meta.get_column("arrival_s").cast(pl.Float64)
+                               .to_numpy().astype(np.float64).tobytes())
+        self._input_lens = _ints(meta.get_column("input_len"))
+        self._output_lens = _ints(meta.get_column("output_len"))
+        self._priorities = _ints(meta.get_column("priority"))
+        del meta
+        # The last issue position of each storage chunk: when its hashes can be dropped.
+        chunks = self._rows // CHUNK_ROWS
+        self._chunk_last = np.zeros(int(chunks.max()) + 1, dtype=np.int64)
+        np.maximum.at(self._chunk_last, chunks, np.arange(self.num_requests, dtype=np.int64))
+        self._chunks: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._space: HashIdSpace | None = None
+        self._next_compact = min_compact_ids
+        self.num_renumberings = 0
+
+    # ----------------------------------------------------------------- ArrivalSource
+    def table(self) -> RequestTable:
+        return RequestTable(self._request_ids, self._input_lens, self._session_ids)
+
+    def bind(self, scheduler: Any) -> None:
+        self._space = HashIdSpace(scheduler)
+
+    def __iter__(self) -> Iterator[tuple[int, StreamedRequest]]:
+        assert self._space is not None, "bind() the scheduler first"
+        for start in range(0, self.num_requests, self.window):
+            yield from self._build(start, min(start + self.window, self.num_requests))
+
+    # ----------------------------------------------------------------- reading
+    def _chunk(self, chunk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Raw hashes of storage rows ``chunk * CHUNK_ROWS ..`` as flat arrays + offsets."""
+        cached = self._chunks.get(chunk)
+        if cached is None:
+            import pyarrow as pa
+
+            df = (self._frame.slice(chunk * CHUNK_ROWS, CHUNK_ROWS)
+                  .select(["block_hashes", "output_block_hashes"]).collect())
+
+            def flat(name: str) -> tuple[np.ndarray, np.ndarray]:
+                arr = df.get_column(name).to_arrow()
+                if isinstance(arr, pa.ChunkedArray):
+                    arr = arr.combine_chunks()
+                arr = arr.cast(pa.large_list(pa.uint64())).fill_null(
+                    pa.scalar([], pa.large_list(pa.uint64())))
+                offsets = np.asarray(arr.offsets, dtype=np.int64)
+                values = np.asarray(arr.values, dtype=np.uint64)[offsets[0]:offsets[-1]]
+                return values, offsets - offsets[0]
+
+            cached = self._chunks[chunk] = (*flat("block_hashes"), *flat("output_block_hashes"))
+        return cached
+
+    def _raw(self, position: int) -> tuple[np.ndarray, np.ndarray]:
+        row = int(self._rows[position])
+        pv, po, ov, oo = self._chunk(row // CHUNK_ROWS)
+        i = row % CHUNK_ROWS
+        return pv[po[i]:po[i + 1]], ov[oo[i]:oo[i + 1]]
+
+    def _build(self, start: int, stop: int) -> list[tuple[int, StreamedRequest]]:
+        """Requests ``start .. stop - 1`` (issue order) with KV-block ids."""
+        for chunk in [c for c in self._chunks if self._chunk_last[c] < start]:
+            del self._chunks[chunk]  # every request of it has been issued
+        space = self._space
+        assert space is not None
+        if space.size >= self._next_compact:
+            self._renumber(space)
+        f, t = self.hash_block_size, self.block_size
+        raws = []
+        for position in range(start, stop):
+            prompt, output = self._raw(position)
+            if not self._split:  # KV blocks group hash blocks: re-block the hashes first
+                prompt, output = reblock_arrays(prompt, output, self._input_lens[position],
+                                                self._output_lens[position], f, t)
+            raws.append((prompt, output))
+        flat = np.concatenate([a for pair in raws for a in pair]) if raws else _NO_HASHES
+        firsts = self._map.lookup(flat, space)
+        out = []
+        at = 0
+        for position, (prompt, output) in zip(range(start, stop), raws):
+            p = firsts[at:at + len(prompt)]
+            at += len(prompt)
+            o = firsts[at:at + len(output)]
+            at += len(output)
+            input_len, output_len = self._input_lens[position], self._output_lens[position]
+            if self._split:
+                p, o = reblock_id_ranges(p, o, input_len, output_len, f, t)
+            out.append((position, StreamedRequest(
+                self._request_ids[position], self._arrivals[position], input_len, output_len,
+                p, o, self._priorities[position], self._session_ids[position])))
+        return out
+
+    def _renumber(self, space: HashIdSpace) -> None:
+        """Keep only the ids still referenced (twin state and this map), renumbered."""
+        mask = space.live_mask()
+        self._map.keep_live(mask)
+        live = mask.nonzero()[0].astype(np.int64)
+        space.renumber(live)
+        self._map.renumber(live)
+        self._next_compact = max(self.min_compact_ids, 2 * len(live))
+        self.num_renumberings += 1

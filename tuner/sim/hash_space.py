@@ -1,0 +1,99 @@
+"""The twin's hash-id space over a long replay: reserve ids as a trace is read, renumber
+the live ones when dead ones dominate.
+
+Why: the prefix cache indexes arrays by hash id (``tuner.sim.block_pool``: first holder,
+shared-hash flag, watched mask: ~10 bytes an id). Interned once per trace, the id space
+grows with every distinct hash the trace ever has: a production day of fresh prompts at
+16-token blocks is ~100 million ids, a gigabyte of arrays for hashes nobody will look up
+again. A replay that interns as it reads (``tuner.replay._stream``) takes id ranges from
+here, and from time to time renumbers: every id still referenced (by a cached block, a
+waiting or running request, or the reader itself) keeps its place in order and gets its
+rank; the rest are forgotten (a forgotten hash that shows up again gets fresh ids, and
+since no block carries the old ones, no hit is lost).
+
+The renumbering is *monotone* (it keeps the order of ids) and keeps every reserved range
+contiguous (a request's synthetic ids, a source block's split ids), so every comparison
+and offset the twin makes between ids gives the same answer before and after: decisions
+do not change (tests/replay/test_golden_replays.py replays with frequent renumbering).
+It runs between steps, with no step in flight.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from tuner.sim.request import SimRequest
+    from tuner.sim.scheduler import Scheduler
+
+__all__ = ["HashIdSpace"]
+
+_ID = np.int64
+
+
+class HashIdSpace:
+    """Reserve, mark and renumber the hash ids of ``scheduler``'s prefix cache."""
+
+    def __init__(self, scheduler: "Scheduler") -> None:
+        self.scheduler = scheduler
+        self.manager = scheduler.kv_cache_manager
+        self.pool = self.manager.block_pool
+
+    @property
+    def size(self) -> int:
+        """Ids in use or reserved: ``0 .. size - 1``."""
+        return self.pool.num_hash_ids
+
+    def reserve(self, count: int) -> int:
+        """``count`` fresh trace ids; the first. Requests' hashes below ``size`` pass
+        the manager's check at adoption."""
+        base = self.pool.reserve_ids(count)
+        self.manager.num_trace_hash_ids = self.pool.num_hash_ids
+        return base
+
+    def _live_requests(self) -> list["SimRequest"]:
+        scheduler = self.scheduler
+        return list(scheduler.running) + list(scheduler.waiting)
+
+    def live_mask(self) -> np.ndarray:
+        """A mask over ``0 .. size - 1`` of the ids the twin still references: hashes of
+        cached blocks, and every id a waiting or running request has or can reach (its
+        laid-out ids, its trace output ids and its whole synthetic range)."""
+        mask = np.zeros(self.size, dtype=bool)
+        hashes = self.pool.block_hash
+        mask[hashes[hashes >= 0]] = True
+        for request in self._live_requests():
+            request.mark_hash_ids(mask)
+        return mask
+
+    def renumber(self, live: np.ndarray) -> None:
+        """Give the sorted ids ``live`` the new ids ``0 .. len(live) - 1`` everywhere the
+        twin holds them. ``live`` must cover :meth:`live_mask` (and whole reserved ranges)."""
+        pool = self.pool
+        live = np.asarray(live, dtype=_ID)
+        hashes = pool.block_hash
+        cached = hashes >= 0
+        old = hashes[cached]
+        new = np.searchsorted(live, old)
+        assert len(old) == 0 or (new < len(live)).all() and (live[new] == old).all(), (
+            "renumbering drops a cached block's hash (tuner bug)")
+        hashes[cached] = new
+        size = max(len(live), 16)
+
+        def keep(values: np.ndarray, fill: object) -> np.ndarray:
+            out = np.full(size, fill, dtype=values.dtype)
+            out[:len(live)] = values[live]
+            return out
+
+        pool.first_holder = keep(pool.first_holder, -1)
+        pool.has_extra = keep(pool.has_extra, False)
+        pool.watched_mask = keep(pool.watched_mask, False)
+        if pool.extra_holders:
+            keys = np.searchsorted(live, np.fromiter(pool.extra_holders, dtype=_ID))
+            pool.extra_holders = dict(zip(keys.tolist(), pool.extra_holders.values()))
+        pool.num_hash_ids = len(live)
+        self.manager.num_trace_hash_ids = len(live)
+        for request in self._live_requests():
+            request.renumber_hash_ids(live)
