@@ -15,6 +15,7 @@ are refused with a message naming the field and why, never "No such option".
 
 from __future__ import annotations
 
+import json
 import shlex
 import typing
 from dataclasses import dataclass, field, fields
@@ -186,6 +187,14 @@ def parse_serve_flags(text: str | Sequence[str]) -> ServeFlags:
             out.target[TARGET_BOOL_FLAGS[bare]] = not negated
             i += 1
             continue
+        if flag in ("--scheduler-cls", "--additional-config"):
+            if value is None:
+                if not takes:
+                    raise ConfigError(f"--baseline {flag}: needs a value")
+                value, i = args[i + 1], i + 1
+            _plugin_flag(flag, value, out)
+            i += 1
+            continue
         if key in scheduler_fields:
             name = check_field(key, f"--baseline {flag}")
             if _modelled()[name] is bool:
@@ -210,6 +219,32 @@ def parse_serve_flags(text: str | Sequence[str]) -> ServeFlags:
             out.ignored.append(flag if value is None else f"{flag} {value}")
         i += 1
     return out
+
+
+#: tuner's scheduler plugin classes (what export writes for cache-aware admission).
+PLUGIN_CLASSES = ("tuner.vllm_plugin.CacheAwareScheduler",
+                  "tuner.vllm_plugin.CacheAwareAsyncScheduler")
+
+
+def _plugin_flag(flag: str, value: str, out: ServeFlags) -> None:
+    """tuner's own plugin reads back (its admission values ride in --additional-config);
+    any other scheduler class is refused: the twin replays vLLM's scheduler only."""
+    if flag == "--scheduler-cls":
+        if value not in PLUGIN_CLASSES:
+            raise ConfigError(f"--baseline --scheduler-cls {value}: scheduler_cls "
+                              f"(--scheduler-cls) is a SchedulerConfig field the twin models "
+                              f"only as tuner's plugin ({', '.join(PLUGIN_CLASSES)}); "
+                              f"{UNMODELLED_FIELDS['scheduler_cls']}")
+        return
+    try:
+        extra = json.loads(value)
+    except ValueError:
+        raise ConfigError(f"--baseline --additional-config {value!r}: not JSON") from None
+    if not isinstance(extra, dict):
+        raise ConfigError(f"--baseline --additional-config {value!r}: not a JSON object")
+    for key in ("cache_aware_admission_window", "cache_aware_admission_threshold"):
+        if key in extra:
+            out.scheduler[key] = convert(key, extra[key], f"--baseline --additional-config {key}")
 
 
 def check_target_agrees(flags: ServeFlags, target: Any) -> list[str]:
