@@ -71,6 +71,7 @@ class TuneResult:
     timings: dict[str, float] = field(default_factory=dict)  # stage1_s, stage2_s, holdout_s
     rule: PickRule = PickRule()
     overload: OverloadReport | None = None  # set when the baseline cannot keep up
+    max_model_len: int | None = None  # what the twin admitted (the target's resolved value)
 
     @property
     def recommended(self) -> Point:

@@ -327,6 +327,8 @@ _NAMES = {"p90_interactivity": ("p90 interactivity", "tok/s/user"),
           "output_throughput": ("output throughput", "tok/s"),
           "request_throughput": ("request throughput", "req/s"),
           "goodput": ("goodput", "req/s"),
+          "ttft_p50_s": ("TTFT p50", "s"), "ttft_p90_s": ("TTFT p90", "s"),
+          "queue_depth_mean": ("mean queue", "requests"),
           "prefix_cache_hit_rate": ("prefix-cache hit rate", "")}
 
 

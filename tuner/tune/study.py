@@ -187,7 +187,8 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
             seed=seed, wall_s=time.perf_counter() - started, notes=notes,
             evaluator_spec=config.evaluator,
             num_gpus=int(getattr(evaluator, "num_gpus", 1)),
-            block_size=getattr(evaluator, "block_size", None), timings=timings)
+            block_size=getattr(evaluator, "block_size", None), timings=timings,
+            max_model_len=getattr(evaluator, "max_model_len", None))
 
 
 def join(study_name: str, storage: str, n_trials: int | None = None, *, trace: Any = None,
