@@ -44,6 +44,7 @@ __all__ = [
     "itl_samples_from_steps",
     "overload_verdict",
     "parse_slo",
+    "rejection_warning",
     "summarize",
     "summary_table",
     "weighted_percentile",
@@ -383,6 +384,23 @@ def good_requests(requests: Sequence[RequestResult], slo_ms: dict[str, float]) -
         if all(values[k] * 1e3 <= bound for k, bound in slo_ms.items()):
             good += 1
     return good
+
+
+#: Rejected share of the requests above which a replay's summary warns.
+REJECTED_WARN_FRACTION = 0.01
+
+
+def rejection_warning(metrics: dict[str, Any], max_model_len: int | None = None) -> str | None:
+    """A warning when more than 1 % of the requests are rejected (e.g. too long): the
+    metrics silently cover only the rest otherwise."""
+    n = metrics.get("num_requests") or 0
+    rejected = metrics.get("num_rejected") or 0
+    if not n or rejected <= REJECTED_WARN_FRACTION * n:
+        return None
+    limit = f" (longer than max_model_len={max_model_len:,})" if max_model_len else ""
+    return (f"WARNING: {int(rejected):,} of {int(n):,} requests ({rejected / n:.0%}) are "
+            f"rejected{limit} under every setting; the metrics cover only the rest. Raise "
+            "--max-model-len if the deployment serves them")
 
 
 def summarize(result: ReplayResult, *, measure_from_s: float | None = None,

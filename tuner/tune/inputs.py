@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from tuner.errors import ConfigError
+from tuner.metrics import rejection_warning
 from tuner.tune.space import SearchSpace
 
 #: Fewest requests a window needs before settings can be ranked on it.
@@ -18,8 +19,6 @@ MIN_STAGE1_REQUESTS = 10
 MIN_TRAIN_REQUESTS = 30
 #: Fewer held-out requests than this make the held-out check a weak one (warned).
 MIN_HOLDOUT_REQUESTS = 30
-#: Rejected share of the requests above which the tuner warns.
-REJECTED_WARN_FRACTION = 0.01
 
 
 def check_window_sizes(evaluator: Any) -> list[str]:
@@ -45,18 +44,6 @@ def check_window_sizes(evaluator: Any) -> list[str]:
         notes.append(f"WARNING: the held-out window holds only {counts['holdout']:,} "
                      "request(s); its verdict is weak evidence")
     return notes
-
-
-def rejection_warning(metrics: dict[str, Any], max_model_len: int | None = None) -> str | None:
-    """A warning when more than 1 % of the requests are rejected (e.g. too long)."""
-    n = metrics.get("num_requests") or 0
-    rejected = metrics.get("num_rejected") or 0
-    if not n or rejected <= REJECTED_WARN_FRACTION * n:
-        return None
-    limit = f" (longer than max_model_len={max_model_len:,})" if max_model_len else ""
-    return (f"WARNING: {int(rejected):,} of {int(n):,} requests ({rejected / n:.0%}) are "
-            f"rejected{limit} under every setting; the metrics cover only the rest. Raise "
-            "--max-model-len if the deployment serves them")
 
 
 def input_warnings(baseline: Any, evaluator: Any) -> list[str]:

@@ -140,6 +140,7 @@ class TuneResult:
                             "params": self.recommended.params,
                             "settings": self.recommended.settings,
                             "rule": self.selection.rule, "reason": self.selection.reason},
+            "baseline": {"trial": self.baseline.number, "settings": self.baseline.settings},
             "train": self.comparison("train"),
             "holdout": self.comparison("holdout") if self.windows.has_holdout else None,
             "confirms": self.confirms(),

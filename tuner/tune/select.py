@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from tuner.errors import ConfigError
 from tuner.tune.objectives import Constraint, Objective
@@ -247,31 +247,29 @@ def rank(points: Sequence[Point], baseline: Point, objectives: Sequence[Objectiv
 
 def select(points: Sequence[Point], baseline: Point, objectives: Sequence[Objective],
            prefer: Prefer | PickRule = "throughput", constraints: Sequence[Constraint] = (),
-           *, held_out: bool = False) -> Selection:
+           *, held_out: bool = False,
+           replay_holdout: Callable[[list[Point]], None] | None = None) -> Selection:
     """Pick the recommended point from ``points`` (any set: the front is taken here).
 
-    ``held_out``: the candidates' ``holdout`` metrics are filled, so step 4 runs.
+    ``held_out``: run step 4 on the candidates' ``holdout`` metrics; ``replay_holdout``
+    fills them for candidates that lack them (a fallback from a lower layer).
     """
     rule = prefer if isinstance(prefer, PickRule) else PickRule(prefer=prefer)
     guard = ttft_guard_applies(rule, objectives, constraints)
     text = rule.describe(objectives, guard)
-    ranked = rank(points, baseline, objectives, constraints, rule)
+    pool = list(points)
     skipped: list[str] = []
-    passing: list[Point] = []
-    for p in ranked:
-        failed: list[str] = []
-        if held_out:
-            if not p.is_baseline:  # the baseline is the fallback: its failures are reported
-                failed = check(p.holdout, baseline.holdout, constraints, rule, guard)
-            beaters = [q for q in ranked if q is not p and q.holdout is not None
-                       and p.holdout is not None
-                       and beats_everywhere(q.holdout, p.holdout, objectives)]
-            if beaters:
-                failed.append(f"{beaters[0].label} beats it on every objective")
-        if failed:
-            skipped.append(f"{p.label}: " + "; ".join(failed) + " on held-out")
-            continue
-        passing.append(p)
+    while True:  # a candidate failing on held-out leaves the pool; the next layer moves up
+        ranked = rank(pool, baseline, objectives, constraints, rule)
+        if held_out and replay_holdout is not None:
+            missing = [p for p in ranked if p.holdout is None]
+            if missing:
+                replay_holdout(missing)
+        passing, dropped = _held_out_pass(ranked, baseline, objectives, constraints, rule,
+                                          guard, held_out, skipped)
+        if not dropped or (passing and not passing[0].is_baseline):
+            break
+        pool = [p for p in pool if all(p is not d for d in dropped)]
     if passing and not passing[0].is_baseline:
         pick = passing[0]
         reason = f"{pick.label} is the best point under the rule"
@@ -290,6 +288,34 @@ def select(points: Sequence[Point], baseline: Point, objectives: Sequence[Object
                    + ": no point found meets the constraints)")
     runner = tuple(p for p in passing if p is not baseline)[:3]
     return Selection(baseline, text, reason, runner, tuple(skipped))
+
+
+def _held_out_pass(ranked: list[Point], baseline: Point, objectives: Sequence[Objective],
+                   constraints: Sequence[Constraint], rule: PickRule, guard: bool,
+                   held_out: bool, skipped: list[str]) -> tuple[list[Point], list[Point]]:
+    """Step 4 over ``ranked``: the candidates that pass, and the non-baseline ones dropped
+    (their reasons appended to ``skipped``)."""
+    passing: list[Point] = []
+    dropped: list[Point] = []
+    for p in ranked:
+        failed: list[str] = []
+        if held_out:
+            if not p.is_baseline:  # the baseline is the fallback: its failures are reported
+                failed = check(p.holdout, baseline.holdout, constraints, rule, guard)
+            beaters = [q for q in ranked if q is not p and q.holdout is not None
+                       and p.holdout is not None
+                       and beats_everywhere(q.holdout, p.holdout, objectives)]
+            if beaters:
+                failed.append(f"{beaters[0].label} beats it on every objective")
+        if failed:
+            note = f"{p.label}: " + "; ".join(failed) + " on held-out"
+            if note not in skipped:
+                skipped.append(note)
+            if not p.is_baseline:
+                dropped.append(p)
+            continue
+        passing.append(p)
+    return passing, dropped
 
 
 def trade_off(p: Point, pick: Point, objectives: Sequence[Objective],

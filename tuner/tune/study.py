@@ -169,7 +169,9 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
         candidates = rank(stage2, baseline, objs, cons, rule)
         run_holdout(storage_obj, study_name, evaluator, front + candidates + [baseline], workers)
         selection = select(stage2, baseline, objs, rule, cons,
-                           held_out=evaluator.windows.has_holdout)
+                           held_out=evaluator.windows.has_holdout,
+                           replay_holdout=lambda pts: run_holdout(
+                               storage_obj, study_name, evaluator, pts, workers))
         timings["holdout_s"] = time.perf_counter() - t
         t = time.perf_counter()
         overload = overload_report(evaluator, baseline.metrics, evaluator.default_settings)

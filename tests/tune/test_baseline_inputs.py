@@ -1,0 +1,139 @@
+"""Issue 17 items 4-5: --set / --baseline / goodput, and degenerate inputs."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+from click.testing import CliRunner
+
+from tests.tune.fake import FakeEvaluator
+from tuner.cli import cli
+from tuner.errors import ConfigError
+from tuner.metrics import good_requests, parse_slo
+from tuner.records import RequestResult
+from tuner.sim.settings import SchedulerSettings
+from tuner.tune import tune
+from tuner.tune.baseline import parse_assignments, parse_serve_flags
+from tuner.metrics import rejection_warning
+
+TARGET = ["--hardware", "mi355x", "--model", "llama-3.1-70b", "--tp", "8",
+          "--num-gpu-blocks", "1500"]
+
+
+# ----------------------------------------------------------------------- item 4
+
+
+def test_unmodelled_scheduler_config_fields_are_refused_by_name() -> None:
+    for field in ("max_num_scheduled_tokens", "max_num_active_seqs", "max_num_queued_reqs",
+                  "stream_interval"):
+        with pytest.raises(ConfigError, match=f"{field} .*does not model"):
+            parse_assignments([f"{field}=4"])
+    with pytest.raises(ConfigError, match="max_num_active_seqs"):
+        parse_serve_flags("vllm serve m --max-num-active-seqs 64")
+    assert parse_assignments(["max-num-seqs=256", "max_num_batched_tokens=8K"]) == {
+        "max_num_seqs": 256, "max_num_batched_tokens": 8192}
+
+
+def test_serve_flags_parse_with_export_rules() -> None:
+    flags = parse_serve_flags("vllm serve meta-llama/Llama-3.1-70B-Instruct --tp 8 "
+                              "--max-num-seqs 256 --no-enable-chunked-prefill "
+                              "--scheduling-policy priority --port 8000 --async-scheduling")
+    assert flags.model == "meta-llama/Llama-3.1-70B-Instruct"
+    assert flags.scheduler == {"max_num_seqs": 256, "enable_chunked_prefill": False,
+                               "policy": "priority"}
+    assert flags.target == {"async_scheduling": True}
+    assert flags.ignored == ["--tp 8", "--port 8000"]
+
+
+def test_baseline_and_fixed_settings_are_trial_zero_and_out_of_the_space() -> None:
+    fake = FakeEvaluator()
+    base = fake.default_settings.replace(max_num_seqs=256, cache_aware_admission_window=4)
+    result = tune(evaluator=fake, n_trials=8, seed=1, space="scheduler", baseline=base,
+                  fixed={"max_num_batched_tokens": 4096})
+    first = fake.calls[0][0]
+    assert first["max_num_seqs"] == 256 and first["cache_aware_admission_window"] == 4
+    assert first["max_num_batched_tokens"] == 4096
+    assert all(s["max_num_batched_tokens"] == 4096 for s, _ in fake.calls)
+    assert "max_num_batched_tokens" not in result.space.names
+    assert result.baseline.settings["max_num_seqs"] == 256
+
+
+def test_cli_baseline_flags_and_unknown_set(small_trace: pathlib.Path,
+                                            tmp_path: pathlib.Path) -> None:
+    res = CliRunner().invoke(cli, ["tune", str(small_trace), *TARGET, "--trials", "3",
+                                   "--set", "max_num_active_seqs=8", "-o",
+                                   str(tmp_path / "x.yaml")])
+    assert res.exit_code == 2 and "max_num_active_seqs (--max-num-active-seqs)" in res.output
+    res = CliRunner().invoke(cli, ["tune", str(small_trace), *TARGET, "--trials", "3", "--json",
+                                   "--baseline", "--max-num-seqs 128 --tensor-parallel-size 8",
+                                   "-o", str(tmp_path / "b.yaml")], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["baseline"]["settings"]["max_num_seqs"] == 128
+    res = CliRunner().invoke(cli, ["tune", str(small_trace), *TARGET, "--trials", "3",
+                                   "--baseline", "--tensor-parallel-size 4",
+                                   "-o", str(tmp_path / "c.yaml")])
+    assert res.exit_code == 2 and "tp=4" in res.output and "tp=8" in res.output
+
+
+def test_goodput_has_vllm_bench_semantics() -> None:
+    assert parse_slo("ttft:2000,tpot:50") == {"ttft": 2000.0, "tpot": 50.0}
+    assert parse_slo("ttft:2000 e2el:9000") == {"ttft": 2000.0, "e2el": 9000.0}
+    with pytest.raises(ConfigError, match="use ttft, tpot, e2el"):
+        parse_slo("itl:5")
+
+    def r(rid: str, ttft: float, finish: float, out: int, status: str = "finished"):
+        return RequestResult(request_id=rid, arrival_s=0.0, input_len=10, output_len=out,
+                             first_scheduled_s=0.0, first_token_s=ttft, finish_s=finish,
+                             num_cached_tokens=0, num_preemptions=0, status=status)
+
+    reqs = [r("a", 1.0, 2.0, 21),  # tpot 50 ms: meets tpot<=50 exactly
+            r("b", 2.5, 3.0, 11),  # ttft 2.5 s: misses ttft<=2000
+            r("c", 0.5, 0.5, 1),  # one token: tpot counts as 0
+            r("d", 0.1, 9.0, 2, status="aborted")]  # not finished: never good
+    assert good_requests(reqs, {"ttft": 2000, "tpot": 50}) == 2
+
+
+def test_goodput_objective_needs_slo(small_trace: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    res = CliRunner().invoke(cli, ["tune", str(small_trace), *TARGET, "--trials", "2",
+                                   "--objective", "goodput,output_throughput_per_gpu",
+                                   "-o", str(tmp_path / "g.yaml")])
+    assert res.exit_code == 2 and "goodput needs --slo" in res.output
+    res = CliRunner().invoke(cli, ["tune", str(small_trace), *TARGET, "--trials", "3",
+                                   "--objective", "goodput,output_throughput_per_gpu",
+                                   "--slo", "ttft:2000,tpot:50", "--json",
+                                   "-o", str(tmp_path / "g.yaml")], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    good = json.loads(res.output)["train"]["baseline"]
+    assert json.loads(res.output)["objectives"][0] == "goodput:max"
+    assert "goodput" not in good or good["goodput"] is None or good["goodput"] >= 0
+
+
+# ----------------------------------------------------------------------- item 5
+
+
+def test_tiny_trace_is_refused_before_any_trial(tmp_path: pathlib.Path) -> None:
+    from tests.tune.tracegen import write_small_trace
+
+    tiny = write_small_trace(tmp_path / "tiny.parquet", duration_s=4.0, sessions=2)
+    res = CliRunner().invoke(cli, ["tune", str(tiny), *TARGET, "--trials", "200",
+                                   "-o", str(tmp_path / "t.yaml")])
+    assert res.exit_code == 2 and "ranking settings needs at least" in res.output
+    assert not (tmp_path / "t.optuna-journal").exists()
+
+
+def test_rejected_requests_are_said() -> None:
+    text = rejection_warning({"num_requests": 100, "num_rejected": 53}, 8192)
+    assert text is not None and "53 of 100 requests (53%)" in text and "8,192" in text
+    assert rejection_warning({"num_requests": 100, "num_rejected": 1}, 8192) is None
+
+
+def test_the_same_log_twice_is_refused(tmp_path: pathlib.Path) -> None:
+    log = tmp_path / "a.jsonl"
+    log.write_text(json.dumps({"timestamp": 0, "input_length": 10, "output_length": 5,
+                               "hash_ids": [1]}) + "\n")
+    res = CliRunner().invoke(cli, ["tune-log", str(log), str(log), *TARGET,
+                                   "-o", str(tmp_path / "p.yaml")])
+    assert res.exit_code == 2 and "given twice" in res.output
