@@ -37,8 +37,13 @@ def test_tune_text_output_shows_front_and_flags(small_trace: pathlib.Path,
     res = CliRunner().invoke(cli, ["tune", str(small_trace), *TARGET, "--trials", "3",
                                    "-o", str(tmp_path / "t.yaml")], catch_exceptions=False)
     assert res.exit_code == 0, res.output
-    assert "Pareto front of t" in res.output and "held-out confirms" in res.output
+    assert "Pareto front of t" in res.output and "recommended: " in res.output
+    assert ("held-out confirms" in res.output
+            or "the baseline is recommended: keep the current settings" in res.output)
     assert "--scheduling-policy fcfs" in res.output
+    # TTFT beside the objectives, with units; the serve command printed once
+    assert "TTFT p50" in res.output and "tok/s/user" in res.output and "tok/s/GPU" in res.output
+    assert res.output.count("--max-num-seqs") == 1 and "vllm serve " in res.output
 
 
 def test_cli_errors_are_one_line() -> None:
