@@ -42,7 +42,6 @@ __all__ = [
     "Summary",
     "good_requests",
     "itl_samples_from_steps",
-    "overload_verdict",
     "parse_slo",
     "rejection_warning",
     "summarize",
@@ -301,33 +300,6 @@ def _load_stats(result: ReplayResult, counted: list[RequestResult]) -> dict[str,
             slope = float(np.polyfit(t[mask], waiting[mask], 1)[0])
     return {"arrival_rate": _safe_div(len(live) - 1, last - first), "backlog_end": backlog,
             "queue_growth_per_s": slope}
-
-
-def overload_verdict(metrics: dict[str, Any]) -> str | None:
-    """A sentence with the numbers when the queue grows without bound, else None.
-
-    Overloaded: at the last arrival at least 5 % of the requests (and 16) still wait for
-    admission, and the queue grew steadily (the fitted growth over the arrival span is at
-    least half that backlog), i.e. demand stayed above what the deployment finishes
-    rather than a burst at the end. No scheduler setting fixes that.
-    """
-    def num(key: str) -> float:
-        v = metrics.get(key)
-        return float(v) if isinstance(v, (int, float)) and v is not None else _NAN
-
-    backlog, growth, n = num("backlog_end"), num("queue_growth_per_s"), num("num_requests")
-    rate = num("arrival_rate")
-    if not (math.isfinite(backlog) and math.isfinite(growth) and math.isfinite(n)
-            and math.isfinite(rate) and rate > 0):
-        return None
-    span = (n - 1) / rate
-    if backlog < max(16.0, 0.05 * n) or growth * span < 0.5 * backlog:
-        return None
-    return (f"demand {rate:,.2f} req/s, the deployment finishes "
-            f"{num('request_throughput'):,.2f} req/s: the queue grows by {growth:,.2f} "
-            f"req/s to {backlog:,.0f} waiting at the last arrival (mean "
-            f"{num('queue_depth_mean'):,.0f}); TTFT p50 {num('ttft_p50_s'):,.1f} s, p90 "
-            f"{num('ttft_p90_s'):,.1f} s")
 
 
 #: SLO keys of ``vllm bench serve --goodput`` (values in milliseconds).

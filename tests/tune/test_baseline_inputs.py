@@ -137,3 +137,22 @@ def test_the_same_log_twice_is_refused(tmp_path: pathlib.Path) -> None:
     res = CliRunner().invoke(cli, ["tune-log", str(log), str(log), *TARGET,
                                    "-o", str(tmp_path / "p.yaml")])
     assert res.exit_code == 2 and "given twice" in res.output
+
+
+def test_tune_log_on_a_four_request_log_is_refused(tmp_path: pathlib.Path) -> None:
+    log = tmp_path / "four.jsonl"
+    log.write_text("".join(json.dumps({"timestamp": i * 1000, "input_length": 600,
+                                       "output_length": 20, "hash_ids": [i, i + 1]}) + "\n"
+                           for i in range(4)))
+    res = CliRunner().invoke(cli, ["tune-log", str(log), *TARGET, "--no-progress",
+                                   "-o", str(tmp_path / "p.yaml")])
+    assert res.exit_code == 2, res.output
+    assert "the trace has 4 request(s)" in res.output and "at least 30" in res.output
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_replay_says_when_requests_are_rejected(small_trace: pathlib.Path) -> None:
+    res = CliRunner().invoke(
+        cli, ["replay", str(small_trace), *TARGET, "--max-model-len", "1500", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert "are rejected (longer than max_model_len=1,500)" in res.output

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.tune.fake import FakeEvaluator
-from tuner.metrics import overload_verdict
+from tuner.tune.capacity import overload_verdict
 from tuner.sim.settings import SchedulerSettings
 from tuner.tune import tune
 from tuner.tune.capacity import find_capacity
@@ -131,7 +131,14 @@ def test_overload_verdict_needs_a_growing_queue() -> None:
     assert text is not None and "1,566 waiting" in text and "3.34 req/s" in text
     assert "TTFT p50 225.0 s" in text
     assert overload_verdict({**grow, "backlog_end": 3}) is None  # a queue that keeps up
-    assert overload_verdict({**grow, "queue_growth_per_s": 0.001}) is None  # a final burst
+    # a burst at the end: neither a steady climb nor demand above the finish rate
+    assert overload_verdict({**grow, "queue_growth_per_s": 0.001,
+                             "request_throughput": 3.3}) is None
+    # demand 22 % above the finish rate (the bundled hour's held-out window on TP 8)
+    held = {"backlog_end": 598, "queue_growth_per_s": 0.33, "num_requests": 4576,
+            "arrival_rate": 5.09, "request_throughput": 4.16, "queue_depth_mean": 134.0,
+            "ttft_p50_s": 84.1, "ttft_p90_s": 129.7}
+    assert "finishes 4.16 req/s" in (overload_verdict(held) or "")
 
 
 def test_capacity_search_finds_the_smallest_deployment() -> None:
@@ -179,3 +186,21 @@ def test_real_replay_of_an_overloaded_deployment_is_flagged(small_trace: Any,
     big = ev.evaluate_deployment(ev.default_settings, window, tp=1, replicas=2)  # type: ignore[arg-type]
     assert len(big) == 2
     assert sum(m["num_requests"] for m in big) == metrics["num_requests"]
+
+
+def test_tune_says_overload_first_with_the_size_that_keeps_up(small_trace: Any,
+                                                              tmp_path: Any) -> None:
+    """A 70B model on one GPU with 600 KV blocks cannot serve the small trace."""
+    from click.testing import CliRunner
+
+    from tuner.cli import cli
+
+    res = CliRunner().invoke(cli, ["tune", str(small_trace), "--hardware", "mi355x", "--model",
+                                   "llama-3.1-70b", "--tp", "1", "--num-gpu-blocks", "600",
+                                   "--trials", "2", "--holdout", "0", "--no-progress",
+                                   "-o", str(tmp_path / "ov.yaml")], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    first = res.output.splitlines()[0]
+    assert first.startswith("OVERLOADED: the deployment (1 GPU, TP 1) cannot keep up")
+    assert "req/s" in first and "TTFT p50" in first
+    assert "The twin keeps up with TP " in first and "replica" in first

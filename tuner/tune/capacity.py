@@ -16,22 +16,52 @@ question by assumption.
 The search (:func:`find_capacity`), on the baseline settings and the training window:
 for each TP from the current one up to :data:`MAX_TP` (powers of two), the smallest
 replica count that keeps up (doubling, then bisection), skipping any count that cannot
-beat the best GPU total found so far. A copy keeps up when
-:func:`tuner.metrics.overload_verdict` finds no unbounded queue in its replay.
+beat the best GPU total found so far. A copy keeps up when :func:`overload_verdict`
+finds no unbounded queue in its replay (from the ``Summary`` fields ``backlog_end``,
+``queue_growth_per_s`` and ``arrival_rate``, docs/metrics.md).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from tuner.metrics import overload_verdict
 from tuner.sim.settings import SchedulerSettings
 
 #: The largest tensor-parallel size tried: one 8-GPU node.
 MAX_TP = 8
 #: The most replicas tried per TP size.
 MAX_REPLICAS = 64
+
+
+def overload_verdict(metrics: dict[str, Any]) -> str | None:
+    """A sentence with the numbers when the queue grows without bound, else None.
+
+    Overloaded: at the last arrival at least 5 % of the requests (and 16) still wait for
+    admission, and that backlog is sustained rather than a burst at the end: demand is at
+    least 10 % above the rate the deployment finishes requests, or the fitted queue growth
+    over the arrival span accounts for at least half of the backlog. No scheduler setting
+    fixes that.
+    """
+    def num(key: str) -> float:
+        v = metrics.get(key)
+        return float(v) if isinstance(v, (int, float)) and v is not None else math.nan
+
+    backlog, growth, n = num("backlog_end"), num("queue_growth_per_s"), num("num_requests")
+    rate, served = num("arrival_rate"), num("request_throughput")
+    if not (math.isfinite(backlog) and math.isfinite(n) and math.isfinite(rate) and rate > 0):
+        return None
+    if backlog < max(16.0, 0.05 * n):
+        return None
+    climbs = math.isfinite(growth) and growth * (n - 1) / rate >= 0.5 * backlog
+    outpaced = math.isfinite(served) and rate >= 1.1 * served
+    if not (climbs or outpaced):
+        return None
+    return (f"demand {rate:,.2f} req/s, the deployment finishes {served:,.2f} req/s: the "
+            f"queue grows by {growth:,.2f} req/s to {backlog:,.0f} waiting at the last "
+            f"arrival (mean {num('queue_depth_mean'):,.0f}); TTFT p50 "
+            f"{num('ttft_p50_s'):,.1f} s, p90 {num('ttft_p90_s'):,.1f} s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,16 +80,18 @@ class Probe:
 class OverloadReport:
     """The overload finding printed first by ``tuner tune``."""
 
-    verdict: str  # overload_verdict() of the baseline on the training window
+    verdict: str  # overload_verdict() of the baseline on ``window``
     tp: int  # the current deployment
     dp: int
     gpus: int
     needed: Probe | None = None  # the smallest deployment that keeps up (None: none tried did)
     probes: list[Probe] = field(default_factory=list)
+    window: str = "train"  # where the baseline falls behind: "train" or "holdout"
 
     def message(self) -> str:
         text = (f"OVERLOADED: the deployment ({self.gpus} GPU, TP {self.tp}"
-                + (f", DP {self.dp}" if self.dp > 1 else "") + f") cannot keep up: "
+                + (f", DP {self.dp}" if self.dp > 1 else "") + ") cannot keep up on the "
+                + ("training" if self.window == "train" else "held-out") + " window: "
                 + self.verdict + ". No scheduler setting fixes overload; the tuned settings "
                 "only choose which requests wait.")
         if not self.probes:
@@ -76,7 +108,7 @@ class OverloadReport:
                        "session affinity (data parallelism is not modelled).")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "tp": self.tp, "dp": self.dp, "gpus": self.gpus,
+        return {"verdict": self.verdict, "window": self.window, "tp": self.tp, "dp": self.dp, "gpus": self.gpus,
                 "needed": None if self.needed is None else _probe_dict(self.needed),
                 "probes": [_probe_dict(p) for p in self.probes], "message": self.message()}
 
@@ -115,7 +147,8 @@ def find_capacity(deploy: Deploy, settings: SchedulerSettings, *, tp: int, dp: i
     best: Probe | None = None
     sizes = [t for t in (tp * 2 ** k for k in range(8)) if t <= max(max_tp, tp)]
     for t in sizes:
-        limit = max_replicas if best is None else (best.gpus - 1) // (t * dp)
+        # at most as many GPUs as the best so far (equal: fewer replicas wins, below)
+        limit = max_replicas if best is None else best.gpus // (t * dp)
         if limit < 1:
             continue
         # lo: a count known to fall behind (the current deployment does); hi: the next try
@@ -139,7 +172,8 @@ def find_capacity(deploy: Deploy, settings: SchedulerSettings, *, tp: int, dp: i
             else:
                 lo = mid
         found = cache.get((t, hi))
-        if found is not None and found.keeps_up and (best is None or found.gpus < best.gpus):
+        if found is not None and found.keeps_up and (
+                best is None or (found.gpus, found.replicas) < (best.gpus, best.replicas)):
             best = found
     return best, probes
 
@@ -149,25 +183,28 @@ def _worst(copies: list[dict[str, Any]], key: str) -> float | None:
     return max(values) if values else None
 
 
-def overload_report(evaluator: Any, baseline_metrics: dict[str, Any],
+def overload_report(evaluator: Any, baseline: Any,
                     settings: SchedulerSettings) -> OverloadReport | None:
-    """The report when the baseline's training-window replay is overloaded, else None.
+    """The report when the baseline's replay is overloaded on the training window (or,
+    failing that, the held-out window), else None.
 
-    The capacity search runs when the evaluator can replay other deployment sizes
-    (``evaluate_deployment``); otherwise the report holds the verdict alone.
+    The capacity search runs on that window when the evaluator can replay other
+    deployment sizes (``evaluate_deployment``); otherwise the report holds the verdict.
     """
-    verdict = overload_verdict(baseline_metrics)
+    window, verdict = "train", overload_verdict(baseline.metrics)
+    if verdict is None and baseline.holdout:
+        window, verdict = "holdout", overload_verdict(baseline.holdout)
     if verdict is None:
         return None
     target = getattr(evaluator, "target", None)
     tp = int(getattr(target, "tp", 1))
     dp = int(getattr(target, "dp", 1))
-    report = OverloadReport(verdict=verdict, tp=tp, dp=dp, gpus=tp * dp)
+    report = OverloadReport(verdict=verdict, tp=tp, dp=dp, gpus=tp * dp, window=window)
     if not hasattr(evaluator, "evaluate_deployment"):
         return report
 
     def deploy(s: SchedulerSettings, t: int, r: int) -> list[dict[str, Any]]:
-        return evaluator.evaluate_deployment(s, "train", tp=t, replicas=r)
+        return evaluator.evaluate_deployment(s, window, tp=t, replicas=r)
 
     report.needed, report.probes = find_capacity(deploy, settings, tp=tp, dp=dp)
     return report

@@ -174,7 +174,7 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
                                storage_obj, study_name, evaluator, pts, workers))
         timings["holdout_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        overload = overload_report(evaluator, baseline.metrics, evaluator.default_settings)
+        overload = overload_report(evaluator, baseline, evaluator.default_settings)
         timings["capacity_s"] = time.perf_counter() - t
         notes = input_warnings(baseline, evaluator) + size_notes + notes
         counts = _counts(study)
