@@ -13,7 +13,6 @@ from tuner.cli import cli
 from tuner.errors import ConfigError
 from tuner.metrics import good_requests, parse_slo
 from tuner.records import RequestResult
-from tuner.sim.settings import SchedulerSettings
 from tuner.tune import tune
 from tuner.tune.baseline import parse_assignments, parse_serve_flags
 from tuner.metrics import rejection_warning

@@ -5,8 +5,8 @@ vLLM's defaults are a fine baseline for a new service, but an operator who alrea
 ``--max-num-seqs 256 --no-enable-chunked-prefill`` must be compared against that, and
 fields they will not change (``--set``) must stay fixed in the search.
 
-Flags are read with the naming rule export writes them with (:func:`flag_name`: the
-field name with ``_`` -> ``-``, ``policy`` -> ``--scheduling-policy``, booleans as
+Flags are read with the naming rule export writes them with
+(:func:`tuner.vllm_compat.flag_name`: the field name with ``_`` -> ``-``, ``policy`` -> ``--scheduling-policy``, booleans as
 ``--x``/``--no-x``), so ``tuner export --format flags`` output reads back as the same
 settings. Every ``SchedulerConfig`` field of the supported vLLM releases (0.32.0 and
 0.33.0 have the same fields) is known: the ones the twin models are accepted, the others
@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 from tuner.errors import ConfigError
 from tuner.sim.settings import SchedulerSettings
+from tuner.vllm_compat import PLUGIN_ASYNC_CLS, PLUGIN_SYNC_CLS, flag_name
 
 #: ``SchedulerConfig`` fields of vLLM 0.32.0 / 0.33.0 that the twin does not model, and why.
 UNMODELLED_FIELDS: dict[str, str] = {
@@ -66,13 +67,6 @@ TARGET_BOOL_FLAGS: dict[str, str] = {"async-scheduling": "async_scheduling",
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
-
-
-def flag_name(fieldname: str) -> str:
-    """The ``vllm serve`` flag of a ``SchedulerConfig`` field."""
-    if fieldname == "policy":
-        return "--scheduling-policy"
-    return "--" + fieldname.replace("_", "-")
 
 
 def field_of(name: str) -> str:
@@ -222,8 +216,7 @@ def parse_serve_flags(text: str | Sequence[str]) -> ServeFlags:
 
 
 #: tuner's scheduler plugin classes (what export writes for cache-aware admission).
-PLUGIN_CLASSES = ("tuner.vllm_plugin.CacheAwareScheduler",
-                  "tuner.vllm_plugin.CacheAwareAsyncScheduler")
+PLUGIN_CLASSES = (PLUGIN_SYNC_CLS, PLUGIN_ASYNC_CLS)
 
 
 def _plugin_flag(flag: str, value: str, out: ServeFlags) -> None:

@@ -17,8 +17,8 @@ from tuner.sim.settings import SchedulerSettings
 from tuner.tune.evaluate import Windows
 from tuner.tune.objectives import Constraint, Objective
 from tuner.tune.capacity import OverloadReport
-from tuner.tune.select import (TTFT_KEYS, PickRule, Point, Selection, check, fmt_metric,
-                               metric_name, trade_off, ttft_guard_applies)
+from tuner.tune.select import (TTFT_KEYS, PickRule, Point, Selection, check, trade_off,
+                               ttft_guard_applies)
 from tuner.tune.space import SearchSpace
 
 if TYPE_CHECKING:

@@ -37,17 +37,17 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from tuner.errors import ConfigError, StudyNotFound
+from tuner.metrics import parse_slo
 from tuner.perf.target import Target
 from tuner.progress import Progress, check_progress
-from tuner.tune._progress import StudyProgress, best_so_far
-from tuner.tune.evaluate import Evaluator, ReplayEvaluator, evaluator_from_spec
-from tuner.tune.objectives import parse_constraints, parse_objectives
-from tuner.tune.result import TuneResult
-from tuner.metrics import parse_slo
 from tuner.sim.settings import SchedulerSettings
+from tuner.tune._progress import StudyProgress, best_so_far
 from tuner.tune.baseline import baseline_settings
 from tuner.tune.capacity import overload_report
+from tuner.tune.evaluate import Evaluator, ReplayEvaluator, evaluator_from_spec
 from tuner.tune.inputs import check_window_sizes, fixed_space, input_warnings
+from tuner.tune.objectives import parse_constraints, parse_objectives
+from tuner.tune.result import TuneResult
 from tuner.tune.select import PickRule, Point, pareto_front, rank, select
 from tuner.tune.space import SearchSpace, load_space
 from tuner.tune.storage import default_journal_path, open_storage, quiet_optuna, redact_url
