@@ -12,6 +12,7 @@ from tests.tune.fake import FakeEvaluator
 from tuner.cli import cli
 from tuner.errors import ConfigError
 from tuner.metrics import good_requests, parse_slo
+from tuner.sim.settings import SchedulerSettings
 from tuner.records import RequestResult
 from tuner.tune import tune
 from tuner.tune.baseline import parse_assignments, parse_serve_flags
@@ -155,3 +156,44 @@ def test_replay_says_when_requests_are_rejected(small_trace: pathlib.Path) -> No
         cli, ["replay", str(small_trace), *TARGET, "--max-model-len", "1500", "--no-progress"])
     assert res.exit_code == 0, res.output
     assert "are rejected (longer than max_model_len=1,500)" in res.output
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("var", ["TUNER_VLLM033_PYTHON", "TUNER_VLLM032_PYTHON"])
+def test_every_scheduler_config_field_of_vllm_is_settable_or_refused_by_name(var: str) -> None:
+    """Read SchedulerConfig's fields from the installed vLLM's source (no vLLM import):
+    each one the twin models is accepted by --set, each other one is refused naming it."""
+    import ast
+    import subprocess
+
+    from tests.envs import env_python
+    from tuner.tune.baseline import UNMODELLED_FIELDS
+
+    python = env_python(var, 'run eval "$(.ci/setup-vllm.sh)" first')
+    root = subprocess.run([python, "-c", "import importlib.util; print(importlib.util."
+                           "find_spec('vllm').submodule_search_locations[0])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    tree = ast.parse((pathlib.Path(root) / "config" / "scheduler.py").read_text())
+    cls = next(n for n in ast.walk(tree)
+               if isinstance(n, ast.ClassDef) and n.name == "SchedulerConfig")
+    names = [n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)
+             and isinstance(n.target, ast.Name) and not n.target.id.isupper()
+             and not any(w in ast.unparse(n.annotation) for w in ("InitVar", "ClassVar"))]
+    assert "max_num_seqs" in names and "stream_interval" in names
+    modelled = {f.name for f in __import__("dataclasses").fields(SchedulerSettings)}
+    for name in names:
+        if name == "async_scheduling":  # a deployment flag: the profile target carries it
+            assert parse_serve_flags(["--no-async-scheduling"]).target == {
+                "async_scheduling": False}
+            continue
+        if name in modelled:
+            assert name in parse_assignments([f"{name}={_example(name)}"])
+        else:
+            assert name in UNMODELLED_FIELDS, f"{name}: new SchedulerConfig field, classify it"
+            with pytest.raises(ConfigError, match=f"{name} .*does not model"):
+                parse_assignments([f"{name}=1"])
+
+
+def _example(name: str) -> str:
+    value = getattr(SchedulerSettings(), name)
+    return str(value).lower() if isinstance(value, bool) else str(value)

@@ -204,3 +204,13 @@ def test_tune_says_overload_first_with_the_size_that_keeps_up(small_trace: Any,
     assert first.startswith("OVERLOADED: the deployment (1 GPU, TP 1) cannot keep up")
     assert "req/s" in first and "TTFT p50" in first
     assert "The twin keeps up with TP " in first and "replica" in first
+
+
+def test_front_points_outside_the_rule_are_shown_with_the_reason() -> None:
+    """The bundled hour, TP 8: +790 % interactivity at TTFT p50 49 s against 0.47 s."""
+    base = pt(0, 2.76, 203.9, base=True, ttft=0.466)
+    seven = pt(7, 24.65, 206.0, ttft=49.3)
+    sel = select([base, seven], base, OBJS)
+    assert sel.point is base
+    (point, why), = sel.excluded
+    assert point is seven and "TTFT guard ttft_p50_s 49.3 s" in why

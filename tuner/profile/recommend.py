@@ -130,6 +130,10 @@ def summary_lines(run: TunedProfile) -> list[str]:
     if sel.runner_ups:
         lines.append("runner-ups (against the pick):")
         lines += [f"  {trade_off(p, sel.point, result.objectives)}" for p in sel.runner_ups]
+    if sel.excluded:
+        lines.append(f"not eligible (against {sel.point.label}):")
+        lines += [f"  {trade_off(p, sel.point, result.objectives)} -- {why}"
+                  for p, why in sel.excluded]
     confirm = result.confirms()
     if sel.point.is_baseline:
         lines.append("the baseline is recommended: keep the current settings")

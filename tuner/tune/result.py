@@ -148,6 +148,9 @@ class TuneResult:
                                                                      self.objectives)}
                            for p in self.selection.runner_ups],
             "skipped": list(self.selection.skipped),
+            "excluded": [{"trial": p.number, "why": why,
+                          "trade_off": trade_off(p, self.recommended, self.objectives)}
+                         for p, why in self.selection.excluded],
             "overload": None if self.overload is None else self.overload.to_dict(),
             "front": [_point_dict(p, self.objectives) for p in self.front],
             "notes": self.notes, "wall_s": round(self.wall_s, 3), "seed": self.seed,

@@ -107,6 +107,9 @@ class Selection:
     reason: str  # why this point (or why the baseline)
     runner_ups: tuple[Point, ...] = ()  # the next candidates, best first
     skipped: tuple[str, ...] = ()  # "trial 171: ttft_p90_s<=2 fails on held-out (133.9 s)"
+    #: Front points the rule did not consider, best first, with why: what an operator
+    #: would otherwise wonder about ("+794 % interactivity, why not that?").
+    excluded: tuple[tuple[Point, str], ...] = ()
 
 
 def _num(value: Any) -> float:
@@ -270,12 +273,13 @@ def select(points: Sequence[Point], baseline: Point, objectives: Sequence[Object
         if not dropped or (passing and not passing[0].is_baseline):
             break
         pool = [p for p in pool if all(p is not d for d in dropped)]
+    excluded = _excluded(points, ranked, baseline, objectives, constraints, rule, guard)
     if passing and not passing[0].is_baseline:
         pick = passing[0]
         reason = f"{pick.label} is the best point under the rule"
         if skipped:
             reason += f" (after {len(skipped)} candidate(s) failed on held-out)"
-        return Selection(pick, text, reason, tuple(passing[1:4]), tuple(skipped))
+        return Selection(pick, text, reason, tuple(passing[1:4]), tuple(skipped), excluded)
     base_failed = check(baseline.metrics, None, constraints, rule, False)
     if held_out:
         base_failed += [f"{f} on held-out" for f in
@@ -287,7 +291,28 @@ def select(points: Sequence[Point], baseline: Point, objectives: Sequence[Object
         reason += (" (which itself fails " + "; ".join(base_failed)
                    + ": no point found meets the constraints)")
     runner = tuple(p for p in passing if p is not baseline)[:3]
-    return Selection(baseline, text, reason, runner, tuple(skipped))
+    return Selection(baseline, text, reason, runner, tuple(skipped), excluded)
+
+
+def _excluded(points: Sequence[Point], ranked: Sequence[Point], baseline: Point,
+              objectives: Sequence[Objective], constraints: Sequence[Constraint],
+              rule: PickRule, guard: bool) -> tuple[tuple[Point, str], ...]:
+    """Up to 3 training-window front points outside the candidates, best score first."""
+    front = [p for p in pareto_front(list(points), objectives)
+             if not p.is_baseline and all(p is not q for q in ranked)]
+    out = []
+    for p in sorted(front, key=lambda p: (-score(p, baseline, objectives, rule), p.number)):
+        why = check(p.metrics, baseline.metrics, constraints, rule, guard)
+        if not why:
+            main = (None if rule.prefer == "balanced"
+                    else preferred_objective(objectives, rule.prefer))
+            below = [o.key for o in objectives if o is not main
+                     and not o.at_least_as_good(p.value(o), baseline.value(o))]
+            why = ([f"{', '.join(below)} below the baseline's"] if below
+                   else [f"outside the {rule.tolerance:.0%} tolerance on "
+                         f"{main.key if main else 'the objectives'}"])
+        out.append((p, "; ".join(why)))
+    return tuple(out[:3])
 
 
 def _held_out_pass(ranked: list[Point], baseline: Point, objectives: Sequence[Objective],
