@@ -99,3 +99,22 @@ def test_tune_log_ingests_tunes_and_exports(tmp_path: pathlib.Path) -> None:
     data = json.loads(res.output)
     assert (tmp_path / "from-log.trace.parquet").exists() and out.exists()
     assert data["trials"]["complete"] == 3 and "--scheduling-policy" in data["flags"]
+
+
+def test_the_tune_flow_is_a_library_call(small_trace: pathlib.Path,
+                                         tmp_path: pathlib.Path) -> None:
+    """Issue 13 item 6: notebooks get what `tuner tune` does without Click."""
+    from tuner.profile import load_profile
+    from tuner.profile.recommend import summary_lines, tune_to_profile
+    from tuner.sim.target import Target
+
+    run = tune_to_profile(str(small_trace), tmp_path / "lib.yaml",
+                          target=Target(tp=8, num_gpu_blocks=1500), n_trials=3,
+                          fixed=["max_num_seqs=256"])
+    saved = load_profile(run.path)
+    assert saved.scheduler.max_num_seqs == 256 and saved.target.max_model_len == 131072
+    assert saved.target.gpu_memory_utilization == 0.92 and saved.target.num_gpu_blocks == 1500
+    assert run.command.splitlines()[-1].strip() != "" and "vllm serve " in run.command
+    lines = summary_lines(run)
+    assert any(ln.startswith("recommended: ") for ln in lines)
+    assert any(ln.startswith("training window: ") and "tok/s/GPU" in ln for ln in lines)

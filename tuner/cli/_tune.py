@@ -198,8 +198,11 @@ def tune_command(trace: str | None, output: str | None, join_study: str | None,
 
     Stage 1 screens --trials points on a short slice of the training window, stage 2
     replays the best on the whole training window, and the Pareto front is checked on the
-    held-out window. vLLM's defaults are trial 0; the pick never loses to them on the
-    guarded objective (see --prefer).
+    held-out window. vLLM's defaults (or --baseline) are trial 0. The pick: within
+    --throughput-tolerance of the best throughput, the interactivity knee, never below the
+    baseline's interactivity, TTFT p50/p90 within --ttft-tolerance of the baseline's, and
+    every constraint met on the held-out window too (docs/tuning.md). An overloaded
+    deployment is reported first, with the TP/replica count at which the twin keeps up.
 
     \b
     Example:
@@ -208,6 +211,10 @@ def tune_command(trace: str | None, output: str | None, join_study: str | None,
       tuner tune traces/agentic_1h.parquet --tp 8 --workers 4 \\
           --storage postgresql://tuner@db/tuner --study agentic -o profiles/agentic.yaml
       tuner tune --join agentic --storage postgresql://tuner@db/tuner --trials 50
+      tuner tune trace.parquet --tp 8 -o p.yaml --set max_num_seqs=256 \\
+          --baseline "--max-num-batched-tokens 8192 --no-enable-chunked-prefill"
+      tuner tune trace.parquet --tp 8 -o p.yaml --objective goodput,output_throughput_per_gpu \\
+          --slo ttft:2000,tpot:50
       tuner tune trace.parquet --model /models/llama --tp 1 -o p.yaml \\
           --confirm-top 3 --launch --vllm-python /opt/vllm/bin/python --load-format dummy
     """
@@ -301,8 +308,9 @@ def _refuse_repeated(paths: tuple[str, ...]) -> None:
 @handle_errors
 def export_command(profile: str, fmt: str, vllm_version: str, native_admission: bool,
                    async_scheduling: bool | None, check_python: str | None) -> None:
-    """Print PROFILE as vLLM configuration: serve flags, a --config YAML, SchedulerConfig
-    kwargs, JSON, a shell snippet, or the scheduler-plugin form.
+    """Print PROFILE as vLLM configuration: a paste-ready `vllm serve MODEL ...` command
+    (flags), a --config YAML, SchedulerConfig kwargs, JSON, a shell snippet, or the
+    scheduler-plugin form.
 
     \b
     Example:
