@@ -104,7 +104,8 @@ class OverloadReport:
         return text + (f" The twin keeps up with TP {n.tp} x {n.replicas} "
                        f"replica{'s' if n.replicas > 1 else ''} = {n.gpus} GPU (TTFT p50 "
                        f"{_s(n.ttft_p50_s)}, p90 {_s(n.ttft_p90_s)}); searched "
-                       f"{len(self.probes)} sizes: TP up to {MAX_TP} and replicas with "
+                       f"{len(self.probes)} size{'s' if len(self.probes) != 1 else ''}: "
+                       f"TP up to {MAX_TP} and replicas with "
                        "session affinity (data parallelism is not modelled).")
 
     def to_dict(self) -> dict[str, Any]:
