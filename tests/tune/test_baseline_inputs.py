@@ -130,6 +130,18 @@ def test_rejected_requests_are_said() -> None:
     assert rejection_warning({"num_requests": 100, "num_rejected": 1}, 8192) is None
 
 
+def test_tune_says_first_when_requests_are_rejected(small_trace: pathlib.Path,
+                                                    tmp_path: pathlib.Path) -> None:
+    res = CliRunner().invoke(cli, ["tune", str(small_trace), *TARGET, "--trials", "2",
+                                   "--max-model-len", "1500", "--holdout", "0",
+                                   "--no-progress", "-o", str(tmp_path / "r.yaml")],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    first = res.output.splitlines()[0]
+    assert first.startswith("WARNING: ") and "are rejected (longer than max_model_len=1,500)" \
+        in first
+
+
 def test_the_same_log_twice_is_refused(tmp_path: pathlib.Path) -> None:
     log = tmp_path / "a.jsonl"
     log.write_text(json.dumps({"timestamp": 0, "input_length": 10, "output_length": 5,

@@ -129,7 +129,7 @@ def _run_tune(trace: str, output: str, kw: dict[str, Any], target_kw: dict[str, 
         return run.profile
     console = Console() if sys.stdout.isatty() else Console(width=160)
     lines = summary_lines(run)
-    if run.result.overload is not None:  # said first: no setting fixes overload
+    while lines and lines[0].startswith(("OVERLOADED", "WARNING")):  # before anything else
         click.echo(lines.pop(0))
     console.print(run.result.front_table())
     for line in lines:
