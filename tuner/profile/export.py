@@ -165,8 +165,12 @@ def target_args(profile: Profile) -> list[str]:
     if t.quantization is not None:
         args += ["--quantization", t.quantization]
     if t.kv_cache_dtype is not None:
-        args += ["--kv-cache-dtype", t.kv_cache_dtype]
+        args += ["--kv-cache-dtype", _VLLM_KV_DTYPES.get(t.kv_cache_dtype, t.kv_cache_dtype)]
     return args
+
+
+#: The twin's short dtype names (tuner.sim.models) -> vLLM's ``--kv-cache-dtype`` choices.
+_VLLM_KV_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 def serve_command(profile: Profile, plan: ExportPlan, *, use_async: bool) -> list[str]:
