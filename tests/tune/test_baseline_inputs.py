@@ -209,3 +209,19 @@ def test_every_scheduler_config_field_of_vllm_is_settable_or_refused_by_name(var
 def _example(name: str) -> str:
     value = getattr(SchedulerSettings(), name)
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def test_baseline_from_a_profile_or_flags(tmp_path: pathlib.Path) -> None:
+    from tests.profile.test_export import make_profile
+    from tuner.profile import save_profile
+    from tuner.profile.recommend import resolve_baseline
+    from tuner.sim.target import Target
+
+    path = save_profile(make_profile(window=8), tmp_path / "today.yaml")
+    settings, flags, notes = resolve_baseline(str(path), Target(tp=8))
+    assert settings is not None and settings.cache_aware_admission_window == 8 and flags is None
+    with pytest.raises(ConfigError, match="no such profile file"):
+        resolve_baseline(str(tmp_path / "missing.yaml"), Target(tp=8))
+    settings, flags, notes = resolve_baseline("--max-num-seqs 64 --port 8000", Target(tp=8))
+    assert settings is None and flags is not None and flags.scheduler == {"max_num_seqs": 64}
+    assert notes == ["--baseline: ignored (no bearing on the replay): --port 8000"]
