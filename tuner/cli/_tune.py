@@ -71,7 +71,7 @@ def search_options(func):  # type: ignore[no-untyped-def]
                      help="The pick may give up this much of the best throughput (percent) "
                           "for the interactivity knee."),
         click.option("--ttft-tolerance", default="25", show_default=True, metavar="PCT|off",
-                     help="The pick's TTFT p50/p90 may exceed the baseline's by this much "
+                     help="The pick's mean and p90 TTFT may exceed the baseline's by this much "
                           "(percent, +0.1 s); off, or a TTFT objective/constraint, disables it."),
         click.option("--set", "assignments", multiple=True, metavar="FIELD=VALUE",
                      help="Hold a scheduler setting fixed (SchedulerConfig name, repeatable): "
@@ -200,7 +200,7 @@ def tune_command(trace: str | None, output: str | None, join_study: str | None,
     replays the best on the whole training window, and the Pareto front is checked on the
     held-out window. vLLM's defaults (or --baseline) are trial 0. The pick: within
     --throughput-tolerance of the best throughput, the interactivity knee, never below the
-    baseline's interactivity, TTFT p50/p90 within --ttft-tolerance of the baseline's, and
+    baseline's interactivity, mean and p90 TTFT within --ttft-tolerance of the baseline's, and
     every constraint met on the held-out window too (docs/tuning.md). An overloaded
     deployment is reported first, with the TP/replica count at which the twin keeps up.
 
