@@ -109,7 +109,8 @@ class OverloadReport:
                        "session affinity (data parallelism is not modelled).")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "window": self.window, "tp": self.tp, "dp": self.dp, "gpus": self.gpus,
+        return {"verdict": self.verdict, "window": self.window, "tp": self.tp, "dp": self.dp,
+                "gpus": self.gpus,
                 "needed": None if self.needed is None else _probe_dict(self.needed),
                 "probes": [_probe_dict(p) for p in self.probes], "message": self.message()}
 

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
 
 #: Metrics copied into a profile's ``predicted`` section (objectives/constraints are added).
 PROFILE_METRICS = ("p90_interactivity", "output_throughput_per_gpu", "total_throughput_per_gpu",
-                   "prefix_cache_hit_rate", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "tpot_p90_s",
-                   "itl_p99_s", "preemptions", "kv_usage_mean", "queue_depth_mean",
+                   "prefix_cache_hit_rate", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s",
+                   "tpot_p90_s", "itl_p99_s", "preemptions", "kv_usage_mean", "queue_depth_mean",
                    "num_finished", "num_requests", "num_rejected")
 
 
