@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from tests.tune.fake import FakeEvaluator
 from tuner.tune.capacity import overload_verdict
 from tuner.sim.settings import SchedulerSettings
@@ -172,21 +170,21 @@ def test_overload_is_reported_first_with_what_is_needed() -> None:
     assert "TP 8 x 3 replicas = 24 GPU" in text and "TTFT p50 1.20 s" in text
 
 
-@pytest.mark.parametrize("window", ["train"])
-def test_real_replay_of_an_overloaded_deployment_is_flagged(small_trace: Any,
-                                                            window: str) -> None:
-    """The twin on a KV cache far too small for the traffic: the queue grows, it is said."""
+def test_real_replay_of_an_overloaded_deployment_is_flagged(small_trace: Any) -> None:
+    """The twin: a 70B model on one GPU with 600 KV blocks falls behind the small trace;
+    two session-affine replicas split the requests between them."""
     from tuner.sim.target import Target
     from tuner.tune.evaluate import ReplayEvaluator
 
-    ev = ReplayEvaluator(small_trace, target=Target(tp=1, num_gpu_blocks=80,
-                                                    model="llama-3.1-8b"),
+    ev = ReplayEvaluator(small_trace, target=Target(tp=1, num_gpu_blocks=600),
                          holdout=0.0, stage1_fraction=1.0)
-    metrics = ev.evaluate(ev.default_settings, window)  # type: ignore[arg-type]
-    assert metrics["backlog_end"] >= 0 and metrics["arrival_rate"] > 0
-    big = ev.evaluate_deployment(ev.default_settings, window, tp=1, replicas=2)  # type: ignore[arg-type]
-    assert len(big) == 2
-    assert sum(m["num_requests"] for m in big) == metrics["num_requests"]
+    metrics = ev.evaluate(ev.default_settings, "train")
+    assert metrics["backlog_end"] > 0.05 * metrics["num_requests"]
+    assert metrics["arrival_rate"] > 1.1 * metrics["request_throughput"]
+    assert overload_verdict(metrics) is not None
+    halves = ev.evaluate_deployment(ev.default_settings, "train", tp=1, replicas=2)
+    assert len(halves) == 2
+    assert sum(m["num_requests"] for m in halves) == metrics["num_requests"]
 
 
 def test_tune_says_overload_first_with_the_size_that_keeps_up(small_trace: Any,

@@ -7,8 +7,8 @@ fields they will not change (``--set``) must stay fixed in the search.
 
 Flags are read with the naming rule export writes them with
 (:func:`tuner.vllm_compat.flag_name`: the field name with ``_`` -> ``-``, ``policy`` ->
-``--scheduling-policy``, booleans as ``--x``/``--no-x``), so ``tuner export --format flags`` output reads back as the same
-settings. Every ``SchedulerConfig`` field of the supported vLLM releases (0.32.0 and
+``--scheduling-policy``, booleans as ``--x``/``--no-x``), so ``tuner export --format
+flags`` output reads back as the same settings. Every ``SchedulerConfig`` field of the supported vLLM releases (0.32.0 and
 0.33.0 have the same fields) is known: the ones the twin models are accepted, the others
 are refused with a message naming the field and why, never "No such option".
 """
