@@ -282,8 +282,9 @@ def select(points: Sequence[Point], baseline: Point, objectives: Sequence[Object
     if passing and not passing[0].is_baseline:
         pick = passing[0]
         reason = f"{pick.label} is the best point under the rule"
-        if skipped:
-            reason += f" (after {len(skipped)} candidate(s) failed on held-out)"
+        failed = [s for s in skipped if not s.startswith(baseline.label)]
+        if failed:
+            reason += f" (after {len(failed)} candidate(s) failed on held-out)"
         return Selection(pick, text, reason, tuple(passing[1:4]), tuple(skipped), excluded)
     base_failed = check(baseline.metrics, None, constraints, rule, False)
     if held_out:
