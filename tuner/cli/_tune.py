@@ -69,7 +69,8 @@ def search_options(func):  # type: ignore[no-untyped-def]
         click.option("--throughput-tolerance", type=click.FloatRange(0, 100, max_open=True),
                      default=10.0, show_default=True, metavar="PCT",
                      help="The pick may give up this much of the best throughput (percent) "
-                          "for the interactivity knee."),
+                          "for the interactivity knee (--prefer interactivity: this much of "
+                          "the best interactivity for throughput)."),
         click.option("--ttft-tolerance", default="25", show_default=True, metavar="PCT|off",
                      help="The pick's mean and p90 TTFT may exceed the baseline's by this much "
                           "(percent, +0.1 s); off, or a TTFT objective/constraint, disables it."),

@@ -244,11 +244,12 @@ def rank(points: Sequence[Point], baseline: Point, objectives: Sequence[Objectiv
     guarded = [o for o in objectives if o is not main]
     ok = [p for p in front if p is baseline
           or all(o.at_least_as_good(p.value(o), baseline.value(o)) for o in guarded)]
-    if main is not None:
-        best = max(main.gain(p.value(main), baseline.value(main)) for p in ok)
-        if math.isfinite(best):
-            ok = [p for p in ok if p is baseline
-                  or main.gain(p.value(main), baseline.value(main)) >= best * (1 - rule.tolerance)]
+    gains = [g for g in (main.gain(p.value(main), baseline.value(main)) for p in ok)
+             if math.isfinite(g)] if main is not None else []
+    if main is not None and gains:
+        floor = max(gains) * (1 - rule.tolerance)
+        ok = [p for p in ok if p is baseline
+              or main.gain(p.value(main), baseline.value(main)) >= floor]
     return sorted(ok, key=lambda p: (-score(p, baseline, objectives, rule), not p.is_baseline,
                                      p.number))
 
