@@ -223,3 +223,43 @@ def test_front_points_outside_the_rule_are_shown_with_the_reason() -> None:
     (point, why), = sel.excluded
     assert point is seven and "TTFT guard ttft_mean_s 53.2 s" in why
     assert select([base, seven, six], base, OBJS).point is six
+
+
+#: The issue's run reproduced (bundled hour, mi355x, llama-3.1-70b TP 8, --space scheduler,
+#: seed 0, first 18 trials): (p90 tok/s/user, out tok/s/GPU, TTFT mean, p50, p90) on the
+#: training window and on the held-out window.
+ISSUE_RUN = {
+    0: ((2.759, 203.925, 3.825, 0.466, 21.953), (2.522, 180.648, 87.378, 84.134, 129.665)),
+    2: ((40.989, 181.65, 242.412, 223.461, 421.668), (40.444, 177.104, 302.314, 306.398, 381.2)),
+    12: ((25.519, 206.535, 46.236, 45.128, 82.943), (25.225, 200.202, 166.922, 169.287, 191.815)),
+    15: ((24.963, 206.542, 46.07, 44.997, 82.775), (24.414, 200.203, 164.985, 167.342, 189.784)),
+    17: ((21.276, 207.137, 39.122, 38.96, 72.541), (21.145, 201.779, 159.011, 158.766, 181.062)),
+    6: ((4.945, 208.287, 3.951, 1.157, 11.97), (4.576, 198.924, 84.421, 84.141, 96.859)),
+}
+
+
+def _issue_points() -> list[Point]:
+    keys = ("p90_interactivity", "output_throughput_per_gpu", "ttft_mean_s", "ttft_p50_s",
+            "ttft_p90_s")
+    return [Point(number=n, params={}, settings={"n": n}, is_baseline=n == 0,
+                  metrics=dict(zip(keys, train)), holdout=dict(zip(keys, held)))
+            for n, (train, held) in ISSUE_RUN.items()]
+
+
+def test_the_issue_run_trial_17_waits_in_the_queue_and_is_said() -> None:
+    """Trial 17 (21.3 tok/s/user, 207.1 tok/s/GPU) holds requests back: TTFT p50 39 s
+    against 0.47 s. By default the pick is trial 6 (+79 % interactivity, +2 % throughput,
+    TTFT p90 12 s against 22 s); trial 17's kind is listed as not eligible, with the TTFT.
+    Asked for (--ttft-tolerance off), the knee is trial 12 and trial 17 is a runner-up."""
+    from tuner.tune.select import PickRule
+
+    pts = _issue_points()
+    base = pts[0]
+    sel = select(pts, base, OBJS, "throughput", held_out=True)
+    assert sel.point.number == 6
+    assert all("TTFT guard ttft_mean_s" in why for _, why in sel.excluded
+               if _.number in (12, 15, 17))
+    off = select(pts, base, OBJS, PickRule(ttft_tolerance=None), held_out=True)
+    assert off.point.number == 12
+    assert [p.number for p in off.runner_ups] == [15, 17]
+    assert any(s.startswith("trial 6: trial 12 beats it on every objective") for s in off.skipped)

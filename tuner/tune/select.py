@@ -353,7 +353,8 @@ def _held_out_pass(ranked: list[Point], baseline: Point, objectives: Sequence[Ob
 def trade_off(p: Point, pick: Point, objectives: Sequence[Objective],
               window: str = "train") -> str:
     """``p`` against the pick in plain words, with units: what it gains and what it costs."""
-    parts = []
+    parts: list[tuple[bool, str]] = []
+    same: list[str] = []
     a = p.metrics if window == "train" else (p.holdout or {})
     b = pick.metrics if window == "train" else (pick.holdout or {})
     for o in objectives:
@@ -361,12 +362,15 @@ def trade_off(p: Point, pick: Point, objectives: Sequence[Objective],
         if not (math.isfinite(va) and math.isfinite(vb)) or vb == 0:
             continue
         pct = (va - vb) / abs(vb) * 100
+        if abs(pct) < 0.05:
+            same.append(f"the same {metric_name(o.key)} ({fmt_metric(o.key, va)})")
+            continue
         word = "more" if pct > 0 else "less"
         better = (pct > 0) == (o.direction == "maximize")
         parts.append((better, f"{abs(pct):.1f} % {word} {metric_name(o.key)} "
                               f"({fmt_metric(o.key, va)} vs {fmt_metric(o.key, vb)})"))
     gains = [t for ok, t in parts if ok]
-    costs = [t for ok, t in parts if not ok]
+    costs = [t for ok, t in parts if not ok] + same
     ttft = (f"; TTFT p50 {fmt_metric('ttft_p50_s', a.get('ttft_p50_s'))}, p90 "
             f"{fmt_metric('ttft_p90_s', a.get('ttft_p90_s'))}")
     if gains and costs:
