@@ -166,7 +166,7 @@ def test_flags_are_a_complete_paste_ready_serve_command() -> None:
 def test_hub_repos_match_the_presets_sources() -> None:
     from tuner.profile.export import HUB_REPOS
 
-    sources = (pathlib.Path(__file__).parents[2] / "tuner/sim/presets/models/SOURCES.md")
+    sources = (pathlib.Path(__file__).parents[2] / "tuner/perf/presets/models/SOURCES.md")
     rows = {}
     for line in sources.read_text().splitlines():
         cells = [c.strip().strip("`") for c in line.split("|")[1:-1]]

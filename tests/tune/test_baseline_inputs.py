@@ -215,7 +215,7 @@ def test_baseline_from_a_profile_or_flags(tmp_path: pathlib.Path) -> None:
     from tests.profile.test_export import make_profile
     from tuner.profile import save_profile
     from tuner.profile.recommend import resolve_baseline
-    from tuner.sim.target import Target
+    from tuner.perf.target import Target
 
     path = save_profile(make_profile(window=8), tmp_path / "today.yaml")
     settings, flags, notes = resolve_baseline(str(path), Target(tp=8))

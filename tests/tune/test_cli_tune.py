@@ -106,7 +106,7 @@ def test_the_tune_flow_is_a_library_call(small_trace: pathlib.Path,
     """Issue 13 item 6: notebooks get what `tuner tune` does without Click."""
     from tuner.profile import load_profile
     from tuner.profile.recommend import summary_lines, tune_to_profile
-    from tuner.sim.target import Target
+    from tuner.perf.target import Target
 
     run = tune_to_profile(str(small_trace), tmp_path / "lib.yaml",
                           target=Target(tp=8, num_gpu_blocks=1500), n_trials=3,

@@ -173,7 +173,7 @@ def test_overload_is_reported_first_with_what_is_needed() -> None:
 def test_real_replay_of_an_overloaded_deployment_is_flagged(small_trace: Any) -> None:
     """The twin: a 70B model on one GPU with 600 KV blocks falls behind the small trace;
     two session-affine replicas split the requests between them."""
-    from tuner.sim.target import Target
+    from tuner.perf.target import Target
     from tuner.tune.evaluate import ReplayEvaluator
 
     ev = ReplayEvaluator(small_trace, target=Target(tp=1, num_gpu_blocks=600),

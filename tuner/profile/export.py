@@ -59,7 +59,7 @@ ExportPlan = vllm_compat.SchedulerArgsPlan
 parse_version = vllm_compat.parse_version
 flag_name = vllm_compat.flag_name
 
-#: Hub repositories of the bundled model presets (tuner/sim/presets/models/SOURCES.md;
+#: Hub repositories of the bundled model presets (tuner/perf/presets/models/SOURCES.md;
 #: tests/profile/test_export.py checks the two agree).
 HUB_REPOS = {"llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
              "llama-3.1-70b": "meta-llama/Llama-3.1-70B-Instruct",
@@ -162,15 +162,7 @@ def target_args(profile: Profile) -> list[str]:
         args += ["--block-size", str(t.block_size)]
     if t.num_gpu_blocks is not None:
         args += ["--num-gpu-blocks-override", str(t.num_gpu_blocks)]
-    if t.quantization is not None:
-        args += ["--quantization", t.quantization]
-    if t.kv_cache_dtype is not None:
-        args += ["--kv-cache-dtype", _VLLM_KV_DTYPES.get(t.kv_cache_dtype, t.kv_cache_dtype)]
-    return args
-
-
-#: The twin's short dtype names (tuner.sim.models) -> vLLM's ``--kv-cache-dtype`` choices.
-_VLLM_KV_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+    return args  # --quantization / --kv-cache-dtype ride in the plan (plan_export)
 
 
 def serve_command(profile: Profile, plan: ExportPlan, *, use_async: bool) -> list[str]:

@@ -22,7 +22,7 @@ from tuner.errors import ConfigError
 from tuner.profile.export import export_profile
 from tuner.profile.model import Profile, ProfileTarget, load_profile, save_profile
 from tuner.sim.settings import SchedulerSettings
-from tuner.sim.target import Target
+from tuner.perf.target import Target
 from tuner.tune.baseline import (ServeFlags, check_target_agrees, parse_assignments,
                                  parse_serve_flags)
 from tuner.tune.result import TuneResult
@@ -71,7 +71,7 @@ def tune_to_profile(trace: str, output: str | os.PathLike[str], *, target: Targe
     base_settings, flags, notes = resolve_baseline(baseline, target)
     fixed_values = parse_assignments(fixed)
     if flags is not None:
-        from tuner.sim.presets import resolve_target
+        from tuner.perf.presets import resolve_target
 
         base_settings = resolve_target(target).default_settings.replace(**flags.scheduler)
     result = tune(trace, target=target, output=output, baseline=base_settings,
@@ -94,9 +94,7 @@ def _with_target(profile: Profile, target: Target, result: TuneResult) -> Profil
     return dataclasses.replace(profile, target=dataclasses.replace(
         t, max_model_len=result.max_model_len or target.max_model_len,
         gpu_memory_utilization=target.gpu_memory_utilization,
-        num_gpu_blocks=target.num_gpu_blocks,
-        quantization=getattr(target, "quantization", None) or t.quantization,
-        kv_cache_dtype=target.kv_cache_dtype or t.kv_cache_dtype))
+        num_gpu_blocks=target.num_gpu_blocks))
 
 
 def summary_lines(run: TunedProfile) -> list[str]:
