@@ -221,7 +221,7 @@ def test_front_points_outside_the_rule_are_shown_with_the_reason() -> None:
     sel = select([base, seven], base, OBJS)
     assert sel.point is base
     (point, why), = sel.excluded
-    assert point is seven and "TTFT guard ttft_mean_s 53.2 s" in why
+    assert point is seven and "TTFT guard ttft_mean_s 53.20 s" in why
     assert select([base, seven, six], base, OBJS).point is six
 
 

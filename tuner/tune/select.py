@@ -208,11 +208,7 @@ def check(metrics: dict[str, Any] | None, base: dict[str, Any] | None,
 
 def _show(key: str, value: Any) -> str:
     v = _num(value)
-    if not math.isfinite(v):
-        return "undefined"
-    if key.endswith("_s"):
-        return f"{v:,.3g} s" if v >= 1 else f"{v * 1e3:,.3g} ms"
-    return f"{v:,.4g}"
+    return fmt_metric(key, v) if math.isfinite(v) else "undefined"
 
 
 def score(p: Point, baseline: Point, objectives: Sequence[Objective], rule: PickRule) -> float:
@@ -367,7 +363,7 @@ def trade_off(p: Point, pick: Point, objectives: Sequence[Objective],
             continue
         word = "more" if pct > 0 else "less"
         better = (pct > 0) == (o.direction == "maximize")
-        parts.append((better, f"{abs(pct):.1f} % {word} {metric_name(o.key)} "
+        parts.append((better, f"{abs(pct):,.1f} % {word} {metric_name(o.key)} "
                               f"({fmt_metric(o.key, va)} vs {fmt_metric(o.key, vb)})"))
     gains = [t for ok, t in parts if ok]
     costs = [t for ok, t in parts if not ok] + same
@@ -404,6 +400,8 @@ def fmt_metric(key: str, value: Any) -> str:
     if not math.isfinite(v):
         return "-"
     if key.endswith("_s"):
+        if abs(v) >= 100:
+            return f"{v:,.0f} s"
         return f"{v:,.2f} s" if abs(v) >= 1 else f"{v * 1e3:,.0f} ms"
     unit = _NAMES.get(key, ("", ""))[1]
     text = f"{v:,.3g}" if abs(v) < 100 else f"{v:,.1f}"
