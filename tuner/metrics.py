@@ -38,8 +38,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PooledSamples",
+    "SLO_KEYS",
     "Summary",
+    "good_requests",
     "itl_samples_from_steps",
+    "parse_slo",
+    "rejection_warning",
     "summarize",
     "summary_table",
     "weighted_percentile",
@@ -196,6 +200,7 @@ class Summary:
     # Throughput over the span of token production of the counted requests.
     span_s: float  # earliest first admission -> latest finish of finished counted requests
     request_throughput: float  # finished requests / span_s
+    goodput: float  # finished requests meeting every SLO / span_s (nan: no SLO given)
     output_throughput: float  # output tokens / span_s (whole deployment)
     total_throughput: float  # (input + output) tokens / span_s (whole deployment)
     output_throughput_per_gpu: float  # output tokens / span_s / num_gpus
@@ -210,6 +215,10 @@ class Summary:
     queue_depth_mean: float  # mean over executed steps of waiting requests
     queue_depth_peak: int
     num_running_mean: float  # mean over executed steps of running requests
+    # Load against capacity (overload detection; see docs/metrics.md "Overload").
+    arrival_rate: float  # counted requests / span of their arrivals (req/s)
+    backlog_end: int  # counted requests not yet admitted when the last of them arrived
+    queue_growth_per_s: float  # least-squares slope of waiting requests over the arrivals
     num_steps: int  # executed steps of the whole replay (backend counter; else samples)
     # Replay cost.
     simulated_s: float  # replay-clock span of the whole replay
@@ -267,8 +276,108 @@ def _step_stats(result: ReplayResult, t0: float, t1: float) -> dict[str, float]:
     }
 
 
+def _load_stats(result: ReplayResult, counted: list[RequestResult]) -> dict[str, Any]:
+    """Demand and backlog of the counted requests (why: overload must be said, not hidden).
+
+    ``backlog_end`` counts requests that arrived by the last counted arrival but had not been
+    admitted by then; ``queue_growth_per_s`` fits a line to the waiting-queue samples
+    between the first and the last counted arrival.
+    """
+    live = [r for r in counted if r.status != "rejected"]
+    if not live:
+        return {"arrival_rate": _NAN, "backlog_end": 0, "queue_growth_per_s": _NAN}
+    first = min(r.arrival_s for r in live)
+    last = max(r.arrival_s for r in live)
+    backlog = sum(1 for r in live
+                  if not (math.isfinite(r.first_scheduled_s) and r.first_scheduled_s <= last))
+    ts = result.timeseries
+    t = np.asarray(ts.get("t_s", []), dtype=np.float64)
+    waiting = np.asarray(ts.get("num_waiting", []), dtype=np.float64)
+    slope = _NAN
+    if t.size and waiting.size == t.size:
+        mask = (t >= first) & (t <= last)
+        if int(mask.sum()) >= 2 and float(np.ptp(t[mask])) > 0:
+            slope = float(np.polyfit(t[mask], waiting[mask], 1)[0])
+    return {"arrival_rate": _safe_div(len(live) - 1, last - first), "backlog_end": backlog,
+            "queue_growth_per_s": slope}
+
+
+#: SLO keys of ``vllm bench serve --goodput`` (values in milliseconds).
+SLO_KEYS = ("ttft", "tpot", "e2el")
+
+
+def parse_slo(text: "str | dict[str, float] | None") -> dict[str, float]:
+    """``"ttft:2000,tpot:50"`` (or ``vllm bench serve``'s space-separated form) -> ms by key.
+
+    Raises:
+        ConfigError: an unknown key, a missing or negative value, a key given twice.
+    """
+    if text is None:
+        return {}
+    if isinstance(text, dict):
+        items = [(str(k), v) for k, v in text.items()]
+    else:
+        items = []
+        for part in str(text).replace(",", " ").split():
+            key, sep, value = part.partition(":")
+            if not sep:
+                raise ConfigError(f"SLO {part!r}: write KEY:MILLISECONDS, e.g. ttft:2000")
+            items.append((key.strip(), value.strip()))
+    out: dict[str, float] = {}
+    for key, value in items:
+        if key not in SLO_KEYS:
+            raise ConfigError(f"SLO {key!r}: use {', '.join(SLO_KEYS)} (as vllm bench serve "
+                              "--goodput)")
+        if key in out:
+            raise ConfigError(f"SLO {key!r} given twice")
+        try:
+            ms = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"SLO {key}:{value}: {value!r} is not a number of "
+                              "milliseconds") from None
+        if not (math.isfinite(ms) and ms >= 0):
+            raise ConfigError(f"SLO {key}:{value}: must be a number of milliseconds >= 0")
+        out[key] = ms
+    return out
+
+
+def good_requests(requests: Sequence[RequestResult], slo_ms: dict[str, float]) -> int:
+    """Finished requests meeting every SLO, as ``vllm bench serve --goodput`` counts them:
+    TTFT and E2E latency from arrival, TPOT = (E2E - TTFT) / (output tokens - 1), taken as
+    0 for a one-token output; a request is good when each value <= its SLO."""
+    good = 0
+    for r in requests:
+        if r.status != "finished":
+            continue
+        ttft = r.first_token_s - r.arrival_s
+        e2el = r.finish_s - r.arrival_s
+        tpot = (e2el - ttft) / (r.output_len - 1) if r.output_len > 1 else 0.0
+        values = {"ttft": ttft, "tpot": tpot, "e2el": e2el}
+        if all(values[k] * 1e3 <= bound for k, bound in slo_ms.items()):
+            good += 1
+    return good
+
+
+#: Rejected share of the requests above which a replay's summary warns.
+REJECTED_WARN_FRACTION = 0.01
+
+
+def rejection_warning(metrics: dict[str, Any], max_model_len: int | None = None) -> str | None:
+    """A warning when more than 1 % of the requests are rejected (e.g. too long): the
+    metrics silently cover only the rest otherwise."""
+    n = metrics.get("num_requests") or 0
+    rejected = metrics.get("num_rejected") or 0
+    if not n or rejected <= REJECTED_WARN_FRACTION * n:
+        return None
+    limit = f" (longer than max_model_len={max_model_len:,})" if max_model_len else ""
+    return (f"WARNING: {int(rejected):,} of {int(n):,} requests ({rejected / n:.0%}) are "
+            f"rejected{limit} under every setting; the metrics cover only the rest. Raise "
+            "--max-model-len if the deployment serves them")
+
+
 def summarize(result: ReplayResult, *, measure_from_s: float | None = None,
-              measure_to_s: float | None = None) -> Summary:
+              measure_to_s: float | None = None,
+              slo_ms: dict[str, float] | None = None) -> Summary:
     """Summarise a replay, optionally over a measurement window.
 
     The window excludes warm-up (an empty cache, an empty batch) and drain (the tail
@@ -282,6 +391,8 @@ def summarize(result: ReplayResult, *, measure_from_s: float | None = None,
         result: a backend's output.
         measure_from_s: window start on the replay clock (inclusive); None = no bound.
         measure_to_s: window end (exclusive); None = no bound.
+        slo_ms: ``{"ttft": ms, "tpot": ms, "e2el": ms}`` (any subset, :func:`parse_slo`)
+            for ``goodput``; None or empty = goodput is nan.
 
     Raises:
         ConfigError: the window is empty or inverted.
@@ -326,6 +437,7 @@ def summarize(result: ReplayResult, *, measure_from_s: float | None = None,
         preemptions = int(c.get("preemptions", sum(r.num_preemptions for r in counted)))
     steps = _step_stats(result, t0 if windowed else -math.inf, t1 if windowed else math.inf)
     steps["num_steps"] = int(result.counters.get("num_steps", steps["num_steps"]))
+    load = _load_stats(result, counted)
 
     p = {q: percentile(tpot, q) for q in PERCENTS}
     return Summary(
@@ -345,6 +457,7 @@ def summarize(result: ReplayResult, *, measure_from_s: float | None = None,
         p99_interactivity=_safe_div(1.0, p[99]),
         span_s=span,
         request_throughput=_safe_div(len(finished), span),
+        goodput=_safe_div(good_requests(finished, slo_ms), span) if slo_ms else _NAN,
         output_throughput=_safe_div(out_tokens, span),
         total_throughput=_safe_div(in_tokens + out_tokens, span),
         output_throughput_per_gpu=_safe_div(out_tokens, span) / gpus,
@@ -352,7 +465,7 @@ def summarize(result: ReplayResult, *, measure_from_s: float | None = None,
         prefix_cache_queries=queries, prefix_cache_hits=hits,
         prefix_cache_hit_rate=_safe_div(hits, queries),
         preemptions=preemptions,
-        **steps,
+        **steps, **load,
         simulated_s=float(result.simulated_s), wall_s=float(result.wall_s),
         speed_ratio=_safe_div(result.simulated_s, result.wall_s),
     )

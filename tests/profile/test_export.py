@@ -30,7 +30,8 @@ def make_profile(*, window: int = 16, interval: int = 4, async_scheduling: bool 
     return Profile(name="golden", scheduler=settings,
                    target=ProfileTarget(hardware="mi355x", model="llama-3.1-70b", tp=8, dp=1,
                                         num_gpus=8, block_size=16,
-                                        async_scheduling=async_scheduling))
+                                        async_scheduling=async_scheduling,
+                                        max_model_len=131072, gpu_memory_utilization=0.92))
 
 
 CASES = [(fmt, version, native) for fmt in FORMATS
@@ -130,3 +131,45 @@ def test_check_with_vllm_skips_with_a_note_without_vllm() -> None:
         pytest.skip("vllm is importable here; tests/vllm runs the real check")
     result = check_with_vllm(make_profile())
     assert result.status == "skipped" and "not importable" in result.note
+
+
+def test_flags_are_a_complete_paste_ready_serve_command() -> None:
+    """Issue 17 item 6: `vllm serve MODEL` with every target setting, comments only above."""
+    import dataclasses
+
+    from tuner.tune.baseline import parse_serve_flags
+
+    prof = make_profile()
+    prof = dataclasses.replace(prof, target=dataclasses.replace(
+        prof.target, quantization="fp8", kv_cache_dtype="fp8", dp=2, num_gpus=16))
+    text = export_profile(prof, "flags")
+    body = [ln for ln in text.splitlines() if not ln.startswith("#")]
+    assert all("#" not in ln for ln in body)  # no comment where the shell would read it
+    args = _serve_args(text)
+    assert args[:3] == ["vllm", "serve", "meta-llama/Llama-3.1-70B-Instruct"]
+    for flag, value in (("--tensor-parallel-size", "8"), ("--data-parallel-size", "2"),
+                        ("--gpu-memory-utilization", "0.92"), ("--max-model-len", "131072"),
+                        ("--block-size", "16"), ("--quantization", "fp8"),
+                        ("--kv-cache-dtype", "fp8")):
+        assert args[args.index(flag) + 1] == value, flag
+    assert "--async-scheduling" in args and args.count("--max-num-seqs") == 1
+    sync = _serve_args(export_profile(make_profile(async_scheduling=False), "flags"))
+    assert sync.count("--no-async-scheduling") == 1 and "--async-scheduling" not in sync
+    # read back with the rules --baseline uses: the same scheduler settings
+    back = parse_serve_flags(args)
+    assert back.model == "meta-llama/Llama-3.1-70B-Instruct"
+    settings = prof.scheduler.to_dict()
+    assert {k: settings[k] for k in back.scheduler} == back.scheduler
+    assert back.target["tp"] == "8" and back.target["async_scheduling"] is True
+
+
+def test_hub_repos_match_the_presets_sources() -> None:
+    from tuner.profile.export import HUB_REPOS
+
+    sources = (pathlib.Path(__file__).parents[2] / "tuner/perf/presets/models/SOURCES.md")
+    rows = {}
+    for line in sources.read_text().splitlines():
+        cells = [c.strip().strip("`") for c in line.split("|")[1:-1]]
+        if len(cells) == 3 and cells[0] and not cells[0].startswith(("preset", "-")):
+            rows[cells[0]] = cells[1].split(" ")[0].strip("`")
+    assert rows == HUB_REPOS

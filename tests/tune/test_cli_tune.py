@@ -37,8 +37,13 @@ def test_tune_text_output_shows_front_and_flags(small_trace: pathlib.Path,
     res = CliRunner().invoke(cli, ["tune", str(small_trace), *TARGET, "--trials", "3",
                                    "-o", str(tmp_path / "t.yaml")], catch_exceptions=False)
     assert res.exit_code == 0, res.output
-    assert "Pareto front of t" in res.output and "held-out confirms" in res.output
+    assert "Pareto front of t" in res.output and "recommended: " in res.output
+    assert ("held-out confirms" in res.output
+            or "the baseline is recommended: keep the current settings" in res.output)
     assert "--scheduling-policy fcfs" in res.output
+    # TTFT beside the objectives, with units; the serve command printed once
+    assert "TTFT p50" in res.output and "tok/s/user" in res.output and "tok/s/GPU" in res.output
+    assert res.output.count("--max-num-seqs") == 1 and "vllm serve " in res.output
 
 
 def test_cli_errors_are_one_line() -> None:
@@ -94,3 +99,22 @@ def test_tune_log_ingests_tunes_and_exports(tmp_path: pathlib.Path) -> None:
     data = json.loads(res.output)
     assert (tmp_path / "from-log.trace.parquet").exists() and out.exists()
     assert data["trials"]["complete"] == 3 and "--scheduling-policy" in data["flags"]
+
+
+def test_the_tune_flow_is_a_library_call(small_trace: pathlib.Path,
+                                         tmp_path: pathlib.Path) -> None:
+    """Issue 13 item 6: notebooks get what `tuner tune` does without Click."""
+    from tuner.profile import load_profile
+    from tuner.profile.recommend import summary_lines, tune_to_profile
+    from tuner.perf.target import Target
+
+    run = tune_to_profile(str(small_trace), tmp_path / "lib.yaml",
+                          target=Target(tp=8, num_gpu_blocks=1500), n_trials=3,
+                          fixed=["max_num_seqs=256"])
+    saved = load_profile(run.path)
+    assert saved.scheduler.max_num_seqs == 256 and saved.target.max_model_len == 131072
+    assert saved.target.gpu_memory_utilization == 0.92 and saved.target.num_gpu_blocks == 1500
+    assert run.command.splitlines()[-1].strip() != "" and "vllm serve " in run.command
+    lines = summary_lines(run)
+    assert any(ln.startswith("recommended: ") for ln in lines)
+    assert any(ln.startswith("training window: ") and "tok/s/GPU" in ln for ln in lines)

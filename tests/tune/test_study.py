@@ -36,7 +36,8 @@ def test_baseline_is_trial_zero_and_the_pick_beats_it(fake: FakeEvaluator) -> No
     assert rec.metrics["p90_interactivity"] >= result.baseline.metrics["p90_interactivity"]
     assert rec.metrics["output_throughput_per_gpu"] > result.baseline.metrics[
         "output_throughput_per_gpu"]
-    assert result.confirms() == {"train": True, "holdout": True}
+    assert result.confirms() == {"train": True, "holdout": True,
+                                 "failed": {"train": [], "holdout": []}}
     # Stage 2 replays survivors on the train window, stage 3 the front on the held-out one.
     assert {w for _, w in fake.calls} == {"stage1", "train", "holdout"}
     assert rec.holdout is not None and result.baseline.holdout is not None

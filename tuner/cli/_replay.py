@@ -130,7 +130,8 @@ def replay_command(trace: str, backend: str, hardware: str, model: str, tp: int,
     from rich.console import Console
 
     from tuner import replay
-    from tuner.metrics import summarize, summary_table, write_requests_parquet
+    from tuner.metrics import (rejection_warning, summarize, summary_table,
+                               write_requests_parquet)
     from tuner.perf.presets import resolve_target
 
     if measure_from is not None and measure_to is not None and measure_to <= measure_from:
@@ -152,6 +153,9 @@ def replay_command(trace: str, backend: str, hardware: str, model: str, tp: int,
                    "target": resolved.description, "notes": result.notes})
         return
     click.echo(resolved.description)
+    warning = rejection_warning(summary.to_dict(), resolved.cache.max_model_len)
+    if warning:
+        click.echo(warning, err=True)
     # A pipe gets a fixed, wide table instead of rich's 80-column fallback.
     console = Console() if sys.stdout.isatty() else Console(width=120)
     console.print(summary_table(summary))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import sys
 from typing import Any
@@ -51,8 +52,9 @@ def search_options(func):  # type: ignore[no-untyped-def]
                      help="Profile whose settings and Pareto set start the search."),
         click.option("--prefer", type=click.Choice(PREFER_CHOICES), default="throughput",
                      show_default=True,
-                     help="Pick from the Pareto front: highest throughput keeping the "
-                          "baseline's interactivity, the reverse, or the best product of gains."),
+                     help="Pick from the Pareto front: within --throughput-tolerance of the "
+                          "best throughput the interactivity knee (never below the baseline's "
+                          "interactivity), the reverse, or the best product of gains."),
         click.option("--holdout", type=click.FloatRange(0, 1, max_open=True), default=0.25,
                      show_default=True, help="Fraction at the end of the trace kept out of "
                                              "the search and used to confirm the result."),
@@ -64,6 +66,25 @@ def search_options(func):  # type: ignore[no-untyped-def]
                      help="Points promoted to stage 2 [default: trials/10, 8..32]."),
         click.option("--vllm-version", default="0.33.0", show_default=True,
                      help="vLLM version for the flags printed at the end."),
+        click.option("--throughput-tolerance", type=click.FloatRange(0, 100, max_open=True),
+                     default=10.0, show_default=True, metavar="PCT",
+                     help="The pick may give up this much of the best throughput (percent) "
+                          "for the interactivity knee (--prefer interactivity: this much of "
+                          "the best interactivity for throughput)."),
+        click.option("--ttft-tolerance", default="25", show_default=True, metavar="PCT|off",
+                     help="The pick's mean and p90 TTFT may exceed the baseline's by this much "
+                          "(percent, +0.1 s); off, or a TTFT objective/constraint, disables it."),
+        click.option("--set", "assignments", multiple=True, metavar="FIELD=VALUE",
+                     help="Hold a scheduler setting fixed (SchedulerConfig name, repeatable): "
+                          "in the baseline and every trial, out of the search space."),
+        click.option("--baseline", default=None, metavar="PROFILE|FLAGS",
+                     help="What you run today, as a profile or your `vllm serve` flags "
+                          "(e.g. \"--max-num-seqs 256 --no-enable-chunked-prefill\"): the "
+                          "baseline and trial 0 instead of vLLM's defaults."),
+        click.option("--slo", default=None, metavar="KEY:MS,...",
+                     help="SLOs for the goodput metric, as vllm bench serve --goodput "
+                          "(ttft, tpot, e2el in ms), e.g. --slo ttft:2000,tpot:50 with "
+                          "--objective goodput or --constraint goodput>=X."),
         click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
         click.option("--progress/--no-progress", default=None,
                      help="Progress bars [default: on when stderr is a terminal]."),
@@ -88,44 +109,44 @@ def _run_tune(trace: str, output: str, kw: dict[str, Any], target_kw: dict[str, 
     """Tune, write the profile, report (shared by ``tune`` and ``tune-log``); the profile."""
     from rich.console import Console
 
-    from tuner.profile import export_profile, save_profile
-    from tuner.tune import tune
+    from tuner.profile.recommend import summary_lines, tune_to_profile
+    from tuner.tune.select import PickRule
 
+    ttft = kw["ttft_tolerance"]
+    rule = PickRule(prefer=kw["prefer"], tolerance=kw["throughput_tolerance"] / 100.0,
+                    ttft_tolerance=None if ttft.lower() == "off" else _percent(ttft))
     with progress_display(kw["progress"]) as shown:
-        result = tune(trace, target=make_target(**target_kw), space=kw["space"],
-                      objectives=_split(kw["objectives"]),
-                      constraints=_split(kw["constraints"]) or (),
-                      n_trials=kw["trials"], storage=kw["storage"], study_name=kw["study_name"],
-                      workers=kw["workers"], seed=kw["seed"], warm_start=kw["warm_start"],
-                      holdout=kw["holdout"], prefer=kw["prefer"],
-                      stage1_fraction=kw["stage1_fraction"], n_survivors=kw["survivors"],
-                      backend=kw["backend"], output=output, progress=shown)
-    name = pathlib.Path(output).stem
-    profile = result.to_profile(name, description=f"tuned by `tuner tune` on {trace}")
-    path = save_profile(profile, output)
-    flags = export_profile(profile, "flags", vllm_version=kw["vllm_version"])
+        run = tune_to_profile(
+            trace, output, target=make_target(**target_kw), vllm_version=kw["vllm_version"],
+            baseline=kw["baseline"], fixed=kw["assignments"], space=kw["space"],
+            objectives=_split(kw["objectives"]), constraints=_split(kw["constraints"]) or (),
+            n_trials=kw["trials"], storage=kw["storage"], study_name=kw["study_name"],
+            workers=kw["workers"], seed=kw["seed"], warm_start=kw["warm_start"],
+            holdout=kw["holdout"], prefer=rule, stage1_fraction=kw["stage1_fraction"],
+            n_survivors=kw["survivors"], backend=kw["backend"], progress=shown,
+            slo=kw["slo"])
     if kw["as_json"]:
-        echo_json({**result.to_dict(), "profile": str(path), "flags": flags})
-        return profile
-    console = Console()
-    console.print(result.front_table())
-    for window in ("train", "holdout"):
-        if window == "holdout" and not result.windows.has_holdout:
-            continue
-        cmp = result.comparison(window)
-        parts = [f"{k} {cmp['baseline'].get(k, float('nan')):.4g} -> "
-                 f"{cmp['tuned'].get(k, float('nan')):.4g} ({cmp['delta_pct'].get(k)}%)"
-                 for k in (o.key for o in result.objectives) if k in cmp["tuned"]]
-        console.print(f"[bold]{window}[/bold]: " + "; ".join(parts))
-    console.print(f"selection: {result.selection.reason} ({result.selection.rule})")
-    confirm = result.confirms()
-    console.print(f"beats vLLM defaults on train: {confirm['train']}; held-out confirms: "
-                  f"{confirm['holdout']}")
-    for note in result.notes:
-        console.print(f"note: {note}")
-    console.print(f"profile written to {path} (study {result.study_name!r} in {result.storage})")
-    click.echo(flags, nl=False)
-    return profile
+        echo_json({**run.result.to_dict(), "profile": str(run.path), "flags": run.command})
+        return run.profile
+    console = Console() if sys.stdout.isatty() else Console(width=160)
+    lines = summary_lines(run)
+    while lines and lines[0].startswith(("OVERLOADED", "WARNING")):  # before anything else
+        click.echo(lines.pop(0))
+    console.print(run.result.front_table())
+    for line in lines:
+        click.echo(line)
+    click.echo(run.command, nl=False)
+    return run.profile
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text.rstrip("%"))
+    except ValueError:
+        raise ConfigError(f"--ttft-tolerance {text!r}: a percentage (e.g. 25) or off") from None
+    if value < 0:
+        raise ConfigError(f"--ttft-tolerance {text!r}: must be >= 0")
+    return value / 100.0
 
 
 def _confirm_top(profile: Any, trace: str, top_k: int, server_kw: dict[str, Any],
@@ -178,8 +199,11 @@ def tune_command(trace: str | None, output: str | None, join_study: str | None,
 
     Stage 1 screens --trials points on a short slice of the training window, stage 2
     replays the best on the whole training window, and the Pareto front is checked on the
-    held-out window. vLLM's defaults are trial 0; the pick never loses to them on the
-    guarded objective (see --prefer).
+    held-out window. vLLM's defaults (or --baseline) are trial 0. The pick: within
+    --throughput-tolerance of the best throughput, the interactivity knee, never below the
+    baseline's interactivity, mean and p90 TTFT within --ttft-tolerance of the baseline's, and
+    every constraint met on the held-out window too (docs/tuning.md). An overloaded
+    deployment is reported first, with the TP/replica count at which the twin keeps up.
 
     \b
     Example:
@@ -188,6 +212,10 @@ def tune_command(trace: str | None, output: str | None, join_study: str | None,
       tuner tune traces/agentic_1h.parquet --tp 8 --workers 4 \\
           --storage postgresql://tuner@db/tuner --study agentic -o profiles/agentic.yaml
       tuner tune --join agentic --storage postgresql://tuner@db/tuner --trials 50
+      tuner tune trace.parquet --tp 8 -o p.yaml --set max_num_seqs=256 \\
+          --baseline "--max-num-batched-tokens 8192 --no-enable-chunked-prefill"
+      tuner tune trace.parquet --tp 8 -o p.yaml --objective goodput,output_throughput_per_gpu \\
+          --slo ttft:2000,tpot:50
       tuner tune trace.parquet --model /models/llama --tp 1 -o p.yaml \\
           --confirm-top 3 --launch --vllm-python /opt/vllm/bin/python --load-format dummy
     """
@@ -243,11 +271,24 @@ def tune_log_command(logfiles: tuple[str, ...], log_format: str, output: str,
     target_kw = {k: kw.pop(k) for k in ("hardware", "model", "tp", "dp", "block_size",
                                         "num_gpu_blocks", "gpu_memory_utilization",
                                         "max_model_len", "calibration")}
+    _refuse_repeated(logfiles)
     out = pathlib.Path(output)
     trace = out.with_name(out.stem + ".trace.parquet")
     with progress_display(kw["progress"]) as shown:
         ingest(list(logfiles), trace, format=log_format, progress=shown)
     _run_tune(str(trace), output, kw, target_kw)
+
+
+def _refuse_repeated(paths: tuple[str, ...]) -> None:
+    """The same log twice would double the load in silence: refuse it."""
+    seen: dict[tuple[int, int], str] = {}
+    for path in paths:
+        st = os.stat(path)
+        key = (st.st_dev, st.st_ino)
+        if key in seen:
+            raise ConfigError(f"{path} is given twice (also as {seen[key]}); each log may be "
+                              "read once, or its requests would count twice")
+        seen[key] = path
 
 
 @click.command(name="export")
@@ -268,8 +309,9 @@ def tune_log_command(logfiles: tuple[str, ...], log_format: str, output: str,
 @handle_errors
 def export_command(profile: str, fmt: str, vllm_version: str, native_admission: bool,
                    async_scheduling: bool | None, check_python: str | None) -> None:
-    """Print PROFILE as vLLM configuration: serve flags, a --config YAML, SchedulerConfig
-    kwargs, JSON, a shell snippet, or the scheduler-plugin form.
+    """Print PROFILE as vLLM configuration: a paste-ready `vllm serve MODEL ...` command
+    (flags), a --config YAML, SchedulerConfig kwargs, JSON, a shell snippet, or the
+    scheduler-plugin form.
 
     \b
     Example:

@@ -2,9 +2,15 @@
 
 Formats (``export_profile(profile, fmt, vllm_version=...)``):
 
-* ``flags``  -- ``vllm serve`` arguments, one per line with ``\\`` continuations. Names are
+* ``flags``  -- a complete, paste-ready ``vllm serve MODEL ...`` command, one argument per
+  line with ``\\`` continuations: the deployment the prediction depended on
+  (``--tensor-parallel-size``, ``--data-parallel-size``, ``--gpu-memory-utilization``,
+  ``--max-model-len``, ``--block-size``, ``--num-gpu-blocks-override``,
+  ``--quantization`` / ``--kv-cache-dtype`` when the profile has them, and
+  ``--async-scheduling`` / ``--no-async-scheduling``), then the scheduler flags. Names are
   the field names with ``_`` -> ``-`` except ``policy`` -> ``--scheduling-policy``;
-  booleans use vLLM's ``BooleanOptionalAction`` spelling (``--x`` / ``--no-x``).
+  booleans use vLLM's ``BooleanOptionalAction`` spelling (``--x`` / ``--no-x``). Notes are
+  ``#`` lines above the command, where the shell ignores them.
 * ``yaml``   -- a config file for ``vllm serve --config FILE`` (keys are the long flag
   names without the leading dashes, e.g. ``max-num-seqs: 256``).
 * ``json``   -- one JSON object with the flag list, the config-file mapping, the
@@ -53,6 +59,24 @@ ExportPlan = vllm_compat.SchedulerArgsPlan
 parse_version = vllm_compat.parse_version
 flag_name = vllm_compat.flag_name
 
+#: Hub repositories of the bundled model presets (tuner/perf/presets/models/SOURCES.md;
+#: tests/profile/test_export.py checks the two agree).
+HUB_REPOS = {"llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
+             "llama-3.1-70b": "meta-llama/Llama-3.1-70B-Instruct",
+             "qwen3-32b": "Qwen/Qwen3-32B",
+             "deepseek-v3": "deepseek-ai/DeepSeek-V3",
+             "gpt-oss-120b": "openai/gpt-oss-120b"}
+
+
+def serve_model(model: str) -> str:
+    """What ``vllm serve`` takes for a profile's model: the Hub repository of a preset, the
+    folder of a ``config.json`` path, else the name as given."""
+    if model in HUB_REPOS:
+        return HUB_REPOS[model]
+    if model.endswith("config.json"):
+        return model[: -len("config.json")].rstrip("/") or "."
+    return model
+
 
 def plan_export(profile: Profile, *, vllm_version: str = CHECKED_VLLM_VERSION,
                 native_admission: bool = False, force_plugin: bool = False,
@@ -100,7 +124,11 @@ def export_profile(profile: Profile, fmt: str, *, vllm_version: str = CHECKED_VL
     plan = plan_export(profile, vllm_version=vllm_version, native_admission=native_admission,
                        force_plugin=fmt == "plugin", async_scheduling=async_scheduling)
     header = _header(profile, plan)
-    render = {"flags": _flags, "plugin": _flags, "yaml": _yaml, "json": _json,
+    if fmt == "flags":
+        use_async = (profile.target.async_scheduling if async_scheduling is None
+                     else async_scheduling)
+        return _command(profile, plan, header, use_async=use_async)
+    render = {"plugin": _flags, "yaml": _yaml, "json": _json,
               "python": _python, "env": _env}[fmt]
     return render(profile, plan, header)
 
@@ -118,6 +146,51 @@ def _flags(profile: Profile, plan: ExportPlan, header: list[str]) -> str:
             i += 1
     body = " \\\n".join(lines)
     return "".join(f"# {h}\n" for h in header) + body + "\n"
+
+
+def target_args(profile: Profile) -> list[str]:
+    """The deployment flags the prediction depended on (module docstring, ``flags``)."""
+    t = profile.target
+    args = ["--tensor-parallel-size", str(t.tp)]
+    if t.dp > 1:
+        args += ["--data-parallel-size", str(t.dp)]
+    if t.gpu_memory_utilization is not None:
+        args += ["--gpu-memory-utilization", _scalar(t.gpu_memory_utilization)]
+    if t.max_model_len is not None:
+        args += ["--max-model-len", str(t.max_model_len)]
+    if t.block_size is not None:
+        args += ["--block-size", str(t.block_size)]
+    if t.num_gpu_blocks is not None:
+        args += ["--num-gpu-blocks-override", str(t.num_gpu_blocks)]
+    return args  # --quantization / --kv-cache-dtype ride in the plan (plan_export)
+
+
+def serve_command(profile: Profile, plan: ExportPlan, *, use_async: bool) -> list[str]:
+    """``vllm serve MODEL`` + deployment flags + scheduler flags, as an argument list."""
+    sched = [a for a in plan.serve_args() if a != "--no-async-scheduling"]
+    return (["vllm", "serve", serve_model(profile.target.model)] + target_args(profile)
+            + ["--async-scheduling" if use_async else "--no-async-scheduling"] + sched)
+
+
+def _command(profile: Profile, plan: ExportPlan, header: list[str], *, use_async: bool) -> str:
+    args = serve_command(profile, plan, use_async=use_async)
+    lines = [" ".join(shlex.quote(a) for a in args[:3])]
+    i = 3
+    while i < len(args):  # pair each flag with its value (booleans stand alone)
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            lines.append(f"    {args[i]} {shlex.quote(args[i + 1])}")
+            i += 2
+        else:
+            lines.append(f"    {args[i]}")
+            i += 1
+    missing = [name for name, value in (("--max-model-len", profile.target.max_model_len),
+                                        ("--gpu-memory-utilization",
+                                         profile.target.gpu_memory_utilization))
+               if value is None]
+    if missing:
+        header = header + [f"the profile does not record {' or '.join(missing)}: vLLM's "
+                           "defaults apply; check they match what was tuned"]
+    return "".join(f"# {h}\n" for h in header) + " \\\n".join(lines) + "\n"
 
 
 def _yaml(profile: Profile, plan: ExportPlan, header: list[str]) -> str:

@@ -56,6 +56,10 @@ class ProfileTarget:
     num_gpus: int = 1  # tp * dp
     block_size: int | None = None  # KV block size the twin used (tokens)
     async_scheduling: bool = True  # vLLM's default (resolved True); picks the plugin class
+    # What else the prediction depended on (exported as serve flags; None = not recorded).
+    max_model_len: int | None = None  # the longest sequence the twin admitted
+    gpu_memory_utilization: float | None = None
+    num_gpu_blocks: int | None = None  # a KV-capacity override (--num-gpu-blocks-override)
     #: vLLM releases whose flags and scheduler semantics the profile was produced for.
     vllm_versions: tuple[str, ...] = ("0.33.0",)
     quantization: str | None = None  # vLLM --quantization the twin priced (None: checkpoint's)
@@ -233,6 +237,15 @@ def _target(raw: Any, fail: Any) -> ProfileTarget:
         raise fail("target.block_size", f"must be an integer >= 1 or null (got {block!r})")
     if not isinstance(raw.get("async_scheduling", True), bool):
         raise fail("target.async_scheduling", "must be true or false")
+    for key in ("max_model_len", "num_gpu_blocks"):
+        value = raw.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value < 1):
+            raise fail(f"target.{key}", f"must be an integer >= 1 or null (got {value!r})")
+    util = raw.get("gpu_memory_utilization")
+    if util is not None and (isinstance(util, bool) or not isinstance(util, (int, float))
+                             or not 0 < util <= 1):
+        raise fail("target.gpu_memory_utilization", f"must be in (0, 1] or null (got {util!r})")
     versions = raw.get("vllm_versions", ["0.33.0"])
     if (not isinstance(versions, list) or not versions
             or not all(isinstance(v, str) and _is_version(v) for v in versions)):
@@ -253,7 +266,9 @@ def _target(raw: Any, fail: Any) -> ProfileTarget:
     return ProfileTarget(hardware=raw["hardware"], model=raw["model"], tp=raw.get("tp", 1),
                          dp=raw.get("dp", 1), num_gpus=raw.get("num_gpus", 1),
                          block_size=block, async_scheduling=raw.get("async_scheduling", True),
-                         vllm_versions=tuple(versions), **dtypes)
+                         vllm_versions=tuple(versions), max_model_len=raw.get("max_model_len"),
+                         gpu_memory_utilization=None if util is None else float(util),
+                         num_gpu_blocks=raw.get("num_gpu_blocks"), **dtypes)
 
 
 def _is_version(text: str) -> bool:

@@ -130,7 +130,9 @@ class ReplayEvaluator:
 
     def __init__(self, trace: Any, *, target: Target, backend: str = "sim",
                  holdout: float = 0.25, stage1_fraction: float = 0.25,
-                 expect_fingerprint: str | None = None) -> None:
+                 expect_fingerprint: str | None = None,
+                 baseline: SchedulerSettings | dict[str, Any] | None = None,
+                 slo_ms: dict[str, float] | None = None) -> None:
         from tuner.perf.presets import resolve_target
         from tuner.trace import read_trace
 
@@ -140,7 +142,13 @@ class ReplayEvaluator:
         self.target = target
         self.backend = backend
         self.resolved = resolve_target(target)
-        self.default_settings: SchedulerSettings = self.resolved.default_settings
+        #: The baseline and trial 0: vLLM's defaults, or what the operator runs (--baseline,
+        #: --set), so every comparison is against the deployment being replaced.
+        self.default_settings: SchedulerSettings = (
+            self.resolved.default_settings if baseline is None
+            else baseline if isinstance(baseline, SchedulerSettings)
+            else SchedulerSettings.from_dict(baseline))
+        self.slo_ms = dict(slo_ms or {})
         self.max_model_len = int(self.resolved.cache.max_model_len)
         self.num_gpus = int(self.resolved.num_gpus)
         t0, t1 = (float(x) for x in self._trace.time_range())
@@ -166,6 +174,8 @@ class ReplayEvaluator:
             "target": target_to_dict(self.target),
             "backend": self.backend,
             "windows": self.windows.to_dict(),
+            "baseline": self.default_settings.to_dict(),
+            "slo_ms": self.slo_ms,
         }
 
     @classmethod
@@ -178,7 +188,8 @@ class ReplayEvaluator:
         return cls(trace if trace is not None else spec["trace_path"],
                    target=target_from_dict(spec["target"]), backend=spec.get("backend", "sim"),
                    holdout=holdout, stage1_fraction=stage1,
-                   expect_fingerprint=spec["trace_fingerprint"])
+                   expect_fingerprint=spec["trace_fingerprint"],
+                   baseline=spec.get("baseline"), slo_ms=spec.get("slo_ms"))
 
     def _requests(self, window: WindowName) -> list[Any]:
         """The requests ``window`` replays: a prefix of the whole trace (arrival < end).
@@ -210,6 +221,15 @@ class ReplayEvaluator:
         end_s = self.windows.t_split if window == "train" else self.windows.t_stage1
         return self._slice(None, bisect.bisect_left(self._arrivals, end_s))
 
+    def window_counts(self) -> dict[str, int]:
+        """Requests arriving in each window (stage 1, training, held-out) and in all."""
+        w = self.windows
+        n_split = bisect.bisect_left(self._arrivals, w.t_split)
+        return {"total": len(self._arrivals),
+                "stage1": bisect.bisect_left(self._arrivals, w.t_stage1) if w.staged else n_split,
+                "train": n_split if w.has_holdout else len(self._arrivals),
+                "holdout": len(self._arrivals) - n_split if w.has_holdout else 0}
+
     def _slice(self, start: int | None, stop: int | None) -> list[Any]:
         """``_all[start:stop]``, keeping the hash-id space of interned requests."""
         assert self._all is not None
@@ -223,14 +243,51 @@ class ReplayEvaluator:
         ``stage1``/``train`` replay the requests arriving before their end and are measured
         whole; ``holdout`` replays from its warm-up start and measures from ``t_split``.
         """
+        return self._replay(self._requests(window), settings, window, self.target)
+
+    def _replay(self, requests: list[Any], settings: SchedulerSettings, window: WindowName,
+                target: Target) -> dict[str, Any]:
         from tuner import metrics, replay
 
-        requests = self._requests(window)
-        result = replay.run(requests, settings, backend=self.backend, target=self.target,
+        result = replay.run(requests, settings, backend=self.backend, target=target,
                             hash_block_size=self.block_size)
         measure_from = self.windows.t_split if window == "holdout" else None
-        summary = metrics.summarize(result, measure_from_s=measure_from)
+        summary = metrics.summarize(result, measure_from_s=measure_from,
+                                    slo_ms=self.slo_ms or None)
         return clean_metrics(summary.to_dict())
+
+    def evaluate_deployment(self, settings: SchedulerSettings, window: WindowName, *,
+                            tp: int, replicas: int) -> list[dict[str, Any]]:
+        """Replay ``window`` on ``replicas`` copies of the target at tensor-parallel size
+        ``tp``, each given whole sessions (a stable hash of the session id, else the
+        request id, picks the copy: session affinity, as a prefix-aware load balancer
+        does). One summary per copy; the capacity search asks whether each keeps up.
+
+        A ``num_gpu_blocks`` override is scaled by ``tp / target.tp`` (a lower bound:
+        sharded weights leave more than proportionally more memory for KV).
+        """
+        requests = self._requests(window)
+        blocks = self.target.num_gpu_blocks
+        target = dataclasses.replace(
+            self.target, tp=tp,
+            num_gpu_blocks=None if blocks is None else int(blocks * tp / self.target.tp))
+        if replicas == 1:
+            return [self._replay(requests, settings, window, target)]
+        shares: list[list[Any]] = [[] for _ in range(replicas)]
+        for r in requests:
+            key = getattr(r, "session_id", None) or r.request_id
+            digest = hashlib.blake2b(str(key).encode(), digest_size=8).digest()
+            shares[int.from_bytes(digest, "little") % replicas].append(r)
+        out = []
+        for share in shares:
+            if not share:
+                continue
+            if hasattr(requests, "window"):
+                part = requests.window(0, 0)
+                part.extend(share)
+                share = part
+            out.append(self._replay(share, settings, window, target))
+        return out
 
 
 def requests_fingerprint(requests: Sequence[Any], hash_block_size: int | None) -> str:

@@ -16,7 +16,9 @@ from tuner import VLLM_TWIN_VERSION, __version__
 from tuner.sim.settings import SchedulerSettings
 from tuner.tune.evaluate import Windows
 from tuner.tune.objectives import Constraint, Objective
-from tuner.tune.select import Point, Selection
+from tuner.tune.capacity import OverloadReport
+from tuner.tune.select import (TTFT_KEYS, PickRule, Point, Selection, check, trade_off,
+                               ttft_guard_applies)
 from tuner.tune.space import SearchSpace
 
 if TYPE_CHECKING:
@@ -26,8 +28,9 @@ if TYPE_CHECKING:
 
 #: Metrics copied into a profile's ``predicted`` section (objectives/constraints are added).
 PROFILE_METRICS = ("p90_interactivity", "output_throughput_per_gpu", "total_throughput_per_gpu",
-                   "prefix_cache_hit_rate", "ttft_p90_s", "tpot_p90_s", "itl_p99_s",
-                   "preemptions", "kv_usage_mean", "num_finished", "num_requests")
+                   "prefix_cache_hit_rate", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s",
+                   "tpot_p90_s", "itl_p99_s", "preemptions", "kv_usage_mean", "queue_depth_mean",
+                   "num_finished", "num_requests", "num_rejected")
 
 
 def delta_pct(tuned: float | None, base: float | None) -> float | None:
@@ -66,6 +69,9 @@ class TuneResult:
     num_gpus: int = 1
     block_size: int | None = None
     timings: dict[str, float] = field(default_factory=dict)  # stage1_s, stage2_s, holdout_s
+    rule: PickRule = PickRule()
+    overload: OverloadReport | None = None  # set when the baseline cannot keep up
+    max_model_len: int | None = None  # what the twin admitted (the target's resolved value)
 
     @property
     def recommended(self) -> Point:
@@ -87,22 +93,37 @@ class TuneResult:
         }
 
     def confirms(self) -> dict[str, Any]:
-        """Whether the tuned point is no worse on every objective and better on one, on the
-        training window and on the held-out window."""
-        def verdict(window: str) -> bool | None:
-            cmp = self.comparison(window)
-            if not cmp["tuned"]:
-                return None
-            not_worse = all(o.at_least_as_good(cmp["tuned"].get(o.key, math.nan),
-                                               cmp["baseline"].get(o.key, math.nan))
-                            for o in self.objectives)
-            better = any(not o.at_least_as_good(cmp["baseline"].get(o.key, math.nan),
-                                                cmp["tuned"].get(o.key, math.nan))
-                         for o in self.objectives)
-            return not_worse and better
+        """Whether the pick holds on each window: it satisfies every constraint (and the
+        TTFT guard) and beats the baseline by the rule (a positive score: what it gains is
+        worth what it gives up). ``failed`` lists, per window, what does not hold."""
+        from tuner.tune.select import score
 
-        return {"train": verdict("train"),
-                "holdout": verdict("holdout") if self.windows.has_holdout else None}
+        guard = ttft_guard_applies(self.rule, self.objectives, self.constraints)
+        failed: dict[str, list[str]] = {}
+
+        def verdict(window: str) -> bool | None:
+            p, b = self.recommended, self.baseline
+            mine = p.metrics if window == "train" else p.holdout
+            base = b.metrics if window == "train" else b.holdout
+            if not mine:
+                return None
+            fails = check(mine, base, self.constraints, self.rule,
+                          guard and not p.is_baseline)
+            if p.is_baseline:
+                fails.append("the pick is the baseline itself")
+            else:
+                win = Point(p.number, p.params, p.settings, mine)
+                ref = Point(b.number, b.params, b.settings, base or {})
+                if not score(win, ref, self.objectives, self.rule) > 0:
+                    fails.append("does not beat the baseline under the rule")
+            failed[window] = fails
+            return not fails
+
+        out: dict[str, Any] = {"train": verdict("train"),
+                               "holdout": verdict("holdout") if self.windows.has_holdout
+                               else None}
+        out["failed"] = failed
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form for ``tuner tune --json``."""
@@ -119,9 +140,18 @@ class TuneResult:
                             "params": self.recommended.params,
                             "settings": self.recommended.settings,
                             "rule": self.selection.rule, "reason": self.selection.reason},
+            "baseline": {"trial": self.baseline.number, "settings": self.baseline.settings},
             "train": self.comparison("train"),
             "holdout": self.comparison("holdout") if self.windows.has_holdout else None,
             "confirms": self.confirms(),
+            "runner_ups": [{"trial": p.number, "trade_off": trade_off(p, self.recommended,
+                                                                     self.objectives)}
+                           for p in self.selection.runner_ups],
+            "skipped": list(self.selection.skipped),
+            "excluded": [{"trial": p.number, "why": why,
+                          "trade_off": trade_off(p, self.recommended, self.objectives)}
+                         for p, why in self.selection.excluded],
+            "overload": None if self.overload is None else self.overload.to_dict(),
             "front": [_point_dict(p, self.objectives) for p in self.front],
             "notes": self.notes, "wall_s": round(self.wall_s, 3), "seed": self.seed,
             "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
@@ -136,8 +166,9 @@ class TuneResult:
         table.add_column("trial", justify="right")
         for p in self.space.names:
             table.add_column(_COLUMN.get(p, p), justify="right")
-        for o in self.objectives:
-            table.add_column(_COLUMN.get(o.key, o.key), justify="right")
+        extra = [k for k in TTFT_KEYS if k not in {o.key for o in self.objectives}]
+        for key in [o.key for o in self.objectives] + extra:
+            table.add_column(_COLUMN.get(key, key), justify="right")
         table.add_column("")
         rows = list(self.front)
         if all(p is not self.baseline for p in rows):
@@ -146,9 +177,9 @@ class TuneResult:
             mark = ("baseline" if p.is_baseline else "") + (
                 " <- recommended" if p is self.recommended else "")
             cells = [str(p.number)] + [_fmt(p.settings.get(n)) for n in self.space.names]
-            for o in self.objectives:
-                held = (p.holdout or {}).get(o.key)
-                cells.append(f"{_fmt(p.metrics.get(o.key))} [{_fmt(held)}]")
+            for key in [o.key for o in self.objectives] + extra:
+                held = (p.holdout or {}).get(key)
+                cells.append(f"{_fmt(p.metrics.get(key))} [{_fmt(held)}]")
             table.add_row(*cells, mark.strip())
         return table
 
@@ -164,6 +195,9 @@ class TuneResult:
             "constraints": [str(c) for c in self.constraints],
             "selection": {"prefer": self.prefer, "rule": self.selection.rule,
                           "reason": self.selection.reason,
+                          "runner_ups": [trade_off(p, point, self.objectives)
+                                         for p in self.selection.runner_ups],
+                          "skipped": list(self.selection.skipped),
                           "stage1_trial": None if point.number < 0 else point.number,
                           "is_baseline": point.is_baseline},
             "train": {"window_s": [self.windows.t0, self.windows.t_split],
@@ -173,6 +207,8 @@ class TuneResult:
             predicted["holdout"] = {"window_s": [self.windows.t_split, self.windows.t1],
                                     **self.comparison("holdout")}
         predicted["confirms"] = self.confirms()
+        if self.overload is not None:
+            predicted["overload"] = self.overload.to_dict()
         pareto = [{"trial": p.number, "params": p.params, "settings": p.settings,
                    "train": {o.key: p.metrics.get(o.key) for o in self.objectives},
                    "holdout": ({o.key: p.holdout.get(o.key) for o in self.objectives}
@@ -212,7 +248,8 @@ _COLUMN = {"cache_aware_admission_window": "window", "cache_aware_admission_thre
            "prefill_schedule_interval": "prefill every", "max_num_batched_tokens": "tokens/step",
            "max_num_seqs": "max seqs", "long_prefill_token_threshold": "long prefill",
            "scheduler_reserve_full_isl": "full ISL", "p90_interactivity": "p90 tok/s/user",
-           "output_throughput_per_gpu": "out tok/s/GPU"}
+           "output_throughput_per_gpu": "out tok/s/GPU", "ttft_p50_s": "TTFT p50 s",
+           "ttft_p90_s": "TTFT p90 s", "goodput": "goodput req/s"}
 
 
 def _fmt(value: Any) -> str:

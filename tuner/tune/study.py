@@ -37,13 +37,18 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from tuner.errors import ConfigError, StudyNotFound
+from tuner.metrics import parse_slo
 from tuner.perf.target import Target
 from tuner.progress import Progress, check_progress
+from tuner.sim.settings import SchedulerSettings
 from tuner.tune._progress import StudyProgress, best_so_far
+from tuner.tune.baseline import baseline_settings
+from tuner.tune.capacity import overload_report
 from tuner.tune.evaluate import Evaluator, ReplayEvaluator, evaluator_from_spec
+from tuner.tune.inputs import check_window_sizes, fixed_space, input_warnings
 from tuner.tune.objectives import parse_constraints, parse_objectives
 from tuner.tune.result import TuneResult
-from tuner.tune.select import PREFER_CHOICES, Point, pareto_front, select
+from tuner.tune.select import PickRule, Point, pareto_front, rank, select
 from tuner.tune.space import SearchSpace, load_space
 from tuner.tune.storage import default_journal_path, open_storage, quiet_optuna, redact_url
 from tuner.tune.study_records import StudyConfig, StudyRecords, settings_key
@@ -62,10 +67,12 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
          objectives: "str | Sequence[str] | None" = None, constraints: Sequence[str] = (),
          n_trials: int = 100, storage: str | None = None, study_name: str | None = None,
          workers: int = 1, seed: int = 0, warm_start: "str | os.PathLike[str] | Profile | None" = None,
-         holdout: float = 0.25, prefer: str = "throughput", stage1_fraction: float = 0.25,
-         n_survivors: int | None = None, backend: str = "sim",
+         holdout: float = 0.25, prefer: "str | PickRule" = "throughput",
+         stage1_fraction: float = 0.25, n_survivors: int | None = None, backend: str = "sim",
          output: "str | os.PathLike[str] | None" = None, evaluator: Evaluator | None = None,
-         progress: "Progress | None" = None) -> TuneResult:
+         progress: "Progress | None" = None, baseline: "SchedulerSettings | None" = None,
+         fixed: dict[str, Any] | None = None,
+         slo: "str | dict[str, float] | None" = None) -> TuneResult:
     """Search scheduler settings for ``trace`` on ``target`` and pick a recommended point.
 
     Args:
@@ -83,13 +90,20 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
         seed: sampler seed (worker ``i`` uses ``seed + i``).
         warm_start: a profile (or its path) whose settings and Pareto set are enqueued.
         holdout: fraction of the trace at its end kept out of the search (0 = none).
-        prefer: ``throughput``, ``interactivity`` or ``balanced`` (see tuner.tune.select).
+        prefer: ``throughput``, ``interactivity`` or ``balanced``, or a ``PickRule``
+            (tolerances; see tuner.tune.select).
         stage1_fraction: stage 1 replays this leading fraction of the training window;
             1.0 disables staging.
         n_survivors: points promoted to stage 2; None = ``min(32, max(8, n_trials // 10))``.
         evaluator: replaces the trace replay (tests, custom backends).
         progress: a :class:`tuner.progress.Progress` sink (stages, trials done, best so
             far); None = silent.
+        baseline: the settings the operator runs (baseline and trial 0) instead of vLLM's
+            defaults for the target.
+        fixed: settings held fixed (``--set``): applied to the baseline and every trial,
+            and taken out of the search space.
+        slo: ``"ttft:2000,tpot:50"`` (ms, ``vllm bench serve --goodput``): defines the
+            ``goodput`` metric for objectives and constraints.
 
     Raises:
         ConfigError: bad space/objectives/constraints, an existing study with another
@@ -101,14 +115,19 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
         raise ConfigError(f"n_trials={n_trials}: at least one trial is needed")
     if workers < 1:
         raise ConfigError(f"workers={workers}: must be >= 1")
-    if prefer not in PREFER_CHOICES:
-        raise ConfigError(f"prefer={prefer!r}: use one of {', '.join(PREFER_CHOICES)}")
-    the_space = load_space(space)
+    rule = prefer if isinstance(prefer, PickRule) else PickRule(prefer=prefer)  # type: ignore[arg-type]
+    the_space = fixed_space(load_space(space), fixed)
+    slo_ms = parse_slo(slo)
     if evaluator is None:
         if trace is None:
             raise ConfigError("tune() needs a trace (or an evaluator)")
         evaluator = ReplayEvaluator(trace, target=target, backend=backend, holdout=holdout,
-                                    stage1_fraction=stage1_fraction)
+                                    stage1_fraction=stage1_fraction, slo_ms=slo_ms)
+    if baseline is not None or fixed:
+        evaluator.default_settings = baseline_settings(
+            evaluator.default_settings, profile=baseline, fixed=fixed)
+    _check_goodput(objectives, constraints, slo_ms)
+    size_notes = check_window_sizes(evaluator)
     objs = parse_objectives(objectives, evaluator.known_metrics)
     cons = parse_constraints(constraints, evaluator.known_metrics)
     config = StudyConfig(space=the_space, objectives=objs, constraints=cons, n_trials=n_trials,
@@ -147,11 +166,17 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
         baseline = next(p for p in stage2 if p.is_baseline)
         front = pareto_front(stage2, objs)
         t = time.perf_counter()
-        run_holdout(storage_obj, study_name, evaluator, front + [baseline], workers)
-        selection = select(front, baseline, objs, prefer)  # type: ignore[arg-type]
-        if selection.point.holdout is None and evaluator.windows.has_holdout:
-            run_holdout(storage_obj, study_name, evaluator, [selection.point], workers)
+        candidates = rank(stage2, baseline, objs, cons, rule)
+        run_holdout(storage_obj, study_name, evaluator, front + candidates + [baseline], workers)
+        selection = select(stage2, baseline, objs, rule, cons,
+                           held_out=evaluator.windows.has_holdout,
+                           replay_holdout=lambda pts: run_holdout(
+                               storage_obj, study_name, evaluator, pts, workers))
         timings["holdout_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        overload = overload_report(evaluator, baseline, evaluator.default_settings)
+        timings["capacity_s"] = time.perf_counter() - t
+        notes = input_warnings(baseline, evaluator) + size_notes + notes
         counts = _counts(study)
         return TuneResult(
             study_name=study_name, storage=redact_url(storage_url), config_attrs=config.to_attrs(),
@@ -159,11 +184,13 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
             baseline=baseline, selection=selection, front=front, stage2=stage2,
             n_complete=counts["complete"], n_refused=counts["refused"],
             n_pruned=counts["pruned"], n_failed=counts["failed"],
-            n_infeasible=sum(1 for p in stage1 if not p.feasible), prefer=prefer,
+            n_infeasible=sum(1 for p in stage1 if not p.feasible), prefer=rule.prefer,
+            rule=rule, overload=overload,
             seed=seed, wall_s=time.perf_counter() - started, notes=notes,
             evaluator_spec=config.evaluator,
             num_gpus=int(getattr(evaluator, "num_gpus", 1)),
-            block_size=getattr(evaluator, "block_size", None), timings=timings)
+            block_size=getattr(evaluator, "block_size", None), timings=timings,
+            max_model_len=getattr(evaluator, "max_model_len", None))
 
 
 def join(study_name: str, storage: str, n_trials: int | None = None, *, trace: Any = None,
@@ -210,6 +237,14 @@ def join(study_name: str, storage: str, n_trials: int | None = None, *, trace: A
         after = _finished(study)
         return {"study": study_name, "trials_run": after - before, "study_trials": after,
                 "n_trials": config.n_trials}
+
+
+def _check_goodput(objectives: Any, constraints: Sequence[str], slo_ms: dict[str, float]
+                   ) -> None:
+    named = " ".join([str(objectives or "")] + [str(c) for c in constraints])
+    if "goodput" in named and not slo_ms:
+        raise ConfigError("goodput needs --slo, e.g. --slo ttft:2000,tpot:50 (milliseconds, "
+                          "as vllm bench serve --goodput)")
 
 
 # --------------------------------------------------------------------------- study set-up

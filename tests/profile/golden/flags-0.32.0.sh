@@ -2,13 +2,19 @@
 # cache-aware admission runs in tuner's scheduler plugin tuner.vllm_plugin.CacheAwareAsyncScheduler (vLLM 0.32.0 has no --cache-aware-admission-* flags (PR #54625 is unmerged)); install vllm-sched-tuner in vLLM's environment
 # WARNING: vLLM 0.32.0 applies --prefill-schedule-interval only to data-parallel deployments; a single engine ignores it (fixed in 0.33.0)
 # flags checked against vLLM 0.33.0; 0.32.0 was not checked flag by flag
---max-num-batched-tokens 16384 \
---max-num-seqs 1024 \
---long-prefill-token-threshold 0 \
---enable-chunked-prefill \
---scheduling-policy fcfs \
---scheduler-reserve-full-isl \
---watermark 0.02 \
---prefill-schedule-interval 4 \
---scheduler-cls tuner.vllm_plugin.CacheAwareAsyncScheduler \
---additional-config '{"cache_aware_admission_window": 16, "cache_aware_admission_threshold": 0.35}'
+vllm serve meta-llama/Llama-3.1-70B-Instruct \
+    --tensor-parallel-size 8 \
+    --gpu-memory-utilization 0.92 \
+    --max-model-len 131072 \
+    --block-size 16 \
+    --async-scheduling \
+    --max-num-batched-tokens 16384 \
+    --max-num-seqs 1024 \
+    --long-prefill-token-threshold 0 \
+    --enable-chunked-prefill \
+    --scheduling-policy fcfs \
+    --scheduler-reserve-full-isl \
+    --watermark 0.02 \
+    --prefill-schedule-interval 4 \
+    --scheduler-cls tuner.vllm_plugin.CacheAwareAsyncScheduler \
+    --additional-config '{"cache_aware_admission_window": 16, "cache_aware_admission_threshold": 0.35}'

@@ -1,10 +1,16 @@
 # tuner profile 'golden' for vLLM 0.33.0 (mi355x, llama-3.1-70b, tp=8, dp=1)
 # cache-aware admission is off (window 0): stock vLLM scheduler, no plugin needed
---max-num-batched-tokens 16384 \
---max-num-seqs 1024 \
---long-prefill-token-threshold 0 \
---no-enable-chunked-prefill \
---scheduling-policy fcfs \
---scheduler-reserve-full-isl \
---watermark 0.02 \
---prefill-schedule-interval 1
+vllm serve meta-llama/Llama-3.1-70B-Instruct \
+    --tensor-parallel-size 8 \
+    --gpu-memory-utilization 0.92 \
+    --max-model-len 131072 \
+    --block-size 16 \
+    --async-scheduling \
+    --max-num-batched-tokens 16384 \
+    --max-num-seqs 1024 \
+    --long-prefill-token-threshold 0 \
+    --no-enable-chunked-prefill \
+    --scheduling-policy fcfs \
+    --scheduler-reserve-full-isl \
+    --watermark 0.02 \
+    --prefill-schedule-interval 1
