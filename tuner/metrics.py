@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 import numpy as np
 
 from tuner.errors import ConfigError
+from tuner.outputs import AtomicOutput
 from tuner.records import ReplayResult, RequestResult, StepRecord
 
 if TYPE_CHECKING:
@@ -361,7 +361,8 @@ def summarize(result: ReplayResult, *, measure_from_s: float | None = None,
 # --------------------------------------------------------------------------- outputs
 
 
-def write_requests_parquet(result: ReplayResult, path: str | os.PathLike[str]) -> Path:
+def write_requests_parquet(result: ReplayResult, path: str | os.PathLike[str], *,
+                           inputs: Iterable[str | os.PathLike[str]] = ()) -> Path:
     """Write one row per request (``RequestResult`` fields + ttft_s, mean_itl_s).
 
     Written to a temporary file beside ``path`` and renamed, so a crash never leaves a
@@ -391,17 +392,9 @@ def write_requests_parquet(result: ReplayResult, path: str | os.PathLike[str]) -
             "counters": json.dumps(result.counters), "notes": json.dumps(result.notes)}
     table = pa.table({name: cols[name] for name in schema.names}, schema=schema)
     table = table.replace_schema_metadata({k.encode(): v.encode() for k, v in meta.items()})
-    dest = Path(path)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tuner-tmp", dir=dest.parent)
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return dest
+    with AtomicOutput(path, inputs=inputs) as out:
+        pq.write_table(table, out.tmp_path, compression="zstd")
+    return out.path
 
 
 def _fmt(value: float, unit: str = "", scale: float = 1.0, digits: int = 3) -> str:

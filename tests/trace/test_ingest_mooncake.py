@@ -231,7 +231,25 @@ def test_failure_while_sorting_leaves_no_output(tmp_path: Path, monkeypatch: pyt
     def boom(*args: object) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(ingest_mod, "_sort_in_place", boom)
+    monkeypatch.setattr(ingest_mod, "_write_sorted", boom)
     with pytest.raises(OSError, match="disk full"):
         ingest([src], tmp_path / "o.parquet", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
+def test_failure_while_sorting_keeps_the_previous_output(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sort used to run after the rename, so a failure there deleted the old trace."""
+    import tuner.trace._ingest as ingest_mod
+
+    src = _write(tmp_path, {**GOOD, "timestamp": 5000}, {**GOOD, "timestamp": 1000})
+    (tmp_path / "o.parquet").write_bytes(b"previous")
+
+    def boom(*args: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ingest_mod, "_write_sorted", boom)
+    with pytest.raises(OSError, match="disk full"):
+        ingest([src], tmp_path / "o.parquet", progress=False)
+    assert (tmp_path / "o.parquet").read_bytes() == b"previous"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "o.parquet"]

@@ -108,7 +108,11 @@ def replay_command(trace: str, backend: str, hardware: str, model: str, tp: int,
 
     from tuner import replay
     from tuner.metrics import summarize, summary_table, write_requests_parquet
+    from tuner.outputs import check_output
     from tuner.sim.presets import resolve_target
+
+    if out is not None:
+        check_output(out, inputs=[trace])
 
     if measure_from is not None and measure_to is not None and measure_to <= measure_from:
         raise ConfigError(f"--measure-to ({measure_to}) must be greater than --measure-from "
@@ -123,7 +127,7 @@ def replay_command(trace: str, backend: str, hardware: str, model: str, tp: int,
                         progress=show)
     summary = summarize(result, measure_from_s=measure_from, measure_to_s=measure_to)
     if out is not None:
-        write_requests_parquet(result, out)
+        write_requests_parquet(result, out, inputs=[trace])
     if as_json:
         echo_json({**summary.to_dict(), "settings": settings.to_dict(),
                    "target": resolved.description, "notes": result.notes})

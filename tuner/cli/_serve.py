@@ -151,8 +151,11 @@ def calibrate_command(hardware: str, model: str, tp: int, dp: int, block_size: i
     from tuner.fidelity.runs import calibrate_server
     from tuner.sim.calibration import save_calibration
 
+    from tuner.outputs import check_output
+
     as_json = kw.pop("as_json")
     output = kw.pop("output")
+    check_output(output, inputs=[calibration] if calibration else [])
     plan = ProbePlan(prefill_lens=_ints(kw.pop("prefill_lens"), "--prefill-lens"),
                      decode_batch_sizes=_ints(kw.pop("decode_batch_sizes"), "--decode-batch-sizes"),
                      decode_ctx_lens=_ints(kw.pop("decode_ctx_lens"), "--decode-ctx-lens"),

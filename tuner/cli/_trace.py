@@ -154,8 +154,11 @@ def slice_cmd(trace: str, start: float | None, end: float | None, last: float | 
 
     if last is None and start is None and end is None:
         raise ConfigError("give --start/--end or --last")
+    from tuner.outputs import check_output
+
+    check_output(output, inputs=[trace])
     cut = slice_trace(read_trace(trace), start_s=start, end_s=end, last_s=last, speedup=speedup)
-    cut.write(output)
+    cut.write(output, inputs=[trace])
     a, b = cut.time_range()
     if as_json:
         echo_json({"output": output, "requests": len(cut), "start_s": a, "end_s": b})

@@ -87,9 +87,11 @@ def _run_tune(trace: str, output: str, kw: dict[str, Any], target_kw: dict[str, 
     """Tune, write the profile, report (shared by ``tune`` and ``tune-log``); the profile."""
     from rich.console import Console
 
+    from tuner.outputs import check_output
     from tuner.profile import export_profile, save_profile
     from tuner.tune import tune
 
+    check_output(output, inputs=[trace])  # before minutes of tuning, not after
     progress = sys.stderr.isatty() if kw["progress"] is None else kw["progress"]
     result = tune(trace, target=make_target(**target_kw), space=kw["space"],
                   objectives=_split(kw["objectives"]), constraints=_split(kw["constraints"]) or (),
@@ -100,7 +102,7 @@ def _run_tune(trace: str, output: str, kw: dict[str, Any], target_kw: dict[str, 
                   backend=kw["backend"], output=output, progress=progress)
     name = pathlib.Path(output).stem
     profile = result.to_profile(name, description=f"tuned by `tuner tune` on {trace}")
-    path = save_profile(profile, output)
+    path = save_profile(profile, output, inputs=[trace])
     flags = export_profile(profile, "flags", vllm_version=kw["vllm_version"])
     if kw["as_json"]:
         echo_json({**result.to_dict(), "profile": str(path), "flags": flags})
@@ -236,6 +238,7 @@ def tune_log_command(logfiles: tuple[str, ...], log_format: str, output: str,
       tuner tune-log /var/log/vllm/requests-*.jsonl.zst --hardware mi355x \\
           --model llama-3.1-70b --tp 8 -o profiles/prod.yaml
     """
+    from tuner.outputs import check_output
     from tuner.trace import ingest
 
     target_kw = {k: kw.pop(k) for k in ("hardware", "model", "tp", "dp", "block_size",
@@ -243,6 +246,7 @@ def tune_log_command(logfiles: tuple[str, ...], log_format: str, output: str,
                                         "max_model_len", "calibration")}
     out = pathlib.Path(output)
     trace = out.with_name(out.stem + ".trace.parquet")
+    check_output(output, inputs=logfiles)
     progress = sys.stderr.isatty() if kw["progress"] is None else kw["progress"]
     ingest(list(logfiles), trace, format=log_format, progress=progress)
     _run_tune(str(trace), output, kw, target_kw)

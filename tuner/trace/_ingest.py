@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tuner.errors import TraceFormatError
+from tuner.outputs import AtomicOutput
 from tuner.trace.hashing import Hasher, load_salt
 from tuner.trace.schema import SCHEMA, TraceMetadata
 from tuner.trace.sources import FORMATS, detect_format, open_binary
@@ -101,16 +102,20 @@ class Quarantine:
 
     Each line is ``{"source", "line", "error", "raw"}``; ``raw`` is the offending input
     line, so the file may hold prompt text: it stays beside the output, never inside it.
+    Written like every output (:mod:`tuner.outputs`): placed only when ingest succeeds.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, inputs: Sequence[str] = ()) -> None:
         self.path = path
+        self.inputs = list(inputs)
         self.count = 0
+        self._out: AtomicOutput | None = None
         self._fh: IO[str] | None = None
 
     def add(self, source: str, line: int | None, error: str, raw: bytes | str | None) -> None:
         if self._fh is None:
-            self._fh = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
+            self._out = AtomicOutput(self.path, inputs=self.inputs)
+            self._fh = open(self._out.tmp_path, "w", encoding="utf-8")  # noqa: SIM115
         if isinstance(raw, bytes):
             raw = raw.decode("utf-8", "replace")
         self._fh.write(json.dumps({"source": source, "line": line, "error": error,
@@ -118,9 +123,17 @@ class Quarantine:
         self.count += 1
 
     def close(self) -> None:
-        if self._fh is not None:
+        """Place the quarantine file (when any record was skipped)."""
+        if self._fh is not None and self._out is not None:
             self._fh.close()
             self._fh = None
+            self._out.commit()
+
+    def abort(self) -> None:
+        if self._fh is not None and self._out is not None:
+            self._fh.close()
+            self._fh = None
+            self._out.abort()
 
 
 def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
@@ -159,7 +172,7 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
     salt_bytes = salt if isinstance(salt, bytes) else load_salt(salt)
     hasher = Hasher(salt_bytes)
     out = Path(output)
-    quarantine = Quarantine(out.with_name(out.name + ".quarantine.jsonl"))
+    quarantine = Quarantine(out.with_name(out.name + ".quarantine.jsonl"), paths)
     reader = _reader(fmt)
     report = IngestReport(output=str(out), format=fmt, sources=paths, hash_block_size=hbs,
                           salt_fingerprint=hasher.fingerprint)
@@ -168,8 +181,7 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
     state = _TimelineState()
     bar = _Progress(paths, enabled=progress)
     # zstd level 1: salted hashes are random bytes that no level compresses; it is speed.
-    writer = TraceWriter(out, meta, compression_level=1)
-    placed = False
+    writer = TraceWriter(out, meta, compression_level=1, inputs=paths)
     try:
         seen_ids: set[str] | None = set() if reader.HAS_IDS else None
         for index, path in enumerate(paths):
@@ -187,22 +199,26 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
         bar.close()
         if writer.num_rows == 0:
             where = paths[0] if len(paths) == 1 else f"{len(paths)} sources"
-            extra = f" ({report.skipped} skipped; see {quarantine.path})" if report.skipped else ""
+            extra = (f" ({report.skipped} skipped; see {quarantine.path})"
+                     if report.skipped else "")
+            quarantine.close()  # the message points at it
             raise TraceFormatError(f"empty input: no valid records{extra}", path=where)
         report.out_of_order = state.out_of_order
         writer.metadata = meta.replace(
             origin_utc=state.origin_utc(reader.EPOCH_CLOCK, shifted=state.needs_sort))
-        writer.close()
-        placed = True  # from here an error must also remove the renamed file
         if state.needs_sort:
-            _sort_in_place(out, state.min_offset, writer.metadata)
+            # Sorted from the finished temporary file into a second one, so the output is
+            # placed once, complete, and an error on the way leaves the old file alone.
+            _write_sorted(writer.finish(), out, state.min_offset, writer.metadata, paths)
+            writer.abort()
+        else:
+            writer.close()
     except BaseException:
         bar.close()
         writer.abort()
-        if placed:
-            out.unlink(missing_ok=True)
-        quarantine.close()
+        quarantine.abort()
         raise
+    quarantine.close()
     quarantine.close()
     report.requests = writer.num_rows
     report.quarantine = str(quarantine.path) if quarantine.count else None
@@ -331,15 +347,16 @@ class _TimelineState:
         return datetime.fromtimestamp(origin, tz=timezone.utc).isoformat()
 
 
-def _sort_in_place(path: Path, min_offset: float, meta: TraceMetadata) -> None:
-    """Sort a finished trace by arrival (stable) and move its origin to the earliest row.
+def _write_sorted(unsorted: Path, out: Path, min_offset: float, meta: TraceMetadata,
+                  inputs: list[str]) -> None:
+    """Write ``unsorted`` to ``out`` sorted by arrival (stable), origin at the earliest row.
 
     Needs the trace in memory (compressed columns; about 10 bytes per block hash), the one
     step of ingest that is not bounded by the chunk size; in-order logs never take it.
     """
-    df = pl.read_parquet(path).sort("arrival_s", maintain_order=True)
+    df = pl.read_parquet(unsorted).sort("arrival_s", maintain_order=True)
     df = df.with_columns(pl.col("arrival_s") - min_offset)
-    with TraceWriter(path, meta) as w:
+    with TraceWriter(out, meta, inputs=inputs) as w:
         w.write(df.to_arrow())
 
 
