@@ -17,6 +17,12 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 MOONCAKE = REPO / "traces" / "mooncake_synthetic.jsonl"
 
 
+@pytest.fixture(autouse=True)
+def _test_salt(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> None:
+    monkeypatch.setenv("TUNER_SALT", "test-salt")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+
+
 def _mooncake(tmp_path: pathlib.Path, lines: int = 50) -> pathlib.Path:
     src = tmp_path / "log.jsonl"
     with open(MOONCAKE, "rb") as fh:
@@ -116,7 +122,7 @@ def test_atomic_output_keeps_old_file_on_error(tmp_path: pathlib.Path) -> None:
             out.tmp_path.write_text("half")
             raise RuntimeError("boom")
     assert target.read_text() == "old"
-    assert [p.name for p in tmp_path.iterdir()] == ["p.yaml"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.yaml"]
 
 
 def test_modes(tmp_path: pathlib.Path) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from tuner.cli._common import echo_json, handle_errors
+from tuner.errors import ConfigError
 
 
 @click.command(name="retune")
@@ -20,6 +21,7 @@ from tuner.cli._common import echo_json, handle_errors
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bars [default: on when stderr is a terminal].")
+@handle_errors
 def retune_command(config_path: str, on_publish: str | None, as_json: bool,
                    progress: bool | None) -> None:
     """Run the periodic re-tune once: ingest new log lines, tune on the recent window,
@@ -32,7 +34,7 @@ def retune_command(config_path: str, on_publish: str | None, as_json: bool,
     Example:
       tuner retune --config /etc/tuner/retune.yaml --on-publish 'systemctl restart vllm'
     """
-    from tuner.errors import ConfigError, TunerError
+    from tuner.errors import TunerError
     from tuner.jobs import (EXIT_CONFIG, EXIT_FAILED, EXIT_LOCKED, JobLocked, load_config,
                             run_retune)
 
@@ -148,6 +150,12 @@ def history_command(name: str, profiles_dir: str, as_json: bool) -> None:
     from tuner.jobs.history import ProfileHistory
 
     history = ProfileHistory(profiles_dir, name)
+    if not history.root.is_dir():
+        folder = pathlib.Path(profiles_dir)
+        have = sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+        raise ConfigError(f"{history.root}: no profile history named {name!r}"
+                          + (f" (found: {', '.join(have)})" if have else
+                             f"; is --profiles-dir {profiles_dir} right?"))
     entries = history.changelog()
     if as_json:
         echo_json({"profile": name, "current_version": history.current_version(),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import click
@@ -216,7 +217,7 @@ def validate_command(profile_path: str, trace: str, hardware: str, model: str, t
     """
     from tuner.metrics import summarize
     from tuner.profile import load_profile
-    from tuner.fidelity.validate import COMPARED, validate
+    from tuner.fidelity.validate import validate
 
     as_json = kw.pop("as_json")
     baseline_endpoint = kw.pop("baseline_endpoint")
@@ -239,7 +240,18 @@ def validate_command(profile_path: str, trace: str, hardware: str, model: str, t
                     load=load, endpoints=endpoints, thread_outputs=thread_outputs, progress=say)
     if as_json:
         echo_json([r.to_dict() for r in rows])
-        return
+    else:
+        _print_comparison(rows)
+    failed = [r.name for r in rows if r.status == "error"]
+    if failed:
+        click.echo(f"Error: the server side failed for {', '.join(failed)}; no measurement "
+                   "to compare", err=True)
+        sys.exit(1)
+
+
+def _print_comparison(rows: list[Any]) -> None:
+    from tuner.fidelity.validate import COMPARED
+
     for r in rows:
         click.echo(f"{r.name} ({r.status})")
         click.echo(f"  {'metric':<28}{'predicted':>14}{'measured':>14}{'error':>10}")

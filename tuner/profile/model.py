@@ -130,9 +130,13 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
     """
     p = pathlib.Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ProfileError(f"{p}: cannot read profile: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        kind = "a Parquet trace" if p.read_bytes()[:4] == b"PAR1" else "binary data"
+        raise ProfileError(f"{p}: not a YAML profile ({kind}); give the .yaml that "
+                           "`tuner tune -o` wrote") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

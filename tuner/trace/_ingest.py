@@ -46,6 +46,13 @@ DEFAULT_HASH_BLOCK_SIZE = {
 #: Internal batch column: 1-based source line of each row (dropped before writing).
 LINE = "_line"
 
+#: What readers produce: the trace schema with 64-bit lengths, so an absurd length reaches
+#: validation (and its message) as the number the log holds, not clipped or overflowed;
+#: :class:`TraceWriter` casts the validated rows to :data:`SCHEMA`'s int32.
+READER_SCHEMA = pa.schema([
+    pa.field(f.name, pa.int64()) if f.name in ("input_len", "output_len") else f
+    for f in SCHEMA.remove_metadata()])
+
 
 @dataclass
 class IngestReport:
@@ -296,11 +303,11 @@ def _report_row(ctx: IngestContext, line: int, inp: int, outp: int, t: float, nh
     if inp < 1:
         ctx.bad(line, f_in, f"{inp} tokens; a prompt has at least 1")
     elif inp > MAX_TOKENS:
-        ctx.bad(line, f_in, f"{inp} tokens is absurd (limit {MAX_TOKENS})")
+        ctx.bad(line, f_in, f"{inp:,} tokens is absurd (limit {MAX_TOKENS:,})")
     elif outp < 0:
         ctx.bad(line, f_out, f"{outp} tokens is negative")
     elif outp > MAX_TOKENS:
-        ctx.bad(line, f_out, f"{outp} tokens is absurd (limit {MAX_TOKENS})")
+        ctx.bad(line, f_out, f"{outp:,} tokens is absurd (limit {MAX_TOKENS:,})")
     elif not np.isfinite(t):
         ctx.bad(line, names.get("arrival_s", "timestamp"), "not a finite time")
     else:
@@ -397,13 +404,13 @@ def make_batch(columns: dict[str, Any], lines: Any, *, field_names: dict[str, st
     """
     n = len(lines)
     arrays = []
-    for f in SCHEMA:
+    for f in READER_SCHEMA:
         if f.name in columns:
             v = columns[f.name]
             arrays.append(v if isinstance(v, (pa.Array, pa.ChunkedArray)) else pa.array(v, f.type))
         else:
             arrays.append(pa.nulls(n, f.type))
-    table = pa.Table.from_arrays(arrays, schema=SCHEMA.remove_metadata())
+    table = pa.Table.from_arrays(arrays, schema=READER_SCHEMA)
     table = table.append_column(LINE, pa.array(lines, pa.int64()))
     if field_names:
         # Source field names ride in the schema metadata, so validation errors can say

@@ -45,7 +45,7 @@ import pyarrow as pa
 
 from tuner.errors import ConfigError
 from tuner.trace._ingest import IngestContext, make_batch
-from tuner.trace.sources import iter_lines
+from tuner.trace.sources import iter_lines, json_problem
 
 _BATCH_ROWS = 8192
 _TIME_KEYS = ("timestamp", "time", "created_at", "start_time", "request_time")
@@ -212,7 +212,7 @@ class OpenAIJsonlReader:
         try:
             obj = json.loads(raw)
         except ValueError as exc:
-            ctx.bad(line_no, "json", f"not valid JSON ({exc.msg})", raw)
+            ctx.bad(line_no, "json", json_problem(exc), raw)
             return None
         if not isinstance(obj, dict):
             ctx.bad(line_no, "json", "not a JSON object", raw)
