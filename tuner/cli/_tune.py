@@ -267,9 +267,13 @@ def tune_log_command(logfiles: tuple[str, ...], log_format: str, output: str,
 @click.option("--check-vllm", "check_python", default=None, metavar="PYTHON",
               help="Also validate with vLLM: build SchedulerConfig and parse the flags with "
                    "vLLM's parser, using this vLLM environment's interpreter.")
+@click.option("-o", "--output", type=click.Path(), default=None,
+              help="Write to this file instead of printing; with --format plugin, a folder "
+                   "that gets a self-contained plugin (needs only vLLM) and its serve lines.")
 @handle_errors
 def export_command(profile: str, fmt: str, vllm_version: str, native_admission: bool,
-                   async_scheduling: bool | None, check_python: str | None) -> None:
+                   async_scheduling: bool | None, check_python: str | None,
+                   output: str | None) -> None:
     """Print PROFILE as vLLM configuration: serve flags, a --config YAML, SchedulerConfig
     kwargs, JSON, a shell snippet, or the scheduler-plugin form.
 
@@ -278,13 +282,14 @@ def export_command(profile: str, fmt: str, vllm_version: str, native_admission: 
       tuner export profiles/agentic.yaml --format flags --vllm-version 0.33.0
       tuner export profiles/agentic.yaml --format yaml > vllm-config.yaml
       vllm serve meta-llama/Llama-3.1-70B-Instruct --config vllm-config.yaml
+      tuner export profiles/agentic.yaml --format plugin -o /srv/vllm-plugin
     """
-    from tuner.profile import check_with_vllm, export_profile, load_profile
+    from tuner.cli._plugin import write_export
+    from tuner.profile import check_with_vllm, load_profile
 
     prof = load_profile(profile)
-    click.echo(export_profile(prof, fmt, vllm_version=vllm_version,
-                              native_admission=native_admission,
-                              async_scheduling=async_scheduling), nl=False)
+    write_export(prof, profile, fmt, output, vllm_version=vllm_version,
+                 native_admission=native_admission, async_scheduling=async_scheduling)
     if check_python is not None:
         check = check_with_vllm(prof, vllm_version=vllm_version,
                                 native_admission=native_admission, python=check_python)
