@@ -110,17 +110,22 @@ def schedule_command(every: str | None, cron_expr: str | None, config_path: str,
                      image=image, state_claim=state_claim)
     files = render(spec, target)  # type: ignore[arg-type]
     if output_dir is not None:
-        out = pathlib.Path(output_dir)
-        out.mkdir(parents=True, exist_ok=True)
+        from tuner.outputs import write_text
+
         for fname, text in files.items():
-            (out / fname).write_text(text)
-            click.echo(f"wrote {out / fname}")
+            path = write_text(pathlib.Path(output_dir) / fname, text, inputs=[config_path])
+            click.echo(f"wrote {path}")
     elif not install:
         for fname, text in files.items():
             click.echo(f"# {fname}\n{text}", nl=False)
     if install:
-        for msg in do_install(spec, target, files):  # type: ignore[arg-type]
-            click.echo(msg)
+        result = do_install(spec, target, files,  # type: ignore[arg-type]
+                            manifest_dir=None if output_dir is None else pathlib.Path(output_dir))
+        for msg in result.messages:
+            click.echo(msg, err=not result.ok)
+        if not result.ok:
+            click.echo(f"Error: --install did not schedule {spec.name}; see above", err=True)
+            sys.exit(1)
 
 
 @click.group(name="profile")
