@@ -178,6 +178,9 @@ def cronjob_manifest(spec: ScheduleSpec) -> dict:
                 "backoffLimit": 0,
                 "template": {"spec": {
                     "restartPolicy": "Never",
+                    # The image's user (Dockerfile); fsGroup makes the volume writable.
+                    "securityContext": {"runAsUser": 1000, "runAsGroup": 1000,
+                                        "fsGroup": 1000},
                     "containers": [{
                         "name": "retune",
                         "image": spec.image,
