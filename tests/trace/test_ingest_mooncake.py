@@ -101,7 +101,7 @@ GOOD = {"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1,
      "in.jsonl:2: input_length: -3 tokens; a prompt has at least 1"),
     ({**GOOD, "output_length": -1}, "in.jsonl:2: output_length: -1 tokens is negative"),
     ({**GOOD, "input_length": 10**9, "hash_ids": [1]},
-     "in.jsonl:2: input_length: 1000000000 tokens is absurd (limit 16777216)"),
+     "in.jsonl:2: input_length: 1,000,000,000 tokens is absurd (limit 16,777,216)"),
     ({**GOOD, "hash_ids": [1, 2, 3]},
      "in.jsonl:2: hash_ids: 3 block ids for 600 tokens at 512-token blocks (expected 2; "
      "wrong --hash-block-size?)"),

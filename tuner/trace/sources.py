@@ -33,7 +33,7 @@ def json_problem(exc: ValueError) -> str:
         bad = exc.object[exc.start:exc.start + 1]
         return f"not UTF-8 (byte 0x{bad.hex()} at column {exc.start + 1})"
     if isinstance(exc, json.JSONDecodeError):
-        return f"not valid JSON ({exc.msg} at column {exc.colno})"
+        return f"not valid JSON ({exc.msg})"
     return f"not valid JSON ({exc})"
 
 
