@@ -92,6 +92,8 @@ def report_cmd(target: str, output: str, storage: str | None, trace_path: str | 
 
     page = study_report(**kwargs, trace=trace_path, replay=not no_replay,
                         include_trace=not no_trace_section, on_step=say)
+    for warning in page.warnings:
+        click.echo(f"Warning: {warning}", err=True)
     _write(page, output, as_json, inputs, title=page.title,
            sections=[s.title for s in page.sections])
 

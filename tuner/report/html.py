@@ -97,6 +97,9 @@ class Page:
     title: str
     subtitle: str = ""
     sections: list[Section] = field(default_factory=list)
+    #: Parts that could not be drawn, one line each, for the terminal (the page says so
+    #: in its notes too): a report missing half its charts must not look complete.
+    warnings: list[str] = field(default_factory=list)
 
     def section(self, title: str) -> Section:
         sec = Section(title)

@@ -66,6 +66,10 @@ class IngestReport:
     out_of_order: int = 0  # records older than one before them (the trace is sorted)
     duplicates: int = 0  # duplicate request ids (quarantined under skip)
     quarantine: str | None = None  # path of the quarantine file, when records were skipped
+    #: Requests whose output length the log does not hold (vLLM 0.32 logs no output lines
+    #: for /v1/completions), filled by ``output_len_rule``; 0 when every length was logged.
+    output_len_filled: int = 0
+    output_len_rule: str | None = None
     hash_block_size: int = 0
     salt_fingerprint: str = ""
     origin_utc: str | None = None
@@ -83,7 +87,7 @@ class IngestContext:
 
     def __init__(self, *, path: str, hasher: Hasher, hash_block_size: int, on_error: OnError,
                  quarantine: "Quarantine", tokenizer: str | None = None,
-                 source_index: int = 0) -> None:
+                 source_index: int = 0, output_len: int | None = None) -> None:
         self.path = path
         self.hasher = hasher
         self.hash_block_size = hash_block_size
@@ -94,6 +98,24 @@ class IngestContext:
         self.stem = Path(path).name.split(".")[0] or "src"
         self.tokenizer_identity: str | None = None
         self.skipped = 0
+        self.output_len = output_len  # --output-len: the length of every unlogged output
+        self.filled: dict[str, int] = {}  # fill rule -> requests it filled
+
+    def fill_output_len(self, line: int, max_tokens: int | None) -> int | None:
+        """The output length of a request whose log holds no output, by the documented
+        rule (docs/trace-format.md): ``--output-len`` if given, else the request's logged
+        ``max_tokens`` (an upper bound: vLLM stops earlier at EOS or a stop string).
+        Without either the record is bad (None: skipped or raised)."""
+        if self.output_len is not None:
+            rule, value = f"--output-len {self.output_len}", self.output_len
+        elif max_tokens is not None:
+            rule, value = "max_tokens from the logged SamplingParams (an upper bound)", max_tokens
+        else:
+            self.bad(line, "output_token_ids", "no output logged and no max_tokens in its "
+                     "SamplingParams; pass --output-len N or run vLLM with --enable-log-outputs")
+            return None
+        self.filled[rule] = self.filled.get(rule, 0) + 1
+        return value
 
     def bad(self, line: int | None, field_name: str, reason: str, raw: bytes | str | None = None) -> None:
         """Report a malformed record: raise under ``fail``, quarantine under ``skip``."""
@@ -147,7 +169,7 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
            output: str | os.PathLike[str], *, format: str = "auto",
            hash_block_size: int | None = None, salt: bytes | str | os.PathLike[str] | None = None,
            tokenizer: str | None = None, on_error: OnError = "fail",
-           progress: bool = True) -> IngestReport:
+           progress: bool = True, output_len: int | None = None) -> IngestReport:
     """Ingest log files into one canonical trace at ``output``.
 
     Args:
@@ -162,6 +184,9 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
         tokenizer: a Hugging Face tokenizer directory or tokenizer.json (openai-jsonl).
         on_error: ``fail`` stops at the first bad record; ``skip`` quarantines it.
         progress: show a progress bar when stderr is a terminal.
+        output_len: the output length of every request whose log holds no output
+            (vllm-log); default: its logged ``max_tokens``. Filled requests are counted
+            in the report (``output_len_filled``), never silently 0.
 
     Raises:
         TraceFormatError: a bad record (``fail``), empty input, unknown or mixed formats.
@@ -194,7 +219,7 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
         for index, path in enumerate(paths):
             ctx = IngestContext(path=path, hasher=hasher, hash_block_size=hbs,
                                 on_error=on_error, quarantine=quarantine,
-                                tokenizer=tokenizer, source_index=index)
+                                tokenizer=tokenizer, source_index=index, output_len=output_len)
             with open_binary(path) as fh:
                 for batch in reader.read(fh, ctx):
                     batch = _validate(batch, ctx, seen_ids, report)
@@ -202,6 +227,9 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
                         writer.write(state.place(batch))
                     bar.update(index, fh)
             report.skipped += ctx.skipped
+            for rule, count in ctx.filled.items():
+                report.output_len_filled += count
+                report.output_len_rule = rule
             meta = meta.replace(tokenizer=ctx.tokenizer_identity or meta.tokenizer)
         bar.close()
         if writer.num_rows == 0:
