@@ -12,7 +12,7 @@ are token ids), ``--enable-log-requests --enable-log-outputs`` and
 ``VLLM_LOGGING_LEVEL=DEBUG`` (vLLM logs prompt token ids only at DEBUG). The traffic:
 a 3-turn conversation (each turn's prompt = the previous prompt + the previous answer's
 token ids + new user tokens), a 2-turn conversation sharing its 64-token system prompt,
-and one streamed request the client cancels after its first tokens. Requests are sent
+and one streamed request (``max_tokens`` 1,024) the client cancels after its first 3 tokens. Requests are sent
 1.5 s apart, one at a time, so the log's one-second clock can be checked.
 """
 
@@ -48,9 +48,15 @@ def _user(seed: int, n: int) -> list[int]:
 SYSTEM = _user(1, 64)
 
 
+#: The cancelled request asks for many tokens, so the tiny model cannot finish it before
+#: the client's close reaches the server (with 24 it sometimes did: no abort logged).
+CANCELLED_MAX_TOKENS = 1024
+
+
 async def _complete(ep: http.Endpoint, model: str, prompt: list[int], *, cancel_after: int | None
                     ) -> list[int]:
-    payload: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS,
+    max_tokens = MAX_TOKENS if cancel_after is None else CANCELLED_MAX_TOKENS
+    payload: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": max_tokens,
                                "ignore_eos": True, "temperature": 0.0, "stream": True,
                                "return_token_ids": True}
     tokens: list[int] = []
@@ -74,7 +80,8 @@ async def _traffic(server: VllmServer) -> list[dict[str, Any]]:
         at = time.time()
         tokens = await _complete(ep, model, prompt, cancel_after=cancel_after)
         sent.append({"conversation": conv, "turn": turn, "sent_unix_s": at,
-                     "offset_s": at - t0, "prompt_token_ids": prompt, "max_tokens": MAX_TOKENS,
+                     "offset_s": at - t0, "prompt_token_ids": prompt,
+                     "max_tokens": MAX_TOKENS if cancel_after is None else CANCELLED_MAX_TOKENS,
                      "received_token_ids": tokens, "cancelled": cancel_after is not None})
         await asyncio.sleep(GAP_S)
         return tokens

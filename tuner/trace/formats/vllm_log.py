@@ -231,7 +231,11 @@ class VllmLogReader:
                         "(0.33 logs prompt ids only at DEBUG) and --enable-log-requests")
                 continue
             output_ids = req.output_ids
+            status = req.status
             if not req.output_logged:
+                # No output line at all: "still open at the end of the log" cannot be told
+                # from "finished unlogged", so the status stays unknown (unless aborted).
+                status = None if status == "unfinished" else status
                 filled = ctx.fill_output_len(req.line, req.max_tokens)
                 if filled is None:
                     continue
@@ -253,7 +257,7 @@ class VllmLogReader:
             cols["output_len"].append(output_len)
             cols["block_hashes"].append(blocks)
             cols["output_block_hashes"].append(out_blocks)
-            cols["status"].append(req.status)
+            cols["status"].append(status)
             lines.append(req.line)
         if not lines:
             return None
