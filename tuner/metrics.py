@@ -32,6 +32,7 @@ import numpy as np
 from tuner.errors import ConfigError
 from tuner.outputs import AtomicOutput
 from tuner.records import ReplayResult, RequestResult, StepRecord
+from tuner.units import duration
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -416,13 +417,13 @@ def summary_table(summary: Summary) -> "Table":
     latency.add_column("latency")
     for p in PERCENTS:
         latency.add_column(f"p{p}", justify="right")
-    ms = {"scale": 1e3, "digits": 2}
-    latency.add_row("TTFT (ms)", *(_fmt(getattr(s, f"ttft_p{p}_s"), **ms) for p in PERCENTS))
-    latency.add_row("TPOT (ms)", *(_fmt(getattr(s, f"tpot_p{p}_s"), **ms) for p in PERCENTS))
-    itl_label = "ITL (ms)" if s.itl_scope == "window" else "ITL (ms, whole replay)"
-    latency.add_row(itl_label, *(_fmt(getattr(s, f"itl_p{p}_s"), **ms) for p in PERCENTS))
-    latency.add_row("E2E latency (s)", *(_fmt(getattr(s, f"e2e_p{p}_s"), digits=2)
-                                         for p in PERCENTS))
+    # Each latency with its own unit (ms below a second, s above): "17.4 s", not
+    # "17,357.53 ms".
+    latency.add_row("TTFT", *(duration(getattr(s, f"ttft_p{p}_s")) for p in PERCENTS))
+    latency.add_row("TPOT", *(duration(getattr(s, f"tpot_p{p}_s")) for p in PERCENTS))
+    itl_label = "ITL" if s.itl_scope == "window" else "ITL (whole replay)"
+    latency.add_row(itl_label, *(duration(getattr(s, f"itl_p{p}_s")) for p in PERCENTS))
+    latency.add_row("E2E latency", *(duration(getattr(s, f"e2e_p{p}_s")) for p in PERCENTS))
     latency.add_row("interactivity (tok/s/user)",
                     *(_fmt(getattr(s, f"p{p}_interactivity"), digits=1) for p in PERCENTS))
     totals = Table(header_style="bold")

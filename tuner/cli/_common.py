@@ -54,6 +54,19 @@ def handle_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+#: Columns for rich output when stdout is not a terminal (a pipe, a file, cron's mail):
+#: rich would assume 80 and cut table cells ("tri…"); this wide, tables take the width
+#: their content needs.
+PIPE_WIDTH = 400
+
+
+def make_console() -> Any:
+    """A rich Console for stdout: the terminal's width, or content-sized in a pipe."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=PIPE_WIDTH)
+
+
 def _json_default(obj: Any) -> Any:
     if hasattr(obj, "item"):  # numpy scalars
         return obj.item()

@@ -8,8 +8,9 @@ from typing import Any
 
 import click
 
-from tuner.cli._common import echo_json, handle_errors
+from tuner.cli._common import echo_json, handle_errors, make_console
 from tuner.errors import ConfigError
+from tuner.units import number
 
 
 @click.command(name="retune")
@@ -202,7 +203,6 @@ def diff_command(a: str, b: str, name: str | None, profiles_dir: str, show_all: 
     Example:
       tuner profile diff 3 current --name prod --profiles-dir /var/lib/tuner/profiles
     """
-    from rich.console import Console
     from rich.table import Table
 
     from tuner.jobs.diff import diff_profiles, resolve_profile_ref
@@ -214,7 +214,7 @@ def diff_command(a: str, b: str, name: str | None, profiles_dir: str, show_all: 
     if as_json:
         echo_json({"a": pa, "b": pb, **rows})
         return
-    console = Console()
+    console = make_console()
     if not show_all and not any(r["changed"] for items in rows.values() for r in items):
         click.echo(f"no differences between {pa} and {pb} (--all shows every row)")
         return
@@ -229,7 +229,7 @@ def diff_command(a: str, b: str, name: str | None, profiles_dir: str, show_all: 
 
 
 def _fmt(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    return number(value) if isinstance(value, float) else str(value)
 
 
 @click.group(name="cluster")

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from tuner.cli._common import echo_json, handle_errors
+from tuner.cli._common import echo_json, handle_errors, make_console
 from tuner.errors import ConfigError
 
 P90_HELP = ("p90 interactivity = 1 / (90th percentile over requests of the per-request mean "
@@ -104,8 +104,6 @@ def replay_command(trace: str, backend: str, hardware: str, model: str, tp: int,
           --tp 8 --block-size 16 --set cache_aware_admission_window=16 \\
           --set cache_aware_admission_threshold=0.5 --measure-from 300 --out results.parquet
     """
-    from rich.console import Console
-
     from tuner import replay
     from tuner.metrics import summarize, summary_table, write_requests_parquet
     from tuner.outputs import check_output
@@ -134,7 +132,7 @@ def replay_command(trace: str, backend: str, hardware: str, model: str, tp: int,
         return
     click.echo(resolved.description)
     # A pipe gets a fixed, wide table instead of rich's 80-column fallback.
-    console = Console() if sys.stdout.isatty() else Console(width=120)
+    console = make_console()
     console.print(summary_table(summary))
     click.echo(P90_HELP)
     if out is not None:
