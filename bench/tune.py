@@ -64,7 +64,7 @@ def main() -> None:
             study = _create_or_load(open_storage(url), f"bench-{workers}", config)
             _enqueue_start_points(study, config, evaluator, None)
             t = time.perf_counter()
-            _run_stage1(study, url, config, evaluator, workers, StudyProgress(False))
+            _run_stage1(study, url, config, evaluator, workers, StudyProgress(None))
             walls[workers] = time.perf_counter() - t
             done = len(study.get_trials(deepcopy=False))
         print(f"workers={workers}: {done} trials in {walls[workers]:.1f} s "

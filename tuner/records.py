@@ -8,8 +8,10 @@ Times are seconds on the replay clock (``arrival_s`` of the trace = the same clo
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, overload
 
 RequestStatus = Literal["finished", "rejected", "aborted", "unfinished", "error"]
 
@@ -62,10 +64,12 @@ class ReplayResult:
     """A backend's full output for one replay."""
 
     backend: str
-    requests: list[RequestResult]
+    #: One record per request, in trace order (a list, or a columnar ``RequestTable``).
+    requests: Sequence[RequestResult]
     #: Pooled inter-token gaps as (gap_s, count) pairs: exact ITL percentiles without one
-    #: float per token (a fast-forwarded decode stretch adds one pair per step).
-    itl_samples: list[tuple[float, int]]
+    #: float per token (a fast-forwarded decode stretch adds one pair per step); a list,
+    #: or columnar ``GapSamples``.
+    itl_samples: Sequence[tuple[float, int]]
     #: Time series sampled per step: columns t_s, kv_usage, num_running, num_waiting,
     #: num_scheduled_tokens (equal-length lists).
     timeseries: dict[str, list[float]]
@@ -75,3 +79,137 @@ class ReplayResult:
     num_gpus: int = 1
     steps: list[StepRecord] | None = None
     notes: list[str] = field(default_factory=list)
+
+
+_STATUS_CODES: tuple[RequestStatus, ...] = ("finished", "rejected", "aborted", "unfinished",
+                                            "error")
+_NAN = float("nan")
+
+
+class RequestTable(Sequence[RequestResult]):
+    """Per-request records as columns: what a long replay keeps instead of objects.
+
+    Why: a replay of a production day holds millions of requests; a ``RequestResult`` (and
+    the live request it came from) costs hundreds of bytes, a row here about 70 plus its
+    ids. The identity columns (request id, prompt length, session) are given up front;
+    the outcome of request ``i`` is written once with :meth:`record` (``"unfinished"``
+    until then). Reading it (index, slice, iteration) builds ``RequestResult``s on the fly.
+    """
+
+    __slots__ = ("request_id", "input_len", "session_id", "arrival_s", "first_scheduled_s",
+                 "first_token_s", "finish_s", "output_len", "num_cached_tokens",
+                 "num_preemptions", "status")
+
+    def __init__(self, request_ids: Sequence[str], input_lens: Iterable[int],
+                 session_ids: Sequence[str | None] | None = None) -> None:
+        n = len(request_ids)
+        self.request_id = request_ids
+        self.input_len = array("q", input_lens)
+        self.session_id = session_ids
+        nans = array("d", [_NAN]) * n
+        self.arrival_s = nans
+        self.first_scheduled_s = array("d", nans)
+        self.first_token_s = array("d", nans)
+        self.finish_s = array("d", nans)
+        self.output_len = array("q", bytes(8 * n))
+        self.num_cached_tokens = array("q", bytes(8 * n))
+        self.num_preemptions = array("q", bytes(8 * n))
+        self.status = bytearray([_STATUS_CODES.index("unfinished")]) * n
+
+    def record(self, index: int, status: RequestStatus, arrival_s: float, *,
+               output_len: int = 0, first_scheduled_s: float = _NAN,
+               first_token_s: float = _NAN, finish_s: float = _NAN,
+               num_cached_tokens: int = 0, num_preemptions: int = 0) -> None:
+        """The outcome of request ``index`` (trace position)."""
+        self.status[index] = _STATUS_CODES.index(status)
+        self.arrival_s[index] = arrival_s
+        self.output_len[index] = output_len
+        self.first_scheduled_s[index] = first_scheduled_s
+        self.first_token_s[index] = first_token_s
+        self.finish_s[index] = finish_s
+        self.num_cached_tokens[index] = num_cached_tokens
+        self.num_preemptions[index] = num_preemptions
+
+    def __len__(self) -> int:
+        return len(self.input_len)
+
+    def _row(self, i: int) -> RequestResult:
+        return RequestResult(
+            request_id=self.request_id[i], arrival_s=self.arrival_s[i],
+            input_len=self.input_len[i], output_len=self.output_len[i],
+            first_scheduled_s=self.first_scheduled_s[i], first_token_s=self.first_token_s[i],
+            finish_s=self.finish_s[i], num_cached_tokens=self.num_cached_tokens[i],
+            num_preemptions=self.num_preemptions[i], status=_STATUS_CODES[self.status[i]],
+            session_id=None if self.session_id is None else self.session_id[i])
+
+    @overload
+    def __getitem__(self, index: int) -> RequestResult: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[RequestResult]: ...
+
+    def __getitem__(self, index: int | slice) -> RequestResult | list[RequestResult]:
+        if isinstance(index, slice):
+            return [self._row(i) for i in range(*index.indices(len(self)))]
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"request {index} of {n}")
+        return self._row(index % n)
+
+    def __iter__(self) -> Iterator[RequestResult]:
+        row = self._row
+        return (row(i) for i in range(len(self)))
+
+    def __repr__(self) -> str:
+        return f"RequestTable({len(self)} requests)"
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to any sequence of the same records (it stands in for a list)."""
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the list it replaces
+
+
+class GapSamples(Sequence[tuple[float, int]]):
+    """Pooled inter-token gaps ``(gap_s, count)`` as two columns (16 bytes a pair, not
+    ~120 for a tuple of a float and an int): a day's replay appends one or two per step."""
+
+    __slots__ = ("gap_s", "count")
+
+    def __init__(self) -> None:
+        self.gap_s = array("d")
+        self.count = array("q")
+
+    def append(self, pair: tuple[float, int]) -> None:
+        self.gap_s.append(pair[0])
+        self.count.append(pair[1])
+
+    def __len__(self) -> int:
+        return len(self.gap_s)
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[float, int]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple[float, int]]: ...
+
+    def __getitem__(self, index: int | slice) -> tuple[float, int] | list[tuple[float, int]]:
+        if isinstance(index, slice):
+            return list(zip(self.gap_s[index], self.count[index]))
+        return self.gap_s[index], self.count[index]
+
+    def __iter__(self) -> Iterator[tuple[float, int]]:
+        return zip(self.gap_s, self.count)
+
+    def __repr__(self) -> str:
+        return f"GapSamples({len(self)} pairs)"
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to any sequence of the same records (it stands in for a list)."""
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the list it replaces

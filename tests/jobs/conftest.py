@@ -13,10 +13,10 @@ import yaml
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
+from tests.envs import tuner_executable  # noqa: E402
 from tests.jobs.fixtures import mooncake_lines, write_lines  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-TUNER = str(REPO / ".venv" / "bin" / "tuner")
 
 #: Small but under KV pressure: 60 req/s of 2-6k-token prompts into 1,500 16-token blocks,
 #: where vLLM's defaults (1,024 seqs, 16k batched tokens) thrash and a tuned cap wins.
@@ -69,7 +69,7 @@ class Job:
 
     def run_cli(self, *args: str, env: dict[str, str] | None = None,
                 timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([TUNER, "retune", "--config", str(self.config_path), *args],
+        return subprocess.run([tuner_executable(), "retune", "--config", str(self.config_path), *args],
                               capture_output=True, text=True, timeout=timeout,
                               env={**os.environ, **(env or {})}, cwd=self.root)
 

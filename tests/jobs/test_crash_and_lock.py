@@ -25,6 +25,7 @@ def _published_v1(job: Job) -> None:
     job.append(job.lines[150:])
 
 
+@pytest.mark.slow  # 2-35 s per phase: each phase re-runs a whole retune in a subprocess
 @pytest.mark.parametrize("phase", PHASES)
 def test_crash_at_phase_keeps_previous_profile_and_rerun_completes(job: Job,
                                                                     phase: str) -> None:

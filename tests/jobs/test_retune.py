@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import polars as pl
+import pytest
 from click.testing import CliRunner
 
 from tests.jobs.conftest import Job
@@ -64,6 +65,7 @@ def test_partial_last_line_waits_for_the_next_run(job: Job) -> None:
     assert out.entry["new_requests"] == 1
 
 
+@pytest.mark.slow  # two retune runs, the second a full search (~5 s)
 def test_drift_forces_full_search(job: Job) -> None:
     job.append(job.lines[:150])
     assert job.run().decision == "published"

@@ -13,12 +13,14 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from tests.envs import tuner_executable
 from tuner.cli import cli
 from tuner.errors import ConfigError
 from tuner.jobs import (cron_to_oncalendar, cronjob_manifest, every_to_cron, make_spec,
                         merge_crontab, render)
 
-TUNER_BIN = str(pathlib.Path(__file__).resolve().parents[2] / ".venv" / "bin" / "tuner")
+#: The installed console script of the environment under test (not a path into the checkout).
+TUNER_BIN = tuner_executable()
 
 
 @pytest.mark.parametrize("every,cron", [("30m", "*/30 * * * *"), ("1h", "0 * * * *"),

@@ -65,11 +65,11 @@ def test_bad_profiles_name_file_and_field(tmp_path: pathlib.Path, mutate, messag
 
 
 def test_unreadable_and_not_yaml(tmp_path: pathlib.Path) -> None:
-    with pytest.raises(ProfileError, match="cannot read profile"):
+    with pytest.raises(ProfileError, match="missing.yaml: profile not found"):
         load_profile(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: [unclosed\n")
-    with pytest.raises(ProfileError, match=r"bad.yaml:\d+: not valid YAML"):
+    with pytest.raises(ProfileError, match=r"bad.yaml:\d+: invalid YAML"):
         load_profile(bad)
     bad.write_text("- just\n- a list\n")
     with pytest.raises(ProfileError, match="a profile is a YAML mapping"):

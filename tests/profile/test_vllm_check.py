@@ -1,15 +1,15 @@
 """Exports checked by vLLM itself (SchedulerConfig + vLLM's argument parser).
 
 Needs the vLLM environments that .ci/setup-vllm.sh builds (it exports
-TUNER_VLLM033_PYTHON and TUNER_VLLM032_PYTHON); skipped with a reason without them.
+TUNER_VLLM033_PYTHON and TUNER_VLLM032_PYTHON); skipped with a reason without them (failed
+under TUNER_REQUIRE_ENVS=1, as in CI).
 """
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
+from tests.envs import env_python
 from tests.profile.test_export import make_profile
 from tuner.profile import check_with_vllm
 
@@ -17,10 +17,7 @@ ENVS = {"0.33.0": "TUNER_VLLM033_PYTHON", "0.32.0": "TUNER_VLLM032_PYTHON"}
 
 
 def _python(version: str) -> str:
-    python = os.environ.get(ENVS[version])
-    if not python:
-        pytest.skip(f"{ENVS[version]} is unset; run eval \"$(.ci/setup-vllm.sh)\" first")
-    return python
+    return env_python(ENVS[version], 'run eval "$(.ci/setup-vllm.sh)" first')
 
 
 @pytest.mark.vllm

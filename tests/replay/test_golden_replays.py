@@ -99,7 +99,7 @@ def digests(result: Any) -> dict[str, str]:
     return {
         "requests": sha([dataclasses.astuple(r) for r in result.requests]),
         "steps": sha([dataclasses.astuple(s) for s in result.steps]),
-        "itl_samples": sha(result.itl_samples),
+        "itl_samples": sha(list(result.itl_samples)),
         "counters": sha(sorted(result.counters.items())),
         "timeseries": sha(sorted(result.timeseries.items())),
         "simulated_s": repr(result.simulated_s),

@@ -16,13 +16,21 @@ import subprocess
 
 import pytest
 
+from tests.envs import missing_env
 from tuner.report import study_report, write_page
 
 CHROMIUM = next((p for p in (os.environ.get("CHROMIUM"), shutil.which("chromium"),
                              shutil.which("chromium-browser"), shutil.which("google-chrome"))
                  if p), None)
-pytestmark = pytest.mark.skipif(CHROMIUM is None,
-                                reason="no chromium binary (run .ci/chromium.sh)")
+
+
+@pytest.fixture(autouse=True)
+def _needs_chromium() -> None:
+    """Skip without a binary (fail under TUNER_REQUIRE_ENVS=1, as in CI)."""
+    if CHROMIUM is None:
+        missing_env("no chromium binary (run .ci/chromium.sh)")
+
+
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--disable-dev-shm-usage", "--enable-logging=stderr", "--v=0"]

@@ -8,13 +8,16 @@ import pathlib
 import re
 import shutil
 
+import sys
+
 import pytest
 from click.testing import CliRunner
 
-from conftest import TARGET, make_trace
-from tuner.cli import cli
-from tuner.profile import save_profile
-from tuner.sim.settings import SchedulerSettings
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+from tests.report.conftest import TARGET, make_trace  # noqa: E402
+from tuner.cli import cli  # noqa: E402
+from tuner.profile import save_profile  # noqa: E402
+from tuner.sim.settings import SchedulerSettings  # noqa: E402
 
 
 @pytest.fixture(scope="module")

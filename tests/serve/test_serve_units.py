@@ -12,9 +12,9 @@ from serve_env import CPU_HARDWARE, DATA, MODEL_DIR
 
 from tuner.serve.client import prompt_tokens
 from tuner.serve.prometheus import (CACHE_CONFIG_INFO, ExpositionError, counter_deltas,
-                                         histogram_deltas, parse_exposition)
+                                    histogram_deltas, parse_exposition)
 from tuner.serve.server import settings_args
-from tuner.replay._vllm_core_driver import TokenFactory
+from tuner.vllm_core.tokens import TokenFactory
 from tuner.sim.batch import StepBatch
 from tuner.sim.calibration_fit import fit_step_time, nnls
 from tuner.sim.hardware import load_hardware

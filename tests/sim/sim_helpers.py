@@ -40,6 +40,23 @@ def fixed_step(batch) -> float:
     return 0.01 + 1e-5 * batch.num_tokens
 
 
+def nonlinear_step(batch) -> float:
+    """A step time nonlinear in the batch sums, so that a wrong batch changes the clock."""
+    return (0.004 + 3e-6 * batch.num_prefill_tokens + 2e-5 * batch.num_decode_reqs
+            + 1e-8 * batch.decode_ctx_tokens + 1e-12 * batch.prefill_attn_pairs
+            + 1e-7 * batch.num_decode_reqs ** 1.5)
+
+
+def assert_identical(a, b) -> None:
+    """Two replays gave byte-identical records (repr is exact for floats)."""
+    assert repr(a.requests) == repr(b.requests)
+    assert a.counters == b.counters
+    assert repr(a.steps) == repr(b.steps)
+    assert repr(a.itl_samples) == repr(b.itl_samples)
+    assert repr(a.timeseries) == repr(b.timeseries)
+    assert repr(a.simulated_s) == repr(b.simulated_s)
+
+
 def replay(requests, settings=None, cache=None, **options):
     """Run the simulator with invariants checked after every step."""
     options.setdefault("check_invariants", True)

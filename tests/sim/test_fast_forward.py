@@ -9,33 +9,16 @@ from tuner.sim.engine import Simulator
 from tuner.sim.load import ClosedLoop, OpenLoop
 from tuner.sim.settings import CacheSettings, SchedulerSettings, SimOptions
 
-from sim_helpers import check_result, random_trace
-
-
-def step_time(batch) -> float:
-    # Nonlinear in the sums so that a wrong batch changes the clock.
-    return (0.004 + 3e-6 * batch.num_prefill_tokens + 2e-5 * batch.num_decode_reqs
-            + 1e-8 * batch.decode_ctx_tokens + 1e-12 * batch.prefill_attn_pairs
-            + 1e-7 * batch.num_decode_reqs ** 1.5)
+from sim_helpers import assert_identical, check_result, nonlinear_step as step_time, random_trace
 
 
 def run(reqs, settings, cache, fast: bool, load=OpenLoop(), mode: str = "local",
         check: bool = True):
-    """``check``: check invariants after every step. That materialises every group
-    member each step, so a fast run with it never leaves counters lagging: the
-    differential tests run the fast path both ways."""
+    """``check``: check invariants after every step (they must not change the path
+    taken; the differential tests run the fast path both ways)."""
     options = SimOptions(fast_forward=fast, record_steps=True, check_invariants=check,
                          prefill_interval_mode=mode)
     return Simulator(reqs, settings, cache, step_time, options=options, load=load).run()
-
-
-def assert_identical(a, b) -> None:
-    assert repr(a.requests) == repr(b.requests)
-    assert a.counters == b.counters
-    assert repr(a.steps) == repr(b.steps)
-    assert repr(a.itl_samples) == repr(b.itl_samples)
-    assert repr(a.timeseries) == repr(b.timeseries)
-    assert repr(a.simulated_s) == repr(b.simulated_s)
 
 
 CASES = {
@@ -111,7 +94,7 @@ def test_long_decode_stretch_uses_group_steps():
 
     def spy():
         out = original()
-        lazy_steps.append(out.lazy)
+        lazy_steps.append(out.group is not None)
         return out
 
     sim.scheduler.schedule = spy  # type: ignore[method-assign]
@@ -138,7 +121,7 @@ def test_group_steps_preempt_without_dissolving(seed, with_output_hashes):
 
     def spy():
         out = original()
-        preempting_group_steps.append(out.lazy and bool(out.preempted))
+        preempting_group_steps.append(out.group is not None and bool(out.preempted))
         return out
 
     sim.scheduler.schedule = spy  # type: ignore[method-assign]
@@ -148,3 +131,54 @@ def test_group_steps_preempt_without_dissolving(seed, with_output_hashes):
     assert_identical(slow, run(reqs, settings, cache, True))  # invariants on every step
     assert slow.counters["preemptions"] > 0
     assert any(preempting_group_steps)
+
+
+def test_budget_spent_before_the_last_member_is_a_plain_step():
+    """The plan's last-member guard: a prefill chunk between two members takes the whole
+    budget left (A 1 + P 15 of 16), so vLLM's running loop stops before member B. B got
+    in behind P during a deferred step (prefill_schedule_interval 2) with a full prefix hit,
+    which needs no prefill. The fast path must see that B gets nothing and step aside."""
+    from itertools import count
+
+    from tuner.sim.request import SimRequest
+    from tuner.sim.scheduler import Scheduler
+
+    index = count()
+
+    def req(rid, n, hashes=(), max_tokens=1):
+        return SimRequest(request_id=rid, index=next(index), arrival_s=0.0,
+                          num_prompt_tokens=n, max_tokens=max_tokens, block_size=16,
+                          prompt_block_hashes=list(hashes))
+
+    def scenario(fast: bool):
+        s = Scheduler(SchedulerSettings(max_num_batched_tokens=16, max_num_seqs=8,
+                                        prefill_schedule_interval=2),
+                      CacheSettings(num_gpu_blocks=1000, block_size=16),
+                      SimOptions(fast_forward=fast))
+        log = []
+
+        def steps(n):
+            for _ in range(n):
+                out = s.schedule()
+                log.append((s.scheduled_tokens(out), out.group is not None))
+                s.update_from_output(out, float(len(log)))
+                s.check_invariants()
+
+        s.add_request(req("W", 49, [1, 2, 3]))  # caches the 3 blocks B will hit
+        steps(4)
+        s.add_request(req("A", 4, max_tokens=100))
+        steps(2)
+        s.add_request(req("P", 300, max_tokens=3))
+        steps(3)
+        s.add_request(req("B", 49, [1, 2, 3], max_tokens=20))
+        steps(6)
+        return s, log
+
+    plain, plain_log = scenario(False)
+    fast, fast_log = scenario(True)
+    assert [sched for sched, _ in fast_log] == [sched for sched, _ in plain_log]
+    assert [r.request_id for r in fast.running] == ["A", "P", "B"]
+    assert fast.group is not None and fast.group.size == 2  # A and B are members
+    budget_spent = [group for sched, group in fast_log if sched == {"A": 1, "P": 15}]
+    assert budget_spent[-1] is False  # with B behind P: the plain step
+    assert any(group for sched, group in fast_log if sched == {"A": 1, "B": 1})

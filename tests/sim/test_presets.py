@@ -130,7 +130,7 @@ def test_bad_model_configs(tmp_path):
     with pytest.raises(ConfigError, match="quant_method'='gptq'"):
         load_model(bad)
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ConfigError, match="cannot read model config"):
+    with pytest.raises(ConfigError, match="config.json: model config not found"):
         load_model(tmp_path / "empty")
 
 

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from tuner.cli import cli
-from tuner.cli._trace import parse_duration
+from tuner.durations import parse_duration
 from tuner.errors import ConfigError
 
 

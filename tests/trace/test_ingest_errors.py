@@ -121,5 +121,4 @@ def test_export_of_a_trace_is_a_one_line_error(tmp_path: Path) -> None:
     assert _run("ingest", str(src), "-o", str(trace))[0] == 0
     code, out = _run("export", str(trace))
     assert code == 2
-    assert out.strip() == (f"Error: {trace}: not a YAML profile (a Parquet trace); give the "
-                           ".yaml that `tuner tune -o` wrote")
+    assert out.strip() == f"Error: {trace}: cannot read profile: not UTF-8 text (a Parquet file)"

@@ -134,6 +134,7 @@ def test_vectorised_trace_reblocking_matches_reference(src: int, dst: int) -> No
             Trace.from_requests(reqs + refused[:1], meta).reblocked(dst)
 
 
+@pytest.mark.slow  # synthesises and re-blocks a whole agentic hour (~5 s)
 def test_vectorised_reblocking_on_synth_agentic() -> None:
     from tuner.trace import synthesize
 

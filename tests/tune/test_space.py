@@ -92,7 +92,7 @@ params:
      "choices: must be a non-empty list"),
     ("params: {}", "'params' must be a non-empty mapping"),
     ("prams: {}", r"unknown top-level key\(s\) \['prams'\]"),
-    ("params: [", "not valid YAML"),
+    ("params: [", "invalid YAML"),
 ])
 def test_bad_yaml_space_names_file_and_key(tmp_path: pathlib.Path, body: str, message: str) -> None:
     path = tmp_path / "bad.yaml"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tuner.replay.parity import ParityCase
+from tuner.fidelity.parity import ParityCase
 from tuner.sim.load import ClosedLoop
 from tuner.sim.settings import SchedulerSettings, SimOptions
 from tuner.sim.target import Target

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from tuner.cli import cli
 from tuner.errors import ConfigError
 from tuner.records import ReplayResult, StepRecord
+from tuner.fidelity.parity import compare_steps, diff_step
 from tuner.replay import create_backend
-from tuner.replay.parity import compare_steps, diff_step
 from vllm_env import ROOT
 
 
@@ -101,7 +101,7 @@ def test_cli_fidelity_errors(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
 
 
 def _driver():  # type: ignore[no-untyped-def]
-    path = ROOT / "tuner" / "replay" / "_vllm_core_driver.py"
+    path = ROOT / "tuner" / "vllm_core" / "driver.py"
     spec = importlib.util.spec_from_file_location("_vllm_core_driver_offline", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
@@ -109,8 +109,14 @@ def _driver():  # type: ignore[no-untyped-def]
     return mod
 
 
+def test_driver_loads_without_vllm_and_uses_the_shared_tokens() -> None:
+    from tuner.vllm_core import tokens
+
+    assert _driver().TokenFactory is tokens.TokenFactory
+
+
 def test_tokens_follow_block_hashes() -> None:
-    drv = _driver()
+    from tuner.vllm_core import tokens as drv
     tf = drv.TokenFactory(16)
     a = drv.DriverRequest("a", 0.0, 40, 20, (1, 2, 3))
     b = drv.DriverRequest("b", 0.0, 40, 20, (1, 2, 9))

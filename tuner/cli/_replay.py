@@ -7,6 +7,7 @@ import sys
 import click
 
 from tuner.cli._common import echo_json, handle_errors, make_console
+from tuner.cli._progress import progress_display
 from tuner.errors import ConfigError
 
 P90_HELP = ("p90 interactivity = 1 / (90th percentile over requests of the per-request mean "
@@ -120,9 +121,9 @@ def replay_command(trace: str, backend: str, hardware: str, model: str, tp: int,
     load = make_load(speedup, concurrency)
     settings = replay.parse_settings(assignments, resolve_target(target).default_settings)
     resolved = resolve_target(target, scheduler_settings=settings)  # what run() will model
-    show = sys.stderr.isatty() if progress is None else progress
-    result = replay.run(trace, settings, backend=backend, target=target, load=load,
-                        progress=show)
+    with progress_display(progress) as shown:
+        result = replay.run(trace, settings, backend=backend, target=target, load=load,
+                            progress=shown)
     summary = summarize(result, measure_from_s=measure_from, measure_to_s=measure_to)
     if out is not None:
         write_requests_parquet(result, out, inputs=[trace])

@@ -10,6 +10,7 @@ import click
 
 from tuner.cli._common import echo_json, handle_errors
 from tuner.cli._replay import P90_HELP, make_load, make_target, target_options
+from tuner import vllm_compat
 from tuner.errors import ConfigError
 
 
@@ -60,8 +61,6 @@ def make_server_options(*, endpoint: str | None, launch: bool, vllm_python: str 
                         server_log: str | None, startup_timeout: float,
                         request_timeout: float) -> Any:
     """``ServerOptions`` from the :func:`server_options` flags (+ the target flags)."""
-    import os
-
     from tuner.serve.server import ServerOptions
 
     if (endpoint is None) == (not launch):
@@ -74,8 +73,7 @@ def make_server_options(*, endpoint: str | None, launch: bool, vllm_python: str 
             raise ConfigError(f"--serve-env {item!r}: expected KEY=VALUE")
         env.append((key, value))
     if launch:
-        vllm_python = vllm_python or os.environ.get("TUNER_VLLM_PYTHON") or os.environ.get(
-            "TUNER_VLLM032_PYTHON")
+        vllm_python = vllm_python or vllm_compat.vllm_python_from_env("serve")
         options = ServerOptions(
             vllm_python=vllm_python, model=serve_model or model, load_format=load_format,
             tp=tp, block_size=block_size, num_gpu_blocks=num_gpu_blocks,

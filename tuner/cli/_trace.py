@@ -3,41 +3,25 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import click
 
 from tuner.cli._common import echo_json, handle_errors
+from tuner.durations import parse_duration
 from tuner.errors import ConfigError
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?", re.IGNORECASE)
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
-
-
-def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``30m``, ``1h30m``, ``2d`` -> seconds."""
-    pos, total, s = 0, 0.0, text.strip()
-    if not s:
-        raise ConfigError("empty duration")
-    while pos < len(s):
-        m = _DURATION.match(s, pos)
-        if m is None or m.end() == pos:
-            raise ConfigError(f"bad duration {text!r}; use e.g. 90, 90s, 30m, 1h30m")
-        unit = m.group(2).lower() if m.group(2) else None
-        total += float(m.group(1)) * _UNIT_S[unit]
-        pos = m.end()
-    return total
 
 
 class Duration(click.ParamType):
+    """A click type over :func:`tuner.durations.parse_duration` (the config files' grammar)."""
+
     name = "duration"
 
     def convert(self, value: Any, param: Any, ctx: Any) -> float:
-        if isinstance(value, (int, float)):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         try:
-            return parse_duration(str(value))
+            return parse_duration(str(value), "duration", allow_zero=True)
         except ConfigError as exc:
             self.fail(str(exc), param, ctx)
 
@@ -82,11 +66,13 @@ def ingest_cmd(sources: tuple[str, ...], output: str, fmt: str, hash_block_size:
       tuner ingest traces/mooncake_synthetic.jsonl -o mooncake.parquet
       tuner ingest vllm-*.log.gz -o trace.parquet --salt-file ~/.tuner-salt --on-error skip
     """
+    from tuner.cli._progress import progress_display
     from tuner.trace import ingest
 
-    report = ingest(list(sources), output, format=fmt, hash_block_size=hash_block_size,
-                    salt=salt_file, tokenizer=tokenizer, on_error=on_error,  # type: ignore[arg-type]
-                    progress=not as_json, output_len=output_len)
+    with progress_display(False if as_json else None) as shown:
+        report = ingest(list(sources), output, format=fmt, hash_block_size=hash_block_size,
+                        salt=salt_file, tokenizer=tokenizer, on_error=on_error,  # type: ignore[arg-type]
+                        progress=shown, output_len=output_len)
     if report.output_len_filled:
         # Said even under --json (on stderr): a trace of unknown output lengths must not
         # pass for a measured one.

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from tuner.cli._common import echo_json, handle_errors
+from tuner.cli._progress import progress_display
 from tuner.cli._serve import server_options
 from tuner.cli._replay import make_target, target_options
 from tuner.errors import ConfigError
@@ -92,14 +93,15 @@ def _run_tune(trace: str, output: str, kw: dict[str, Any], target_kw: dict[str, 
     from tuner.tune import tune
 
     check_output(output, inputs=[trace])  # before minutes of tuning, not after
-    progress = sys.stderr.isatty() if kw["progress"] is None else kw["progress"]
-    result = tune(trace, target=make_target(**target_kw), space=kw["space"],
-                  objectives=_split(kw["objectives"]), constraints=_split(kw["constraints"]) or (),
-                  n_trials=kw["trials"], storage=kw["storage"], study_name=kw["study_name"],
-                  workers=kw["workers"], seed=kw["seed"], warm_start=kw["warm_start"],
-                  holdout=kw["holdout"], prefer=kw["prefer"],
-                  stage1_fraction=kw["stage1_fraction"], n_survivors=kw["survivors"],
-                  backend=kw["backend"], output=output, progress=progress)
+    with progress_display(kw["progress"]) as shown:
+        result = tune(trace, target=make_target(**target_kw), space=kw["space"],
+                      objectives=_split(kw["objectives"]),
+                      constraints=_split(kw["constraints"]) or (),
+                      n_trials=kw["trials"], storage=kw["storage"], study_name=kw["study_name"],
+                      workers=kw["workers"], seed=kw["seed"], warm_start=kw["warm_start"],
+                      holdout=kw["holdout"], prefer=kw["prefer"],
+                      stage1_fraction=kw["stage1_fraction"], n_survivors=kw["survivors"],
+                      backend=kw["backend"], output=output, progress=shown)
     name = pathlib.Path(output).stem
     profile = result.to_profile(name, description=f"tuned by `tuner tune` on {trace}")
     path = save_profile(profile, output, inputs=[trace])
@@ -200,8 +202,8 @@ def tune_command(trace: str | None, output: str | None, join_study: str | None,
 
         if kw["storage"] is None:
             raise ConfigError("--join needs --storage URL (the study's database or journal)")
-        progress = sys.stderr.isatty() if kw["progress"] is None else kw["progress"]
-        out = join(join_study, kw["storage"], kw["trials"], trace=trace, progress=progress)
+        with progress_display(kw["progress"]) as shown:
+            out = join(join_study, kw["storage"], kw["trials"], trace=trace, progress=shown)
         if kw["as_json"]:
             echo_json(out)
         else:
@@ -247,8 +249,8 @@ def tune_log_command(logfiles: tuple[str, ...], log_format: str, output: str,
     out = pathlib.Path(output)
     trace = out.with_name(out.stem + ".trace.parquet")
     check_output(output, inputs=logfiles)
-    progress = sys.stderr.isatty() if kw["progress"] is None else kw["progress"]
-    ingest(list(logfiles), trace, format=log_format, progress=progress)
+    with progress_display(kw["progress"]) as shown:
+        ingest(list(logfiles), trace, format=log_format, progress=shown)
     _run_tune(str(trace), output, kw, target_kw)
 
 

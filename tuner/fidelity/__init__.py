@@ -1,5 +1,7 @@
-"""How far the twin's predictions are from vLLM: calibrate, validate (and parity).
+"""How far the twin's predictions are from vLLM: parity, calibrate, validate.
 
+* :mod:`tuner.fidelity.parity` -- ``tuner fidelity``: the twin against vLLM's own
+  ``Scheduler`` (the ``vllm-core`` backend), step by step;
 * :mod:`tuner.fidelity.calibrate` -- ``tuner calibrate``: time probe batches on a live
   server and fit the step-time model's coefficients;
 * :mod:`tuner.fidelity.validate` -- ``tuner validate`` / ``tuner tune --confirm-top``:
@@ -24,10 +26,15 @@ from tuner._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from tuner.fidelity.calibrate import CalibrationResult, ProbePlan
+    from tuner.fidelity.parity import ParityReport, compare_steps, run_parity, run_parity_many
     from tuner.fidelity.runs import calibrate_server, probe_settings, twin_options_for
     from tuner.fidelity.validate import Comparison, compare_on_server, confirm_on_server
 
 _LAZY = {
+    "ParityReport": "tuner.fidelity.parity",
+    "compare_steps": "tuner.fidelity.parity",
+    "run_parity": "tuner.fidelity.parity",
+    "run_parity_many": "tuner.fidelity.parity",
     "ProbePlan": "tuner.fidelity.calibrate",
     "CalibrationResult": "tuner.fidelity.calibrate",
     "Comparison": "tuner.fidelity.validate",

@@ -41,8 +41,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import tuner.serve.http as http
 from tuner.errors import BackendError, ConfigError
-from tuner.serve import http
 from tuner.serve.server import VllmServer
 from tuner.sim.batch import StepBatch
 from tuner.sim.calibration import Calibration

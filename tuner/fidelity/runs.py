@@ -75,25 +75,17 @@ def calibrate_server(options: ServerOptions, *, hardware: str, model: str, tp: i
                          max_model_len=max_model_len, progress=progress)
 
 
-def prefill_interval_mode_for(vllm_version: str) -> PrefillIntervalMode:
-    """Which clock the twin runs ``prefill_schedule_interval`` on to match ``vllm_version``.
-
-    vLLM 0.32 applies the interval only to data-parallel deployments, so the single engine
-    a parity run drives ignores it (``"off"``); from 0.33.0 on one engine keeps its own
-    cadence (``"local"``).
-    """
-    return "off" if vllm_version.startswith("0.32") else "local"
-
-
 def twin_options_for(vllm_python: str,
                      prefill_interval_mode: PrefillIntervalMode | None = None) -> SimOptions:
     """The twin's options for a parity run against the vLLM installed for ``vllm_python``.
 
-    ``prefill_interval_mode`` overrides the version rule (:func:`prefill_interval_mode_for`);
-    the version is read from the distribution metadata, without importing vLLM.
+    ``prefill_interval_mode`` overrides the version rule
+    (:func:`tuner.vllm_compat.prefill_interval_mode`); the version is read from the
+    distribution metadata, without importing vLLM.
     """
     if prefill_interval_mode is None:
-        from tuner.replay.vllm_core import vllm_version
+        from tuner import vllm_compat
 
-        prefill_interval_mode = prefill_interval_mode_for(vllm_version(vllm_python))
+        prefill_interval_mode = vllm_compat.prefill_interval_mode(
+            vllm_compat.installed_version(vllm_python))
     return SimOptions(prefill_interval_mode=prefill_interval_mode)

@@ -13,7 +13,8 @@ exit codes.
 
 from __future__ import annotations
 
-from tuner.jobs.config import RetuneConfig, load_config, parse_duration
+from tuner.durations import parse_duration
+from tuner.jobs.config import RetuneConfig, load_config
 from tuner.jobs.decide import BOOTSTRAP_OBJECTIVES, Comparison, compare_replays, decide
 from tuner.jobs.diff import diff_profiles, resolve_profile_ref
 from tuner.jobs.drift import compare as compare_drift

@@ -7,29 +7,18 @@ can move together.
 from __future__ import annotations
 
 import pathlib
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
+from tuner.durations import parse_duration
 from tuner.errors import ConfigError
 from tuner.jobs.decide import check_objectives
 from tuner.jobs.window import SourceSpec
+from tuner.loaders import load_yaml
 
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
-_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _TARGET_KEYS = ("hardware", "model", "tp", "dp", "block_size", "num_gpu_blocks",
                 "gpu_memory_utilization", "max_model_len", "calibration", "weight_dtype",
                 "kv_cache_dtype")
-
-
-def parse_duration(text: Any, where: str = "duration") -> float:
-    """``"24h"``, ``"30m"``, ``"2d"``, ``"90s"`` or a number of seconds -> seconds."""
-    m = _DURATION_RE.match(str(text))
-    if not m or float(m.group(1)) <= 0:
-        raise ConfigError(f"{where}: {text!r} is not a duration like 30m, 6h, 1d")
-    return float(m.group(1)) * _UNIT_S[m.group(2)]
 
 
 @dataclass
@@ -96,14 +85,8 @@ def load_config(path: str | pathlib.Path) -> RetuneConfig:
             message names the file and the key.
     """
     p = pathlib.Path(path)
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML ({exc})") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{p}: expected a mapping of keys")
+    loaded = load_yaml(p, "retune config", mapping=True)
+    raw = loaded.data
     unknown = sorted(set(raw) - _KNOWN)
     if unknown:
         raise ConfigError(f"{p}: unknown key(s) {', '.join(unknown)} (see docs/retune.md)")
@@ -136,7 +119,7 @@ def load_config(path: str | pathlib.Path) -> RetuneConfig:
                        profile=str(need("profile")), profiles_dir=rel(need("profiles_dir")),
                        target=target)
     if "window" in raw:
-        cfg.window_s = parse_duration(raw["window"], f"{p}: window")
+        cfg.window_s = parse_duration(raw["window"], loaded.where("window"))
     for key, kind in (("space", str), ("trials", int), ("prefer", str), ("holdout", float),
                       ("stage1_fraction", float), ("margin", float), ("confidence", float),
                       ("bootstrap_samples", int), ("drift_threshold", float),

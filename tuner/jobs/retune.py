@@ -31,7 +31,7 @@ import secrets
 import shutil
 import subprocess
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.jobs._atomic import crash_point
 from tuner.outputs import write_json
@@ -42,6 +42,9 @@ from tuner.jobs.history import ProfileHistory
 from tuner.jobs.lock import JobLock
 from tuner.jobs.state import JobState, load_state, save_state
 from tuner.jobs.window import expired_parts, ingest_new, load_window, remove_unlisted
+
+if TYPE_CHECKING:
+    from tuner.progress import Progress
 
 #: Exit codes of ``tuner retune`` (docs/retune.md).
 EXIT_PUBLISHED = 0
@@ -83,7 +86,7 @@ def _now() -> str:
 
 
 def run_retune(config: RetuneConfig, *, on_publish: str | None = None,
-               progress: bool = False) -> RetuneOutcome:
+               progress: "Progress | None" = None) -> RetuneOutcome:
     """Run the job once under the state dir's lock.
 
     Raises:
@@ -114,7 +117,8 @@ def run_retune(config: RetuneConfig, *, on_publish: str | None = None,
         return outcome
 
 
-def _run_locked(config: RetuneConfig, run_id: str, *, progress: bool) -> RetuneOutcome:
+def _run_locked(config: RetuneConfig, run_id: str, *,
+                progress: "Progress | None") -> RetuneOutcome:
     state = load_state(config.state_dir)
     history = ProfileHistory(config.profiles_dir, config.profile)
     work = config.state_dir / "runs" / run_id
@@ -176,7 +180,8 @@ def _load_current(history: ProfileHistory):  # type: ignore[no-untyped-def]
 
 
 def _tune(config: RetuneConfig, window_path: pathlib.Path, run_id: str,
-          history: ProfileHistory, full: bool, progress: bool):  # type: ignore[no-untyped-def]
+          history: ProfileHistory, full: bool,
+          progress: "Progress | None"):  # type: ignore[no-untyped-def]
     from tuner.tune import tune
 
     result = tune(str(window_path), target=config.make_target(), space=config.space,

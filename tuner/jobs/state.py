@@ -13,13 +13,13 @@ the state before a run or the state after it. Two kinds of watermark:
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tuner.errors import ConfigError
+from tuner.loaders import load_json
 from tuner.outputs import write_json
 
 STATE_VERSION = 1
@@ -85,10 +85,7 @@ def load_state(state_dir: str | os.PathLike[str]) -> JobState:
     path = state_path(state_dir)
     if not path.exists():
         return JobState()
-    try:
-        data = json.loads(path.read_text())
-    except ValueError as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc})") from None
+    data = load_json(path, "job state").data
     return JobState.from_dict(data, str(path))
 
 

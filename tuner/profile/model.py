@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from tuner.errors import ConfigError, ProfileError
+from tuner.loaders import load_yaml
 from tuner.outputs import write_text
 from tuner.sim.settings import SchedulerSettings
 
@@ -129,20 +130,7 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
             ``PATH: field: what is wrong``.
     """
     p = pathlib.Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ProfileError(f"{p}: cannot read profile: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        kind = "a Parquet trace" if p.read_bytes()[:4] == b"PAR1" else "binary data"
-        raise ProfileError(f"{p}: not a YAML profile ({kind}); give the .yaml that "
-                           "`tuner tune -o` wrote") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
-        raise ProfileError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    data = load_yaml(p, "profile", error=ProfileError).data
     return profile_from_dict(data, source=str(p))
 
 

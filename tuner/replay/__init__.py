@@ -20,7 +20,7 @@ from tuner.replay._backend import (
     register_backend,
 )
 from tuner.replay._ideal import IdealHitRate, ideal_hit_rate
-from tuner.replay._run import load_requests, reblock_request, run
+from tuner.replay._run import load_requests, prepare, reblock_request, run
 from tuner.replay._settings import parse_settings
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "ideal_hit_rate",
     "load_requests",
     "parse_settings",
+    "prepare",
     "reblock_request",
     "register_backend",
     "run",

@@ -19,15 +19,16 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
 from tuner.errors import ConfigError
+from tuner.progress import ProgressCallback
 
 if TYPE_CHECKING:
     from tuner.records import ReplayResult
     from tuner.sim.settings import SchedulerSettings, SimOptions
     from tuner.trace import TraceRequest
 
-#: ``progress(fraction)``: the share of the replay done so far, in [0, 1] (the twin reports
-#: the fraction of requests issued; backends call it now and then, and with 1.0 at the end).
-ProgressCallback = Callable[[float], None]
+#: ``ProgressCallback`` (``progress(fraction)``, defined in :mod:`tuner.progress`): the share
+#: of the replay done so far, in [0, 1] (the twin reports the fraction of requests issued;
+#: backends call it now and then, and with 1.0 at the end).
 
 
 class Backend(ABC):
@@ -101,7 +102,7 @@ _Entry = Union[str, BackendFactory]
 #: name -> factory or "module:attribute" (imported on first use).
 _REGISTRY: dict[str, _Entry] = {
     "sim": "tuner.replay._sim:SimBackend",
-    "vllm-core": "tuner.replay.vllm_core:VllmCoreBackend",
+    "vllm-core": "tuner.vllm_core.backend:VllmCoreBackend",
     "vllm-serve": "tuner.serve.backend:VllmServeBackend",
 }
 

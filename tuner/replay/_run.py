@@ -9,14 +9,14 @@ order (``prepare`` -> ``run`` -> ``close``).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Union
 
 from tuner.errors import ConfigError
-from tuner.replay._backend import ProgressCallback, create_backend
+from tuner.progress import Progress, check_progress, fraction_callback
+from tuner.replay._backend import Backend, ProgressCallback, create_backend
 from tuner.sim.load import ClosedLoop, OpenLoop
 from tuner.sim.settings import SchedulerSettings, SimOptions
 from tuner.sim.target import Target
@@ -107,55 +107,20 @@ def _kv_requests(trace: TraceLike, hash_block_size: int | None, block_size: int,
     return requests
 
 
-@contextlib.contextmanager
-def _progress_bar(enabled: bool) -> Iterator[ProgressCallback | None]:
-    """A rich progress bar on stderr fed with the fraction done, or no callback."""
-    if not enabled:
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+def prepare(trace: TraceLike, settings: SchedulerSettings | None = None, *,
+            backend: str = "sim", target: Target = Target(),
+            load: OpenLoop | ClosedLoop | None = OpenLoop(), options: SimOptions = SimOptions(),
+            hash_block_size: int | None = None, **backend_options: Any) -> Backend:
+    """A backend ready to ``run()`` ``trace`` under ``settings``: the one preparation path.
 
-    with Progress(TextColumn("replay"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("replay", total=1.0)
+    Resolves the target, picks the GPU's vLLM defaults when ``settings`` is None,
+    validates the settings, loads the trace in the form the backend accepts (re-blocked
+    to the KV block size; arrays or hash ids where it takes them) and calls the backend's
+    ``prepare``. :func:`run` and the parity checks (``tuner.fidelity.parity``) both come
+    through here, so a twin replay and a vLLM-core replay of one case see the same inputs.
+    The caller runs the backend and must ``close()`` it; on an error here it is closed.
 
-        def update(fraction: float) -> None:
-            bar.update(task, completed=min(max(fraction, 0.0), 1.0))
-
-        yield update
-
-
-def run(trace: TraceLike, settings: SchedulerSettings | None = None, *, backend: str = "sim",
-        target: Target = Target(), load: OpenLoop | ClosedLoop | None = OpenLoop(),
-        options: SimOptions = SimOptions(),
-        progress: bool | ProgressCallback = False, hash_block_size: int | None = None,
-        **backend_options: Any) -> "ReplayResult":
-    """Replay ``trace`` under ``settings`` on ``backend`` and return its records.
-
-    Args:
-        trace: a ``Trace``, a path to one, or a sequence of ``TraceRequest``.
-        settings: scheduler settings; None = vLLM's defaults for the target GPU
-            (``resolve_target(target).default_settings``).
-        backend: a registered backend name (``tuner.replay.available_backends()``).
-        target: the deployment to model (hardware, model, TP/DP, KV cache).
-        load: ``OpenLoop(speedup=...)`` (default ``OpenLoop()``: the trace's own arrival
-            times; None means the same) or ``ClosedLoop(concurrency)``.
-        options: twin options (``record_steps``, ``check_invariants``, ...).
-        progress: True for a rich progress bar on stderr, or a callback taking the
-            fraction done in [0, 1].
-        hash_block_size: for a plain request sequence, the block size of its hashes
-            (None = already at the KV block size).
-        **backend_options: passed to the backend's factory.
-
-    Returns:
-        The backend's ``ReplayResult`` (feed it to ``tuner.metrics.summarize``).
-
-    Raises:
-        ConfigError: unknown/unavailable backend, invalid settings or target, block sizes
-            that do not divide one another.
-        TraceSchemaError: the trace file is not a valid trace.
-        BackendError: the backend failed.
+    Arguments and errors: as :func:`run`.
     """
     from tuner.sim.presets import resolve_target
 
@@ -170,10 +135,49 @@ def run(trace: TraceLike, settings: SchedulerSettings | None = None, *, backend:
                                 arrays=instance.accepts_array_hashes,
                                 hash_ids=instance.accepts_hash_ids)
         instance.prepare(requests, settings, resolved, load, options)
-        del requests  # the backend holds what it needs; keep peak memory to one copy
+    except BaseException:
+        instance.close()
+        raise
+    return instance
+
+
+def run(trace: TraceLike, settings: SchedulerSettings | None = None, *, backend: str = "sim",
+        target: Target = Target(), load: OpenLoop | ClosedLoop | None = OpenLoop(),
+        options: SimOptions = SimOptions(),
+        progress: "Progress | ProgressCallback | None" = None,
+        hash_block_size: int | None = None,
+        **backend_options: Any) -> "ReplayResult":
+    """Replay ``trace`` under ``settings`` on ``backend`` and return its records.
+
+    Args:
+        trace: a ``Trace``, a path to one, or a sequence of ``TraceRequest``.
+        settings: scheduler settings; None = vLLM's defaults for the target GPU
+            (``resolve_target(target).default_settings``).
+        backend: a registered backend name (``tuner.replay.available_backends()``).
+        target: the deployment to model (hardware, model, TP/DP, KV cache).
+        load: ``OpenLoop(speedup=...)`` (default ``OpenLoop()``: the trace's own arrival
+            times; None means the same) or ``ClosedLoop(concurrency)``.
+        options: twin options (``record_steps``, ``check_invariants``, ...).
+        progress: a :class:`tuner.progress.Progress` sink (one stage, ``replay``, of total
+            1.0), or a callback taking the fraction done in [0, 1]; None = silent.
+        hash_block_size: for a plain request sequence, the block size of its hashes
+            (None = already at the KV block size).
+        **backend_options: passed to the backend's factory.
+
+    Returns:
+        The backend's ``ReplayResult`` (feed it to ``tuner.metrics.summarize``).
+
+    Raises:
+        ConfigError: unknown/unavailable backend, invalid settings or target, block sizes
+            that do not divide one another.
+        TraceSchemaError: the trace file is not a valid trace.
+        BackendError: the backend failed.
+    """
+    instance = prepare(trace, settings, backend=backend, target=target, load=load,
+                       options=options, hash_block_size=hash_block_size, **backend_options)
+    try:
         if callable(progress):
             return instance.run(progress)
-        with _progress_bar(bool(progress)) as callback:
-            return instance.run(callback)
+        return instance.run(fraction_callback(check_progress(progress), "replay"))
     finally:
         instance.close()

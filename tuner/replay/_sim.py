@@ -32,11 +32,8 @@ class SimBackend(Backend):
                 target: Any, load: Any, options: "SimOptions") -> None:
         from tuner.sim.engine import Simulator
 
-        step_time = target.step_time
-        # The twin takes a plain callable; a StepTimeModel object prices via step_time_s.
-        price = step_time if callable(step_time) else step_time.step_time_s
         self._simulator = Simulator(
-            requests, settings, target.cache, price,
+            requests, settings, target.cache, target.step_time,
             options=options, load=load, num_gpus=target.num_gpus,
             num_hash_ids=getattr(requests, "num_hash_ids", None))
 

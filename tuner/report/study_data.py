@@ -3,7 +3,8 @@
 Sources, most to least complete:
 
 1. the Optuna storage (``tuner tune`` writes stage-1 trials to study ``NAME`` and the
-   stage-2/held-out replays to ``NAME.full``, see :mod:`tuner.tune.study`);
+   stage-2/held-out replays to ``NAME.full``; every key is read back through
+   :class:`tuner.tune.study_records.StudyRecords`, which wrote it);
 2. the profile alone (``predicted`` and ``pareto`` sections), when the storage is gone.
 
 :func:`load_report_data` finds the storage for a profile the way ``tuner tune`` placed it:
@@ -23,7 +24,7 @@ from tuner.errors import ConfigError, StudyNotFound
 from tuner.tune import (Objective, Point, default_journal_path, open_storage, pareto_front,
                         parse_objectives, redact_url, select)
 from tuner.tune.storage import journal_path, quiet_optuna
-from tuner.tune.survivors import STAGE2_SUFFIX, settings_key
+from tuner.tune.study_records import StudyRecords, settings_key
 
 if TYPE_CHECKING:
     import optuna
@@ -100,7 +101,8 @@ def find_study_storage(profile_path: pathlib.Path | None, profile: "Profile | No
 def _study_names(storage_obj: Any) -> list[str]:
     import optuna
 
-    return [n for n in optuna.get_all_study_names(storage_obj) if not n.endswith(STAGE2_SUFFIX)]
+    return [n for n in optuna.get_all_study_names(storage_obj)
+            if not StudyRecords.is_stage2_name(n)]
 
 
 def load_report_data(*, profile: str | os.PathLike[str] | None = None, study: str | None = None,
@@ -148,7 +150,7 @@ def load_report_data(*, profile: str | os.PathLike[str] | None = None, study: st
             raise StudyNotFound(f"no study {name!r} in {redact_url(url)}; existing: "
                                 f"{', '.join(_study_names(storage_obj)) or 'none'}") from None
         try:
-            st2 = optuna.load_study(study_name=name + STAGE2_SUFFIX, storage=storage_obj)
+            st2 = optuna.load_study(study_name=StudyRecords.stage2_name(name), storage=storage_obj)
         except KeyError:
             st2 = None
         data = _from_study(st, st2, prof, notes)
@@ -168,7 +170,7 @@ def _from_study(st: "optuna.Study", st2: "optuna.Study | None", prof: "Profile |
                 notes: list[str]) -> ReportData:
     from optuna.trial import TrialState
 
-    config = st.user_attrs.get("tuner")
+    config = StudyRecords.config_attrs(st)
     if config is None:
         notes.append(f"Study {st.study_name!r} was not created by `tuner tune`; objectives are "
                      "assumed to be the defaults.")
@@ -178,20 +180,14 @@ def _from_study(st: "optuna.Study", st2: "optuna.Study | None", prof: "Profile |
         rows.append(TrialRow(
             number=t.number, state=t.state.name,
             values=tuple(t.values) if t.values is not None else None,
-            params=dict(t.params), role=t.user_attrs.get("role"),
+            params=dict(t.params), role=StudyRecords.role(t),
             feasible=all(v <= 0 for v in (t.constraints or {}).values()),
-            refused=t.user_attrs.get("refused")))
+            refused=StudyRecords.refused(t)))
     stage2: list[Point] = []
     if st2 is not None:
-        held = {k[len("holdout:"):]: v for k, v in st2.user_attrs.items()
-                if k.startswith("holdout:")}
-        for t in st2.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            a = t.user_attrs
-            stage2.append(Point(number=int(a.get("stage1_trial", -1)), params=a.get("params", {}),
-                                settings=a.get("settings", {}), metrics=a.get("metrics", {}),
-                                feasible=all(v <= 0 for v in (t.constraints or {}).values()),
-                                is_baseline=a.get("role") == "baseline",
-                                holdout=held.get(a.get("key", settings_key(a.get("settings", {}))))))
+        held = StudyRecords.holdouts(st2)
+        stage2 = [StudyRecords.stage2_point(t, held)
+                  for t in st2.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
     else:
         notes.append("The stage-2 study (training-window replays) is missing: the tuning run "
                      "did not reach stage 2; the Pareto chart is empty.")

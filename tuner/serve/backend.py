@@ -30,6 +30,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from tuner import vllm_compat
 from tuner.errors import ConfigError
 from tuner.replay._backend import Backend, ProgressCallback
 from tuner.serve.client import ReplayPlan, ServerDiedError, ServerReplay, prompt_tokens
@@ -135,7 +136,7 @@ def options_from_env() -> ServerOptions:
     endpoint = os.environ.get("TUNER_VLLM_ENDPOINT")
     if endpoint:
         return ServerOptions(endpoint=endpoint)
-    python = os.environ.get("TUNER_VLLM_PYTHON") or os.environ.get("TUNER_VLLM032_PYTHON")
+    python = vllm_compat.vllm_python_from_env("serve")
     return ServerOptions(vllm_python=python, load_format="dummy")
 
 

@@ -8,7 +8,7 @@ admission time), per-request preemptions are 0 (only the total is in ``/metrics`
 ``num_cached_tokens`` is ``usage.prompt_tokens_details.cached_tokens``, which vLLM fills
 only with ``--enable-prompt-tokens-details`` (the launcher passes it).
 
-Prompt tokens come from :class:`tuner.replay._vllm_core_driver.TokenFactory` -- the same
+Prompt tokens come from :class:`tuner.vllm_core.tokens.TokenFactory` -- the same
 mapping as the ``vllm-core`` backend: block hash ``h`` -> the ``B`` ids drawn from
 ``random.Random(h)``, so equal hashes give equal token blocks and vLLM prefix hits; the
 partial tail is unique per request.
@@ -29,12 +29,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import tuner.serve.http as http
 from tuner.errors import BackendError
 from tuner.records import ReplayResult, RequestResult
-from tuner.serve import http
 from tuner.serve.prometheus import (KV_USAGE, NUM_RUNNING, NUM_WAITING, MetricsSnapshot,
-                                         counter_deltas, histogram_deltas)
-from tuner.replay._vllm_core_driver import DriverRequest, TokenFactory
+                                    counter_deltas, histogram_deltas)
+from tuner.vllm_core.tokens import DriverRequest, TokenFactory
 from tuner.sim.load import ClosedLoop, OpenLoop
 
 if TYPE_CHECKING:

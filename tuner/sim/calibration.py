@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from tuner.errors import ConfigError
+from tuner.loaders import load_yaml
 from tuner.outputs import write_text
 from tuner.sim.step_time import Coefficients
 
@@ -56,16 +57,7 @@ def load_calibration(path: str | Path) -> Calibration:
             the message starts with the path and names the field.
     """
     p = Path(path).expanduser()
-    try:
-        data = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: calibration file not found") from None
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read calibration file: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{p}{line}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    data = load_yaml(p, "calibration file").data
     return calibration_from_dict(data, source=str(p))
 
 

@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from tuner.errors import ConfigError
+from tuner.loaders import load_yaml
 from tuner.sim.settings import SchedulerSettings
 
 PRESET_DIR = Path(__file__).parent / "presets" / "hardware"
@@ -114,14 +113,7 @@ def load_hardware(name_or_path: str | Path) -> HardwareSpec:
     path = Path(text).expanduser()
     if not path.is_file():
         path = find_preset(text, PRESET_DIR, ".yaml", kind="hardware", not_a="not a file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read hardware file: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}{line}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    data = load_yaml(path, "hardware file").data
     return hardware_from_dict(data, source=str(path))
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tuner.sim._step_rules import blocks_needed
 from tuner.sim.block_pool import BlockPool
 from tuner.sim.request import RequestStatus
 
@@ -100,26 +101,32 @@ class KVCacheManager:
         if request.synthetic_base < 0:
             self.adopt(request)
         pool = self.block_pool
-        length = request.hit_memo
-        if length < 0:
+        if request.hit_memo < 0:
             pool.watched.add(request)
-        if length < 0 or request.hit_epoch != pool.watch_epoch:
-            length = len(self._longest_hit(request))
-            request.hit_epoch = pool.watch_epoch
-        else:
-            max_blocks = self._max_hit_blocks(request)
-            if length < max_blocks:
-                hashes = request.hashes_upto(max_blocks)
-                holder = pool.first_holder
-                if holder[hashes[length]] >= 0:
-                    absent = (holder[hashes[length + 1:]] < 0).nonzero()[0]
-                    length = length + 1 + int(absent[0]) if len(absent) else max_blocks
+        length = self._current_hit_blocks(request)
+        request.hit_epoch = pool.watch_epoch
         request.hit_memo = length
         start = request.hit_watched
         if length > start:  # mark the newly covered hash ids
             pool.watched_mask[request.hashes_upto(length)[start:]] = True
             pool.num_watched_ids += length - start
             request.hit_watched = length
+        return length
+
+    def _current_hit_blocks(self, request: "SimRequest") -> int:
+        """The hit length ``num_hit_blocks`` returns, from the memo where it is valid,
+        without storing anything (``check_invariants`` reads it too)."""
+        pool = self.block_pool
+        length = request.hit_memo
+        if length < 0 or request.hit_epoch != pool.watch_epoch:
+            return len(self._longest_hit(request))
+        max_blocks = self._max_hit_blocks(request)
+        if length < max_blocks:
+            hashes = request.hashes_upto(max_blocks)
+            holder = pool.first_holder
+            if holder[hashes[length]] >= 0:
+                absent = (holder[hashes[length + 1:]] < 0).nonzero()[0]
+                length = length + 1 + int(absent[0]) if len(absent) else max_blocks
         return length
 
     def unwatch(self, request: "SimRequest") -> None:
@@ -185,12 +192,10 @@ class KVCacheManager:
         free = pool.free_block_queue.num_free_blocks
         need_full = 0
         if full_sequence_must_fit:
-            full = min(request.num_tokens, self.max_model_len)
-            need_full = max(-(-full // bs) - held - num_hit, 0)
-        num_slot = total_computed + num_new_tokens
-        if num_slot > self.max_model_len:
-            num_slot = self.max_model_len
-        need = max(-(-num_slot // bs) - held - num_hit, 0)
+            need_full = blocks_needed(min(request.num_tokens, self.max_model_len),
+                                      held + num_hit, bs)
+        need = blocks_needed(min(total_computed + num_new_tokens, self.max_model_len),
+                             held + num_hit, bs)
         # Both checks without the evictable hit blocks first: a request that fails
         # anyway skips counting them.
         if max(need, need_full) + watermark > free:
@@ -255,7 +260,7 @@ class KVCacheManager:
                 direct = len(self._longest_hit(request))
                 if request.hit_epoch == pool.watch_epoch:
                     assert request.hit_memo <= direct, f"{request!r}: memoised hit too long"
-                assert self.num_hit_blocks(request) == direct, f"{request!r}: memo != walk"
+                assert self._current_hit_blocks(request) == direct, f"{request!r}: memo != walk"
         used = len(owners)
         free = pool.get_num_free_blocks()
         assert free + used == pool.num_gpu_blocks - 1, (

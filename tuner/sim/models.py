@@ -28,13 +28,13 @@ them only for speculative decoding; MLP blocks are gated (SwiGLU, three matrices
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from tuner.errors import ConfigError
+from tuner.loaders import load_json
 from tuner.sim.hardware import find_preset, preset_names
 
 AttentionKind = Literal["gqa", "mla"]
@@ -294,14 +294,7 @@ def load_model(name_or_path: str | Path) -> ModelSpec:
     elif not path.exists():
         path = find_preset(text, PRESET_DIR, ".json", kind="model",
                            not_a="not a file or folder,")
-    try:
-        config = json.loads(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read model config: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
-    if not isinstance(config, dict):
-        raise ConfigError(f"{path}: a config.json must hold a JSON object")
+    config = load_json(path, "model config", mapping=True).data
     name = path.stem if path.parent == PRESET_DIR else str(path)
     return model_from_config(config, name=name, source=str(path))
 

@@ -66,6 +66,7 @@ class SimRequest:
         "_output_hashes", "repeated_blocks",
         "_block_size", "first_scheduled_s", "first_token_s", "last_token_s", "finish_s",
         "num_cached_tokens", "session_id", "seq", "steady", "g0", "next_event",
+        "event_kinds",
         "hit_memo", "hit_epoch", "hit_watched", "hash_array", "synthetic_base",
         "_num_known", "num_shared_hash_blocks",
     )
@@ -119,11 +120,13 @@ class SimRequest:
         # Decode-group bookkeeping (tuner.sim._decode_group): ``seq`` orders running
         # requests (admission order); a ``steady`` request's token counters lag the
         # group counter by ``G - g0`` steps; ``next_event`` is its next group step with
-        # a block allocation, a block registration or its finish.
+        # a block allocation, a block registration or its finish, and ``event_kinds``
+        # says which of them (DecodeGroup's OPENS_BLOCK | FILLS_BLOCK | FINISHES bits).
         self.seq = 0
         self.steady = False
         self.g0 = 0
         self.next_event = -1
+        self.event_kinds = 0
         # Memoised prefix hit of a waiting request, in blocks (-1: not watched), valid
         # while ``hit_epoch`` equals the pool's ``watch_epoch``; its first
         # ``hit_watched`` hash ids are marked in the pool's ``watched_mask``. See

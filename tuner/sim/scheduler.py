@@ -18,54 +18,42 @@ Deliberate divergences (docs/twin-vs-vllm.md lists them all): no async schedulin
 or pause states, so the ``kv_holding_waiting`` queue and the skipped/deferred-waiting set
 are always empty and not modelled (preempted requests have ``num_computed_tokens == 0``).
 
-Speed (same decisions, see ``tuner.sim._decode_group``): with ``SimOptions.fast_forward``
-decode-ready running requests form a group advanced by one counter, and a step whose
-outcome for the group is provable (all members scheduled, no allocation can fail) touches
-only members with a block event; waiting requests' prefix hits are memoised
-(``KVCacheManager.num_hit_blocks``).
+Speed (same decisions): with ``SimOptions.fast_forward`` decode-ready running requests
+form a ``DecodeGroup`` (``tuner.sim.decode_group``, a collaborator the scheduler owns;
+its contract is in ``tuner.sim.fast_path``), advanced by one counter, and a step whose
+outcome for the group is provable touches only members with a block event; waiting
+requests' prefix hits are memoised (``KVCacheManager.num_hit_blocks``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from tuner.sim._decode_group import DecodeGroup, DecodeGroupSteps, seq_order
+from tuner.sim._step_rules import blocks_needed, clamp_new_tokens, running_new_tokens
 from tuner.sim.batch import StepBatch
+from tuner.sim.decode_group import DecodeGroup, seq_order
+from tuner.sim.fast_path import fast_path_refusal
 from tuner.sim.kv_cache_manager import KVCacheManager
 from tuner.sim.request import RequestStatus, SimRequest
 from tuner.sim.request_queue import FCFSRequestQueue, create_request_queue
+from tuner.sim.scheduler_output import GroupStep, SchedulerOutput
 from tuner.sim.settings import CacheSettings, SchedulerSettings, SimOptions
+
+__all__ = ["Scheduler", "SchedulerOutput"]
 
 _RUNNING = RequestStatus.RUNNING
 _WAITING = RequestStatus.WAITING
 _PREEMPTED = RequestStatus.PREEMPTED
 
 
-@dataclass(slots=True)
-class SchedulerOutput:
-    """What one ``schedule()`` call decided (vLLM's ``SchedulerOutput``, trimmed)."""
-
-    # (request, tokens scheduled) in vLLM's dict order: running loop, then admissions.
-    scheduled: list[tuple[SimRequest, int]] = field(default_factory=list)
-    total_num_scheduled_tokens: int = 0  # sum of the tokens above
-    preempted: list[SimRequest] = field(default_factory=list)  # during this step
-    admitted: list[tuple[SimRequest, int]] = field(default_factory=list)  # (req, local hit)
-    batch: StepBatch = field(default_factory=StepBatch)  # aggregate work for the step time
-    deferred: bool = False  # prefill_schedule_interval held prefill back this step
-    # Group step (SimOptions.fast_forward): ``scheduled`` then lists only requests outside
-    # the decode group; each of the ``group_size`` members got one token.
-    lazy: bool = False
-    group_size: int = 0  # steady decoders scheduled with one token each
-    group_sum_tokens: int = 0  # sum of their num_tokens (= their decode context)
-    group_events: list[SimRequest] = field(default_factory=list)  # members with an event
-
-
-class Scheduler(DecodeGroupSteps):
+class Scheduler:
     """Decides, step by step, which requests run and how many tokens each computes.
 
     Call order per step: ``add_request`` for arrivals, ``schedule()``, then
     ``update_from_output(output)`` once the step's tokens exist; it returns the
     requests that finished. Invariants asserted at the end of each ``schedule()``:
     scheduled tokens <= ``max_num_batched_tokens``, ``len(running) <= max_num_seqs``.
+
+    ``group`` is the decode group (the fast path) or None: ``fast_forward`` off, or
+    ``fast_path_refusal`` says why these settings run the plain path.
     """
 
     def __init__(self, settings: SchedulerSettings, cache: CacheSettings,
@@ -104,11 +92,17 @@ class Scheduler(DecodeGroupSteps):
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
         self.num_preemptions = 0
-        # Fast path: steady decoders advanced together (see tuner.sim._decode_group).
-        self.group = (DecodeGroup(cache.block_size, cache.enable_prefix_caching)
-                      if self.options.fast_forward else None)
-        self.nonsteady: list[SimRequest] = []  # running requests outside the group, in order
+        # Fast path: steady decoders advanced together (tuner.sim.decode_group), unless
+        # a setting is outside its contract (tuner.sim.fast_path).
+        self.fast_path_refusal = (fast_path_refusal(settings, cache, self.options)
+                                  if self.options.fast_forward else None)
+        self.group: DecodeGroup | None = None
+        if self.options.fast_forward and self.fast_path_refusal is None:
+            self.group = DecodeGroup(self, block_size=cache.block_size,
+                                     caching=cache.enable_prefix_caching,
+                                     max_model_len=cache.max_model_len)
         self._next_seq = 0
+        self._last_group_step: GroupStep | None = None  # expired when the next step starts
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request: SimRequest) -> None:
@@ -121,6 +115,9 @@ class Scheduler(DecodeGroupSteps):
 
     # ----------------------------------------------------------------- schedule
     def schedule(self) -> SchedulerOutput:
+        last = self._last_group_step
+        if last is not None:  # the group moves on: the previous step's view is stale
+            last.expired = True
         out = SchedulerOutput()
         running = self.running
         token_budget = self.max_num_scheduled_tokens
@@ -130,14 +127,15 @@ class Scheduler(DecodeGroupSteps):
         defer = self._defer_prefills()
         out.deferred = defer
         group = self.group
+        prefill_scheduled = False
         if group is not None and group.size:
-            plan = self._plan_group_step(token_budget, threshold, defer)
+            plan = group.plan(token_budget, threshold, defer)
             if plan is None:
-                self._dissolve_group()
+                group.dissolve()  # not provably a group step: the plain step below
             else:
-                out.lazy = True
-                token_budget, prefill_scheduled = self._run_group_step(out, token_budget, *plan)
-        if not out.lazy:
+                token_budget, prefill_scheduled = group.run(out, token_budget, plan)
+        self._last_group_step = out.group
+        if out.group is None:
             token_budget, prefill_scheduled = self._schedule_running(out, token_budget,
                                                                      threshold, defer)
         prefill_admitted = False
@@ -181,7 +179,7 @@ class Scheduler(DecodeGroupSteps):
                           defer: bool) -> tuple[int, bool]:
         running = self.running
         kvm = self.kv_cache_manager
-        scheduled = out.scheduled
+        scheduled = out.individual
         max_model_len = self.max_model_len
         prefill_scheduled = False
         req_index = 0
@@ -190,19 +188,13 @@ class Scheduler(DecodeGroupSteps):
             if defer and request.is_prefill_chunk:
                 req_index += 1
                 continue
-            num_new = request.num_tokens - request.num_computed_tokens
-            if 0 < threshold < num_new:
-                num_new = threshold
-            if num_new > token_budget:
-                num_new = token_budget
-            cap = max_model_len - 1 - request.num_computed_tokens
-            if num_new > cap:
-                num_new = cap
+            num_new = running_new_tokens(request.num_tokens, request.num_computed_tokens,
+                                         threshold, token_budget, max_model_len)
             if num_new <= 0:
                 req_index += 1
                 continue
             while not kvm.allocate_slots(request, num_new):
-                victim = self._pick_victim()
+                victim = self.pick_victim()
                 if victim is not request and self.policy == "priority":
                     for j, (req, n) in enumerate(scheduled):
                         if req is victim:  # already scheduled this step: give back budget
@@ -211,7 +203,7 @@ class Scheduler(DecodeGroupSteps):
                             out.total_num_scheduled_tokens -= n
                             req_index -= 1
                             break
-                self._preempt_request(victim)
+                self.preempt_request(victim)
                 out.preempted.append(victim)
                 if victim is request:
                     break
@@ -226,7 +218,9 @@ class Scheduler(DecodeGroupSteps):
             break  # the request preempted itself
         return token_budget, prefill_scheduled
 
-    def _pick_victim(self) -> SimRequest:
+    def pick_victim(self) -> SimRequest:
+        """Remove and return the request to preempt (vLLM: the lowest priority, latest
+        arrival under ``priority``; the tail of running under ``fcfs``)."""
         running = self.running
         if self.policy == "priority":
             victim = max(running, key=lambda r: (r.priority, r.arrival_s))
@@ -234,7 +228,7 @@ class Scheduler(DecodeGroupSteps):
             return victim
         return running.pop()
 
-    def _preempt_request(self, request: SimRequest) -> None:
+    def preempt_request(self, request: SimRequest) -> None:
         """Recompute preemption (1799-1843): free blocks, back to the queue front."""
         assert request.status == _RUNNING, f"only RUNNING requests are preempted: {request!r}"
         self.kv_cache_manager.free(request)
@@ -296,13 +290,10 @@ class Scheduler(DecodeGroupSteps):
             needs_prefill = num_hit < request.num_tokens - 1
             if defer and needs_prefill:
                 break
-            num_new = request.num_tokens - num_hit
-            if 0 < threshold < num_new:
-                num_new = threshold
-            if not chunked and num_new > token_budget:
-                break
-            if num_new > token_budget:
-                num_new = token_budget
+            num_new = clamp_new_tokens(request.num_tokens - num_hit, threshold, token_budget,
+                                       chunked)
+            if num_new <= 0:
+                break  # chunking off and the budget would cut it
             if not kvm.allocate_slots(request, num_new, num_hit, hit_blocks,
                                       full_sequence_must_fit=full_fit,
                                       has_scheduled_reqs=bool(running)):
@@ -318,10 +309,10 @@ class Scheduler(DecodeGroupSteps):
             request.seq = self._next_seq
             self._next_seq += 1
             if self.group is not None:
-                self.nonsteady.append(request)
+                self.group.admitted(request)
             request.status = _RUNNING
             request.num_computed_tokens = num_hit
-            out.scheduled.append((request, num_new))
+            out.individual.append((request, num_new))
             out.admitted.append((request, num_hit))
             out.total_num_scheduled_tokens += num_new
             token_budget -= num_new
@@ -345,28 +336,25 @@ class Scheduler(DecodeGroupSteps):
         num_hit = num_blocks * bs
         if defer and num_hit < request.num_tokens - 1:
             return True
-        num_new = request.num_tokens - num_hit
-        if 0 < threshold < num_new:
-            num_new = threshold
-        if not self.settings.enable_chunked_prefill and num_new > token_budget:
+        num_new = clamp_new_tokens(request.num_tokens - num_hit, threshold, token_budget,
+                                   self.settings.enable_chunked_prefill)
+        if num_new <= 0:
             return True
-        if num_new > token_budget:
-            num_new = token_budget
         watermark = kvm.watermark_blocks if self.running else 0
         free = kvm.block_pool.free_block_queue.num_free_blocks
-        if self.settings.scheduler_reserve_full_isl:
-            need = -(-min(request.num_tokens, self.max_model_len) // bs) - num_blocks
-            if (need if need > 0 else 0) + watermark > free:
-                return True
-        need = -(-min(num_hit + num_new, self.max_model_len) // bs) - num_blocks
-        return (need if need > 0 else 0) + watermark > free
+        if (self.settings.scheduler_reserve_full_isl
+                and blocks_needed(min(request.num_tokens, self.max_model_len), num_blocks, bs)
+                + watermark > free):
+            return True
+        return (blocks_needed(min(num_hit + num_new, self.max_model_len), num_blocks, bs)
+                + watermark > free)
 
     def _update_after_schedule(self, out: SchedulerOutput) -> None:
         """Advance computed tokens before execution (so the next chunk can be planned)
         and build the step's ``StepBatch`` (same rule as ``StepBatch.from_requests``)."""
         npr = ndr = npt = pctx = dctx = 0
         pairs = 0.0
-        for request, n in out.scheduled:
+        for request, n in out.individual:
             ctx = request.num_computed_tokens
             if n == 1:
                 ndr += 1
@@ -379,9 +367,10 @@ class Scheduler(DecodeGroupSteps):
             ctx += n
             request.num_computed_tokens = ctx
             request.is_prefill_chunk = ctx < request.num_tokens
-        if out.lazy:  # each steady decoder: one token over its whole sequence
-            ndr += out.group_size
-            dctx += out.group_sum_tokens
+        step = out.group
+        if step is not None:  # each member: one token over its whole sequence
+            ndr += step.num_members
+            dctx += step.sum_tokens
         out.batch = StepBatch(npr, ndr, npt, pctx, pairs, dctx)
 
     # ----------------------------------------------------------------- outputs
@@ -398,9 +387,11 @@ class Scheduler(DecodeGroupSteps):
             gaps = {}
         finished: list[SimRequest] = []
         group = self.group
-        if out.lazy:
-            self._group_tokens(out, now_s, gaps, finished)
-        for request, _ in out.scheduled:
+        step = out.group
+        if step is not None:
+            assert group is not None, "a group step without a group (tuner bug)"
+            group.apply_tokens(step, now_s, gaps, finished)
+        for request, _ in out.individual:
             if request.num_computed_tokens < request.num_tokens:
                 continue
             request.append_output_token()
@@ -416,7 +407,7 @@ class Scheduler(DecodeGroupSteps):
                 request.finish_s = now_s
                 finished.append(request)
         if finished:
-            if out.lazy:
+            if step is not None:
                 finished.sort(key=seq_order)  # the plain path frees in scheduled (= seq) order
             free = self.kv_cache_manager.free
             for request in finished:
@@ -427,40 +418,37 @@ class Scheduler(DecodeGroupSteps):
             else:
                 self.running = [r for r in self.running if r.status == _RUNNING]
         if group is not None:
-            group.last_end_s = now_s
-            if out.lazy:
-                size = group.size
-                for request, _ in out.scheduled:
-                    if request.status == _RUNNING and not request.steady:
-                        self._maybe_promote(request, now_s)
-                if finished or group.size != size:
-                    self.nonsteady = [r for r in self.nonsteady
-                                      if r.status == _RUNNING and not r.steady]
-            else:
-                for request in self.running:
-                    if not request.steady:
-                        self._maybe_promote(request, now_s)
-                self.nonsteady = [r for r in self.running if not r.steady]
+            group.after_update(out, finished, now_s)
         return finished
 
+    def materialize_all(self) -> None:
+        """Bring every group member's counters up to date (before results are read)."""
+        if self.group is not None:
+            self.group.materialize_all()
+
+    def scheduled_tokens(self, out: SchedulerOutput) -> dict[str, int]:
+        """request id -> tokens scheduled in ``out``, in vLLM's order (for StepRecords);
+        valid until ``out`` is applied (``SchedulerOutput.items``)."""
+        return out.num_scheduled_tokens()
+
     def check_invariants(self) -> None:
-        self.materialize_all()
+        """Walk the scheduler's, the group's and the cache's invariants. Reads only: group
+        members are checked through the group's lag accessors, not materialised, so a
+        checked replay takes exactly the path of an unchecked one."""
         group = self.group
         if group is not None:
-            members = [r for r in self.running if r.steady]
-            assert len(members) == group.size, "group size != steady running requests"
-            assert sum(r.num_tokens for r in members) == group.sum_tokens, "group token sum"
-            assert [r for r in self.running if not r.steady] == self.nonsteady, "nonsteady list"
-            for r in members:
-                assert r.num_computed_tokens == r.num_tokens - 1, f"member {r!r} not decoding"
-                assert r.next_event >= group.G and r in group.calendar.get(r.next_event, ())
+            group.check_invariants()
         live = list(self.running) + list(self.waiting)
         self.kv_cache_manager.check_invariants(live)
         assert len(self.running) <= self.max_num_running_reqs, "running > max_num_seqs"
         for request in self.waiting:
             assert request.status in (_WAITING, _PREEMPTED), f"{request!r} in waiting"
             assert request.num_blocks == 0, f"waiting {request!r} holds blocks"
+        output_tokens = group.output_tokens if group is not None else _num_output_tokens
         for request in self.running:
             assert request.status == _RUNNING, f"{request!r} in running"
-            assert request.num_output_tokens < request.max_tokens
+            assert output_tokens(request) < request.max_tokens, f"{request!r} past max_tokens"
 
+
+def _num_output_tokens(request: SimRequest) -> int:
+    return request.num_output_tokens

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -26,33 +25,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tuner.errors import TraceFormatError
-from tuner.outputs import AtomicOutput
+from tuner.progress import Progress, check_progress
+from tuner.trace.formats import READERS
+from tuner.trace.formats._batch import LINE, MAX_TOKENS, IngestContext, OnError, Quarantine
 from tuner.trace.hashing import Hasher, load_salt
-from tuner.trace.schema import SCHEMA, TraceMetadata
+from tuner.trace.schema import TraceMetadata
 from tuner.trace.sources import FORMATS, detect_format, open_binary
 from tuner.trace.store import TraceWriter
-
-OnError = Literal["fail", "skip"]
-
-#: Longest prompt or output accepted (tokens); anything longer is a corrupt record.
-MAX_TOKENS = 16 * 1024 * 1024
 
 #: The block size each format's ids (or our token hashing) use when not overridden.
 DEFAULT_HASH_BLOCK_SIZE = {
     "mooncake": 512, "bailian": 16, "vllm-log": 16, "openai-jsonl": 16,
     "azure-csv": 16, "burstgpt-csv": 16,
 }
-
-#: Internal batch column: 1-based source line of each row (dropped before writing).
-LINE = "_line"
-
-#: What readers produce: the trace schema with 64-bit lengths, so an absurd length reaches
-#: validation (and its message) as the number the log holds, not clipped or overflowed;
-#: :class:`TraceWriter` casts the validated rows to :data:`SCHEMA`'s int32.
-READER_SCHEMA = pa.schema([
-    pa.field(f.name, pa.int64()) if f.name in ("input_len", "output_len") else f
-    for f in SCHEMA.remove_metadata()])
-
 
 @dataclass
 class IngestReport:
@@ -82,94 +67,11 @@ class IngestReport:
         return asdict(self)
 
 
-class IngestContext:
-    """Per-source state a reader needs: hashing, block size, and bad-record handling."""
-
-    def __init__(self, *, path: str, hasher: Hasher, hash_block_size: int, on_error: OnError,
-                 quarantine: "Quarantine", tokenizer: str | None = None,
-                 source_index: int = 0, output_len: int | None = None) -> None:
-        self.path = path
-        self.hasher = hasher
-        self.hash_block_size = hash_block_size
-        self.on_error = on_error
-        self.quarantine = quarantine
-        self.tokenizer = tokenizer
-        self.source_index = source_index
-        self.stem = Path(path).name.split(".")[0] or "src"
-        self.tokenizer_identity: str | None = None
-        self.skipped = 0
-        self.output_len = output_len  # --output-len: the length of every unlogged output
-        self.filled: dict[str, int] = {}  # fill rule -> requests it filled
-
-    def fill_output_len(self, line: int, max_tokens: int | None) -> int | None:
-        """The output length of a request whose log holds no output, by the documented
-        rule (docs/trace-format.md): ``--output-len`` if given, else the request's logged
-        ``max_tokens`` (an upper bound: vLLM stops earlier at EOS or a stop string).
-        Without either the record is bad (None: skipped or raised)."""
-        if self.output_len is not None:
-            rule, value = f"--output-len {self.output_len}", self.output_len
-        elif max_tokens is not None:
-            rule, value = "max_tokens from the logged SamplingParams (an upper bound)", max_tokens
-        else:
-            self.bad(line, "output_token_ids", "no output logged and no max_tokens in its "
-                     "SamplingParams; pass --output-len N or run vLLM with --enable-log-outputs")
-            return None
-        self.filled[rule] = self.filled.get(rule, 0) + 1
-        return value
-
-    def bad(self, line: int | None, field_name: str, reason: str, raw: bytes | str | None = None) -> None:
-        """Report a malformed record: raise under ``fail``, quarantine under ``skip``."""
-        if self.on_error == "fail":
-            raise TraceFormatError(f"{field_name}: {reason}", path=self.path, line=line,
-                                   field=field_name)
-        self.skipped += 1
-        self.quarantine.add(self.path, line, f"{field_name}: {reason}", raw)
-
-
-class Quarantine:
-    """Bad records under ``--on-error skip``: JSON lines beside the output.
-
-    Each line is ``{"source", "line", "error", "raw"}``; ``raw`` is the offending input
-    line, so the file may hold prompt text: it stays beside the output, never inside it.
-    Written like every output (:mod:`tuner.outputs`): placed only when ingest succeeds.
-    """
-
-    def __init__(self, path: Path, inputs: Sequence[str] = ()) -> None:
-        self.path = path
-        self.inputs = list(inputs)
-        self.count = 0
-        self._out: AtomicOutput | None = None
-        self._fh: IO[str] | None = None
-
-    def add(self, source: str, line: int | None, error: str, raw: bytes | str | None) -> None:
-        if self._fh is None:
-            self._out = AtomicOutput(self.path, inputs=self.inputs)
-            self._fh = open(self._out.tmp_path, "w", encoding="utf-8")  # noqa: SIM115
-        if isinstance(raw, bytes):
-            raw = raw.decode("utf-8", "replace")
-        self._fh.write(json.dumps({"source": source, "line": line, "error": error,
-                                   "raw": raw}) + "\n")
-        self.count += 1
-
-    def close(self) -> None:
-        """Place the quarantine file (when any record was skipped)."""
-        if self._fh is not None and self._out is not None:
-            self._fh.close()
-            self._fh = None
-            self._out.commit()
-
-    def abort(self) -> None:
-        if self._fh is not None and self._out is not None:
-            self._fh.close()
-            self._fh = None
-            self._out.abort()
-
-
 def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
            output: str | os.PathLike[str], *, format: str = "auto",
            hash_block_size: int | None = None, salt: bytes | str | os.PathLike[str] | None = None,
            tokenizer: str | None = None, on_error: OnError = "fail",
-           progress: bool = True, output_len: int | None = None) -> IngestReport:
+           progress: Progress | None = None, output_len: int | None = None) -> IngestReport:
     """Ingest log files into one canonical trace at ``output``.
 
     Args:
@@ -183,7 +85,7 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
             missing); ``None`` uses ``$TUNER_SALT`` or the default salt file.
         tokenizer: a Hugging Face tokenizer directory or tokenizer.json (openai-jsonl).
         on_error: ``fail`` stops at the first bad record; ``skip`` quarantines it.
-        progress: show a progress bar when stderr is a terminal.
+        progress: a :class:`tuner.progress.Progress` sink for the bytes read; None = silent.
         output_len: the output length of every request whose log holds no output
             (vllm-log); default: its logged ``max_tokens``. Filled requests are counted
             in the report (``output_len_filled``), never silently 0.
@@ -211,7 +113,7 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
     meta = TraceMetadata(hash_block_size=hbs, source_format=fmt,
                          salt_fingerprint=hasher.fingerprint)
     state = _TimelineState()
-    bar = _Progress(paths, enabled=progress)
+    bar = _Progress(paths, check_progress(progress))
     # zstd level 1: salted hashes are random bytes that no level compresses; it is speed.
     writer = TraceWriter(out, meta, compression_level=1, inputs=paths)
     try:
@@ -254,7 +156,6 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
         quarantine.abort()
         raise
     quarantine.close()
-    quarantine.close()
     report.requests = writer.num_rows
     report.quarantine = str(quarantine.path) if quarantine.count else None
     report.origin_utc = writer.metadata.origin_utc
@@ -284,7 +185,6 @@ def _resolve_format(paths: list[str], fmt: str) -> str:
 
 
 def _reader(fmt: str) -> Any:
-    from tuner.trace.formats import READERS
     return READERS[fmt]
 
 
@@ -396,52 +296,24 @@ def _write_sorted(unsorted: Path, out: Path, min_offset: float, meta: TraceMetad
 
 
 class _Progress:
-    """A rich progress bar over source bytes, shown only on a terminal."""
+    """Source bytes read so far, reported to a :class:`tuner.progress.Progress` sink."""
 
-    def __init__(self, paths: list[str], *, enabled: bool) -> None:
-        self._bar = None
-        if not (enabled and sys.stderr.isatty()):
+    def __init__(self, paths: list[str], sink: Progress | None) -> None:
+        self._sink = sink
+        if sink is None:
             return
-        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
         self._sizes = [Path(p).stat().st_size for p in paths]
-        self._bar = Progress("[progress.description]{task.description}", BarColumn(),
-                             DownloadColumn(), TimeRemainingColumn(), transient=True)
-        self._task = self._bar.add_task("ingest", total=sum(self._sizes))
-        self._bar.start()
+        sink.stage("ingest", sum(self._sizes), unit="bytes")
 
     def update(self, index: int, fh: Any) -> None:
-        if self._bar is None:
+        if self._sink is None:
             return
         raw = getattr(fh, "fileobj", None) or getattr(fh, "_fp", None) or fh
         try:
             pos = raw.tell()
         except (OSError, AttributeError, ValueError):
             return
-        self._bar.update(self._task, completed=sum(self._sizes[:index]) + pos)
+        self._sink.update(sum(self._sizes[:index]) + pos)
 
     def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-            self._bar = None
-
-
-def make_batch(columns: dict[str, Any], lines: Any, *, field_names: dict[str, str] | None = None) -> pa.Table:
-    """A reader's batch: canonical columns (missing optional ones become nulls) + lines.
-
-    ``arrival_s`` holds seconds on the source's own clock; the driver shifts it.
-    """
-    n = len(lines)
-    arrays = []
-    for f in READER_SCHEMA:
-        if f.name in columns:
-            v = columns[f.name]
-            arrays.append(v if isinstance(v, (pa.Array, pa.ChunkedArray)) else pa.array(v, f.type))
-        else:
-            arrays.append(pa.nulls(n, f.type))
-    table = pa.Table.from_arrays(arrays, schema=READER_SCHEMA)
-    table = table.append_column(LINE, pa.array(lines, pa.int64()))
-    if field_names:
-        # Source field names ride in the schema metadata, so validation errors can say
-        # ``input_length`` (mooncake) rather than ``input_len``.
-        table = table.replace_schema_metadata({b"tuner.fields": json.dumps(field_names).encode()})
-    return table
+        """Nothing to release: the sink is its caller's."""

@@ -28,10 +28,12 @@ from pathlib import Path
 import numpy as np
 
 from tuner.errors import ConfigError
+from tuner.trace.splitmix import GOLDEN as _GOLDEN
+from tuner.trace.splitmix import MASK as _MASK
+from tuner.trace.splitmix import mix64 as _mix_py
+from tuner.trace.splitmix import mix64_inplace as _mix_inplace
 
 SALT_ENV = "TUNER_SALT"
-_MASK = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15
 
 
 def default_salt_path() -> Path:
@@ -141,22 +143,3 @@ class Hasher:
             out.append(_mix_py(s ^ self.k2))
         return out
 
-
-def _mix_inplace(x: np.ndarray) -> None:
-    """splitmix64 finaliser on a uint64 array, in place (wrapping arithmetic)."""
-    t = x >> np.uint64(30)
-    x ^= t
-    x *= np.uint64(0xBF58476D1CE4E5B9)
-    np.right_shift(x, np.uint64(27), out=t)
-    x ^= t
-    x *= np.uint64(0x94D049BB133111EB)
-    np.right_shift(x, np.uint64(31), out=t)
-    x ^= t
-
-
-def _mix_py(x: int) -> int:
-    x ^= x >> 30
-    x = (x * 0xBF58476D1CE4E5B9) & _MASK
-    x ^= x >> 27
-    x = (x * 0x94D049BB133111EB) & _MASK
-    return x ^ (x >> 31)

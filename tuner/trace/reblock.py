@@ -33,20 +33,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tuner.errors import ConfigError
-
-_MASK = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15
-
-
-def mix64(x: int) -> int:
-    """splitmix64's finaliser: a fast 64-bit bijection with full avalanche."""
-    x &= _MASK
-    x ^= x >> 30
-    x = (x * 0xBF58476D1CE4E5B9) & _MASK
-    x ^= x >> 27
-    x = (x * 0x94D049BB133111EB) & _MASK
-    x ^= x >> 31
-    return x
+from tuner.trace.splitmix import GOLDEN as _GOLDEN
+from tuner.trace.splitmix import MASK as _MASK
+from tuner.trace.splitmix import mix64
 
 
 def combine(parent: int, value: int) -> int:

@@ -23,32 +23,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tuner.errors import ConfigError
-from tuner.trace.reblock import _GOLDEN as _GOLDEN_INT
 from tuner.trace.reblock import _GROUP_SEED, _SPLIT_SEED, reblock_request_hashes
+from tuner.trace.splitmix import GOLDEN as _GOLDEN_INT
+from tuner.trace.splitmix import mix64_array as _mix64
+from tuner.trace.splitmix import mix64_tail_inplace as _mix64_tail
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 _GOLDEN = np.uint64(_GOLDEN_INT)
 _EMPTY = np.zeros(0, dtype=np.uint64)
-
-
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser on a uint64 array (a new array; wrapping arithmetic)."""
-    x = x ^ (x >> np.uint64(30))
-    return _mix64_tail(x)
-
-
-def _mix64_tail(x: np.ndarray) -> np.ndarray:
-    """The rest of :func:`_mix64` after ``x ^= x >> 30``, in place on ``x``."""
-    t = np.empty_like(x)
-    x *= np.uint64(0xBF58476D1CE4E5B9)
-    np.right_shift(x, np.uint64(27), out=t)
-    x ^= t
-    x *= np.uint64(0x94D049BB133111EB)
-    np.right_shift(x, np.uint64(31), out=t)
-    x ^= t
-    return x
 
 
 def _combine(parent: np.ndarray | int, value: np.ndarray) -> np.ndarray:

@@ -1,6 +1,8 @@
-"""Terminal progress for a tuning run: trials done, best so far, time left (rich, stderr).
+"""Progress of a tuning run: trials done per stage and the best point so far.
 
-``StudyProgress`` is a no-op when disabled, so the study code calls it unconditionally.
+``StudyProgress`` forwards to a :class:`tuner.progress.Progress` sink and is a no-op
+without one, so the study code calls it unconditionally. How it looks is the CLI's
+(``tuner/cli/_progress.py``).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
+
+    from tuner.progress import Progress
 
     from tuner.tune.objectives import Objective
 
@@ -39,37 +43,23 @@ def best_so_far(trials: Sequence["FrozenTrial"], objectives: Sequence["Objective
 
 
 class StudyProgress:
-    """A rich progress bar per stage with a "best so far" line; disabled = does nothing."""
+    """The study's stages on a :class:`tuner.progress.Progress` sink (None: does nothing),
+    with the best-so-far line as each update's detail. Display is the caller's."""
 
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self._progress: Any = None
-        self._task: Any = None
+    def __init__(self, sink: "Progress | None") -> None:
+        self.sink = sink
 
     def __enter__(self) -> "StudyProgress":
-        if self.enabled:
-            from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                       TimeElapsedColumn, TimeRemainingColumn)
-
-            self._progress = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(bar_width=20), MofNCompleteColumn(),
-                TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
-                TextColumn("{task.fields[best]}"), console=Console(stderr=True))
-            self._progress.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._progress is not None:
-            self._progress.__exit__(*exc)
-            self._progress = None
+        return None
 
     def stage(self, description: str, total: int, completed: int = 0) -> None:
-        """Start a new bar (the previous one stays on screen, finished)."""
-        if self._progress is not None:
-            self._task = self._progress.add_task(description, total=total, completed=completed,
-                                                 best="")
+        """Start a new stage (a display keeps the previous one, finished)."""
+        if self.sink is not None:
+            self.sink.stage(description, total, completed, unit="trials")
 
     def update(self, completed: int, best: str = "") -> None:
-        if self._progress is not None and self._task is not None:
-            self._progress.update(self._task, completed=completed, best=best)
+        if self.sink is not None:
+            self.sink.update(completed, best)

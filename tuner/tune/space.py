@@ -34,9 +34,8 @@ import pathlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-import yaml
-
 from tuner.errors import ConfigError
+from tuner.loaders import load_yaml
 from tuner.sim.settings import SchedulerSettings
 
 if TYPE_CHECKING:
@@ -233,12 +232,7 @@ def load_space(spec: "str | pathlib.Path | SearchSpace") -> SearchSpace:
     if path.suffix not in (".yaml", ".yml") and not path.exists():
         raise ConfigError(f"unknown search space {text!r}; use one of "
                           f"{', '.join(BUILTIN_SPACES)} or a path to a .yaml file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read search space: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    data = load_yaml(path, "search space").data
     return space_from_dict(data, source=str(path), default_name=path.stem)
 
 

@@ -34,74 +34,26 @@ import pathlib
 import socket
 import tempfile
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from tuner import __version__
 from tuner.errors import ConfigError, StudyNotFound
+from tuner.progress import Progress, check_progress
 from tuner.sim.target import Target
 from tuner.tune._progress import StudyProgress, best_so_far
 from tuner.tune.evaluate import Evaluator, ReplayEvaluator, evaluator_from_spec
-from tuner.tune.objectives import (Constraint, Objective, parse_constraints, parse_objectives)
+from tuner.tune.objectives import parse_constraints, parse_objectives
 from tuner.tune.result import TuneResult
 from tuner.tune.select import PREFER_CHOICES, Point, pareto_front, select
-from tuner.tune.space import SearchSpace, load_space, space_from_dict
+from tuner.tune.space import SearchSpace, load_space
 from tuner.tune.storage import default_journal_path, open_storage, quiet_optuna, redact_url
-from tuner.tune.survivors import (STAGE2_SUFFIX, pick_survivors, run_holdout, run_stage2,
-                                  settings_key)
+from tuner.tune.study_records import StudyConfig, StudyRecords, settings_key
+from tuner.tune.survivors import pick_survivors, run_holdout, run_stage2
 
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
     from tuner.profile import Profile
-
-#: Study user-attr key holding the StudyConfig (a joiner rebuilds the objective from it).
-_CONFIG_ATTR = "tuner"
-
-
-@dataclass(frozen=True, slots=True)
-class StudyConfig:
-    """What defines a study; stored in its user attrs so a joiner can rebuild it."""
-
-    space: SearchSpace
-    objectives: tuple[Objective, ...]
-    constraints: tuple[Constraint, ...]
-    n_trials: int  # stage-1 trials in total (COMPLETE + PRUNED), all workers together
-    seed: int
-    evaluator: dict[str, Any]  # Evaluator.spec()
-
-    def to_attrs(self) -> dict[str, Any]:
-        return {"space": self.space.to_dict(), "objectives": [str(o) for o in self.objectives],
-                "constraints": [str(c) for c in self.constraints], "n_trials": self.n_trials,
-                "seed": self.seed, "evaluator": self.evaluator, "tool_version": __version__}
-
-    @classmethod
-    def from_attrs(cls, data: dict[str, Any]) -> "StudyConfig":
-        return cls(space=space_from_dict(data["space"], source="study attrs"),
-                   objectives=parse_objectives(data["objectives"]),
-                   constraints=parse_constraints(data["constraints"]),
-                   n_trials=int(data["n_trials"]), seed=int(data["seed"]),
-                   evaluator=data["evaluator"])
-
-    def same_search(self, other: "StudyConfig") -> str | None:
-        """Why ``other`` cannot continue this study, or None when it can."""
-        if self.space.to_dict() != other.space.to_dict():
-            return "a different search space"
-        if self.objectives != other.objectives:
-            return "different objectives"
-        if self.constraints != other.constraints:
-            return "different constraints"
-        mine = self.evaluator.get("trace_fingerprint")
-        theirs = other.evaluator.get("trace_fingerprint")
-        if mine != theirs:
-            return "a different trace (fingerprint)"
-        if self.evaluator.get("target") != other.evaluator.get("target"):
-            return "a different target"
-        if self.evaluator.get("windows") != other.evaluator.get("windows"):
-            return "different windows (--holdout / stage1 fraction)"
-        return None
-
 
 # --------------------------------------------------------------------------- public API
 
@@ -113,7 +65,7 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
          holdout: float = 0.25, prefer: str = "throughput", stage1_fraction: float = 0.25,
          n_survivors: int | None = None, backend: str = "sim",
          output: "str | os.PathLike[str] | None" = None, evaluator: Evaluator | None = None,
-         progress: bool = False) -> TuneResult:
+         progress: "Progress | None" = None) -> TuneResult:
     """Search scheduler settings for ``trace`` on ``target`` and pick a recommended point.
 
     Args:
@@ -136,7 +88,8 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
             1.0 disables staging.
         n_survivors: points promoted to stage 2; None = ``min(32, max(8, n_trials // 10))``.
         evaluator: replaces the trace replay (tests, custom backends).
-        progress: rich progress on stderr.
+        progress: a :class:`tuner.progress.Progress` sink (stages, trials done, best so
+            far); None = silent.
 
     Raises:
         ConfigError: bad space/objectives/constraints, an existing study with another
@@ -179,7 +132,7 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
         notes += _fail_dead_local_trials(study)
         notes += _enqueue_start_points(study, config, evaluator, warm_start)
         timings: dict[str, float] = {}
-        with StudyProgress(progress) as bar:
+        with StudyProgress(check_progress(progress)) as bar:
             t = time.perf_counter()
             _run_stage1(study, storage_url, config, evaluator, workers, bar)
             timings["stage1_s"] = time.perf_counter() - t
@@ -215,7 +168,8 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
 
 
 def join(study_name: str, storage: str, n_trials: int | None = None, *, trace: Any = None,
-         evaluator: Evaluator | None = None, progress: bool = False) -> dict[str, Any]:
+         evaluator: Evaluator | None = None,
+         progress: "Progress | None" = None) -> dict[str, Any]:
     """Work on an existing study's stage 1 from another process or machine.
 
     The study's user attrs hold the space, objectives, constraints, target and trace
@@ -235,7 +189,7 @@ def join(study_name: str, storage: str, n_trials: int | None = None, *, trace: A
     with quiet_optuna():
         storage_obj = open_storage(storage)
         study = _load(storage_obj, study_name)
-        attrs = study.user_attrs.get(_CONFIG_ATTR)
+        attrs = StudyRecords.config_attrs(study)
         if attrs is None:
             raise ConfigError(f"study {study_name!r} in {redact_url(storage)} was not created by "
                               "`tuner tune`; nothing to join")
@@ -249,7 +203,7 @@ def join(study_name: str, storage: str, n_trials: int | None = None, *, trace: A
                               f"{str(config.evaluator.get('trace_fingerprint'))[:16]}; "
                               "use the same trace file")
         before = _finished(study)
-        with StudyProgress(progress) as bar:
+        with StudyProgress(check_progress(progress)) as bar:
             bar.stage(f"join {study_name}", config.n_trials, before)
             _optimize(study, config, evaluator, worker_cap=n_trials,
                       seed=config.seed + 1000 + os.getpid() % 1000, bar=bar)
@@ -278,7 +232,7 @@ def _load(storage: Any, name: str) -> "optuna.Study":
     except KeyError:
         names = optuna.get_all_study_names(storage)
         raise StudyNotFound(f"no study {name!r} in this storage; existing: "
-                            f"{', '.join(n for n in names if not n.endswith(STAGE2_SUFFIX)) or 'none'}"
+                            f"{', '.join(n for n in names if not StudyRecords.is_stage2_name(n)) or 'none'}"
                             ) from None
 
 
@@ -288,16 +242,16 @@ def _create_or_load(storage: Any, name: str, config: StudyConfig) -> "optuna.Stu
     study = optuna.create_study(storage=storage, study_name=name, load_if_exists=True,
                                 directions=[o.direction for o in config.objectives],
                                 sampler=_sampler(config.seed))
-    stored = study.user_attrs.get(_CONFIG_ATTR)
+    stored = StudyRecords.config_attrs(study)
     if stored is None:
-        study.set_user_attr(_CONFIG_ATTR, config.to_attrs())
+        StudyRecords.write_config(study, config.to_attrs())
         return study
     why = StudyConfig.from_attrs(stored).same_search(config)
     if why is not None:
         raise ConfigError(f"study {name!r} already exists with {why}; pass another --study name "
                           "(or the original settings to resume it)")
     if stored["n_trials"] != config.n_trials:  # resuming with a new budget is allowed
-        study.set_user_attr(_CONFIG_ATTR, {**stored, "n_trials": config.n_trials})
+        StudyRecords.write_config(study, {**stored, "n_trials": config.n_trials})
     return study
 
 
@@ -320,19 +274,18 @@ def _fail_dead_local_trials(study: "optuna.Study") -> list[str]:
     host, notes = socket.gethostname(), []
     now = datetime.datetime.now()
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        pid = trial.user_attrs.get("pid")
-        if "host" not in trial.user_attrs and trial.datetime_start is not None and (
+        worker_host, pid = StudyRecords.worker(trial)
+        if worker_host is None and trial.datetime_start is not None and (
                 now - trial.datetime_start).total_seconds() > ORPHAN_AFTER_S:
             # A worker killed between ask() and recording its host/pid: nobody owns it.
-            study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+            StudyRecords.fail_trial(study, trial)
             notes.append(f"trial {trial.number} has been running {ORPHAN_AFTER_S:.0f}+ s "
                          "with no worker recorded; marked failed")
             continue
-        if trial.user_attrs.get("host") != host:
+        if worker_host != host:
             continue
         if isinstance(pid, int) and not _pid_alive(pid):
-            # NOTE(tuner): Study has no public call to fail another process's trial.
-            study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+            StudyRecords.fail_trial(study, trial)
             notes.append(f"trial {trial.number} was left running by a dead process; marked failed")
     return notes
 
@@ -359,7 +312,8 @@ def _enqueue_start_points(study: "optuna.Study", config: StudyConfig, evaluator:
     space = config.space
     base = space.project(evaluator.default_settings)
     if space.contains(base):
-        study.enqueue_trial(base, user_attrs={"role": "baseline"}, skip_if_exists=True)
+        study.enqueue_trial(base, user_attrs=StudyRecords.start_attrs(StudyRecords.BASELINE),
+                            skip_if_exists=True)
     else:
         notes.append(f"vLLM's defaults {base} lie outside space {space.name!r}; the baseline is "
                      "evaluated in stage 2 only")
@@ -377,8 +331,9 @@ def _enqueue_start_points(study: "optuna.Study", config: StudyConfig, evaluator:
             notes.append(f"warm start: {role} point {params} is outside space {space.name!r}; "
                          "skipped")
             continue
-        study.enqueue_trial(params, user_attrs={"role": f"warm-start-{role}",
-                                                "warm_start": profile.name}, skip_if_exists=True)
+        study.enqueue_trial(params, user_attrs=StudyRecords.start_attrs(f"warm-start-{role}",
+                                                                        profile.name),
+                            skip_if_exists=True)
         n += 1
     notes.append(f"warm start: enqueued {n} point(s) from profile {profile.name!r}")
     return notes
@@ -400,7 +355,7 @@ def _counts(study: "optuna.Study") -> dict[str, int]:
     pruned = [t for t in trials if t.state == TrialState.PRUNED]
     return {"complete": sum(t.state == TrialState.COMPLETE for t in trials),
             "pruned": len(pruned),
-            "refused": sum("refused" in t.user_attrs for t in pruned),
+            "refused": sum(StudyRecords.refused(t) is not None for t in pruned),
             "failed": sum(t.state == TrialState.FAIL for t in trials)}
 
 
@@ -417,19 +372,17 @@ def _make_objective(config: StudyConfig, evaluator: Evaluator, window: str
     base = evaluator.default_settings
 
     def objective(trial: "optuna.Trial") -> Sequence[float]:
-        trial.set_user_attr("host", host)
-        trial.set_user_attr("pid", pid)
+        StudyRecords.mark_worker(trial, host, pid)
         params = {k: _round(v) for k, v in config.space.suggest(trial).items()}
         try:
             settings = config.space.settings_for(base, params,
                                                  max_model_len=evaluator.max_model_len)
         except ConfigError as exc:
             # Refused before anything runs: vLLM itself would reject this combination.
-            trial.set_user_attr("refused", str(exc))
+            StudyRecords.refuse(trial, str(exc))
             raise optuna.TrialPruned(f"refused: {exc}") from None
         metrics = evaluator.evaluate(settings, window)  # type: ignore[arg-type]
-        trial.set_user_attr("settings", settings.to_dict())
-        trial.set_user_attr("metrics", metrics)
+        StudyRecords.record_replay(trial, settings.to_dict(), metrics)
         for con in config.constraints:
             trial.set_constraint(str(con), con.violation(metrics))
         values = []
@@ -439,8 +392,8 @@ def _make_objective(config: StudyConfig, evaluator: Evaluator, window: str
                                   f"{', '.join(sorted(metrics))}")
             v = metrics[obj.key]
             if v is None or not math.isfinite(float(v)):
-                trial.set_user_attr("refused", f"{obj.key} is undefined on this window "
-                                               "(no request finished?)")
+                StudyRecords.refuse(trial, f"{obj.key} is undefined on this window "
+                                           "(no request finished?)")
                 raise optuna.TrialPruned(f"{obj.key} undefined")
             values.append(float(v))
         return values
@@ -523,7 +476,7 @@ def _stage1_points(study: "optuna.Study") -> list[Point]:
 
     points: dict[str, Point] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        settings = t.user_attrs.get("settings")
+        settings = StudyRecords.settings(t)
         if settings is None:
             continue
         key = settings_key(settings)
@@ -531,8 +484,8 @@ def _stage1_points(study: "optuna.Study") -> list[Point]:
             continue
         points[key] = Point(number=t.number, params={k: _round(v) for k, v in t.params.items()},
                             settings=settings,
-                            metrics=t.user_attrs.get("metrics", {}),
+                            metrics=StudyRecords.metrics(t),
                             feasible=all(v <= 0 for v in t.constraints.values()),
-                            is_baseline=t.user_attrs.get("role") == "baseline",
-                            extra={"role": t.user_attrs.get("role")})
+                            is_baseline=StudyRecords.role(t) == StudyRecords.BASELINE,
+                            extra={"role": StudyRecords.role(t)})
     return list(points.values())

@@ -1,15 +1,15 @@
 """Stages 2 and 3 of a study: the survivors of stage 1 replayed on the whole training
 window, then the stage-2 Pareto front and the baseline on the held-out window.
 
-Split from :mod:`tuner.tune.study` (which drives the stages and owns ``StudyConfig``). Both
-stages store every replay in the stage-2 study ``<study>.full`` keyed by
-:func:`settings_key`, so a resumed run replays only what is missing; both fan replays out
-over a forked process pool (:func:`_evaluate_many`).
+Split from :mod:`tuner.tune.study` (which drives the stages). Both stages store every
+replay in the stage-2 study ``<study>.full`` keyed by :func:`settings_key`
+(:class:`~tuner.tune.study_records.StudyRecords` owns the keys), so a resumed run replays
+only what is missing; both fan replays out over a forked process pool
+(:func:`_evaluate_many`).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import multiprocessing
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -19,20 +19,13 @@ from tuner.tune._progress import StudyProgress
 from tuner.tune.evaluate import Evaluator
 from tuner.tune.objectives import Objective
 from tuner.tune.select import Point, pareto_front
+from tuner.tune.study_records import StudyConfig, StudyRecords, settings_key
 
 if TYPE_CHECKING:
     import optuna
 
-    from tuner.tune.study import StudyConfig
-
 #: The stage-2 study is the stage-1 study's name plus this suffix.
-STAGE2_SUFFIX = ".full"
-
-
-def settings_key(settings: SchedulerSettings | dict[str, Any]) -> str:
-    """The identity of a point across studies and resumed runs (its settings as JSON)."""
-    data = settings.to_dict() if isinstance(settings, SchedulerSettings) else settings
-    return json.dumps(data, sort_keys=True)
+STAGE2_SUFFIX = StudyRecords.STAGE2_SUFFIX
 
 
 def pick_survivors(points: Sequence[Point], objectives: Sequence[Objective], n: int,
@@ -93,11 +86,11 @@ def run_stage2(storage: Any, study_name: str, config: StudyConfig, evaluator: Ev
     import optuna
     from optuna.trial import TrialState
 
-    study2 = optuna.create_study(storage=storage, study_name=study_name + STAGE2_SUFFIX,
+    study2 = optuna.create_study(storage=storage, study_name=StudyRecords.stage2_name(study_name),
                                  load_if_exists=True,
                                  directions=[o.direction for o in config.objectives])
-    done = {t.user_attrs["key"]: t for t in study2.get_trials(deepcopy=False,
-                                                               states=(TrialState.COMPLETE,))}
+    done = {StudyRecords.stage2_key(t): t
+            for t in study2.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
     base_settings = evaluator.default_settings.to_dict()
     by_key = {settings_key(p.settings): p for p in stage1}
     base_stage1 = by_key.get(settings_key(base_settings))
@@ -111,7 +104,7 @@ def run_stage2(storage: Any, study_name: str, config: StudyConfig, evaluator: Ev
         key = settings_key(p.settings)
         trial = done.get(key)
         if trial is not None:
-            results[i] = _point_from_stage2(p, trial.user_attrs["metrics"], config)
+            results[i] = _point_from_stage2(p, StudyRecords.metrics(trial), config)
         elif not evaluator.windows.staged and key in by_key:
             # Unstaged: stage 1 already replayed the whole training window.
             results[i] = _point_from_stage2(p, by_key[key].metrics, config)
@@ -144,9 +137,7 @@ def _record_stage2(study2: "optuna.Study", config: StudyConfig, p: Point) -> Non
     study2.add_trial(create_trial(
         state=TrialState.COMPLETE if ok else TrialState.FAIL, values=values if ok else None,
         constraints={str(c): c.violation(p.metrics) for c in config.constraints} or None,
-        user_attrs={"key": settings_key(p.settings), "settings": p.settings, "params": p.params,
-                    "metrics": p.metrics, "stage1_trial": p.number,
-                    "role": "baseline" if p.is_baseline else "survivor"}))
+        user_attrs=StudyRecords.stage2_attrs(p)))
 
 
 def run_holdout(storage: Any, study_name: str, evaluator: Evaluator, points: list[Point],
@@ -156,11 +147,11 @@ def run_holdout(storage: Any, study_name: str, evaluator: Evaluator, points: lis
 
     if not evaluator.windows.has_holdout:
         return
-    study2 = optuna.load_study(study_name=study_name + STAGE2_SUFFIX, storage=storage)
-    stored = study2.user_attrs
+    study2 = optuna.load_study(study_name=StudyRecords.stage2_name(study_name), storage=storage)
+    stored = StudyRecords.holdouts(study2)
     jobs: list[Point] = []
     for p in points:
-        key = "holdout:" + settings_key(p.settings)
+        key = settings_key(p.settings)
         if key in stored:
             p.holdout = stored[key]
         elif all(q is not p for q in jobs):
@@ -168,9 +159,10 @@ def run_holdout(storage: Any, study_name: str, evaluator: Evaluator, points: lis
 
     def store(j: int, metrics: dict[str, Any]) -> None:
         jobs[j].holdout = metrics
-        study2.set_user_attr("holdout:" + settings_key(jobs[j].settings), metrics)
+        StudyRecords.write_holdout(study2, jobs[j].settings, metrics)
+        stored[settings_key(jobs[j].settings)] = metrics
 
     _evaluate_many(evaluator, [(p.settings, "holdout") for p in jobs], workers, store)
     for p in points:  # the same settings may appear as two Point objects
         if p.holdout is None:
-            p.holdout = study2.user_attrs.get("holdout:" + settings_key(p.settings))
+            p.holdout = stored.get(settings_key(p.settings))

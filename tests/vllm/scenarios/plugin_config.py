@@ -9,7 +9,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 spec = importlib.util.spec_from_file_location(
-    "_vllm_core_driver", os.path.join(ROOT, "tuner", "replay", "_vllm_core_driver.py"))
+    "_vllm_core_driver", os.path.join(ROOT, "tuner", "vllm_core", "driver.py"))
 drv = importlib.util.module_from_spec(spec)
 sys.modules["_vllm_core_driver"] = drv
 spec.loader.exec_module(drv)

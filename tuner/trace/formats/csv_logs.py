@@ -25,7 +25,7 @@ from typing import IO, Any
 import numpy as np
 import pyarrow as pa
 
-from tuner.trace._ingest import MAX_TOKENS, IngestContext, make_batch
+from tuner.trace.formats._batch import MAX_TOKENS, IngestContext, make_batch
 from tuner.trace.sources import iter_line_chunks
 
 _BATCH_ROWS = 65_536

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tuner.trace.formats._mooncake_fast import parse_chunk
-from tuner.trace._ingest import IngestContext, make_batch
+from tuner.trace.formats._batch import IngestContext, make_batch
 from tuner.trace.sources import iter_line_chunks, json_problem
 
 

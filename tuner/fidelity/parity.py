@@ -255,29 +255,10 @@ def run_parity(trace: Any, settings: Any = None, *, vllm_python: str | None = No
     Returns:
         (report, twin result, vllm-core result).
     """
-    from tuner.replay._run import run
-    from tuner.sim.settings import SimOptions
-    from tuner.sim.target import Target
-
-    options = replace(options or SimOptions(), record_steps=True)
-    target = target or Target()
-    twin = run(trace, settings, backend="sim", target=target, load=load, options=options,
-               hash_block_size=hash_block_size)
-    t0 = time.perf_counter()
-    backend_options: dict[str, Any] = {"vllm_python": vllm_python}
-    if model_dir is not None:
-        backend_options["model_dir"] = model_dir
-    vllm = run(trace, settings, backend="vllm-core", target=target, load=load,
-               options=replace(options, prefill_interval_mode="local"),
-               hash_block_size=hash_block_size, **backend_options)
-    total = time.perf_counter() - t0
-    report = compare_steps(twin, vllm, context=context)
-    report.vllm_total_s = total
-    report.notes.extend(vllm.notes[:1])
-    report.notes.append(_activity(vllm))
-    if options.prefill_interval_mode != "local":
-        report.notes.append(f"twin ran with prefill_interval_mode={options.prefill_interval_mode!r}")
-    return report, twin, vllm
+    case = ParityCase(name="", trace=trace, settings=settings, target=target, load=load,
+                      options=options, hash_block_size=hash_block_size)
+    return run_parity_many([case], vllm_python=vllm_python, model_dir=model_dir,
+                           context=context)[0]
 
 
 @dataclass(frozen=True)
@@ -299,50 +280,53 @@ def run_parity_many(cases: "list[ParityCase]", *, vllm_python: str | None = None
                     ) -> list[tuple[ParityReport, "ReplayResult", "ReplayResult"]]:
     """:func:`run_parity` for several cases with one vLLM driver process (one vLLM import).
 
-    Prepares each case exactly as :func:`tuner.replay.run` does (trace loading, target
-    resolution, settings defaults and validation, re-blocking), then runs every vLLM-side
-    replay in one driver.
+    Both sides of a case come through ``tuner.replay.prepare`` (trace loading, target
+    resolution, settings defaults and validation, re-blocking): the twin runs at once, the
+    vLLM-side jobs run together in one driver.
 
     Returns:
         One (report, twin result, vllm-core result) per case, in order.
     """
-    from tuner.replay._run import load_requests, reblock_request, run
-    from tuner.replay.vllm_core import VllmCoreBackend, run_driver
-    from tuner.sim.load import OpenLoop
-    from tuner.sim.presets import resolve_target
+    from tuner.replay._run import prepare
     from tuner.sim.settings import SimOptions
     from tuner.sim.target import Target
+    from tuner.vllm_core.backend import run_driver
 
-    backend_kw: dict[str, Any] = {} if model_dir is None else {"model_dir": model_dir}
+    backend_kw: dict[str, Any] = {"vllm_python": vllm_python}
+    if model_dir is not None:
+        backend_kw["model_dir"] = model_dir
     twins, jobs = [], []
+    python = ""
     for case in cases:
         options = replace(case.options or SimOptions(), record_steps=True)
-        target = case.target or Target()
-        twins.append(run(case.trace, case.settings, backend="sim", target=target,
-                         load=case.load, options=options,
-                         hash_block_size=case.hash_block_size))
-        requests, size = load_requests(case.trace, hash_block_size=case.hash_block_size)
-        resolved = resolve_target(target, scheduler_settings=case.settings)
-        settings = case.settings or resolved.default_settings
-        settings.validate(max_model_len=resolved.cache.max_model_len)
-        bs = resolved.cache.block_size
-        if size is not None and size != bs:
-            requests = [reblock_request(r, size, bs) for r in requests]
-        backend = VllmCoreBackend(vllm_python, **backend_kw)
-        backend.prepare(requests, settings, resolved, case.load or OpenLoop(),
-                        replace(options, prefill_interval_mode="local"))
-        jobs.append(backend.job)
-        python = backend.vllm_python
+        common = dict(target=case.target or Target(), load=case.load,
+                      hash_block_size=case.hash_block_size)
+        twin = prepare(case.trace, case.settings, backend="sim", options=options, **common)
+        try:
+            twins.append(twin.run())
+        finally:
+            twin.close()
+        vllm = prepare(case.trace, case.settings, backend="vllm-core",
+                       options=replace(options, prefill_interval_mode="local"), **common,
+                       **backend_kw)
+        jobs.append(vllm.job)
+        python = vllm.vllm_python
+        vllm.close()
     t0 = time.perf_counter()
     results = run_driver(jobs, python, timeout_s=timeout_s) if jobs else []
     total = time.perf_counter() - t0
     reports = []
-    for case, twin, vllm in zip(cases, twins, results):
-        report = compare_steps(twin, vllm, context=context)
+    for case, twin_result, vllm_result in zip(cases, twins, results):
+        report = compare_steps(twin_result, vllm_result, context=context)
         report.vllm_total_s = total / len(jobs)
-        report.notes.append(f"case {case.name}; " + (vllm.notes[0] if vllm.notes else ""))
-        report.notes.append(_activity(vllm))
-        reports.append((report, twin, vllm))
+        note = vllm_result.notes[0] if vllm_result.notes else ""
+        report.notes.append(f"case {case.name}; {note}" if case.name else note)
+        report.notes.append(_activity(vllm_result))
+        options = case.options or SimOptions()
+        if options.prefill_interval_mode != "local":
+            report.notes.append(
+                f"twin ran with prefill_interval_mode={options.prefill_interval_mode!r}")
+        reports.append((report, twin_result, vllm_result))
     return reports
 
 

@@ -1,0 +1,164 @@
+"""The shared replay loop (tuner.sim.loop) on a fake StepEngine: call order, clock, depth."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from tuner.sim.batch import StepBatch
+from tuner.sim.load import ClosedLoop, OpenLoop
+from tuner.sim.loop import AdmissionRules, ReplayLoop, price_function
+
+RULES = AdmissionRules(block_size=16, num_gpu_blocks=1000, max_model_len=4096)
+
+
+@dataclass
+class Src:
+    arrival_s: float
+    input_len: int = 10
+    output_len: int = 2
+
+
+class FakeEngine:
+    """Each request needs ``output_len`` steps; one token per step for every admitted,
+    unfinished request seen by ``schedule``. Logs every call in order."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[Any, ...]] = []
+        self.live: dict[int, int] = {}  # index -> tokens still to produce (as of schedule)
+        self.pending: dict[int, int] = {}  # step -> finishing count
+        self.next_step = 0
+
+    def add_request(self, index: int, source: Src, arrival_s: float) -> None:
+        self.log.append(("add", index, arrival_s))
+        self.live[index] = source.output_len
+
+    def reject_request(self, index: int, source: Src, arrival_s: float) -> None:
+        self.log.append(("reject", index, arrival_s))
+
+    def has_requests(self) -> bool:
+        return any(n > 0 for n in self.live.values())
+
+    def schedule(self, now_s: float) -> int:
+        step = self.next_step
+        self.next_step += 1
+        members = [i for i, n in self.live.items() if n > 0]
+        done = 0
+        for i in members:
+            self.live[i] -= 1
+            done += self.live[i] == 0
+        self.pending[step] = done
+        self.log.append(("schedule", step, now_s, tuple(members)))
+        return step
+
+    def batch(self, step: int) -> StepBatch:
+        return StepBatch(num_decode_reqs=1, decode_ctx_tokens=1)
+
+    def start(self, step: int, start_s: float, duration_s: float) -> None:
+        self.log.append(("start", step, start_s, duration_s))
+
+    def update(self, step: int, end_s: float) -> int:
+        self.log.append(("update", step, end_s))
+        return self.pending.pop(step)
+
+    def idle(self) -> None:
+        self.log.append(("idle",))
+
+
+def run(sources: list[Src], depth: int, load: Any = OpenLoop(), rules: AdmissionRules = RULES
+        ) -> FakeEngine:
+    engine = FakeEngine()
+    order = sorted(range(len(sources)), key=lambda i: (sources[i].arrival_s, i))
+    ReplayLoop(engine, ((i, sources[i]) for i in order), lambda batch: 1.0, rules, load=load,
+               num_requests=len(sources), batch_queue_depth=depth).run()
+    return engine
+
+
+def calls(engine: FakeEngine, *kinds: str) -> list[tuple[Any, ...]]:
+    return [c for c in engine.log if c[0] in kinds]
+
+
+def test_depth_1_schedules_after_each_update() -> None:
+    engine = run([Src(0.0, output_len=3)], depth=1)
+    assert calls(engine, "schedule", "update") == [
+        ("schedule", 0, 0.0, (0,)), ("update", 0, 1.0),
+        ("schedule", 1, 1.0, (0,)), ("update", 1, 2.0),
+        ("schedule", 2, 2.0, (0,)), ("update", 2, 3.0)]
+
+
+def test_depth_2_schedules_next_batch_before_applying_outputs() -> None:
+    """vLLM's step_with_batch_queue: schedule(N+1) before update(N); batches back to back
+    on the GPU; an arrival during batch N is first seen by schedule(N+2)."""
+    engine = run([Src(0.0, output_len=4), Src(0.5, output_len=1)], depth=2)
+    got = calls(engine, "add", "schedule", "start", "update")
+    assert got[:9] == [
+        ("add", 0, 0.0),
+        ("schedule", 0, 0.0, (0,)), ("start", 0, 0.0, 1.0),
+        ("schedule", 1, 0.0, (0,)), ("start", 1, 1.0, 1.0),  # queued behind batch 0
+        ("update", 0, 1.0),
+        ("add", 1, 0.5),  # arrived during batch 0: added at the loop time 1.0
+        ("schedule", 2, 1.0, (0, 1)), ("start", 2, 2.0, 1.0),  # = schedule(N+2), N = 0
+    ]
+    order = [(c[0], c[1]) for c in got if c[0] in ("schedule", "update")]
+    # every update(N) comes after schedule(N+1) while work remains
+    for n in range(engine.next_step - 1):
+        assert order.index(("schedule", n + 1)) < order.index(("update", n))
+    assert [c[1] for c in calls(engine, "update")] == list(range(engine.next_step))
+    starts = [c[2] for c in calls(engine, "start")]
+    assert starts == [float(i) for i in range(len(starts))]  # the GPU never idles
+
+
+def test_idle_engine_jumps_to_next_arrival() -> None:
+    engine = run([Src(0.0, output_len=1), Src(5.0, output_len=1)], depth=1)
+    assert ("idle",) in engine.log
+    assert ("schedule", 1, 5.0, (1,)) in engine.log
+
+
+def test_closed_loop_issues_on_finish_and_on_reject() -> None:
+    rules = AdmissionRules(block_size=16, num_gpu_blocks=1000, max_model_len=100)
+    sources = [Src(9.0, output_len=2), Src(0.0, input_len=200), Src(0.0, output_len=1)]
+    engine = run(sources, depth=1, load=ClosedLoop(1), rules=rules)
+    # issue order by arrival time then index: 1 (rejected, slot freed at once), 2, then 0
+    assert calls(engine, "add", "reject") == [
+        ("reject", 1, 0.0), ("add", 2, 0.0), ("add", 0, 1.0)]
+
+
+def test_open_loop_speedup_scales_arrivals() -> None:
+    engine = run([Src(4.0, output_len=1)], depth=1, load=OpenLoop(speedup=2.0))
+    assert calls(engine, "add") == [("add", 0, 2.0)]
+
+
+@pytest.mark.parametrize("input_len,output_len,chunked,rejected", [
+    (0, 5, True, True), (5, 0, True, True), (90, 11, True, True), (90, 10, True, False),
+    (60, 10, False, True), (50, 10, True, False), (50, 10, False, False)])
+def test_admission_rules(input_len: int, output_len: int, chunked: bool, rejected: bool) -> None:
+    rules = AdmissionRules(block_size=16, num_gpu_blocks=100, max_model_len=100,
+                           enable_chunked_prefill=chunked, max_num_batched_tokens=64)
+    assert rules.rejects(input_len, output_len) is rejected
+
+
+def test_admission_rules_cache_bound() -> None:
+    rules = AdmissionRules(block_size=16, num_gpu_blocks=5, max_model_len=1000)
+    assert not rules.rejects(60, 5)  # 64 tokens computed: 4 blocks of the 4 usable
+    assert rules.rejects(60, 6)
+
+
+def test_price_function_prefers_step_time_s() -> None:
+    class Model:
+        def step_time_s(self, batch: StepBatch) -> float:
+            return 2.0
+
+        def __call__(self, batch: StepBatch) -> float:
+            return 3.0
+
+    assert price_function(Model())(StepBatch()) == 2.0
+    assert price_function(lambda b: 4.0)(StepBatch()) == 4.0
+    with pytest.raises(TypeError):
+        price_function(5)
+
+
+def test_batch_queue_depth_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        ReplayLoop(FakeEngine(), [], lambda b: 1.0, RULES, batch_queue_depth=0)

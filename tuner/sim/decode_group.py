@@ -1,0 +1,525 @@
+"""``DecodeGroup``: the twin's fast path, steady decoders advanced by one counter.
+
+Why: at 100-1,000 running requests a pure decode step would cost a Python iteration per
+request in ``schedule()`` and again in ``update_from_output``. Yet a decoding request
+only *does* something observable every ``block_size`` steps: it takes a new block at a
+block boundary, registers the hash of a block it filled, or finishes. Everything else is
+"one more token", which one shared counter ``G`` expresses for all of them at once.
+
+The fast path's contract (identical records, declared settings, provable steps only) is
+stated in ``tuner.sim.fast_path``, which also declares how every settings field is treated.
+
+Membership and the lag: a running request joins once it is decode-ready
+(``is_decode_ready``). A member's counters are stored as of group step ``g0``; its true
+values are the stored ones plus ``G - g0`` (``tokens``, ``output_tokens``,
+``computed``): read them only through these accessors. A calendar maps each member to its
+next *event* step (a new block, a registration of a block whose hash another request can
+look up, its last token). A group step touches only the members with an event, merged
+with the other running requests in running order (admission ``seq``): their new blocks
+come from one ``BlockPool.get_new_blocks`` call per run of members between two other
+running requests and their full blocks are registered with one ``cache_blocks`` call,
+which leaves the pool exactly as vLLM's per-request ``allocate_slots`` calls would (see
+``_member_events``). Non-members go through ``KVCacheManager.allocate_slots`` as on the
+plain path. When the step's new blocks exceed the free ones an allocation will fail:
+with fcfs the group step runs vLLM's loop over the pool-touching requests and preempts
+from the tail of running (``_run_preempting``); with priority it is not a group step.
+
+A generated block whose hash is synthetic (no trace output hash: no other request can
+look it up) is registered when its request frees its blocks, not when it fills, so such
+blocks cost no event (``SimRequest.num_shared_hash_blocks``; ``KVCacheManager.free``).
+
+Async scheduling (issue 14) is meant to extend this class, not to fork a second fast
+path. The group would count scheduled steps beside applied ones (``G``); the difference
+is the tokens in flight (vLLM's placeholders), so ``computed`` runs that many steps
+ahead of ``tokens`` and ``output_tokens``, which only these accessors know. A member
+whose in-flight step yields its last token is skipped by the next plan (vLLM's
+``max_tokens`` look-ahead) yet keeps its seq slot and blocks until ``apply_tokens``
+finishes it; a member preempted while in flight drops that token at apply; a block
+completed by a not yet sampled token is registered a step later (one more event kind).
+Until that is modelled, the async setting is to be declared refused in
+``tuner.sim.fast_path.FAST_PATH_FIELDS``, which sends async replays to the plain path.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Protocol
+
+import numpy as np
+
+from tuner.sim._step_rules import blocks_needed, cdiv, running_new_tokens
+from tuner.sim.kv_cache_manager import KVCacheManager
+from tuner.sim.request import RequestStatus, SimRequest
+from tuner.sim.scheduler_output import GroupStep, SchedulerOutput
+
+_RUNNING = RequestStatus.RUNNING
+
+#: Sort key: running order (admission sequence number); C-level, no Python call.
+seq_order = attrgetter("seq")
+
+#: What a member does at its event step (``SimRequest.event_kinds``, bits).
+OPENS_BLOCK = 1  # the token it computes opens a new block: it takes one from the pool
+FILLS_BLOCK = 2  # its computed tokens fill a block whose hash others can look up: register
+FINISHES = 4  # the step gives it its last token
+
+
+# ----------------------------------------------------------------------------- the group
+class SchedulerHost(Protocol):
+    """What the group needs from its scheduler (``tuner.sim.scheduler.Scheduler``)."""
+
+    running: list[SimRequest]  # RUNNING requests in running (= ``seq``) order
+
+    @property
+    def kv_cache_manager(self) -> KVCacheManager: ...
+
+    @property
+    def policy(self) -> str: ...
+
+    def pick_victim(self) -> SimRequest:
+        """Remove and return the request to preempt next (vLLM's choice)."""
+
+    def preempt_request(self, request: SimRequest) -> None:
+        """Recompute preemption of a RUNNING request no longer in ``running``."""
+
+
+@dataclass(slots=True)
+class GroupPlan:
+    """A proven group step, not yet applied (planning changes no state)."""
+
+    individual: list[tuple[SimRequest, int]]  # tokens of the running non-members, in order
+    events: list[SimRequest]  # members with an event at this step, in running order
+    short: bool  # the new blocks exceed the free ones: an allocation fails and preempts
+
+
+class DecodeGroup:
+    """The steady decoders of one scheduler, their event calendar and group steps.
+
+    Invariants (``check_invariants``): ``size`` = members; ``sum_tokens`` = sum of their
+    true ``num_tokens``; every member is in ``calendar`` under its ``next_event`` >= ``G``
+    (entries of requests that left are skipped); ``others`` = the running non-members
+    in running order; ``last_end_s`` = end time of the latest step, when every member
+    that took part in it received its token.
+    """
+
+    __slots__ = ("host", "block_size", "caching", "max_model_len", "G", "size",
+                 "sum_tokens", "calendar", "odd", "last_end_s", "others")
+
+    def __init__(self, host: SchedulerHost, *, block_size: int, caching: bool,
+                 max_model_len: int) -> None:
+        self.host = host
+        self.block_size = block_size
+        self.caching = caching
+        self.max_model_len = max_model_len
+        self.G = 0  # group steps applied so far
+        self.size = 0
+        self.sum_tokens = 0
+        self.calendar: dict[int, list[SimRequest]] = {}
+        # Members whose last token is older than the previous step's end (they joined
+        # without being scheduled that step): their next gap is computed one by one.
+        self.odd: list[SimRequest] = []
+        self.last_end_s = 0.0
+        self.others: list[SimRequest] = []  # running requests outside the group, in order
+
+    # ------------------------------------------------------------------- the lag
+    def is_member(self, request: SimRequest) -> bool:
+        """Whether a running request is in the group (``SimRequest.steady``)."""
+        return request.steady
+
+    def lag(self, request: SimRequest) -> int:
+        """Tokens a request's stored counters lag behind its true ones (0: not a member)."""
+        return self.G - request.g0 if request.steady else 0
+
+    def tokens(self, request: SimRequest) -> int:
+        """True ``num_tokens``."""
+        return request.num_tokens + self.lag(request)
+
+    def output_tokens(self, request: SimRequest) -> int:
+        """True ``num_output_tokens``."""
+        return request.num_output_tokens + self.lag(request)
+
+    def computed(self, request: SimRequest) -> int:
+        """True ``num_computed_tokens``."""
+        return request.num_computed_tokens + self.lag(request)
+
+    def block_events(self, request: SimRequest, num_tokens: int) -> int:
+        """The block rules, in one place: ``OPENS_BLOCK | FILLS_BLOCK`` bits of what a
+        member with ``num_tokens`` true tokens does when it computes its next token.
+
+        It opens a block when that token (position ``num_tokens - 1``) is the first of
+        one; its computed tokens fill a block when ``num_tokens`` is a multiple of the
+        block size, and the fill is registered now only if the block's hash is one
+        another request can look up (a synthetic one waits for ``KVCacheManager.free``).
+        """
+        bs = self.block_size
+        kinds = OPENS_BLOCK if (num_tokens - 1) % bs == 0 else 0
+        if (self.caching and num_tokens % bs == 0
+                and num_tokens // bs <= request.num_shared_hash_blocks):
+            kinds |= FILLS_BLOCK
+        return kinds
+
+    def is_decode_ready(self, request: SimRequest) -> bool:
+        """Whether a running non-member may join: it decodes (one token to compute, not a
+        partial prefill), its blocks exactly cover its computed tokens, and its whole
+        sequence stays below ``max_model_len``."""
+        return (request.num_computed_tokens == request.num_tokens - 1
+                and not request.is_prefill_chunk
+                and request.num_blocks == cdiv(request.num_computed_tokens, self.block_size)
+                and request.num_prompt_tokens + request.max_tokens <= self.max_model_len)
+
+    # ------------------------------------------------------------------- membership
+    def materialize(self, request: SimRequest) -> None:
+        """Bring a member's stored counters to group step ``G`` (no observable change)."""
+        d = self.G - request.g0
+        if d:
+            request.num_tokens += d
+            request.num_output_tokens += d
+            request.num_computed_tokens += d
+            request.last_token_s = self.last_end_s
+            request.g0 = self.G
+
+    def materialize_all(self) -> None:
+        """Bring every member's stored counters up to date (before results are read)."""
+        for request in self.host.running:
+            if request.steady:
+                self.materialize(request)
+
+    def admitted(self, request: SimRequest) -> None:
+        """A request just joined ``running`` (at its end): outside the group for now."""
+        self.others.append(request)
+
+    def _join(self, request: SimRequest, now_s: float) -> None:
+        if self.caching:
+            request.lay_out_hashes()  # registrations read hash_array directly
+        request.steady = True
+        request.g0 = self.G
+        self.size += 1
+        self.sum_tokens += request.num_tokens
+        if request.last_token_s != now_s:
+            self.odd.append(request)
+        self._file(request)
+
+    def _file(self, request: SimRequest) -> None:
+        """File a member in the calendar under its next event, the first group step >= G
+        where ``block_events`` is not empty or it gets its last token, with the kinds of
+        event (``event_kinds``), so the group step reads bits instead of re-deriving them.
+
+        The first block event is found without trying every step: a block opens every
+        ``block_size`` tokens, at ``k = (1 - t) % block_size`` steps from now, and one
+        fills at ``(-t) % block_size`` (``t`` = true tokens); ``block_events`` at the
+        chosen step decides which actually happen.
+        """
+        bs = self.block_size
+        t = self.tokens(request)
+        k = (1 - t) % bs  # steps until the computed token opens a block
+        if self.caching:
+            k_reg = (-t) % bs  # steps until the computed tokens fill a block
+            if k_reg < k and (t + k_reg) // bs <= request.num_shared_hash_blocks:
+                k = k_reg
+        k_fin = request.max_tokens - 1 - self.output_tokens(request)
+        kinds = 0
+        if k_fin <= k:
+            k = k_fin
+            kinds = FINISHES
+        kinds |= self.block_events(request, t + k)
+        event = self.G + k
+        request.next_event = event
+        request.event_kinds = kinds
+        bucket = self.calendar.get(event)
+        if bucket is None:
+            self.calendar[event] = [request]
+        else:
+            bucket.append(request)
+
+    def _leave(self, request: SimRequest) -> None:
+        """Take a materialised member out of the group (its calendar entry goes stale)."""
+        request.steady = False
+        request.next_event = -1
+        self.size -= 1
+        self.sum_tokens -= request.num_tokens
+
+    def _drop(self, request: SimRequest) -> None:
+        """A member about to be preempted: counters up to date, out of the calendar (it
+        may rejoin later with the same event step, which must not find it twice)."""
+        self.materialize(request)
+        bucket = self.calendar.get(request.next_event)
+        if bucket is not None and request in bucket:
+            bucket.remove(request)
+        self._leave(request)
+
+    def dissolve(self) -> None:
+        """Materialise every member and leave them all to the plain path."""
+        running = self.host.running
+        for request in running:
+            if request.steady:
+                self.materialize(request)
+                request.steady = False
+                request.next_event = -1
+        self.size = 0
+        self.sum_tokens = 0
+        self.calendar.clear()
+        self.odd.clear()
+        self.others = list(running)
+
+    def _due_events(self) -> list[SimRequest]:
+        """Members with an event at step ``G``, in running order (the calendar is read,
+        not changed: a plan that fails leaves it as it was)."""
+        bucket = self.calendar.get(self.G)
+        if not bucket:
+            return []
+        g = self.G
+        events = [r for r in bucket if r.steady and r.next_event == g]
+        events.sort(key=seq_order)
+        return events
+
+    # ------------------------------------------------------------------- schedule
+    def plan(self, token_budget: int, threshold: int, defer: bool) -> GroupPlan | None:
+        """The group step for this budget, or None when it is not provably one.
+
+        The running loop of ``Scheduler._schedule_running`` evaluated without touching the
+        pool: every member takes 1 token, each non-member what ``running_new_tokens``
+        gives it with the budget left when the loop reaches it. That budget is the
+        step's budget minus 1 per member before it and the tokens of the non-members
+        before it (positions by bisection: ``running`` is in ``seq`` order, ``others``
+        is running minus the members, in the same order; both checked invariants).
+        """
+        host = self.host
+        running = host.running
+        bs = self.block_size
+        max_model_len = self.max_model_len
+        num_members = self.size
+        last = len(running) - 1  # position of the last member in running
+        while not running[last].steady:
+            last -= 1
+        individual: list[tuple[SimRequest, int]] = []
+        spent = spent_before_last = num_new_blocks = 0
+        for k, request in enumerate(self.others):
+            pos = bisect_left(running, request.seq, key=seq_order)
+            members_before = pos - k
+            budget_here = token_budget - members_before - spent
+            if budget_here <= 0:
+                if members_before < num_members:
+                    return None  # the running loop stops before a member
+                break
+            if defer and request.is_prefill_chunk:
+                continue
+            computed = request.num_computed_tokens
+            n = running_new_tokens(request.num_tokens, computed, threshold, budget_here,
+                                   max_model_len)
+            if n <= 0:
+                continue
+            individual.append((request, n))
+            spent += n
+            if pos < last:
+                spent_before_last += n
+            num_new_blocks += blocks_needed(min(computed + n, max_model_len),
+                                            request.num_blocks, bs)
+        # The loop reaches the last member with the budget less 1 per member before it and
+        # the tokens of the non-members before it; it schedules it only if some is left.
+        # (Checked here, not in the loop: members after the last non-member have no entry.)
+        if token_budget - (num_members - 1) - spent_before_last <= 0:
+            return None
+        events = self._due_events()
+        for request in events:
+            if request.event_kinds & OPENS_BLOCK:
+                num_new_blocks += 1
+        short = num_new_blocks > host.kv_cache_manager.block_pool.free_block_queue.num_free_blocks
+        if short and host.policy != "fcfs":
+            return None  # a priority victim may be scheduled already: the plain path
+        return GroupPlan(individual, events, short)
+
+    def run(self, out: SchedulerOutput, token_budget: int, plan: GroupPlan
+            ) -> tuple[int, bool]:
+        """Apply a plan: the running loop of a group step. Returns the budget left and
+        whether a prefill chunk was scheduled.
+
+        Members with an event between two other running requests are handled as one
+        batch (``_member_events``); the other requests call ``allocate_slots`` as on the
+        plain path, in running order.
+        """
+        self.calendar.pop(self.G, None)
+        if plan.short:
+            return self._run_preempting(out, token_budget, plan)
+        kvm = self.host.kv_cache_manager
+        events = plan.events
+        prefill_scheduled = False
+        spent = 0
+        j = 0
+        n_events = len(events)
+        for request, n in plan.individual:
+            end = j
+            while end < n_events and events[end].seq < request.seq:
+                end += 1
+            if end > j:
+                self._member_events(events[j:end])
+                j = end
+            ok = kvm.allocate_slots(request, n)
+            assert ok, f"group step allocation failed for {request!r} (tuner bug)"
+            out.individual.append((request, n))
+            spent += n
+            if request.is_prefill_chunk:
+                prefill_scheduled = True
+        if j < n_events:
+            self._member_events(events[j:] if j else events)
+        out.group = GroupStep(self.size, self.sum_tokens, events, self.host.running, self)
+        out.total_num_scheduled_tokens += self.size + spent
+        return token_budget - self.size - spent, prefill_scheduled
+
+    def _run_preempting(self, out: SchedulerOutput, token_budget: int, plan: GroupPlan
+                        ) -> tuple[int, bool]:
+        """The running loop of a group step that runs out of free blocks (fcfs).
+
+        vLLM's loop, restricted to the requests that touch the pool: members with an
+        event and the non-members, one by one in running order, each with
+        ``allocate_slots``; a failed allocation preempts the last running request
+        (member or not) and retries, and a request that preempts itself ends the loop
+        (it was the last). With fcfs a victim is never a request already scheduled this
+        step. Members without an event need no block: in vLLM their ``allocate_slots``
+        changes nothing but registering blocks with synthetic ids, which the group
+        defers. Preempted members leave the group without their token; every other
+        member gets it.
+        """
+        host = self.host
+        kvm = host.kv_cache_manager
+        work = [(m, 1, True) for m in plan.events] + [(r, n, False) for r, n in plan.individual]
+        work.sort(key=lambda entry: entry[0].seq)
+        prefill_scheduled = False
+        spent = 0
+        for request, n, member in work:
+            if request.status != _RUNNING:
+                continue  # preempted earlier in this loop
+            if member:
+                self.materialize(request)
+            while not kvm.allocate_slots(request, n):
+                victim = host.pick_victim()  # fcfs: the tail of running
+                if victim.steady:
+                    self._drop(victim)
+                host.preempt_request(victim)
+                out.preempted.append(victim)
+                if victim is request:
+                    break
+            else:
+                if not member:
+                    out.individual.append((request, n))
+                    spent += n
+                    if request.is_prefill_chunk:
+                        prefill_scheduled = True
+                continue
+            break  # the request preempted itself: nothing runs after it
+        self.others = [r for r in self.others if r.status == _RUNNING]
+        events = [m for m in plan.events if m.steady]
+        out.group = GroupStep(self.size, self.sum_tokens, events, host.running, self)
+        out.total_num_scheduled_tokens += self.size + spent
+        return token_budget - self.size - spent, prefill_scheduled
+
+    def _member_events(self, members: list[SimRequest]) -> None:
+        """``allocate_slots(member, 1)`` for decode-ready members, batched: a new block
+        for each whose computed token opens one, then the hashes of the shareable blocks
+        the computed tokens fill (the plan checked the free blocks).
+
+        Allocations precede registrations within the batch rather than alternating
+        member by member; the pool ends in the same state: a registered block is held,
+        so no allocation can take it, and an evicted hash that a member registers again
+        ends with the same first holder either way.
+        """
+        pool = self.host.kv_cache_manager.block_pool
+        bs = self.block_size
+        takers: list[SimRequest] = []
+        fillers: list[tuple[SimRequest, int]] = []  # (member, index of the full block)
+        for m in members:
+            kinds = m.event_kinds
+            if kinds & OPENS_BLOCK:
+                takers.append(m)
+            if kinds & FILLS_BLOCK:
+                fillers.append((m, self.tokens(m) // bs - 1))
+        if takers:
+            new = pool.get_new_blocks(len(takers)) if len(takers) > 1 else (
+                pool.get_new_block(),)
+            for m, block in zip(takers, new):
+                m.append_block(block)
+        if fillers:
+            blocks, hashes = [], []
+            for m, index in fillers:
+                assert m.num_cached_blocks == index, f"{m!r}: registration gap (tuner bug)"
+                blocks.append(m.block_buf[index])
+                hashes.append(m.hash_array[index])  # laid out when it joined
+                m.num_cached_blocks = index + 1
+            pool.cache_blocks(np.asarray(blocks, dtype=np.int64),
+                              np.asarray(hashes, dtype=np.int64))
+
+    # ------------------------------------------------------------------- outputs
+    def apply_tokens(self, step: GroupStep, now_s: float, gaps: dict[float, int],
+                     finished: list[SimRequest]) -> None:
+        """Every member of ``step`` got one token at ``now_s``: pool the gaps, advance
+        ``G``; members with an event finish (appended to ``finished``) or are filed
+        under their next event."""
+        step.expired = True
+        odd, self.odd = self.odd, []
+        n_main = step.num_members
+        for member in odd:
+            if member.steady:  # joined with an older last token: its own gap
+                gap = now_s - member.last_token_s
+                gaps[gap] = gaps.get(gap, 0) + 1
+                n_main -= 1
+        if n_main:
+            gap = now_s - self.last_end_s
+            gaps[gap] = gaps.get(gap, 0) + n_main
+        self.G += 1
+        self.sum_tokens += step.num_members
+        self.last_end_s = now_s
+        for member in step.events:
+            if member.event_kinds & FINISHES:
+                self.materialize(member)
+                self._leave(member)
+                member.status = RequestStatus.FINISHED
+                member.finish_s = now_s
+                finished.append(member)
+                continue
+            self._file(member)
+
+    def after_update(self, out: SchedulerOutput, finished: list[SimRequest],
+                     now_s: float) -> None:
+        """After the scheduler freed the finished requests: decode-ready requests join
+        and ``others`` follows ``running``."""
+        self.last_end_s = now_s
+        if out.group is not None:
+            size = self.size
+            for request, _ in out.individual:
+                if (request.status == _RUNNING and not request.steady
+                        and self.is_decode_ready(request)):
+                    self._join(request, now_s)
+            if finished or self.size != size:
+                self.others = [r for r in self.others if r.status == _RUNNING and not r.steady]
+            return
+        running = self.host.running
+        for request in running:
+            if not request.steady and self.is_decode_ready(request):
+                self._join(request, now_s)
+        self.others = [r for r in running if not r.steady]
+
+    # ------------------------------------------------------------------- checks
+    def check_invariants(self) -> None:
+        """The class invariants, read through the accessors (nothing is materialised, so
+        a checked replay takes the same path as an unchecked one)."""
+        running = self.host.running
+        bs = self.block_size
+        members = [r for r in running if r.steady]
+        assert len(members) == self.size, "group size != members in running"
+        assert sum(self.tokens(r) for r in members) == self.sum_tokens, "group token sum"
+        assert [r for r in running if not r.steady] == self.others, "others != non-members"
+        seqs = [r.seq for r in running]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs), "running not in seq order"
+        for r in members:
+            assert self.computed(r) == self.tokens(r) - 1, f"member {r!r} not decoding"
+            # What the rules say it does this step: its filed kinds when due now, else
+            # nothing (the calendar never skips an event).
+            kinds = self.block_events(r, self.tokens(r))
+            if self.output_tokens(r) == r.max_tokens - 1:
+                kinds |= FINISHES
+            due = r.event_kinds if r.next_event == self.G else 0
+            assert kinds == due, f"member {r!r}: event kinds {kinds}, filed {due}"
+            assert r.num_blocks == cdiv(self.computed(r), bs), f"member {r!r}: blocks"
+            assert self.output_tokens(r) < r.max_tokens, f"member {r!r} past max_tokens"
+            assert r.next_event >= self.G and r in self.calendar.get(r.next_event, ()), (
+                f"member {r!r} not filed under its next event")

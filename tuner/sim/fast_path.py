@@ -1,0 +1,110 @@
+"""The fast path's contract: when ``SimOptions.fast_forward`` may take the decode group.
+
+The fast path (``tuner.sim.decode_group.DecodeGroup``, owned by the ``Scheduler``) is a
+second way to compute a step, not a second model: it must decide exactly what the plain
+path decides. What it promises, and when it steps aside:
+
+1. **Same records.** A replay with ``SimOptions.fast_forward`` gives byte-identical
+   request, step, gap, counter and time-series records to the plain path, with the
+   per-step invariant checks on or off (they read the group through its accessors and
+   change nothing). ``tests/sim/test_fast_path_contract.py`` generates settings over
+   every field below and compares both paths; ``tests/replay/test_golden_replays.py``
+   pins seven replays of the bundled traces.
+2. **Declared settings.** Every field of ``SchedulerSettings``, ``CacheSettings`` and
+   ``SimOptions`` is declared in ``FAST_PATH_FIELDS``: how the fast path models it, or
+   which values it refuses. For a refused value, or a field nobody declared (a new
+   one), ``fast_path_refusal`` names it and the scheduler runs the plain path for the
+   whole replay (``Scheduler.fast_path_refusal`` says why). A test fails while a field
+   is undeclared, so a new setting cannot silently run the old semantics here.
+3. **Provable steps only.** A step is a *group step* only when the plan proves that the
+   running loop reaches every member with budget left (so each gets its one token) and,
+   unless the policy is fcfs, that no allocation fails. Otherwise the group dissolves
+   (every member materialised) and the plain step runs; decode-ready requests rejoin
+   after it. Requests whose whole sequence could reach ``max_model_len`` never join (the
+   running loop's length cap would bind for them).
+
+Adding a settings field: declare it in ``FAST_PATH_FIELDS`` below, either with how the
+group step already gives the plain path's result for every value (name the code that
+makes it so) or with ``refuses`` for the values it does not model yet, until the group
+models them. ``tests/sim/test_fast_path_contract.py`` fails until then, and at run time
+an undeclared field sends every replay to the plain path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Callable
+
+from tuner.sim.settings import CacheSettings, SchedulerSettings, SimOptions
+
+
+def _never(value: Any) -> bool:
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class FieldContract:
+    """How the fast path treats one settings field."""
+
+    models: str  # why the fast path gives the plain path's result for this field
+    refuses: Callable[[Any], bool] = _never  # values it does not model: plain path
+
+
+FAST_PATH_FIELDS: dict[str, FieldContract] = {
+    "SchedulerSettings.max_num_batched_tokens": FieldContract(
+        "the plan proves the budget reaches the last member, else the plain step runs"),
+    "SchedulerSettings.max_num_seqs": FieldContract(
+        "only the waiting loop reads it, and it is the same code on both paths"),
+    "SchedulerSettings.long_prefill_token_threshold": FieldContract(
+        "a member takes 1 token (never capped); others use running_new_tokens"),
+    "SchedulerSettings.enable_chunked_prefill": FieldContract(
+        "only the waiting loop reads it, and it is the same code on both paths"),
+    "SchedulerSettings.policy": FieldContract(
+        "fcfs: group steps preempt from the tail of running; priority: a step that "
+        "would run out of blocks is a plain step (its victim may be scheduled already)"),
+    "SchedulerSettings.scheduler_reserve_full_isl": FieldContract(
+        "admission only (the waiting loop, shared)"),
+    "SchedulerSettings.watermark": FieldContract(
+        "admission only: allocate_slots ignores it for RUNNING requests"),
+    "SchedulerSettings.prefill_schedule_interval": FieldContract(
+        "the step's defer decision is taken before either path; the plan skips deferred "
+        "prefill chunks as the running loop does; members are never prefill chunks"),
+    "SchedulerSettings.cache_aware_admission_window": FieldContract(
+        "admission only (the waiting loop and its reorder, shared)"),
+    "SchedulerSettings.cache_aware_admission_threshold": FieldContract(
+        "admission only; the usage it reads counts members' blocks, which are true"),
+    "CacheSettings.block_size": FieldContract(
+        "block boundaries come from the true token count (DecodeGroup.block_events)"),
+    "CacheSettings.num_gpu_blocks": FieldContract(
+        "the plan counts the step's new blocks against the free queue"),
+    "CacheSettings.enable_prefix_caching": FieldContract(
+        "off: no registration events; on: registrations of shareable hashes on time"),
+    "CacheSettings.max_model_len": FieldContract(
+        "requests that could reach it never join, so the length cap never binds a member"),
+    "SimOptions.prefill_interval_mode": FieldContract(
+        "it only picks the clock of the defer decision, taken before either path"),
+    "SimOptions.record_steps": FieldContract(
+        "SchedulerOutput.items() lists every scheduled request on both paths"),
+    "SimOptions.check_invariants": FieldContract(
+        "the checks read members through the lag accessors and change no state"),
+    "SimOptions.fast_forward": FieldContract("the switch itself"),
+    "SimOptions.extra": FieldContract(
+        "free-form: the fast path cannot know what an entry means, so any is refused",
+        refuses=bool),
+}
+
+
+def fast_path_refusal(settings: SchedulerSettings, cache: CacheSettings,
+                      options: SimOptions) -> str | None:
+    """Why the fast path cannot run these settings (a field it refuses or that is not
+    declared in ``FAST_PATH_FIELDS``), or None when it models all of them."""
+    for obj in (settings, cache, options):
+        for f in fields(obj):
+            key = f"{type(obj).__name__}.{f.name}"
+            rule = FAST_PATH_FIELDS.get(key)
+            if rule is None:
+                return f"{key} is not declared in the fast-path contract (FAST_PATH_FIELDS)"
+            value = getattr(obj, f.name)
+            if rule.refuses(value):
+                return f"{key}={value!r} is not modelled by the fast path"
+    return None
