@@ -40,7 +40,7 @@ def main():
 
     tuner.__path__.append(os.path.join(repo, "tuner"))  # the driver's tuner.sim, behind
     spec = importlib.util.spec_from_file_location(
-        "_vllm_core_driver", os.path.join(repo, "tuner", "replay", "_vllm_core_driver.py"))
+        "_vllm_core_driver", os.path.join(repo, "tuner", "vllm_core", "driver.py"))
     drv = importlib.util.module_from_spec(spec)
     sys.modules["_vllm_core_driver"] = drv
     spec.loader.exec_module(drv)
