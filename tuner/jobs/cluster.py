@@ -149,13 +149,14 @@ def wait_for_study(storage: str, name: str, *, timeout_s: float = 900.0,
     import optuna
 
     from tuner.tune import open_storage
+    from tuner.tune.study_records import StudyRecords
 
     started = time.monotonic()
     store = open_storage(storage)
     while True:
         try:
             study = optuna.load_study(study_name=name, storage=store)
-            if study.user_attrs:  # the lead writes its settings right after creating it
+            if StudyRecords.config_attrs(study) is not None:  # written right after creation
                 return time.monotonic() - started
         except KeyError:
             pass
