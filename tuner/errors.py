@@ -52,3 +52,7 @@ class StudyNotFound(TunerError, KeyError):
 
 class BackendError(TunerError, RuntimeError):
     """A replay backend failed (vLLM driver died, server unreachable, ...)."""
+
+
+class OutputError(TunerError, ValueError):
+    """An output path cannot be written safely (an input, a device, a folder, no access)."""

@@ -88,7 +88,9 @@ def _read(path: str | os.PathLike[str], what: str, error: type[TunerError]) -> t
     except OSError as exc:
         raise error(f"{p}: cannot read {what}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
-        raise error(f"{p}: cannot read {what}: not UTF-8 text ({exc.reason})") from None
+        # The common mix-up: a trace given where a profile or config goes.
+        why = "a Parquet file" if p.read_bytes()[:4] == b"PAR1" else exc.reason
+        raise error(f"{p}: cannot read {what}: not UTF-8 text ({why})") from None
 
 
 def _key_lines(text: str) -> dict[tuple[str, ...], int]:

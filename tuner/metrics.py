@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
@@ -31,7 +30,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 import numpy as np
 
 from tuner.errors import ConfigError
+from tuner.outputs import AtomicOutput
 from tuner.records import ReplayResult, RequestResult, StepRecord
+from tuner.units import duration
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -474,7 +475,8 @@ def summarize(result: ReplayResult, *, measure_from_s: float | None = None,
 # --------------------------------------------------------------------------- outputs
 
 
-def write_requests_parquet(result: ReplayResult, path: str | os.PathLike[str]) -> Path:
+def write_requests_parquet(result: ReplayResult, path: str | os.PathLike[str], *,
+                           inputs: Iterable[str | os.PathLike[str]] = ()) -> Path:
     """Write one row per request (``RequestResult`` fields + ttft_s, mean_itl_s).
 
     Written to a temporary file beside ``path`` and renamed, so a crash never leaves a
@@ -504,17 +506,9 @@ def write_requests_parquet(result: ReplayResult, path: str | os.PathLike[str]) -
             "counters": json.dumps(result.counters), "notes": json.dumps(result.notes)}
     table = pa.table({name: cols[name] for name in schema.names}, schema=schema)
     table = table.replace_schema_metadata({k.encode(): v.encode() for k, v in meta.items()})
-    dest = Path(path)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tuner-tmp", dir=dest.parent)
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return dest
+    with AtomicOutput(path, inputs=inputs) as out:
+        pq.write_table(table, out.tmp_path, compression="zstd")
+    return out.path
 
 
 def _fmt(value: float, unit: str = "", scale: float = 1.0, digits: int = 3) -> str:
@@ -536,13 +530,13 @@ def summary_table(summary: Summary) -> "Table":
     latency.add_column("latency")
     for p in PERCENTS:
         latency.add_column(f"p{p}", justify="right")
-    ms = {"scale": 1e3, "digits": 2}
-    latency.add_row("TTFT (ms)", *(_fmt(getattr(s, f"ttft_p{p}_s"), **ms) for p in PERCENTS))
-    latency.add_row("TPOT (ms)", *(_fmt(getattr(s, f"tpot_p{p}_s"), **ms) for p in PERCENTS))
-    itl_label = "ITL (ms)" if s.itl_scope == "window" else "ITL (ms, whole replay)"
-    latency.add_row(itl_label, *(_fmt(getattr(s, f"itl_p{p}_s"), **ms) for p in PERCENTS))
-    latency.add_row("E2E latency (s)", *(_fmt(getattr(s, f"e2e_p{p}_s"), digits=2)
-                                         for p in PERCENTS))
+    # Each latency with its own unit (ms below a second, s above): "17.4 s", not
+    # "17,357.53 ms".
+    latency.add_row("TTFT", *(duration(getattr(s, f"ttft_p{p}_s")) for p in PERCENTS))
+    latency.add_row("TPOT", *(duration(getattr(s, f"tpot_p{p}_s")) for p in PERCENTS))
+    itl_label = "ITL" if s.itl_scope == "window" else "ITL (whole replay)"
+    latency.add_row(itl_label, *(duration(getattr(s, f"itl_p{p}_s")) for p in PERCENTS))
+    latency.add_row("E2E latency", *(duration(getattr(s, f"e2e_p{p}_s")) for p in PERCENTS))
     latency.add_row("interactivity (tok/s/user)",
                     *(_fmt(getattr(s, f"p{p}_interactivity"), digits=1) for p in PERCENTS))
     totals = Table(header_style="bold")

@@ -205,3 +205,67 @@ def test_schedule_needs_exactly_one_period(tmp_path: pathlib.Path) -> None:
                                    "--target", "cron"])
     assert res.exit_code == 2 and res.output.strip() == \
         "Error: give exactly one of --every or --cron"
+
+
+def _schedule(tmp_path: pathlib.Path, target: str, env: dict[str, str], *extra: str):  # type: ignore[no-untyped-def]
+    (tmp_path / "retune.yaml").write_text("profile: prod\n")
+    return CliRunner(env=env).invoke(cli, [
+        "schedule", "--every", "6h", "--config", str(tmp_path / "retune.yaml"),
+        "--target", target, "--install", "--tuner-bin", "/opt/tuner", *extra])
+
+
+def test_install_without_crontab_prints_the_line_and_fails(tmp_path: pathlib.Path) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for tool in ("sh", "cat"):  # a PATH without crontab
+        os.symlink(shutil.which(tool), bindir / tool)
+    res = _schedule(tmp_path, "cron", {"PATH": str(bindir)})
+    assert res.exit_code == 1, res.output
+    assert "`crontab` is not installed" in res.output
+    assert "0 */6 * * * /opt/tuner retune --config " in res.output  # the line is not lost
+
+
+def test_failing_crontab_is_a_failure(tmp_path: pathlib.Path) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    _fake_bin(bindir, "crontab", 'if [ "$1" = "-l" ]; then echo "no crontab for u" >&2; '
+                                 'exit 1; fi\necho "crontab: permission denied" >&2; exit 1\n')
+    res = _schedule(tmp_path, "cron", {"PATH": f"{bindir}:{os.environ['PATH']}"})
+    assert res.exit_code == 1, res.output
+    assert "`crontab -` failed (crontab: permission denied)" in res.output
+    assert "/opt/tuner retune --config" in res.output
+
+
+def test_unreadable_crontab_is_not_overwritten(tmp_path: pathlib.Path) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    wrote = tmp_path / "wrote"
+    _fake_bin(bindir, "crontab", 'if [ "$1" = "-l" ]; then echo "cannot connect" >&2; exit 1; '
+                                 f'fi\ntouch {wrote}\n')
+    res = _schedule(tmp_path, "cron", {"PATH": f"{bindir}:{os.environ['PATH']}"})
+    assert res.exit_code == 1 and "not touching the crontab" in res.output
+    assert not wrote.exists()
+
+
+def test_failing_daemon_reload_is_a_failure(tmp_path: pathlib.Path) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    _fake_bin(bindir, "systemctl", 'echo "Failed to connect to bus" >&2; exit 1\n')
+    res = _schedule(tmp_path, "systemd", {"PATH": f"{bindir}:{os.environ['PATH']}",
+                                          "XDG_CONFIG_HOME": str(tmp_path / "cfg")})
+    assert res.exit_code == 1, res.output
+    assert "`systemctl --user daemon-reload` failed (Failed to connect to bus)" in res.output
+    assert "`systemctl --user enable --now tuner-retune.timer`" in res.output
+    assert (tmp_path / "cfg" / "systemd" / "user" / "tuner-retune.timer").is_file()
+
+
+def test_kubernetes_install_writes_the_manifest_it_names(tmp_path: pathlib.Path) -> None:
+    res = _schedule(tmp_path, "kubernetes", {})
+    assert res.exit_code == 0, res.output
+    manifest = tmp_path / "tuner-retune.cronjob.yaml"
+    assert f"kubectl apply -f {manifest}" in res.output
+    assert yaml.safe_load(manifest.read_text())["kind"] == "CronJob"
+    out = tmp_path / "k8s"
+    res = _schedule(tmp_path, "kubernetes", {}, "-o", str(out))
+    assert res.exit_code == 0 and "replaced" not in res.output
+    assert f"kubectl apply -f {out / 'tuner-retune.cronjob.yaml'}" in res.output

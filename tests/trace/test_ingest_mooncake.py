@@ -101,7 +101,7 @@ GOOD = {"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1,
      "in.jsonl:2: input_length: -3 tokens; a prompt has at least 1"),
     ({**GOOD, "output_length": -1}, "in.jsonl:2: output_length: -1 tokens is negative"),
     ({**GOOD, "input_length": 10**9, "hash_ids": [1]},
-     "in.jsonl:2: input_length: 1000000000 tokens is absurd (limit 16777216)"),
+     "in.jsonl:2: input_length: 1,000,000,000 tokens is absurd (limit 16,777,216)"),
     ({**GOOD, "hash_ids": [1, 2, 3]},
      "in.jsonl:2: hash_ids: 3 block ids for 600 tokens at 512-token blocks (expected 2; "
      "wrong --hash-block-size?)"),
@@ -231,7 +231,25 @@ def test_failure_while_sorting_leaves_no_output(tmp_path: Path, monkeypatch: pyt
     def boom(*args: object) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(ingest_mod, "_sort_in_place", boom)
+    monkeypatch.setattr(ingest_mod, "_write_sorted", boom)
     with pytest.raises(OSError, match="disk full"):
         ingest([src], tmp_path / "o.parquet", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
+def test_failure_while_sorting_keeps_the_previous_output(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sort used to run after the rename, so a failure there deleted the old trace."""
+    import tuner.trace._ingest as ingest_mod
+
+    src = _write(tmp_path, {**GOOD, "timestamp": 5000}, {**GOOD, "timestamp": 1000})
+    (tmp_path / "o.parquet").write_bytes(b"previous")
+
+    def boom(*args: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ingest_mod, "_write_sorted", boom)
+    with pytest.raises(OSError, match="disk full"):
+        ingest([src], tmp_path / "o.parquet", progress=False)
+    assert (tmp_path / "o.parquet").read_bytes() == b"previous"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "o.parquet"]

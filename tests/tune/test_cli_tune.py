@@ -29,7 +29,7 @@ def test_tune_json_and_export(small_trace: pathlib.Path, tmp_path: pathlib.Path)
     # same study name resumes: 2 more trials
     res = CliRunner().invoke(cli, ["tune", str(small_trace), *TARGET, "--trials", "6", "--json",
                                    "-o", str(out)], catch_exceptions=False)
-    assert json.loads(res.output)["trials"]["complete"] == 6
+    assert json.loads(res.stdout)["trials"]["complete"] == 6
 
 
 def test_tune_text_output_shows_front_and_flags(small_trace: pathlib.Path,

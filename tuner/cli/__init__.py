@@ -41,6 +41,14 @@ def cli() -> None:
       tuner tune trace.parquet --hardware mi355x --model llama-3.1-70b --tp 8 -o profiles/p.yaml
       tuner export profiles/p.yaml --format flags      # vllm serve flags
     """
+    from tuner.outputs import set_notifier
+
+    set_notifier(_note_replaced)
+
+
+def _note_replaced(message: str) -> None:
+    """Every command says so when its output replaces an existing file."""
+    click.echo(f"Note: {message}", err=True)
 
 
 for _name in _COMMAND_MODULES:

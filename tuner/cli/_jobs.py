@@ -8,8 +8,10 @@ from typing import Any
 
 import click
 
-from tuner.cli._common import echo_json, handle_errors
+from tuner.cli._common import echo_json, handle_errors, make_console
 from tuner.cli._progress import progress_display
+from tuner.errors import ConfigError
+from tuner.units import number
 
 
 @click.command(name="retune")
@@ -21,6 +23,7 @@ from tuner.cli._progress import progress_display
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bars [default: on when stderr is a terminal].")
+@handle_errors
 def retune_command(config_path: str, on_publish: str | None, as_json: bool,
                    progress: bool | None) -> None:
     """Run the periodic re-tune once: ingest new log lines, tune on the recent window,
@@ -33,7 +36,7 @@ def retune_command(config_path: str, on_publish: str | None, as_json: bool,
     Example:
       tuner retune --config /etc/tuner/retune.yaml --on-publish 'systemctl restart vllm'
     """
-    from tuner.errors import ConfigError, TunerError
+    from tuner.errors import TunerError
     from tuner.jobs import (EXIT_CONFIG, EXIT_FAILED, EXIT_LOCKED, JobLocked, load_config,
                             run_retune)
 
@@ -109,17 +112,22 @@ def schedule_command(every: str | None, cron_expr: str | None, config_path: str,
                      image=image, state_claim=state_claim)
     files = render(spec, target)  # type: ignore[arg-type]
     if output_dir is not None:
-        out = pathlib.Path(output_dir)
-        out.mkdir(parents=True, exist_ok=True)
+        from tuner.outputs import write_text
+
         for fname, text in files.items():
-            (out / fname).write_text(text)
-            click.echo(f"wrote {out / fname}")
+            path = write_text(pathlib.Path(output_dir) / fname, text, inputs=[config_path])
+            click.echo(f"wrote {path}")
     elif not install:
         for fname, text in files.items():
             click.echo(f"# {fname}\n{text}", nl=False)
     if install:
-        for msg in do_install(spec, target, files):  # type: ignore[arg-type]
-            click.echo(msg)
+        result = do_install(spec, target, files,  # type: ignore[arg-type]
+                            manifest_dir=None if output_dir is None else pathlib.Path(output_dir))
+        for msg in result.messages:
+            click.echo(msg, err=not result.ok)
+        if not result.ok:
+            click.echo(f"Error: --install did not schedule {spec.name}; see above", err=True)
+            sys.exit(1)
 
 
 @click.group(name="profile")
@@ -149,6 +157,12 @@ def history_command(name: str, profiles_dir: str, as_json: bool) -> None:
     from tuner.jobs.history import ProfileHistory
 
     history = ProfileHistory(profiles_dir, name)
+    if not history.root.is_dir():
+        folder = pathlib.Path(profiles_dir)
+        have = sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+        raise ConfigError(f"{history.root}: no profile history named {name!r}"
+                          + (f" (found: {', '.join(have)})" if have else
+                             f"; is --profiles-dir {profiles_dir} right?"))
     entries = history.changelog()
     if as_json:
         echo_json({"profile": name, "current_version": history.current_version(),
@@ -190,7 +204,6 @@ def diff_command(a: str, b: str, name: str | None, profiles_dir: str, show_all: 
     Example:
       tuner profile diff 3 current --name prod --profiles-dir /var/lib/tuner/profiles
     """
-    from rich.console import Console
     from rich.table import Table
 
     from tuner.jobs.diff import diff_profiles, resolve_profile_ref
@@ -202,7 +215,7 @@ def diff_command(a: str, b: str, name: str | None, profiles_dir: str, show_all: 
     if as_json:
         echo_json({"a": pa, "b": pb, **rows})
         return
-    console = Console()
+    console = make_console()
     if not show_all and not any(r["changed"] for items in rows.values() for r in items):
         click.echo(f"no differences between {pa} and {pb} (--all shows every row)")
         return
@@ -217,11 +230,100 @@ def diff_command(a: str, b: str, name: str | None, profiles_dir: str, show_all: 
 
 
 def _fmt(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    return number(value) if isinstance(value, float) else str(value)
+
+
+@click.group(name="cluster")
+def cluster_group() -> None:
+    """Distributed tuning on Kubernetes: N pods sharing one PostgreSQL-backed study.
+
+    \b
+    Example:
+      tuner cluster job --name agentic --pods 8 --trials 400 \\
+          --storage postgresql://tuner@postgres/tuner --trace traces/agentic.parquet \\
+          --image registry.example.com/tuner:0.1.0 -o k8s/ -- \\
+          --hardware mi355x --model llama-3.1-70b --tp 8 --space scheduler
+      kubectl apply -f k8s/agentic.tune-job.yaml
+    """
+
+
+@cluster_group.command(name="job", context_settings={"ignore_unknown_options": True})
+@click.option("--name", required=True, help="Job and study name (lowercase, digits, '-').")
+@click.option("--pods", type=click.IntRange(min=1), required=True,
+              help="Pods: one lead (tunes and writes the profile) plus workers that join.")
+@click.option("--trials", type=click.IntRange(min=1), default=200, show_default=True,
+              help="Stage-1 trials of the study, all pods together.")
+@click.option("--storage", required=True, metavar="URL",
+              help="postgresql://USER@HOST[:PORT]/DB (no password: see --password-secret).")
+@click.option("--password-secret", default="tuner-postgres", show_default=True,
+              help="Secret whose key 'password' becomes PGPASSWORD ('' for none).")
+@click.option("--trace", required=True,
+              help="The trace on the volume (relative to its root, or absolute in the pod).")
+@click.option("--image", default="tuner:latest", show_default=True,
+              help="The tuner image (Dockerfile at the repository root).")
+@click.option("--state-claim", default="tuner-state", show_default=True,
+              help="PersistentVolumeClaim with the trace; the profile is written there.")
+@click.option("--cpu", default="2", show_default=True, help="CPU request per pod.")
+@click.option("--memory", default="4Gi", show_default=True, help="Memory request per pod.")
+@click.option("-o", "--output-dir", default=None, type=click.Path(file_okay=False),
+              help="Write NAME.tune-job.yaml here [default: print it].")
+@click.argument("tune_args", nargs=-1, type=click.UNPROCESSED)
+@handle_errors
+def cluster_job_command(name: str, pods: int, trials: int, storage: str,
+                        password_secret: str, trace: str, image: str, state_claim: str,
+                        cpu: str, memory: str, output_dir: str | None,
+                        tune_args: tuple[str, ...]) -> None:
+    """Write a Kubernetes Job that tunes TRACE with --pods pods on one study.
+
+    TUNE_ARGS (after --) are the target and search flags of `tuner tune`. Pod 0 tunes and
+    writes the profile to the volume; the others wait for the study and join it.
+
+    \b
+    Example:
+      tuner cluster job --name agentic --pods 8 --trials 400 \\
+          --storage postgresql://tuner@postgres/tuner --trace traces/agentic.parquet \\
+          -o k8s/ -- --hardware mi355x --model llama-3.1-70b --tp 8
+    """
+    import yaml
+
+    from tuner.jobs.cluster import ClusterTuneSpec, tune_job_manifest
+
+    spec = ClusterTuneSpec(name=name, trace=trace, storage=storage, pods=pods, trials=trials,
+                           tune_args=tuple(tune_args), image=image, state_claim=state_claim,
+                           password_secret=password_secret or None, cpu=cpu, memory=memory)
+    text = yaml.safe_dump(tune_job_manifest(spec), sort_keys=False)
+    if output_dir is None:
+        click.echo(text, nl=False)
+        return
+    from tuner.outputs import write_text
+
+    path = write_text(pathlib.Path(output_dir) / f"{name}.tune-job.yaml", text)
+    click.echo(f"wrote {path}; start it with `kubectl apply -f {path}`; the profile lands "
+               f"at {spec.profile_in_pod} on {state_claim}")
+
+
+@cluster_group.command(name="wait")
+@click.argument("study")
+@click.option("--storage", required=True, metavar="URL", help="The study's database URL.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), default=900.0,
+              show_default=True, help="Seconds to wait before giving up.")
+@handle_errors
+def cluster_wait_command(study: str, storage: str, timeout_s: float) -> None:
+    """Wait until STUDY exists (a worker pod runs this before `tune --join`).
+
+    \b
+    Example:
+      tuner cluster wait agentic --storage postgresql://tuner@postgres/tuner --timeout 600
+    """
+    from tuner.jobs.cluster import wait_for_study
+
+    waited = wait_for_study(storage, study, timeout_s=timeout_s)
+    click.echo(f"study {study!r} is ready (waited {waited:.0f} s)", err=True)
 
 
 def register(cli: click.Group) -> None:
-    """Add ``retune``, ``schedule`` and the ``profile`` group."""
+    """Add ``retune``, ``schedule``, the ``profile`` group and the ``cluster`` group."""
     cli.add_command(retune_command)
     cli.add_command(schedule_command)
     cli.add_command(profile_group)
+    cli.add_command(cluster_group)

@@ -2,7 +2,9 @@
 
 ``--progress`` (or a terminal on stderr by default) shows a rich bar per stage; a stderr
 that is not a terminal gets plain lines instead (one per stage start, then at most one
-per 10 % or 30 s), so CI logs and ``2> file`` stay readable.
+per 10 % or 30 s), so CI logs and ``2> file`` stay readable. ``tune``, ``tune-log`` and
+``retune`` print those lines by default off a terminal (under cron, systemd or CI they
+used to print nothing for minutes).
 """
 
 from __future__ import annotations
@@ -86,14 +88,32 @@ class PlainProgress:
         self.stream.flush()
 
 
+#: Commands that run for minutes: off a terminal (cron, systemd, CI) they print plain
+#: progress lines by default, so a log shows the run is alive and how far it got.
+LONG_RUNNING = ("tune", "tune-log", "retune")
+
+
+def _plain_by_default() -> bool:
+    """Whether the running command is a long one without ``--json`` (whose stdout a
+    caller parses; progress goes to stderr either way, but a JSON run asked for quiet)."""
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or ctx.info_name not in LONG_RUNNING:
+        return False
+    return not ctx.params.get("as_json")
+
+
 @contextlib.contextmanager
 def progress_display(flag: bool | None, *, stream: TextIO | None = None
                      ) -> Iterator[Progress | None]:
-    """The display for ``--progress/--no-progress`` (None: the default, a bar on a terminal
-    and nothing otherwise; ``--progress`` off a terminal prints plain lines), closed on exit."""
+    """The display for ``--progress/--no-progress``, closed on exit. None (the default):
+    a bar on a terminal; off a terminal plain lines for the long-running commands
+    (:data:`LONG_RUNNING`, at most one per 10 % or 30 s) and nothing for the others.
+    ``--progress`` off a terminal prints plain lines for every command."""
     out = stream or sys.stderr
     tty = out.isatty()
-    if flag is False or (flag is None and not tty):
+    if flag is False or (flag is None and not tty and not _plain_by_default()):
         yield None
         return
     display = RichProgress() if tty else PlainProgress(out)

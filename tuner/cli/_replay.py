@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from tuner.cli._common import echo_json, handle_errors
+from tuner.cli._common import echo_json, handle_errors, make_console
 from tuner.cli._progress import progress_display
 from tuner.errors import ConfigError
 
@@ -127,12 +127,14 @@ def replay_command(trace: str, backend: str, hardware: str, model: str, tp: int,
           --tp 8 --block-size 16 --set cache_aware_admission_window=16 \\
           --set cache_aware_admission_threshold=0.5 --measure-from 300 --out results.parquet
     """
-    from rich.console import Console
-
     from tuner import replay
     from tuner.metrics import (rejection_warning, summarize, summary_table,
                                write_requests_parquet)
+    from tuner.outputs import check_output
     from tuner.perf.presets import resolve_target
+
+    if out is not None:
+        check_output(out, inputs=[trace])
 
     if measure_from is not None and measure_to is not None and measure_to <= measure_from:
         raise ConfigError(f"--measure-to ({measure_to}) must be greater than --measure-from "
@@ -147,7 +149,7 @@ def replay_command(trace: str, backend: str, hardware: str, model: str, tp: int,
                             progress=shown)
     summary = summarize(result, measure_from_s=measure_from, measure_to_s=measure_to)
     if out is not None:
-        write_requests_parquet(result, out)
+        write_requests_parquet(result, out, inputs=[trace])
     if as_json:
         echo_json({**summary.to_dict(), "settings": settings.to_dict(),
                    "target": resolved.description, "notes": result.notes})
@@ -157,7 +159,7 @@ def replay_command(trace: str, backend: str, hardware: str, model: str, tp: int,
     if warning:
         click.echo(warning, err=True)
     # A pipe gets a fixed, wide table instead of rich's 80-column fallback.
-    console = Console() if sys.stdout.isatty() else Console(width=120)
+    console = make_console()
     console.print(summary_table(summary))
     click.echo(P90_HELP)
     if out is not None:

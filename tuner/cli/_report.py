@@ -23,11 +23,12 @@ def _is_profile(target: str) -> bool:
     return p.suffix in (".yaml", ".yml") or p.is_file()
 
 
-def _write(page: Any, output: str, as_json: bool, **extra: Any) -> None:
+def _write(page: Any, output: str, as_json: bool, inputs: list[str],
+           **extra: Any) -> None:
     """Write ``page`` and say what was written (a line, or JSON with ``extra`` fields)."""
     from tuner.report import write_page
 
-    out = write_page(page, output)
+    out = write_page(page, output, inputs=inputs)
     summary = {"output": str(out), **extra,
                "charts": _count_charts(out.read_text(encoding="utf-8")),
                "bytes": out.stat().st_size}
@@ -72,8 +73,11 @@ def report_cmd(target: str, output: str, storage: str | None, trace_path: str | 
       tuner report agentic --storage postgresql://tuner@db/tuner -o report.html
     """
     from tuner.errors import ConfigError
+    from tuner.outputs import check_output
     from tuner.report import study_report
 
+    inputs = [target] + ([trace_path] if trace_path else [])
+    check_output(output, inputs=inputs)  # before the replays, not after
     if _is_profile(target):
         kwargs: dict[str, Any] = {"profile": target, "storage": storage}
     else:
@@ -88,7 +92,9 @@ def report_cmd(target: str, output: str, storage: str | None, trace_path: str | 
 
     page = study_report(**kwargs, trace=trace_path, replay=not no_replay,
                         include_trace=not no_trace_section, on_step=say)
-    _write(page, output, as_json, title=page.title,
+    for warning in page.warnings:
+        click.echo(f"Warning: {warning}", err=True)
+    _write(page, output, as_json, inputs, title=page.title,
            sections=[s.title for s in page.sections])
 
 
@@ -106,9 +112,11 @@ def trace_report_cmd(trace: str, output: str, as_json: bool) -> None:
     Example:
       tuner trace report traces/agentic_1h.parquet -o trace.html
     """
+    from tuner.outputs import check_output
     from tuner.report import trace_report
 
-    _write(trace_report(trace), output, as_json)
+    check_output(output, inputs=[trace])
+    _write(trace_report(trace), output, as_json, [trace])
 
 
 @click.command("dashboard")

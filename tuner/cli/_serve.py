@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import click
@@ -111,7 +112,7 @@ def _calibrate_from_benchmarks(csv_path: str, output: str, *, loso: bool, as_jso
 
     fit = fit_benchmarks(csv_path, loso=loso)
     doc = fit.document()
-    path = save_document(output, doc)
+    path = save_document(output, doc, inputs=[csv_path])
     if as_json:
         echo_json({"output": str(path), **doc,
                    "predictions": [{"row": p.row.id, "figure": p.figure, "published": p.published,
@@ -185,8 +186,11 @@ def calibrate_command(hardware: str, model: str, tp: int, dp: int, block_size: i
     from tuner.fidelity.runs import calibrate_server
     from tuner.perf.calibration import save_calibration
 
+    from tuner.outputs import check_output
+
     as_json = kw.pop("as_json")
     output = kw.pop("output")
+    check_output(output, inputs=[calibration] if calibration else [])
     plan = ProbePlan(prefill_lens=_ints(kw.pop("prefill_lens"), "--prefill-lens"),
                      decode_batch_sizes=_ints(kw.pop("decode_batch_sizes"), "--decode-batch-sizes"),
                      decode_ctx_lens=_ints(kw.pop("decode_ctx_lens"), "--decode-ctx-lens"),
@@ -249,7 +253,7 @@ def validate_command(profile_path: str, trace: str, hardware: str, model: str, t
     """
     from tuner.metrics import summarize
     from tuner.profile import load_profile
-    from tuner.fidelity.validate import COMPARED, validate
+    from tuner.fidelity.validate import validate
 
     as_json = kw.pop("as_json")
     baseline_endpoint = kw.pop("baseline_endpoint")
@@ -272,7 +276,18 @@ def validate_command(profile_path: str, trace: str, hardware: str, model: str, t
                     load=load, endpoints=endpoints, thread_outputs=thread_outputs, progress=say)
     if as_json:
         echo_json([r.to_dict() for r in rows])
-        return
+    else:
+        _print_comparison(rows)
+    failed = [r.name for r in rows if r.status == "error"]
+    if failed:
+        click.echo(f"Error: the server side failed for {', '.join(failed)}; no measurement "
+                   "to compare", err=True)
+        sys.exit(1)
+
+
+def _print_comparison(rows: list[Any]) -> None:
+    from tuner.fidelity.validate import COMPARED
+
     for r in rows:
         click.echo(f"{r.name} ({r.status})")
         click.echo(f"  {'metric':<28}{'predicted':>14}{'measured':>14}{'error':>10}")

@@ -47,10 +47,14 @@ DURATION = Duration()
 @click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail",
               show_default=True,
               help="fail: stop at the first bad record; skip: quarantine it beside the output.")
+@click.option("--output-len", type=click.IntRange(min=1), default=None,
+              help="vllm-log: output length of requests whose log holds no output "
+                   "[default: their logged max_tokens, an upper bound].")
 @click.option("--json", "as_json", is_flag=True, help="Print the ingest report as JSON.")
 @handle_errors
 def ingest_cmd(sources: tuple[str, ...], output: str, fmt: str, hash_block_size: int | None,
-               salt_file: str | None, tokenizer: str | None, on_error: str, as_json: bool) -> None:
+               salt_file: str | None, tokenizer: str | None, on_error: str,
+               output_len: int | None, as_json: bool) -> None:
     """Ingest request logs into a canonical Parquet trace (salted block hashes, no text).
 
     Formats: mooncake, bailian, vllm-log, openai-jsonl, azure-csv, burstgpt-csv; gzip and
@@ -68,7 +72,14 @@ def ingest_cmd(sources: tuple[str, ...], output: str, fmt: str, hash_block_size:
     with progress_display(False if as_json else None) as shown:
         report = ingest(list(sources), output, format=fmt, hash_block_size=hash_block_size,
                         salt=salt_file, tokenizer=tokenizer, on_error=on_error,  # type: ignore[arg-type]
-                        progress=shown)
+                        progress=shown, output_len=output_len)
+    if report.output_len_filled:
+        # Said even under --json (on stderr): a trace of unknown output lengths must not
+        # pass for a measured one.
+        click.echo(f"Warning: {report.output_len_filled:,} of {report.requests:,} requests "
+                   "have no output in the log (vLLM logs none for them without "
+                   f"--enable-log-outputs, and 0.32 none for /v1/completions); their output "
+                   f"length is {report.output_len_rule}", err=True)
     if as_json:
         echo_json(report.to_dict())
         return
@@ -140,8 +151,11 @@ def slice_cmd(trace: str, start: float | None, end: float | None, last: float | 
 
     if last is None and start is None and end is None:
         raise ConfigError("give --start/--end or --last")
+    from tuner.outputs import check_output
+
+    check_output(output, inputs=[trace])
     cut = slice_trace(read_trace(trace), start_s=start, end_s=end, last_s=last, speedup=speedup)
-    cut.write(output)
+    cut.write(output, inputs=[trace])
     a, b = cut.time_range()
     if as_json:
         echo_json({"output": output, "requests": len(cut), "start_s": a, "end_s": b})

@@ -266,6 +266,7 @@ def tune_log_command(logfiles: tuple[str, ...], log_format: str, output: str,
       tuner tune-log /var/log/vllm/requests-*.jsonl.zst --hardware mi355x \\
           --model llama-3.1-70b --tp 8 -o profiles/prod.yaml
     """
+    from tuner.outputs import check_output
     from tuner.trace import ingest
 
     target_kw = {k: kw.pop(k) for k in ("hardware", "model", "tp", "dp", "block_size",
@@ -274,6 +275,7 @@ def tune_log_command(logfiles: tuple[str, ...], log_format: str, output: str,
     _refuse_repeated(logfiles)
     out = pathlib.Path(output)
     trace = out.with_name(out.stem + ".trace.parquet")
+    check_output(output, inputs=logfiles)
     with progress_display(kw["progress"]) as shown:
         ingest(list(logfiles), trace, format=log_format, progress=shown)
     _run_tune(str(trace), output, kw, target_kw)
@@ -306,9 +308,13 @@ def _refuse_repeated(paths: tuple[str, ...]) -> None:
 @click.option("--check-vllm", "check_python", default=None, metavar="PYTHON",
               help="Also validate with vLLM: build SchedulerConfig and parse the flags with "
                    "vLLM's parser, using this vLLM environment's interpreter.")
+@click.option("-o", "--output", type=click.Path(), default=None,
+              help="Write to this file instead of printing; with --format plugin, a folder "
+                   "that gets a self-contained plugin (needs only vLLM) and its serve lines.")
 @handle_errors
 def export_command(profile: str, fmt: str, vllm_version: str, native_admission: bool,
-                   async_scheduling: bool | None, check_python: str | None) -> None:
+                   async_scheduling: bool | None, check_python: str | None,
+                   output: str | None) -> None:
     """Print PROFILE as vLLM configuration: a paste-ready `vllm serve MODEL ...` command
     (flags), a --config YAML, SchedulerConfig kwargs, JSON, a shell snippet, or the
     scheduler-plugin form.
@@ -318,13 +324,14 @@ def export_command(profile: str, fmt: str, vllm_version: str, native_admission: 
       tuner export profiles/agentic.yaml --format flags --vllm-version 0.33.0
       tuner export profiles/agentic.yaml --format yaml > vllm-config.yaml
       vllm serve meta-llama/Llama-3.1-70B-Instruct --config vllm-config.yaml
+      tuner export profiles/agentic.yaml --format plugin -o /srv/vllm-plugin
     """
-    from tuner.profile import check_with_vllm, export_profile, load_profile
+    from tuner.cli._plugin import write_export
+    from tuner.profile import check_with_vllm, load_profile
 
     prof = load_profile(profile)
-    click.echo(export_profile(prof, fmt, vllm_version=vllm_version,
-                              native_admission=native_admission,
-                              async_scheduling=async_scheduling), nl=False)
+    write_export(prof, profile, fmt, output, vllm_version=vllm_version,
+                 native_admission=native_admission, async_scheduling=async_scheduling)
     if check_python is not None:
         check = check_with_vllm(prof, vllm_version=vllm_version,
                                 native_admission=native_admission, python=check_python)

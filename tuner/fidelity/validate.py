@@ -72,6 +72,22 @@ def _errors(predicted: dict[str, float], measured: dict[str, float]) -> dict[str
     return out
 
 
+def _check_reachable(name: str, url: str, timeout_s: float = 10.0) -> None:
+    """Fail fast when an attach-mode server does not answer ``GET /health``."""
+    import asyncio
+
+    from tuner.serve.http import Endpoint, HttpError, get
+
+    try:
+        status, _ = asyncio.run(asyncio.wait_for(get(Endpoint.parse(url), "/health"), timeout_s))
+    except (HttpError, OSError, ValueError, asyncio.TimeoutError) as exc:
+        raise BackendError(f"{name} server at {url} does not answer "
+                           f"({str(exc) or 'no answer in %.0f s' % timeout_s}); start it, or "
+                           "use --launch to start one per configuration") from None
+    if status != 200:
+        raise BackendError(f"{name} server at {url}: GET /health answered {status}")
+
+
 def compare_on_server(configs: Sequence[tuple[str, SchedulerSettings]], trace: TraceLike, *,
                       server: ServerOptions, target: Target,
                       summarize: Summarize = summarize_replay,
@@ -101,6 +117,8 @@ def compare_on_server(configs: Sequence[tuple[str, SchedulerSettings]], trace: T
     say = progress or (lambda _m: None)
     if endpoints is None and not server.launches:
         endpoints = {name: str(server.endpoint) for name, _ in configs[:1]}
+    for name, url in (endpoints or {}).items():
+        _check_reachable(name, url)  # seconds, before minutes of twin replays
     if server.launches and server.async_scheduling is None and any(
             s.cache_aware_admission_window > 0 for _, s in configs):
         server = dataclasses.replace(server, async_scheduling=False)

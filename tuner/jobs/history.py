@@ -20,7 +20,7 @@ import re
 from typing import Any
 
 from tuner.errors import ConfigError
-from tuner.jobs._atomic import fsync_dir
+from tuner.outputs import fsync_dir
 
 _VERSION_RE = re.compile(r"^v(\d{4,})\.yaml$")
 

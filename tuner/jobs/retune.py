@@ -33,7 +33,8 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tuner.jobs._atomic import crash_point, write_json_atomic
+from tuner.jobs._atomic import crash_point
+from tuner.outputs import write_json
 from tuner.jobs.config import RetuneConfig
 from tuner.jobs.decide import compare_replays, decide
 from tuner.jobs.drift import compare, window_stats
@@ -268,7 +269,7 @@ def _commit(config: RetuneConfig, history: ProfileHistory, state: JobState | Non
                                  config.window_s))
         state.parts = [p for p in state.parts if p not in gone]
     pending = _pending_path(config)
-    write_json_atomic(pending, {"run_id": entry["run_id"], "version": version,
+    write_json(pending, {"run_id": entry["run_id"], "version": version,
                                 "state": None if state is None else state.to_dict(),
                                 "entry": entry})
     crash_point("after_intent")

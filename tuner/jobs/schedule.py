@@ -13,12 +13,13 @@ import re
 import shlex
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import yaml
 
 from tuner.errors import ConfigError
+from tuner.outputs import write_text
 
 Target = Literal["cron", "systemd", "kubernetes"]
 MARK = "# tuner-retune:"
@@ -177,6 +178,9 @@ def cronjob_manifest(spec: ScheduleSpec) -> dict:
                 "backoffLimit": 0,
                 "template": {"spec": {
                     "restartPolicy": "Never",
+                    # The image's user (Dockerfile); fsGroup makes the volume writable.
+                    "securityContext": {"runAsUser": 1000, "runAsGroup": 1000,
+                                        "fsGroup": 1000},
                     "containers": [{
                         "name": "retune",
                         "image": spec.image,
@@ -215,37 +219,87 @@ def merge_crontab(existing: str, line: str, name: str) -> str:
     return "\n".join(kept + [line]) + "\n"
 
 
-def install(spec: ScheduleSpec, target: Target, files: dict[str, str]) -> list[str]:
-    """Install for the current user; return what was done (or why it could not be)."""
+@dataclass
+class InstallResult:
+    """What ``--install`` did: lines to print, and whether it all worked.
+
+    ``ok`` False means the job is *not* scheduled; the messages then carry what to do by
+    hand (the crontab line itself, the systemctl commands), so nothing is lost.
+    """
+
+    messages: list[str] = field(default_factory=list)
+    ok: bool = True
+
+    def fail(self, message: str) -> "InstallResult":
+        self.messages.append(message)
+        self.ok = False
+        return self
+
+
+def install(spec: ScheduleSpec, target: Target, files: dict[str, str], *,
+            manifest_dir: pathlib.Path | None = None) -> InstallResult:
+    """Install for the current user (Kubernetes: write the manifest to apply).
+
+    ``manifest_dir``: where the Kubernetes manifest goes when ``-o`` gave no folder
+    (default: the config's folder), so the file ``kubectl apply -f`` is told exists.
+    """
     if target == "kubernetes":
-        return ["kubernetes: not installed; apply it with `kubectl apply -f` "
-                f"{next(iter(files))}"]
+        folder = manifest_dir or spec.config.parent
+        done = InstallResult()
+        for fname, text in files.items():
+            path = folder / fname
+            if not (path.is_file() and path.read_text() == text):  # -o may have written it
+                path = write_text(path, text, inputs=[spec.config])
+            done.messages.append(f"kubernetes: wrote {path}; apply it with "
+                                 f"`kubectl apply -f {shlex.quote(str(path))}`")
+        return done
     if target == "cron":
-        if shutil.which("crontab") is None:
-            return ["cron: `crontab` is not installed here; add the line by hand"]
-        cur = subprocess.run(["crontab", "-l"], capture_output=True, text=True)
-        existing = cur.stdout if cur.returncode == 0 else ""
-        merged = merge_crontab(existing, crontab_line(spec), spec.name)
-        if merged == existing:
-            return ["cron: the entry is already installed (unchanged)"]
-        done = subprocess.run(["crontab", "-"], input=merged, capture_output=True, text=True)
-        if done.returncode != 0:
-            return [f"cron: `crontab -` failed: {done.stderr.strip()}"]
-        return [f"cron: installed the entry marked {MARK}{spec.name}"]
+        return _install_cron(spec)
+    return _install_systemd(spec, files)
+
+
+def _install_cron(spec: ScheduleSpec) -> InstallResult:
+    line = crontab_line(spec)
+    by_hand = f"cron: add this line by hand (`crontab -e`):\n{line}"
+    if shutil.which("crontab") is None:
+        return InstallResult().fail("cron: `crontab` is not installed here; " + by_hand)
+    cur = subprocess.run(["crontab", "-l"], capture_output=True, text=True)
+    if cur.returncode == 0:
+        existing = cur.stdout
+    elif "no crontab" in cur.stderr.lower():
+        existing = ""
+    else:
+        # Installing over a crontab that could not be read would erase the user's entries.
+        why = cur.stderr.strip() or f"exit {cur.returncode}"
+        return InstallResult().fail(f"cron: `crontab -l` failed ({why}); not touching the "
+                                    "crontab; " + by_hand)
+    merged = merge_crontab(existing, line, spec.name)
+    if merged == existing:
+        return InstallResult(["cron: the entry is already installed (unchanged)"])
+    done = subprocess.run(["crontab", "-"], input=merged, capture_output=True, text=True)
+    if done.returncode != 0:
+        return InstallResult().fail(f"cron: `crontab -` failed "
+                                    f"({done.stderr.strip() or done.returncode}); " + by_hand)
+    return InstallResult([f"cron: installed the entry marked {MARK}{spec.name}"])
+
+
+def _install_systemd(spec: ScheduleSpec, files: dict[str, str]) -> InstallResult:
     unit_dir = pathlib.Path(os.environ.get("XDG_CONFIG_HOME", "~/.config")).expanduser() \
         / "systemd" / "user"
-    unit_dir.mkdir(parents=True, exist_ok=True)
-    msgs = []
+    result = InstallResult()
     for fname, text in files.items():
-        (unit_dir / fname).write_text(text)
-        msgs.append(f"systemd: wrote {unit_dir / fname}")
+        path = write_text(unit_dir / fname, text)
+        result.messages.append(f"systemd: wrote {path}")
+    commands = (["daemon-reload"], ["enable", "--now", f"{spec.name}.timer"])
+    by_hand = "; run " + " && ".join(f"`systemctl --user {' '.join(a)}`" for a in commands)
     if shutil.which("systemctl") is None:
-        return msgs + ["systemd: `systemctl` not found; run `systemctl --user daemon-reload && "
-                       f"systemctl --user enable --now {spec.name}.timer` where it is"]
-    for args in (["daemon-reload"], ["enable", "--now", f"{spec.name}.timer"]):
+        return result.fail("systemd: `systemctl` not found, the timer is not enabled" + by_hand
+                           + " where it is")
+    for args in commands:
         done = subprocess.run(["systemctl", "--user", *args], capture_output=True, text=True)
         if done.returncode != 0:
-            return msgs + [f"systemd: `systemctl --user {' '.join(args)}` failed: "
-                           f"{done.stderr.strip() or done.returncode}"]
-        msgs.append(f"systemd: systemctl --user {' '.join(args)}")
-    return msgs
+            return result.fail(f"systemd: `systemctl --user {' '.join(args)}` failed "
+                               f"({done.stderr.strip() or done.returncode}), the timer is not "
+                               "enabled" + by_hand)
+        result.messages.append(f"systemd: systemctl --user {' '.join(args)}")
+    return result

@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tuner.errors import ConfigError
-from tuner.jobs._atomic import write_json_atomic
 from tuner.loaders import load_json
+from tuner.outputs import write_json
 
 STATE_VERSION = 1
 
@@ -90,4 +90,4 @@ def load_state(state_dir: str | os.PathLike[str]) -> JobState:
 
 
 def save_state(state_dir: str | os.PathLike[str], state: JobState) -> pathlib.Path:
-    return write_json_atomic(state_path(state_dir), state.to_dict())
+    return write_json(state_path(state_dir), state.to_dict())

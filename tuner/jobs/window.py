@@ -75,6 +75,11 @@ def ingest_new(specs: list[SourceSpec], state: JobState, window_dir: pathlib.Pat
             _ingest_file(path, spec.format, state, previous, window_dir, work_dir, outcome,
                          salt=salt, hash_block_size=hash_block_size, on_error=on_error)
     shutil.rmtree(work_dir, ignore_errors=True)
+    if outcome.num_files_seen == 0:
+        # Not "no new traffic" (exit 3, kept): the units would treat that as success forever.
+        globs = ", ".join(spec.glob for spec in specs)
+        raise ConfigError(f"sources: no file matches {globs}; fix the globs in the config "
+                          "(relative ones resolve against the config's folder)")
     return outcome
 
 

@@ -241,27 +241,20 @@ def fit_benchmarks(csv_path: str | Path, *, loso: bool = False) -> BenchmarkFit:
         loso=leave_one_series_out(runs, priors) if loso else None)
 
 
-def save_document(path: str | Path, document: dict[str, Any]) -> Path:
-    """Write the fitted-presets YAML atomically (temp file beside it, then rename)."""
-    import os
-    import tempfile
-
+def save_document(path: str | Path, document: dict[str, Any], *,
+                  inputs: Sequence[str | Path] = ()) -> Path:
+    """Write the fitted-presets YAML atomically, never over one of ``inputs``
+    (:mod:`tuner.outputs` rules: refuses devices and folders, writes through a temp file)."""
     import yaml
 
-    p = Path(path).expanduser()
-    p.parent.mkdir(parents=True, exist_ok=True)
+    from tuner.outputs import write_text
+
     header = ("# Step-time coefficients fitted to published serving benchmarks.\n"
               "# Written by `tuner calibrate --from-benchmarks`; do not edit by hand:\n"
               "# re-run the command (bench/calibration_fit.py reports the errors).\n")
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(header + yaml.safe_dump(document, sort_keys=False, width=100))
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return p
+    return write_text(Path(path).expanduser(),
+                      header + yaml.safe_dump(document, sort_keys=False, width=100),
+                      inputs=inputs, mode=0o644)
 
 
 def table(preds: Sequence[Prediction], loso: Sequence[Prediction] | None = None) -> list[str]:

@@ -21,8 +21,7 @@ Every error names the file and the field (``ConfigError``).
 
 from __future__ import annotations
 
-import os
-import tempfile
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ import yaml
 
 from tuner.errors import ConfigError
 from tuner.loaders import load_yaml
+from tuner.outputs import write_text
 from tuner.perf.coefficients import Coefficients
 
 
@@ -100,15 +100,4 @@ def calibration_from_dict(data: Any, *, source: str = "calibration") -> Calibrat
 
 def save_calibration(path: str | Path, calibration: Calibration) -> Path:
     """Write ``calibration`` as YAML atomically (temp file in the same folder, rename)."""
-    p = Path(path).expanduser()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    text = yaml.safe_dump(calibration.to_dict(), sort_keys=False)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return p
+    return write_text(path, yaml.safe_dump(calibration.to_dict(), sort_keys=False), mode=0o644)

@@ -22,13 +22,12 @@ crash never leaves half a profile.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import os
 import pathlib
-import tempfile
 from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any
 
 import yaml
@@ -36,6 +35,7 @@ import yaml
 from tuner.errors import ConfigError, ProfileError
 from tuner.loaders import load_yaml
 from tuner.perf.dtypes import normalize_kv_cache_dtype, normalize_quantization
+from tuner.outputs import write_text
 from tuner.sim.settings import SchedulerSettings
 
 #: Bumped when the file layout changes incompatibly; load_profile refuses newer files.
@@ -123,21 +123,14 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-def save_profile(profile: Profile, path: str | os.PathLike[str]) -> pathlib.Path:
-    """Write ``profile`` to ``path`` atomically (temp file in the same folder + rename)."""
-    out = pathlib.Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    text = profile.to_yaml()
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tuner-tmp", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, out)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return out
+#: Profiles are read by a vLLM service that often runs as another user.
+PROFILE_MODE = 0o644
+
+
+def save_profile(profile: Profile, path: str | os.PathLike[str], *,
+                 inputs: Iterable[str | os.PathLike[str]] = ()) -> pathlib.Path:
+    """Write ``profile`` to ``path`` atomically, mode 0644 (:mod:`tuner.outputs` rules)."""
+    return write_text(path, profile.to_yaml(), inputs=inputs, mode=PROFILE_MODE)
 
 
 def load_profile(path: str | os.PathLike[str]) -> Profile:

@@ -66,8 +66,10 @@ def tune_to_profile(trace: str, output: str | os.PathLike[str], *, target: Targe
     ``fixed``: ``["field=value", ...]`` held fixed (``--set``). Other keywords go to
     :func:`tuner.tune.tune`.
     """
+    from tuner.outputs import check_output
     from tuner.tune import tune
 
+    check_output(output, inputs=[trace])  # before minutes of tuning, not after
     base_settings, flags, notes = resolve_baseline(baseline, target)
     fixed_values = parse_assignments(fixed)
     if flags is not None:
@@ -83,7 +85,7 @@ def tune_to_profile(trace: str, output: str | os.PathLike[str], *, target: Targe
         profile = dataclasses.replace(profile, target=dataclasses.replace(
             profile.target, async_scheduling=bool(flags.target["async_scheduling"])))
     profile = _with_target(profile, target, result)
-    path = save_profile(profile, output)
+    path = save_profile(profile, output, inputs=[trace])
     return TunedProfile(result, profile, path,
                         export_profile(profile, "flags", vllm_version=vllm_version), notes)
 

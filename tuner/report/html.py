@@ -10,17 +10,16 @@ tests check this by parsing it.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import html
 import math
 import os
 import pathlib
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Sequence, Union
 
 from tuner import __version__
+from tuner.outputs import write_text
 from tuner.report.charts import Chart
 
 _CSS = """
@@ -98,6 +97,9 @@ class Page:
     title: str
     subtitle: str = ""
     sections: list[Section] = field(default_factory=list)
+    #: Parts that could not be drawn, one line each, for the terminal (the page says so
+    #: in its notes too): a report missing half its charts must not look complete.
+    warnings: list[str] = field(default_factory=list)
 
     def section(self, title: str) -> Section:
         sec = Section(title)
@@ -178,22 +180,8 @@ def _section(s: Section) -> str:
             + "\n".join(_block(b) for b in s.blocks) + "\n</section>")
 
 
-def write_page(page: Page, path: str | os.PathLike[str]) -> pathlib.Path:
+def write_page(page: Page, path: str | os.PathLike[str], *,
+               inputs: Sequence[str | os.PathLike[str]] = ()) -> pathlib.Path:
     """Render ``page`` and write it to ``path`` atomically; returns the path."""
-    out = pathlib.Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    text = page.render()
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tuner-tmp", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        # mkstemp makes the file 0600; a report is meant to be read (served, shared).
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, out)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return out
+    # A report is meant to be read (served, shared): the umask's mode, not mkstemp's 0600.
+    return write_text(path, page.render(), inputs=inputs)

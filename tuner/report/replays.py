@@ -13,13 +13,16 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+import multiprocessing
+import os
 import pathlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from tuner.records import ReplayResult
+from tuner.report.study_trace import CompactTrace, load_compact
 from tuner.sim.settings import SchedulerSettings
 from tuner.tune.evaluate import HOLDOUT_WARMUP, Windows, target_from_dict
 
@@ -52,89 +55,177 @@ class WindowReplay:
 
 @dataclass(slots=True)
 class StudyTrace:
-    """The study's trace, read and checked: the ``Trace`` (for the trace charts) and its
-    requests in arrival order (for the replays), read once."""
+    """The study's trace, read and checked: the ``Trace`` (for its statistics table) and
+    its compact form (:mod:`tuner.report.study_trace`: interned requests for the replays,
+    chart columns), read once."""
 
     trace: Any
-    requests: list[Any]
-    hash_block_size: int | None
+    compact: CompactTrace
     source: str
+    stats: Any = None  # tuner.trace.TraceStats, computed before the compact load (lower peak)
+
+    @property
+    def requests(self) -> Any:
+        return self.compact.requests
 
 
-def trace_for_spec(spec: dict[str, Any], trace: Any = None) -> tuple[StudyTrace | None, str]:
+def trace_candidates(spec: dict[str, Any], near: Sequence[pathlib.Path] = ()) -> list[pathlib.Path]:
+    """Where the study's trace may be, in order: the path as ``tune`` was given it (it is
+    relative to the folder tune ran in), the absolute path tune resolved it to, and the
+    relative path under each folder in ``near`` (the profile's folder and its parents,
+    for a repository moved or reported from elsewhere)."""
+    out: list[pathlib.Path] = []
+    given = spec.get("trace_path")
+    for p in (given, spec.get("trace_resolved")):
+        if p:
+            out.append(pathlib.Path(str(p)))
+    if given and not pathlib.Path(str(given)).is_absolute():
+        for folder in near:
+            out.append(folder / str(given))
+    unique: list[pathlib.Path] = []
+    for p in out:
+        if p not in unique:
+            unique.append(p)
+    return unique
+
+
+def trace_for_spec(spec: dict[str, Any], trace: Any = None, *,
+                   near: Sequence[pathlib.Path] = ()) -> tuple[StudyTrace | None, str]:
     """The study's trace if it can be read and matches the stored fingerprint.
 
     The fingerprint is :func:`tuner.tune.evaluate.requests_fingerprint` of the requests
     (what ``tuner tune`` stores); studies written before it stored ``Trace.fingerprint()``,
-    which is accepted too.
+    which is accepted too. Without ``trace``, the first of :func:`trace_candidates` that
+    exists is used.
 
     Returns:
         ``(StudyTrace or None, why)``: ``why`` names the trace or says why it is unusable.
     """
-    from tuner import replay
+    from tuner.perf.presets import resolve_target
     from tuner.trace import read_trace
-    from tuner.tune.evaluate import requests_fingerprint
 
-    path = trace if trace is not None else spec.get("trace_path")
+    path = trace
     if path is None:
-        return None, "the study does not record a trace path"
+        candidates = trace_candidates(spec, near)
+        if not candidates:
+            return None, "the study does not record a trace path"
+        found = next((p for p in candidates if p.exists()), None)
+        if found is None:
+            return None, (f"the study's trace {spec.get('trace_path')} is not available here "
+                          f"(looked at {', '.join(str(p) for p in candidates)})")
+        path = found
     if not hasattr(path, "lazy"):
         if not pathlib.Path(str(path)).exists():
-            return None, f"the study's trace {path} is not available here"
+            return None, f"the trace {path} does not exist"
         path = read_trace(str(path))
     source = str(getattr(path, "source", None) or spec.get("trace_path"))
-    requests, size = replay.load_requests(path)
+    block_size = int(resolve_target(target_from_dict(spec["target"])).cache.block_size) \
+        if spec.get("target") else int(path.metadata.hash_block_size)
+    from tuner.trace import trace_stats
+
+    stats = trace_stats(path)  # first: its peak then adds to little else
+    compact = load_compact(path, block_size)
     want = spec.get("trace_fingerprint")
-    got = requests_fingerprint(requests, size)
-    if want is not None and want != got and want != str(path.fingerprint()):
-        return None, (f"the trace's fingerprint {got[:12]} differs from the study's "
-                      f"{str(want)[:12]}")
-    return StudyTrace(path, requests, size, source), f"trace {source}"
+    if want is not None and want != compact.fingerprint and want != str(path.fingerprint()):
+        return None, (f"the trace's fingerprint {compact.fingerprint[:12]} differs from the "
+                      f"study's {str(want)[:12]}")
+    return StudyTrace(path, compact, source, stats), f"trace {source}"
 
 
 def replay_windows(spec: dict[str, Any], trace: StudyTrace,
                    settings: dict[str, SchedulerSettings],
-                   *, on_step: Callable[[str], None] | None = None) -> list[WindowReplay]:
+                   *, on_step: Callable[[str], None] | None = None,
+                   workers: int | None = None) -> list[WindowReplay]:
     """Replay each ``settings`` (label -> settings) on the training and held-out windows.
 
     ``spec`` is the study's evaluator spec (``tuner tune`` stores target, backend and
-    windows in it).
+    windows in it). ``workers``: processes for the replays (default: the CPUs this
+    process may use, at most one per replay); the results do not depend on it.
     """
-    from tuner import metrics, replay
     from tuner.perf.presets import resolve_target
+
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
 
     target = target_from_dict(spec["target"])
     backend = spec.get("backend") or "sim"
     w = spec["windows"]
     windows = Windows(float(w["t0"]), float(w["t_stage1"]), float(w["t_split"]), float(w["t1"]))
     block_size = int(resolve_target(target).cache.block_size)
-    requests, size = trace.requests, trace.hash_block_size
-    if size is not None and size != block_size:
-        requests = [replay.reblock_request(r, size, block_size) for r in requests]
-    arrivals = [r.arrival_s for r in requests]
-    jobs: list[tuple[str, list[Any], float | None]] = [
-        ("train", requests[:bisect.bisect_left(arrivals, windows.t_split)]
+    requests = trace.requests  # interned at block_size, sliced per window without copies
+    assert requests.block_size == block_size, "trace_for_spec loads at the target's block size"
+    if backend != "sim":  # backends that want plain hashes get them materialised
+        requests = [dataclasses.replace(r, block_hashes=tuple(r.block_hashes.tolist()),
+                                        output_block_hashes=tuple(r.output_block_hashes.tolist()))
+                    for r in requests]
+    arrivals = trace.compact.columns.arrival_s.tolist()
+
+    def window(start: int | None, stop: int | None) -> Any:
+        return requests.window(start, stop) if hasattr(requests, "window") else requests[start:stop]
+
+    jobs: list[tuple[str, Any, float | None]] = [
+        ("train", window(None, bisect.bisect_left(arrivals, windows.t_split))
          if windows.has_holdout else requests, None)]
     if windows.has_holdout:
         warmup = min((windows.t1 - windows.t_split) * HOLDOUT_WARMUP, windows.t_split - windows.t0)
-        jobs.append(("holdout", requests[bisect.bisect_left(arrivals, windows.t_split - warmup):],
-                     windows.t_split))
-    out: list[WindowReplay] = []
-    for window, reqs, lo in jobs:
-        done: dict[str, WindowReplay] = {}  # the twin is deterministic: equal settings, one run
+        jobs.append(("holdout", window(bisect.bisect_left(arrivals, windows.t_split - warmup),
+                                       None), windows.t_split))
+    # The twin is deterministic: equal settings on one window run once.
+    runs: list[tuple[str, str, Any, float | None, SchedulerSettings]] = []
+    plan: list[tuple[str, str, int]] = []  # (label, window, index into runs)
+    for window_name, reqs, lo in jobs:
+        first: dict[str, int] = {}
         for label, s in settings.items():
             key = repr(s.to_dict())
-            if key in done:
-                out.append(dataclasses.replace(done[key], label=label))
-                continue
-            if on_step is not None:
-                on_step(f"replaying {label} on the {window} window ({len(reqs)} requests)")
-            result = replay.run(reqs, s, backend=backend, target=target,
-                                hash_block_size=block_size)
-            summary = metrics.summarize(result, measure_from_s=lo).to_dict()
-            done[key] = WindowReplay(label, window, result, lo, summary)
-            out.append(done[key])
+            if key not in first:
+                first[key] = len(runs)
+                runs.append((label, window_name, reqs, lo, s))
+            plan.append((label, window_name, first[key]))
+    if on_step is not None:
+        on_step(f"replaying {', '.join(f'{r[0]} on the {r[1]} window ({len(r[2]):,} requests)' for r in runs)}"
+                f"{f' in {min(workers, len(runs))} processes' if workers > 1 else ''}")
+    results = _replay_all([(reqs, s, lo) for _, _, reqs, lo, s in runs], backend, target,
+                          block_size, workers)
+    out: list[WindowReplay] = []
+    for label, window_name, i in plan:
+        result, summary = results[i]
+        out.append(WindowReplay(label, window_name, result, runs[i][3], summary))
     return out
+
+
+_POOL_JOBS: list[tuple[Any, SchedulerSettings, float | None]] = []  # set before forking
+_POOL_ARGS: tuple[str, Any, int] = ("sim", None, 0)
+
+
+def _replay_one(i: int) -> tuple[ReplayResult, dict[str, Any]]:
+    from tuner import metrics, replay
+
+    reqs, settings, lo = _POOL_JOBS[i]
+    backend, target, block_size = _POOL_ARGS
+    result = replay.run(reqs, settings, backend=backend, target=target,
+                        hash_block_size=block_size)
+    return result, metrics.summarize(result, measure_from_s=lo).to_dict()
+
+
+def _replay_all(jobs: list[tuple[Any, SchedulerSettings, float | None]], backend: str,
+                target: Any, block_size: int, workers: int
+                ) -> list[tuple[ReplayResult, dict[str, Any]]]:
+    """Each job's replay and summary; in a forked pool when ``workers > 1``.
+
+    Forked, not spawned: the children inherit the interned trace (its id arrays are
+    shared copy-on-write, not pickled), as tune's stage-2 pool does. Only the sim backend
+    runs in a pool: a live server or a vLLM subprocess is not shared among processes.
+    """
+    global _POOL_JOBS, _POOL_ARGS
+    _POOL_JOBS, _POOL_ARGS = jobs, (backend, target, block_size)
+    try:
+        if workers <= 1 or len(jobs) <= 1 or backend != "sim":
+            return [_replay_one(i) for i in range(len(jobs))]
+        with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
+            return pool.map(_replay_one, range(len(jobs)), chunksize=1)
+    finally:
+        _POOL_JOBS, _POOL_ARGS = [], ("sim", None, 0)
 
 
 def binned_series(result: ReplayResult, column: str, *, bins: int = SERIES_BINS,

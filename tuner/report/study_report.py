@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import pathlib
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -407,8 +408,15 @@ def study_report(*, profile: str | os.PathLike[str] | None = None, study: str | 
     page.sections.append(_history_section(data))
     page.sections.append(_importance_section(data))
     spec = data.evaluator_spec
-    the_trace, why = (trace_for_spec(spec, trace) if spec else
+    near = _folders_near(profile)
+    the_trace, why = (trace_for_spec(spec, trace, near=near) if spec else
                       (None, "the study's trace and target are unknown (no study storage)"))
+    if data.study is None:
+        page.warnings.append("no study storage found: trial history, parameter importance "
+                             "and the stage-1 cloud are missing (pass --storage)")
+    if the_trace is None and (replay or include_trace):
+        page.warnings.append(f"{why}: the per-request distributions, time series and trace "
+                             "charts are missing (pass --trace)")
     replays: list[WindowReplay] = []
     if replay and the_trace is not None and data.baseline is not None and data.chosen is not None:
         settings = {"baseline": SchedulerSettings.from_dict(data.baseline.settings),
@@ -427,11 +435,21 @@ def study_report(*, profile: str | os.PathLike[str] | None = None, study: str | 
         from tuner.report.trace_report import trace_sections
 
         say("charting the trace")
-        page.sections.extend(trace_sections(the_trace.trace, name=the_trace.source))
+        page.sections.extend(trace_sections(the_trace.trace, name=the_trace.source,
+                                            columns=the_trace.compact.columns,
+                                            stats=the_trace.stats))
     elif include_trace:
         page.sections.append(Section("Trace", [Note(f"No trace charts: {why}. Pass --trace "
                                                     "to point at it.")]))
     return page
+
+
+def _folders_near(profile: str | os.PathLike[str] | None) -> list[pathlib.Path]:
+    """The profile's folder and its parents: where a relative trace path may resolve."""
+    if profile is None:
+        return []
+    folder = pathlib.Path(profile).resolve().parent
+    return [folder, *folder.parents]
 
 
 def _baseline_vs_tuned(pairs: Sequence[tuple[str, dict[str, Any], dict[str, Any]]], key: str,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -70,20 +70,36 @@ def trace_columns(trace: "Trace") -> TraceColumns:
         table = df.select(["block_hashes", "output_block_hashes"]).to_arrow()
         pv, po = _flat(table.column("block_hashes"))
         ov, oo = _flat(table.column("output_block_hashes"))
-        plen, olen = np.diff(po), np.diff(oo)
-        rows = np.arange(n, dtype=np.int64)
-        p_owner, o_owner = np.repeat(rows, plen), np.repeat(rows, olen)
-        values = np.concatenate([pv, ov])
-        owners = np.concatenate([p_owner, o_owner])
-        _, inverse = np.unique(values, return_inverse=True)
-        first = np.full(int(inverse.max()) + 1 if len(inverse) else 0, n, dtype=np.int64)
-        np.minimum.at(first, inverse, owners)
-        seen = first[inverse[:len(pv)]] < p_owner
-        local = np.arange(len(pv), dtype=np.int64) - np.repeat(po[:-1], plen)
-        run = plen.copy()
-        np.minimum.at(run, p_owner[~seen], local[~seen])
-        hits = np.minimum(run * hbs, inp)
+        hits = ideal_hits(pv, po, ov, oo, inp, hbs)
     return TraceColumns(arrival, inp, outp, hits, hbs)
+
+
+def ideal_hits(pv: np.ndarray, po: np.ndarray, ov: np.ndarray, oo: np.ndarray,
+               input_len: np.ndarray, hash_block_size: int, *,
+               num_ids: int | None = None) -> np.ndarray:
+    """Each request's ideal prefix hit (tokens), from flat prompt/output hashes + offsets.
+
+    ``num_ids``: the values are already dense ids below it (equal hash, equal id), so the
+    first presenter of each is found without sorting every occurrence.
+    """
+    n = len(po) - 1
+    plen, olen = np.diff(po), np.diff(oo)
+    rows = np.arange(n, dtype=np.int64)
+    p_owner, o_owner = np.repeat(rows, plen), np.repeat(rows, olen)
+    owners = np.concatenate([p_owner, o_owner])
+    if num_ids is None:
+        _, inverse = np.unique(np.concatenate([pv, ov]), return_inverse=True)
+        inverse = inverse.reshape(-1)
+        num_ids = int(inverse.max()) + 1 if len(inverse) else 0
+    else:
+        inverse = np.concatenate([pv, ov]).astype(np.int64, copy=False)
+    first = np.full(num_ids, n, dtype=np.int64)
+    np.minimum.at(first, inverse, owners)
+    seen = first[inverse[:len(pv)]] < p_owner
+    local = np.arange(len(pv), dtype=np.int64) - np.repeat(po[:-1], plen)
+    run = plen.copy()
+    np.minimum.at(run, p_owner[~seen], local[~seen])
+    return np.minimum(run * hash_block_size, input_len)
 
 
 def _time_bins(arrival: np.ndarray) -> tuple[np.ndarray, float]:
@@ -95,13 +111,15 @@ def _time_bins(arrival: np.ndarray) -> tuple[np.ndarray, float]:
     return idx, width
 
 
-def trace_sections(trace: "Trace", *, name: str = "trace") -> list[Section]:
+def trace_sections(trace: "Trace", *, name: str = "trace",
+                   columns: TraceColumns | None = None, stats: "Any" = None) -> list[Section]:
     """The trace part of a report: a stats table and four charts (arrivals, lengths,
-    prefix reuse over time and per request)."""
+    prefix reuse over time and per request). ``columns``: already computed (a study
+    report has them from its one read of the trace)."""
     from tuner.trace import trace_stats
 
-    stats = trace_stats(trace)
-    cols = trace_columns(trace)
+    stats = stats if stats is not None else trace_stats(trace)
+    cols = columns if columns is not None else trace_columns(trace)
     sec = Section(f"Trace: {name}")
     if not len(cols.arrival_s):
         sec.blocks.append(Note("The trace has no requests; nothing to chart."))

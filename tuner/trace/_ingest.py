@@ -27,14 +27,11 @@ import pyarrow.compute as pc
 from tuner.errors import TraceFormatError
 from tuner.progress import Progress, check_progress
 from tuner.trace.formats import READERS
-from tuner.trace.formats._batch import LINE, IngestContext, OnError, Quarantine
+from tuner.trace.formats._batch import LINE, MAX_TOKENS, IngestContext, OnError, Quarantine
 from tuner.trace.hashing import Hasher, load_salt
 from tuner.trace.schema import TraceMetadata
 from tuner.trace.sources import FORMATS, detect_format, open_binary
 from tuner.trace.store import TraceWriter
-
-#: Longest prompt or output accepted (tokens); anything longer is a corrupt record.
-MAX_TOKENS = 16 * 1024 * 1024
 
 #: The block size each format's ids (or our token hashing) use when not overridden.
 DEFAULT_HASH_BLOCK_SIZE = {
@@ -54,6 +51,10 @@ class IngestReport:
     out_of_order: int = 0  # records older than one before them (the trace is sorted)
     duplicates: int = 0  # duplicate request ids (quarantined under skip)
     quarantine: str | None = None  # path of the quarantine file, when records were skipped
+    #: Requests whose output length the log does not hold (vLLM 0.32 logs no output lines
+    #: for /v1/completions), filled by ``output_len_rule``; 0 when every length was logged.
+    output_len_filled: int = 0
+    output_len_rule: str | None = None
     hash_block_size: int = 0
     salt_fingerprint: str = ""
     origin_utc: str | None = None
@@ -70,7 +71,7 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
            output: str | os.PathLike[str], *, format: str = "auto",
            hash_block_size: int | None = None, salt: bytes | str | os.PathLike[str] | None = None,
            tokenizer: str | None = None, on_error: OnError = "fail",
-           progress: Progress | None = None) -> IngestReport:
+           progress: Progress | None = None, output_len: int | None = None) -> IngestReport:
     """Ingest log files into one canonical trace at ``output``.
 
     Args:
@@ -85,6 +86,9 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
         tokenizer: a Hugging Face tokenizer directory or tokenizer.json (openai-jsonl).
         on_error: ``fail`` stops at the first bad record; ``skip`` quarantines it.
         progress: a :class:`tuner.progress.Progress` sink for the bytes read; None = silent.
+        output_len: the output length of every request whose log holds no output
+            (vllm-log); default: its logged ``max_tokens``. Filled requests are counted
+            in the report (``output_len_filled``), never silently 0.
 
     Raises:
         TraceFormatError: a bad record (``fail``), empty input, unknown or mixed formats.
@@ -102,7 +106,7 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
     salt_bytes = salt if isinstance(salt, bytes) else load_salt(salt)
     hasher = Hasher(salt_bytes)
     out = Path(output)
-    quarantine = Quarantine(out.with_name(out.name + ".quarantine.jsonl"))
+    quarantine = Quarantine(out.with_name(out.name + ".quarantine.jsonl"), paths)
     reader = _reader(fmt)
     report = IngestReport(output=str(out), format=fmt, sources=paths, hash_block_size=hbs,
                           salt_fingerprint=hasher.fingerprint)
@@ -111,14 +115,13 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
     state = _TimelineState()
     bar = _Progress(paths, check_progress(progress))
     # zstd level 1: salted hashes are random bytes that no level compresses; it is speed.
-    writer = TraceWriter(out, meta, compression_level=1)
-    placed = False
+    writer = TraceWriter(out, meta, compression_level=1, inputs=paths)
     try:
         seen_ids: set[str] | None = set() if reader.HAS_IDS else None
         for index, path in enumerate(paths):
             ctx = IngestContext(path=path, hasher=hasher, hash_block_size=hbs,
                                 on_error=on_error, quarantine=quarantine,
-                                tokenizer=tokenizer, source_index=index)
+                                tokenizer=tokenizer, source_index=index, output_len=output_len)
             with open_binary(path) as fh:
                 for batch in reader.read(fh, ctx):
                     batch = _validate(batch, ctx, seen_ids, report)
@@ -126,25 +129,31 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
                         writer.write(state.place(batch))
                     bar.update(index, fh)
             report.skipped += ctx.skipped
+            for rule, count in ctx.filled.items():
+                report.output_len_filled += count
+                report.output_len_rule = rule
             meta = meta.replace(tokenizer=ctx.tokenizer_identity or meta.tokenizer)
         bar.close()
         if writer.num_rows == 0:
             where = paths[0] if len(paths) == 1 else f"{len(paths)} sources"
-            extra = f" ({report.skipped} skipped; see {quarantine.path})" if report.skipped else ""
+            extra = (f" ({report.skipped} skipped; see {quarantine.path})"
+                     if report.skipped else "")
+            quarantine.close()  # the message points at it
             raise TraceFormatError(f"empty input: no valid records{extra}", path=where)
         report.out_of_order = state.out_of_order
         writer.metadata = meta.replace(
             origin_utc=state.origin_utc(reader.EPOCH_CLOCK, shifted=state.needs_sort))
-        writer.close()
-        placed = True  # from here an error must also remove the renamed file
         if state.needs_sort:
-            _sort_in_place(out, state.min_offset, writer.metadata)
+            # Sorted from the finished temporary file into a second one, so the output is
+            # placed once, complete, and an error on the way leaves the old file alone.
+            _write_sorted(writer.finish(), out, state.min_offset, writer.metadata, paths)
+            writer.abort()
+        else:
+            writer.close()
     except BaseException:
         bar.close()
         writer.abort()
-        if placed:
-            out.unlink(missing_ok=True)
-        quarantine.close()
+        quarantine.abort()
         raise
     quarantine.close()
     report.requests = writer.num_rows
@@ -222,11 +231,11 @@ def _report_row(ctx: IngestContext, line: int, inp: int, outp: int, t: float, nh
     if inp < 1:
         ctx.bad(line, f_in, f"{inp} tokens; a prompt has at least 1")
     elif inp > MAX_TOKENS:
-        ctx.bad(line, f_in, f"{inp} tokens is absurd (limit {MAX_TOKENS})")
+        ctx.bad(line, f_in, f"{inp:,} tokens is absurd (limit {MAX_TOKENS:,})")
     elif outp < 0:
         ctx.bad(line, f_out, f"{outp} tokens is negative")
     elif outp > MAX_TOKENS:
-        ctx.bad(line, f_out, f"{outp} tokens is absurd (limit {MAX_TOKENS})")
+        ctx.bad(line, f_out, f"{outp:,} tokens is absurd (limit {MAX_TOKENS:,})")
     elif not np.isfinite(t):
         ctx.bad(line, names.get("arrival_s", "timestamp"), "not a finite time")
     else:
@@ -273,15 +282,16 @@ class _TimelineState:
         return datetime.fromtimestamp(origin, tz=timezone.utc).isoformat()
 
 
-def _sort_in_place(path: Path, min_offset: float, meta: TraceMetadata) -> None:
-    """Sort a finished trace by arrival (stable) and move its origin to the earliest row.
+def _write_sorted(unsorted: Path, out: Path, min_offset: float, meta: TraceMetadata,
+                  inputs: list[str]) -> None:
+    """Write ``unsorted`` to ``out`` sorted by arrival (stable), origin at the earliest row.
 
     Needs the trace in memory (compressed columns; about 10 bytes per block hash), the one
     step of ingest that is not bounded by the chunk size; in-order logs never take it.
     """
-    df = pl.read_parquet(path).sort("arrival_s", maintain_order=True)
+    df = pl.read_parquet(unsorted).sort("arrival_s", maintain_order=True)
     df = df.with_columns(pl.col("arrival_s") - min_offset)
-    with TraceWriter(path, meta) as w:
+    with TraceWriter(out, meta, inputs=inputs) as w:
         w.write(df.to_arrow())
 
 

@@ -7,9 +7,10 @@ import gzip
 import io
 import json
 import os
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from tuner.errors import TraceFormatError
 
@@ -22,7 +23,21 @@ _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _DETECT_MAX_LINES = 20_000
 
 
-def open_binary(path: str | os.PathLike[str]) -> IO[bytes]:
+def json_problem(exc: ValueError) -> str:
+    """Why ``json.loads`` refused a line, in words (it raises two kinds of ValueError).
+
+    ``json.loads`` on bytes decodes them first, so a non-UTF-8 byte raises
+    ``UnicodeDecodeError``, which has no ``msg`` as ``JSONDecodeError`` has.
+    """
+    if isinstance(exc, UnicodeDecodeError):
+        bad = exc.object[exc.start:exc.start + 1]
+        return f"not UTF-8 (byte 0x{bad.hex()} at column {exc.start + 1})"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not valid JSON ({exc.msg})"
+    return f"not valid JSON ({exc})"
+
+
+def open_binary(path: str | os.PathLike[str]) -> Any:
     """Open ``path`` for reading bytes, decompressing gzip or zstd (by magic number)."""
     p = Path(path)
     try:
@@ -32,11 +47,95 @@ def open_binary(path: str | os.PathLike[str]) -> IO[bytes]:
     head = raw.read(4)
     raw.seek(0)
     if head[:2] == _GZIP_MAGIC:
-        return gzip.GzipFile(fileobj=raw)  # type: ignore[return-value]
+        return _Decompressed(gzip.GzipFile(fileobj=raw), str(p), "gzip", raw)
     if head == _ZSTD_MAGIC:
-        import zstandard
-        return zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)  # type: ignore[return-value]
+        return _Decompressed(_ZstdFrames(raw), str(p), "zstd", raw)
     return raw
+
+
+class _ZstdFrames:
+    """zstd frames read one after another; a file that ends inside a frame raises EOFError.
+
+    ``zstandard``'s ``stream_reader`` returns what it has at the end of the input and says
+    nothing, so a truncated upload would ingest as a shorter (or empty) log.
+    """
+
+    def __init__(self, raw: IO[bytes], chunk_bytes: int = 1 << 20) -> None:
+        import zstandard
+
+        self._zstd = zstandard
+        self._raw = raw
+        self._chunk = chunk_bytes
+        self._obj = zstandard.ZstdDecompressor().decompressobj()
+        self._in_frame = False
+        self._buf = b""
+
+    def read(self, size: int = -1) -> bytes:
+        while size < 0 or len(self._buf) < size:
+            data = self._raw.read(self._chunk)
+            if not data:
+                if self._in_frame:
+                    raise EOFError("the file ends inside a zstd frame")
+                break
+            self._feed(data)
+        if size < 0:
+            out, self._buf = self._buf, b""
+        else:
+            out, self._buf = self._buf[:size], self._buf[size:]
+        return out
+
+    def _feed(self, data: bytes) -> None:
+        while data:
+            self._in_frame = True
+            self._buf += self._obj.decompress(data)
+            if not self._obj.eof:
+                return
+            self._in_frame = False
+            data = self._obj.unused_data
+            self._obj = self._zstd.ZstdDecompressor().decompressobj()
+
+    def close(self) -> None:
+        self._raw.close()
+
+
+class _Decompressed:
+    """A decompressing reader whose failures name the file.
+
+    A truncated ``.gz`` raises ``EOFError`` mid-read, which Click takes for Ctrl-D and turns
+    into a bare ``Aborted!``; corrupt data raises ``BadGzipFile``/``zlib.error``/
+    ``ZstdError``. All become ``FILE: gzip data is truncated or corrupt (...)``.
+    """
+
+    def __init__(self, stream: Any, path: str, kind: str, raw: IO[bytes]) -> None:
+        self._stream = stream
+        self._path = path
+        self._kind = kind
+        self.fileobj = raw  # the compressed file, for progress by bytes read
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self._stream.read(size)
+        except (EOFError, OSError, zlib.error) as exc:
+            raise self._error(exc) from None
+        except Exception as exc:  # zstandard.ZstdError derives from Exception only
+            if type(exc).__name__ != "ZstdError":
+                raise
+            raise self._error(exc) from None
+
+    def _error(self, exc: BaseException) -> TraceFormatError:
+        detail = str(exc) or type(exc).__name__
+        return TraceFormatError(f"{self._kind} data is truncated or corrupt ({detail})",
+                                path=self._path)
+
+    def close(self) -> None:
+        self._stream.close()
+        self.fileobj.close()
+
+    def __enter__(self) -> "_Decompressed":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def iter_line_chunks(fh: IO[bytes], chunk_bytes: int = 16 << 20) -> Iterator[tuple[int, bytes]]:

@@ -168,8 +168,11 @@ def _flat(col: pl.Series) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _ideal_hits(df: pl.DataFrame, inp: np.ndarray, arrival: np.ndarray, hbs: int,
-                batch_rows: int = 8192) -> _Hits:
+                batch_rows: int = 1024) -> _Hits:
     """Leading-run hits, distinct blocks and reuse distances, batch by batch.
+
+    1,024 rows per batch: on the bundled agentic hour (about 760 hashes per row) the
+    peak is 575 MB and 8.6 s, against 1.18 GB and 14.7 s at 8,192 rows; same results.
 
     Memory is bounded by one batch of rows plus the sorted array of distinct hashes seen
     so far (with each one's last use), not by the total number of hashes (the agentic

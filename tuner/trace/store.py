@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -23,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tuner.errors import TraceSchemaError
+from tuner.outputs import AtomicOutput
 from tuner.trace.request import TRACE_COLUMNS, TraceRequest
 from tuner.trace.schema import (
     METADATA_KEY,
@@ -41,19 +41,19 @@ class TraceWriter:
 
     Lifecycle: ``with TraceWriter(path, metadata) as w: w.write(batch) ...``. On a clean
     exit the file gets its final ``num_rows`` and is renamed to ``path``; on an exception
-    the temporary file is deleted and ``path`` is untouched.
+    the temporary file is deleted and ``path`` is untouched. The output is checked and
+    written by :class:`tuner.outputs.AtomicOutput`: ``inputs`` (the files the rows come
+    from) are refused as the output, so are folders and devices.
     """
 
     def __init__(self, path: str | os.PathLike[str], metadata: TraceMetadata, *,
-                 compression_level: int = 3) -> None:
-        self.path = Path(path)
+                 compression_level: int = 3, inputs: Iterable[str | os.PathLike[str]] = (),
+                 announce: bool = True) -> None:
         self.metadata = metadata
         self.num_rows = 0
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp",
-                                   dir=self.path.parent)
-        os.close(fd)
-        self.tmp_path = Path(tmp)
+        self._out = AtomicOutput(path, inputs=inputs, announce=announce)
+        self.path = self._out.path
+        self.tmp_path = self._out.tmp_path
         self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
             self.tmp_path, SCHEMA, compression="zstd",
             # Dictionaries only where values repeat; hashes and ids are (nearly) unique.
@@ -72,18 +72,20 @@ class TraceWriter:
         self._writer.write_table(data, row_group_size=ROW_GROUP_SIZE)
         self.num_rows += data.num_rows
 
-    def close(self) -> Path:
-        """Finish the file and move it into place; returns the final path."""
+    def finish(self) -> Path:
+        """Finish the temporary file (final ``num_rows`` and metadata) without placing it."""
         assert self._writer is not None, "TraceWriter closed twice"
         self.metadata = self.metadata.replace(num_rows=self.num_rows)
         self._writer.add_key_value_metadata({METADATA_KEY: self.metadata.to_json().encode()})
         self._writer.close()
         self._writer = None
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(self.tmp_path, 0o666 & ~umask)  # mkstemp made it 0600
-        os.replace(self.tmp_path, self.path)
-        return self.path
+        return self.tmp_path
+
+    def close(self) -> Path:
+        """Finish the file and move it into place; returns the final path."""
+        if self._writer is not None:
+            self.finish()
+        return self._out.commit()
 
     def abort(self) -> None:
         """Drop the temporary file (idempotent)."""
@@ -92,7 +94,7 @@ class TraceWriter:
                 self._writer.close()
             finally:
                 self._writer = None
-        self.tmp_path.unlink(missing_ok=True)
+        self._out.abort()
 
     def __enter__(self) -> "TraceWriter":
         return self
@@ -202,17 +204,28 @@ class Trace:
     def requests(self) -> list[TraceRequest]:
         return list(self.iter_requests())
 
-    def write(self, path: str | os.PathLike[str], *, compression_level: int = 9) -> Path:
+    def write(self, path: str | os.PathLike[str], *, compression_level: int = 9,
+              inputs: Iterable[str | os.PathLike[str]] = ()) -> Path:
         """Write this trace to ``path`` (atomically) in its stored row order.
+
+        ``path`` may not be one of ``inputs`` nor a file this trace was read from.
 
         Ingested traces are stored in arrival order; synthesized ones grouped by session,
         which lets zstd fold each turn's repeated prefix into a back-reference (level 9:
         the bundled agentic hour is 4.4 MB instead of 5.1 MB at level 3, for 1 s more).
         """
         table = self._frame.collect().to_arrow().select(list(TRACE_COLUMNS)).cast(SCHEMA)
-        with TraceWriter(path, self.metadata, compression_level=compression_level) as writer:
+        sources = [*inputs, *self._source_files()]
+        with TraceWriter(path, self.metadata, compression_level=compression_level,
+                         inputs=sources) as writer:
             writer.write(table)
-        return Path(path)
+        return writer.path
+
+    def _source_files(self) -> list[Path]:
+        if self.source is None:
+            return []
+        p = Path(self.source)
+        return sorted(p.rglob("*.parquet")) if p.is_dir() else [p]
 
     def __len__(self) -> int:
         if self._len is None:

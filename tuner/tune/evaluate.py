@@ -22,14 +22,16 @@ Windows (``Windows``; times on the trace clock)::
 
 from __future__ import annotations
 
-import array
 import bisect
 import dataclasses
 import hashlib
 import math
+import pathlib
 import struct
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, Sequence
+
+import numpy as np
 
 from tuner.errors import ConfigError
 from tuner.sim.settings import SchedulerSettings
@@ -170,6 +172,10 @@ class ReplayEvaluator:
         return {
             "factory": self.FACTORY,
             "trace_path": self.trace_path,
+            # The path as given is relative to where tune ran; a report or a joiner run
+            # elsewhere finds the file through this one (and checks the fingerprint).
+            "trace_resolved": (str(pathlib.Path(self.trace_path).resolve())
+                               if self.trace_path else None),
             "trace_fingerprint": self.fingerprint,
             "target": target_to_dict(self.target),
             "backend": self.backend,
@@ -304,8 +310,9 @@ def requests_fingerprint(requests: Sequence[Any], hash_block_size: int | None) -
         h.update(r.request_id.encode() + b"\0")
         h.update(struct.pack("<dqqii", float(r.arrival_s), int(r.input_len), int(r.output_len),
                              len(r.block_hashes), len(r.output_block_hashes)))
-        h.update(array.array("Q", r.block_hashes).tobytes())
-        h.update(array.array("Q", r.output_block_hashes).tobytes())
+        # Native uint64 bytes, as array("Q") gives, without a Python loop over numpy views.
+        h.update(np.asarray(r.block_hashes, dtype=np.uint64).tobytes())
+        h.update(np.asarray(r.output_block_hashes, dtype=np.uint64).tobytes())
     return h.hexdigest()
 
 

@@ -215,6 +215,7 @@ class TuneResult:
                                if p.holdout else None)} for p in self.front]
         provenance = {
             "trace": {"path": spec.get("trace_path"),
+                      "resolved": spec.get("trace_resolved"),
                       "fingerprint": spec.get("trace_fingerprint"),
                       "time_range_s": [self.windows.t0, self.windows.t1]},
             "windows": self.windows.to_dict(),

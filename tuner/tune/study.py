@@ -147,7 +147,8 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
         started = time.perf_counter()
         storage_obj = open_storage(storage_url) if storage_url else optuna.storages.InMemoryStorage()
         study = _create_or_load(storage_obj, study_name, config)
-        notes = _fail_dead_local_trials(study)
+        notes = _resume_note(study, study_name, storage_url)
+        notes += _fail_dead_local_trials(study)
         notes += _enqueue_start_points(study, config, evaluator, warm_start)
         timings: dict[str, float] = {}
         with StudyProgress(check_progress(progress)) as bar:
@@ -287,6 +288,17 @@ def _create_or_load(storage: Any, name: str, config: StudyConfig) -> "optuna.Stu
     if stored["n_trials"] != config.n_trials:  # resuming with a new budget is allowed
         StudyRecords.write_config(study, {**stored, "n_trials": config.n_trials})
     return study
+
+
+def _resume_note(study: "optuna.Study", name: str, storage_url: str | None) -> list[str]:
+    """Say so when this run continues an existing study instead of starting afresh."""
+    from optuna.trial import TrialState
+
+    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+    if not done:
+        return []
+    return [f"resumed study {name!r} ({redact_url(storage_url)}): {done} trial(s) were already "
+            "finished and are kept; pass another --study name to start afresh"]
 
 
 def _fail_dead_local_trials(study: "optuna.Study") -> list[str]:

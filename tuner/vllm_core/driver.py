@@ -428,10 +428,9 @@ def main(argv: list[str]) -> int:
         result: Any = [VllmCoreReplay(j).run() for j in job]
     else:
         result = VllmCoreReplay(job).run()
-    tmp = argv[2] + ".tmp"
-    with open(tmp, "wb") as f:
-        pickle.dump(result, f, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(tmp, argv[2])
+    from tuner.outputs import write_bytes  # standard library only, like this driver
+
+    write_bytes(argv[2], pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL), announce=False)
     return 0
 
 

@@ -9,12 +9,14 @@ The two used to import each other (the driver lazily), an import circle.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any, Literal
 
 import pyarrow as pa
 
 from tuner.errors import TraceFormatError
+from tuner.outputs import AtomicOutput
 from tuner.trace.hashing import Hasher
 from tuner.trace.schema import SCHEMA
 
@@ -23,13 +25,23 @@ OnError = Literal["fail", "skip"]
 #: Internal batch column: 1-based source line of each row (dropped before writing).
 LINE = "_line"
 
+#: Longest prompt or output accepted (tokens); anything longer is a corrupt record.
+MAX_TOKENS = 16 * 1024 * 1024
+
+#: What readers produce: the trace schema with 64-bit lengths, so an absurd length reaches
+#: validation (and its message) as the number the log holds, not clipped or overflowed;
+#: :class:`TraceWriter` casts the validated rows to :data:`SCHEMA`'s int32.
+READER_SCHEMA = pa.schema([
+    pa.field(f.name, pa.int64()) if f.name in ("input_len", "output_len") else f
+    for f in SCHEMA.remove_metadata()])
+
 
 class IngestContext:
     """Per-source state a reader needs: hashing, block size, and bad-record handling."""
 
     def __init__(self, *, path: str, hasher: Hasher, hash_block_size: int, on_error: OnError,
                  quarantine: "Quarantine", tokenizer: str | None = None,
-                 source_index: int = 0) -> None:
+                 source_index: int = 0, output_len: int | None = None) -> None:
         self.path = path
         self.hasher = hasher
         self.hash_block_size = hash_block_size
@@ -40,6 +52,8 @@ class IngestContext:
         self.stem = Path(path).name.split(".")[0] or "src"
         self.tokenizer_identity: str | None = None
         self.skipped = 0
+        self.output_len = output_len  # --output-len: the length of every unlogged output
+        self.filled: dict[str, int] = {}  # fill rule -> requests it filled
 
     def bad(self, line: int | None, field_name: str, reason: str, raw: bytes | str | None = None) -> None:
         """Report a malformed record: raise under ``fail``, quarantine under ``skip``."""
@@ -49,22 +63,42 @@ class IngestContext:
         self.skipped += 1
         self.quarantine.add(self.path, line, f"{field_name}: {reason}", raw)
 
+    def fill_output_len(self, line: int, max_tokens: int | None) -> int | None:
+        """The output length of a request whose log holds no output, by the documented
+        rule (docs/trace-format.md): ``--output-len`` if given, else the request's logged
+        ``max_tokens`` (an upper bound: vLLM stops earlier at EOS or a stop string).
+        Without either the record is bad (None: skipped or raised)."""
+        if self.output_len is not None:
+            rule, value = f"--output-len {self.output_len}", self.output_len
+        elif max_tokens is not None:
+            rule, value = "max_tokens from the logged SamplingParams (an upper bound)", max_tokens
+        else:
+            self.bad(line, "output_token_ids", "no output logged and no max_tokens in its "
+                     "SamplingParams; pass --output-len N or run vLLM with --enable-log-outputs")
+            return None
+        self.filled[rule] = self.filled.get(rule, 0) + 1
+        return value
+
 
 class Quarantine:
     """Bad records under ``--on-error skip``: JSON lines beside the output.
 
     Each line is ``{"source", "line", "error", "raw"}``; ``raw`` is the offending input
     line, so the file may hold prompt text: it stays beside the output, never inside it.
+    Written like every output (:mod:`tuner.outputs`): placed only when ingest succeeds.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, inputs: Sequence[str] = ()) -> None:
         self.path = path
+        self.inputs = list(inputs)
         self.count = 0
+        self._out: AtomicOutput | None = None
         self._fh: IO[str] | None = None
 
     def add(self, source: str, line: int | None, error: str, raw: bytes | str | None) -> None:
         if self._fh is None:
-            self._fh = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
+            self._out = AtomicOutput(self.path, inputs=self.inputs)
+            self._fh = open(self._out.tmp_path, "w", encoding="utf-8")  # noqa: SIM115
         if isinstance(raw, bytes):
             raw = raw.decode("utf-8", "replace")
         self._fh.write(json.dumps({"source": source, "line": line, "error": error,
@@ -72,9 +106,17 @@ class Quarantine:
         self.count += 1
 
     def close(self) -> None:
-        if self._fh is not None:
+        """Place the quarantine file (when any record was skipped)."""
+        if self._fh is not None and self._out is not None:
             self._fh.close()
             self._fh = None
+            self._out.commit()
+
+    def abort(self) -> None:
+        if self._fh is not None and self._out is not None:
+            self._fh.close()
+            self._fh = None
+            self._out.abort()
 
 
 def make_batch(columns: dict[str, Any], lines: Any, *, field_names: dict[str, str] | None = None) -> pa.Table:
@@ -84,13 +126,13 @@ def make_batch(columns: dict[str, Any], lines: Any, *, field_names: dict[str, st
     """
     n = len(lines)
     arrays = []
-    for f in SCHEMA:
+    for f in READER_SCHEMA:
         if f.name in columns:
             v = columns[f.name]
             arrays.append(v if isinstance(v, (pa.Array, pa.ChunkedArray)) else pa.array(v, f.type))
         else:
             arrays.append(pa.nulls(n, f.type))
-    table = pa.Table.from_arrays(arrays, schema=SCHEMA.remove_metadata())
+    table = pa.Table.from_arrays(arrays, schema=READER_SCHEMA)
     table = table.append_column(LINE, pa.array(lines, pa.int64()))
     if field_names:
         # Source field names ride in the schema metadata, so validation errors can say

@@ -25,7 +25,7 @@ from typing import IO, Any
 import numpy as np
 import pyarrow as pa
 
-from tuner.trace.formats._batch import IngestContext, make_batch
+from tuner.trace.formats._batch import MAX_TOKENS, IngestContext, make_batch
 from tuner.trace.sources import iter_line_chunks
 
 _BATCH_ROWS = 65_536
@@ -88,13 +88,14 @@ class _CsvReader(abc.ABC):
         cols = {k: [p[1][k] for p in parsed] for k in keys}
         uids = np.arange(self._uid, self._uid + len(parsed), dtype=np.int64)
         self._uid += len(parsed)
-        inp = np.clip(np.asarray(cols["input_len"], dtype=np.int64), 0, 2**31 - 1)
-        cols["block_hashes"] = unique_block_hashes(uids, np.maximum(inp, 0), ctx.hash_block_size)
+        inp = np.asarray(cols["input_len"], dtype=np.int64)
+        # Absurd lengths get no hashes (validation rejects the row, naming the true length).
+        hashed_len = np.where((inp >= 0) & (inp <= MAX_TOKENS), inp, 0)
+        cols["block_hashes"] = unique_block_hashes(uids, hashed_len, ctx.hash_block_size)
         prefix = ctx.stem if ctx.source_index == 0 else f"{ctx.stem}#{ctx.source_index}"
         cols["request_id"] = [f"{prefix}-{n}" for n in lines.tolist()]
-        cols["input_len"] = inp.astype(np.int32)
-        cols["output_len"] = np.clip(np.asarray(cols["output_len"], dtype=np.int64),
-                                     -(2**31), 2**31 - 1).astype(np.int32)
+        cols["input_len"] = inp
+        cols["output_len"] = np.asarray(cols["output_len"], dtype=np.int64)
         yield make_batch(cols, lines, field_names=self.FIELDS)
 
     def _int(self, rec: list[str], idx: int, name: str, line_no: int, ctx: IngestContext) -> int | None:

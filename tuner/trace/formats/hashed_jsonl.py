@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from tuner.trace.formats._mooncake_fast import parse_chunk
 from tuner.trace.formats._batch import IngestContext, make_batch
-from tuner.trace.sources import iter_line_chunks
+from tuner.trace.sources import iter_line_chunks, json_problem
 
 
 class _HashedJsonlReader:
@@ -84,8 +84,8 @@ class _HashedJsonlReader:
         cols = {
             "arrival_s": pa.array(table.column("timestamp").to_numpy() * self.TIME_SCALE,
                                   pa.float64()),
-            "input_len": _int32(table.column("input_length")),
-            "output_len": _int32(table.column("output_length")),
+            "input_len": _int64(table.column("input_length")),
+            "output_len": _int64(table.column("output_length")),
             "block_hashes": block_hashes,
         }
         cols.update(self._extra_columns(table, lines, ctx))
@@ -122,7 +122,7 @@ class _HashedJsonlReader:
         try:
             obj = json.loads(raw)
         except ValueError as exc:
-            ctx.bad(line_no, "json", f"not valid JSON ({exc.msg})", raw)
+            ctx.bad(line_no, "json", json_problem(exc), raw)
             return None
         if not isinstance(obj, dict):
             ctx.bad(line_no, "json", "not a JSON object", raw)
@@ -214,6 +214,11 @@ class BailianReader(_HashedJsonlReader):
 
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _int64(col: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """A length column as the log holds it; validation reports absurd values exactly."""
+    return pa.array(np.asarray(col.to_numpy(), dtype=np.int64), pa.int64())
 
 
 def _int32(col: pa.ChunkedArray | pa.Array) -> pa.Array:

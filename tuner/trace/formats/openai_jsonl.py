@@ -46,7 +46,7 @@ import pyarrow as pa
 from tuner.errors import ConfigError
 from tuner.loaders import load_json
 from tuner.trace.formats._batch import IngestContext, make_batch
-from tuner.trace.sources import iter_lines
+from tuner.trace.sources import iter_lines, json_problem
 
 _BATCH_ROWS = 8192
 _TIME_KEYS = ("timestamp", "time", "created_at", "start_time", "request_time")
@@ -213,7 +213,7 @@ class OpenAIJsonlReader:
         try:
             obj = json.loads(raw)
         except ValueError as exc:
-            ctx.bad(line_no, "json", f"not valid JSON ({exc.msg})", raw)
+            ctx.bad(line_no, "json", json_problem(exc), raw)
             return None
         if not isinstance(obj, dict):
             ctx.bad(line_no, "json", "not a JSON object", raw)

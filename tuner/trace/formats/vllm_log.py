@@ -54,6 +54,7 @@ _GENERATED = re.compile(
     r"(?P<details> details)?: (?P<rest>.*)$")
 _ABORTED = re.compile(r"^Aborted request(?:\(s\)|s)? (?P<ids>.+?)\.?$")
 _FINISH = re.compile(r"finish_reason: (?P<reason>\S+?)\.?$")
+_MAX_TOKENS = re.compile(r"\bmax_tokens=(?P<n>\d+)")
 _IDS_INPUT = "prompt_token_ids: "
 _IDS_OUTPUT = "output_token_ids: "
 
@@ -70,6 +71,8 @@ class _Pending:
     output_ids: list[int] = field(default_factory=list)
     status: str | None = None
     done: bool = False
+    max_tokens: int | None = None  # from the logged SamplingParams
+    output_logged: bool = False  # a "Generated response" line was seen
 
 
 _IDS_RE = {
@@ -159,6 +162,8 @@ class VllmLogReader:
                 ctx.bad(line_no, "timestamp", f"not a date ({m.group('ts')!r})", raw)
                 return
             req = _Pending(line=line_no, arrival_s=t, prompt_ids=self._early.pop(rid, None))
+            cap = _MAX_TOKENS.search(r.group("rest"))
+            req.max_tokens = int(cap.group("n")) if cap else None
             ids = _parse_ids(r.group("rest"), _IDS_INPUT)
             if ids == "bad":
                 ctx.bad(line_no, "prompt_token_ids", "not a list of integers", raw)
@@ -182,6 +187,7 @@ class VllmLogReader:
             if req is None or req.done:
                 return  # output of a request received before the log starts
             rest = r.group("rest")
+            req.output_logged = True
             ids = _parse_ids(rest, _IDS_OUTPUT)
             if ids == "bad":
                 ctx.bad(line_no, "output_token_ids", "not a list of integers", raw)
@@ -205,7 +211,9 @@ class VllmLogReader:
                     req.status = "aborted"
         elif (r := _ABORTED.match(msg)) is not None:
             for rid in re.split(r"[,\s\[\]']+", r.group("ids")):
-                req = pending.get(rid)
+                # The engine may name a request by its logged id plus a suffix of its own
+                # (vLLM 0.32: "cmpl-<hex>-0-<8 hex>" for the logged "cmpl-<hex>-0").
+                req = pending.get(rid) or pending.get(rid.rsplit("-", 1)[0])
                 if req is not None:
                     req.status, req.done = "aborted", True
 
@@ -222,20 +230,34 @@ class VllmLogReader:
                         "not logged for this request; run vLLM with VLLM_LOGGING_LEVEL=DEBUG "
                         "(0.33 logs prompt ids only at DEBUG) and --enable-log-requests")
                 continue
+            output_ids = req.output_ids
+            status = req.status
+            if not req.output_logged:
+                # No output line at all: "still open at the end of the log" cannot be told
+                # from "finished unlogged", so the status stays unknown (unless aborted).
+                status = None if status == "unfinished" else status
+                filled = ctx.fill_output_len(req.line, req.max_tokens)
+                if filled is None:
+                    continue
+                # Generated tokens are unknown: their blocks get no hashes (no prefix
+                # sharing through this answer), only its length is modelled.
+                output_len, output_ids = filled, []
+            else:
+                output_len = len(output_ids)
             prompt = req.prompt_ids
             n_full = len(prompt) // hbs
             blocks = h.token_block_hashes(prompt, hbs)
-            stream = prompt + req.output_ids
+            stream = prompt + output_ids
             parent = blocks[n_full - 1] if n_full else 0
             out_blocks = h.token_block_hashes(stream, hbs, parent=parent, include_partial=False,
                                               start=n_full * hbs)
             cols["request_id"].append(rid)
             cols["arrival_s"].append(req.arrival_s)
             cols["input_len"].append(len(prompt))
-            cols["output_len"].append(len(req.output_ids))
+            cols["output_len"].append(output_len)
             cols["block_hashes"].append(blocks)
             cols["output_block_hashes"].append(out_blocks)
-            cols["status"].append(req.status)
+            cols["status"].append(status)
             lines.append(req.line)
         if not lines:
             return None
