@@ -16,9 +16,9 @@ import argparse
 import time
 
 from tuner.sim.batch import StepBatch
-from tuner.sim.hardware import load_hardware
-from tuner.sim.models import load_model
-from tuner.sim.step_time import RooflineStepTimeModel
+from tuner.perf.hardware import load_hardware
+from tuner.perf.models import load_model
+from tuner.perf.step_time import RooflineStepTimeModel
 
 BATCHES = {
     "decode 128 x 8k": StepBatch.from_requests([(8191, 1)] * 128),

@@ -108,7 +108,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     """One replay in this (fresh) process: its figures and peak RSS."""
     from tuner import replay
     from tuner.metrics import summarize
-    from tuner.sim.target import Target
+    from tuner.perf.target import Target
 
     t0 = time.perf_counter()
     result = replay.run(spec["trace"], target=Target(**TARGET))

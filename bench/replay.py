@@ -49,8 +49,8 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     from tuner import replay
     from tuner.metrics import summarize
     from tuner.sim.load import ClosedLoop, OpenLoop
-    from tuner.sim.presets import resolve_target
-    from tuner.sim.target import Target
+    from tuner.perf.presets import resolve_target
+    from tuner.perf.target import Target
 
     target = Target(**spec["target"])
     resolved = resolve_target(target)

@@ -21,7 +21,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from tuner.sim.target import Target  # noqa: E402
+from tuner.perf.target import Target  # noqa: E402
 from tuner.tune import ReplayEvaluator, StudyConfig, load_space, parse_objectives  # noqa: E402
 from tuner.tune._progress import StudyProgress  # noqa: E402
 from tuner.tune.storage import open_storage  # noqa: E402

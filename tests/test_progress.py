@@ -56,7 +56,7 @@ def test_ingest_reports_bytes(tmp_path: pathlib.Path) -> None:
 
 def test_replay_reports_fractions(tmp_path: pathlib.Path) -> None:
     from tuner import replay
-    from tuner.sim.target import Target
+    from tuner.perf.target import Target
     from tuner.trace import synthesize
 
     trace = synthesize("chat", duration_s=20, rate=2, seed=1)

@@ -192,6 +192,8 @@ class SchedulerArgsPlan:
     scheduler_cls: str | None = None  # set when the plugin carries cache-aware admission
     async_scheduling: bool | None = None  # False -> emit --no-async-scheduling
     additional_config: dict[str, Any] | None = None  # the plugin's window/threshold
+    #: engine (not scheduler) flags the twin's clock assumed: --quantization, --kv-cache-dtype
+    engine: list[tuple[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # comment lines (what and why)
 
     def serve_args(self) -> list[str]:
@@ -210,6 +212,8 @@ class SchedulerArgsPlan:
             args.append("--no-async-scheduling")
         if self.additional_config is not None:
             args += ["--additional-config", json.dumps(self.additional_config)]
+        for name, value in self.engine:
+            args += [flag_name(name), value]
         return args
 
     def config_mapping(self) -> dict[str, Any]:
@@ -223,6 +227,8 @@ class SchedulerArgsPlan:
             # A JSON string, as on the command line: every vLLM version's config loader
             # passes a string through unchanged.
             out["additional-config"] = json.dumps(self.additional_config)
+        for name, value in self.engine:
+            out[flag_name(name)[2:]] = value
         return out
 
     def scheduler_kwargs(self) -> dict[str, Any]:

@@ -64,13 +64,14 @@ def test_a_launched_calibration_server_runs_synchronous_with_the_probe_budget(
     plan = ProbePlan(prefill_lens=(64,))
     out = runs.calibrate_server(launch, hardware="h200", model="llama-3.1-8b", tp=2, plan=plan,
                                 max_num_batched_tokens=1024, max_model_len=2048,
-                                progress=lines.append)
+                                progress=lines.append, quantization="fp8")
     assert out == "result" and recorded["stopped"]
     assert recorded["options"].async_scheduling is False
     assert recorded["settings"] == runs.probe_settings(1024)
     assert recorded["calibrate"] == {"hardware": "h200", "model": "llama-3.1-8b", "tp": 2,
                                      "plan": plan, "max_num_batched_tokens": 1024,
-                                     "max_model_len": 2048, "progress": lines.append}
+                                     "max_model_len": 2048, "progress": lines.append,
+                                     "quantization": "fp8", "kv_cache_dtype": None}
     assert lines == ["server ready (1.5 s, vLLM 0.32.0)"]
 
 

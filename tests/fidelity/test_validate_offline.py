@@ -11,7 +11,7 @@ from tuner.fidelity.validate import COMPARED, compare_on_server, confirm_on_serv
 from tuner.metrics import summarize
 from tuner.serve.server import ServerOptions
 from tuner.sim.settings import SchedulerSettings
-from tuner.sim.target import Target
+from tuner.perf.target import Target
 from tuner.trace import TraceRequest
 
 TARGET = Target(hardware="h200", model="llama-3.1-8b", tp=1, block_size=16, num_gpu_blocks=4000)

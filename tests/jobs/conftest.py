@@ -18,15 +18,16 @@ from tests.jobs.fixtures import mooncake_lines, write_lines  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
-#: Small but under KV pressure: 60 req/s of 2-6k-token prompts into 1,500 16-token blocks,
-#: where vLLM's defaults (1,024 seqs, 16k batched tokens) thrash and a tuned cap wins.
+#: Small but under KV pressure: 60 req/s of 2-6k-token prompts into 1,000 16-token blocks,
+#: where vLLM's defaults (1,024 seqs, 16k batched tokens) thrash and a tuned cap wins
+#: (1,000 since issue 15's clock: at 1,500 blocks the fitted MI355X clock no longer thrashes).
 BASE_CONFIG: dict[str, Any] = {
     "sources": [{"glob": "logs/*.jsonl", "format": "mooncake"}],
     "state_dir": "state",
     "profile": "prod",
     "profiles_dir": "profiles",
     "window": "1h",
-    "target": {"hardware": "mi355x", "model": "llama-3.1-8b", "tp": 1, "num_gpu_blocks": 1500},
+    "target": {"hardware": "mi355x", "model": "llama-3.1-8b", "tp": 1, "num_gpu_blocks": 1000},
     "space": "scheduler",
     "trials": 6,
     "decide_on": ["output_throughput_per_gpu"],

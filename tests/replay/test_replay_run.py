@@ -13,9 +13,9 @@ from tuner.metrics import itl_samples_from_steps, summarize, weighted_percentile
 from tuner.replay import Backend, ideal_hit_rate, reblock_request
 from tuner.replay import _backend
 from tuner.sim.load import ClosedLoop, OpenLoop
-from tuner.sim.presets import resolve_target
+from tuner.perf.presets import resolve_target
 from tuner.sim.settings import SchedulerSettings, SimOptions
-from tuner.sim.target import Target
+from tuner.perf.target import Target
 from tuner.trace import TraceRequest
 
 from replay_traces import make_requests

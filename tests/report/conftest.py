@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 from tuner.profile import save_profile
-from tuner.sim.target import Target
+from tuner.perf.target import Target
 from tuner.trace import synthesize
 
 #: A KV cache small enough that the admission window changes the outcome.

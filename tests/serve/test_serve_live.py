@@ -21,9 +21,9 @@ from tuner.fidelity.calibrate import ProbePlan, calibrate
 from tuner.serve.backend import ServerDiedError
 from tuner.serve.server import ServerOptions, VllmServer, group_alive
 from tuner.sim.load import ClosedLoop, OpenLoop
-from tuner.sim.presets import resolve_target, save_calibration
+from tuner.perf.presets import resolve_target, save_calibration
 from tuner.sim.settings import SchedulerSettings
-from tuner.sim.target import Target
+from tuner.perf.target import Target
 from tuner.trace import TraceRequest
 
 pytestmark = pytest.mark.vllm

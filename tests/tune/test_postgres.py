@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 
 from tests.envs import missing_env
 from tuner.profile import save_profile
-from tuner.sim.target import Target
+from tuner.perf.target import Target
 from tuner.tune import open_storage, tune
 
 URL = os.environ.get("TUNER_TEST_POSTGRES_URL")

@@ -9,7 +9,7 @@ import pytest
 from tests.tune.tracegen import write_small_trace
 from tuner.errors import ConfigError
 from tuner.profile import export_profile, load_profile, save_profile
-from tuner.sim.target import Target
+from tuner.perf.target import Target
 from tuner.tune import ReplayEvaluator, join, tune
 
 TARGET = Target(hardware="mi355x", model="llama-3.1-70b", tp=8, num_gpu_blocks=1500)

@@ -11,7 +11,7 @@ import dataclasses
 from tuner.fidelity.parity import ParityCase
 from tuner.sim.load import ClosedLoop
 from tuner.sim.settings import SchedulerSettings, SimOptions
-from tuner.sim.target import Target
+from tuner.perf.target import Target
 from tuner.trace.request import TraceRequest
 from tuner.trace.synth import synthesize
 

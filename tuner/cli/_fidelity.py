@@ -54,7 +54,7 @@ def fidelity_command(trace: str, vllm_python: str | None, hardware: str, model: 
     from tuner import vllm_compat
     from tuner.fidelity.parity import run_parity
     from tuner.fidelity.runs import twin_options_for
-    from tuner.sim.presets import resolve_target
+    from tuner.perf.presets import resolve_target
 
     python = vllm_compat.find_vllm_python(vllm_python, "core")
     target = make_target(hardware, model, tp, dp, block_size, num_gpu_blocks,

@@ -15,15 +15,33 @@ P90_HELP = ("p90 interactivity = 1 / (90th percentile over requests of the per-r
             "users get (SemiAnalysis AgentX definition).")
 
 
+def _stash_dtype(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """``--quantization``/``--kv-cache-dtype`` go to ``ctx.meta`` for :func:`make_target`,
+    so every command that takes the target flags gets them without a new parameter."""
+    if value is not None:
+        ctx.meta[f"tuner.target.{param.name}"] = value.lower()
+
+
 def target_options(func):  # type: ignore[no-untyped-def]
-    """The deployment flags shared by replay-like commands (-> ``tuner.sim.target.Target``)."""
+    """The deployment flags shared by replay-like commands (-> ``tuner.perf.target.Target``)."""
+    from tuner.perf.dtypes import KV_CACHE_DTYPES, QUANTIZATION_CHOICES
+
     opts = [
         click.option("--hardware", default="mi355x", show_default=True,
                      help="Hardware preset (mi355x, mi300x, mi325x, h100, h200, b200) or a YAML file."),
         click.option("--model", default="llama-3.1-70b", show_default=True,
-                     help="Model preset name or a Hugging Face config.json (or its folder)."),
-        click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
-                     help="Tensor-parallel size (GPUs per engine)."),
+                     help="Model preset name, a Hugging Face config.json (or its folder), or a "
+                          "Hugging Face id whose config ships with aiconfigurator-core "
+                          "(pip install 'tuner[aic]'); no model hub is contacted."),
+        click.option("--tp", "--tensor-parallel-size", "tp", type=click.IntRange(min=1),
+                     default=1, show_default=True, help="Tensor-parallel size (GPUs per engine)."),
+        click.option("--quantization", type=click.Choice(QUANTIZATION_CHOICES, case_sensitive=False),
+                     default=None, expose_value=False, callback=_stash_dtype,
+                     help="As vLLM's --quantization (fp8, mxfp4, awq, ...) [default: the "
+                          "checkpoint's quantization_config, else its dtype]."),
+        click.option("--kv-cache-dtype", type=click.Choice(list(KV_CACHE_DTYPES), case_sensitive=False),
+                     default=None, expose_value=False, callback=_stash_dtype,
+                     help="As vLLM's --kv-cache-dtype [default: auto = the model dtype]."),
         click.option("--dp", type=click.IntRange(min=1), default=1, show_default=True,
                      help="Data-parallel engines."),
         click.option("--block-size", type=click.IntRange(min=1), default=None,
@@ -46,11 +64,15 @@ def target_options(func):  # type: ignore[no-untyped-def]
 def make_target(hardware: str, model: str, tp: int, dp: int, block_size: int | None,
                 num_gpu_blocks: int | None, gpu_memory_utilization: float,
                 max_model_len: int | None, calibration: str | None):  # type: ignore[no-untyped-def]
-    from tuner.sim.target import Target
+    from tuner.perf.target import Target
 
+    ctx = click.get_current_context(silent=True)
+    meta = ctx.meta if ctx is not None else {}
     return Target(hardware=hardware, model=model, tp=tp, dp=dp, block_size=block_size,
                   num_gpu_blocks=num_gpu_blocks, gpu_memory_utilization=gpu_memory_utilization,
-                  max_model_len=max_model_len, calibration=calibration)
+                  max_model_len=max_model_len, calibration=calibration,
+                  quantization=meta.get("tuner.target.quantization"),
+                  kv_cache_dtype=meta.get("tuner.target.kv_cache_dtype"))
 
 
 def make_load(speedup: float | None, concurrency: int | None):  # type: ignore[no-untyped-def]
@@ -109,7 +131,7 @@ def replay_command(trace: str, backend: str, hardware: str, model: str, tp: int,
 
     from tuner import replay
     from tuner.metrics import summarize, summary_table, write_requests_parquet
-    from tuner.sim.presets import resolve_target
+    from tuner.perf.presets import resolve_target
 
     if measure_from is not None and measure_to is not None and measure_to <= measure_from:
         raise ConfigError(f"--measure-to ({measure_to}) must be greater than --measure-from "

@@ -105,9 +105,40 @@ def _mixed(text: str) -> tuple[tuple[int, int, int], ...]:
     return tuple(out)
 
 
+def _calibrate_from_benchmarks(csv_path: str, output: str, *, loso: bool, as_json: bool) -> None:
+    """``tuner calibrate --from-benchmarks``: fit, write the presets file, print errors."""
+    from tuner.perf.benchmark_fit import fit_benchmarks, median_abs_error, save_document
+
+    fit = fit_benchmarks(csv_path, loso=loso)
+    doc = fit.document()
+    path = save_document(output, doc)
+    if as_json:
+        echo_json({"output": str(path), **doc,
+                   "predictions": [{"row": p.row.id, "figure": p.figure, "published": p.published,
+                                    "predicted": p.predicted} for p in fit.in_sample]})
+        return
+    click.echo(f"wrote {path}: {len(fit.runs)} rows replayed, {len(fit.skipped)} skipped")
+    for s in fit.skipped:
+        click.echo(f"  skipped {s.id}: {s.reason}")
+    click.echo(f"median |error| over {len(fit.in_sample)} figures: in sample "
+               f"{100 * median_abs_error(fit.in_sample):.1f}%, priors only "
+               f"{100 * median_abs_error(fit.at_priors):.1f}%"
+               + (f", leave-one-series-out {100 * median_abs_error(fit.loso):.1f}%"
+                  if fit.loso is not None else ""))
+
+
 @click.command(name="calibrate")
 @target_options
 @server_options
+@click.option("--from-benchmarks", "from_benchmarks", type=click.Path(exists=True, dir_okay=False),
+              default=None, help="Fit the per-GPU step-time coefficients to published (or your "
+                                 "own `vllm bench serve`) results in this CSV instead of probing "
+                                 "a server; -o gets the fitted-presets YAML "
+                                 "(docs/step-time-model.md, layout of "
+                                 "tuner/perf/data/benchmarks/published-train.csv).")
+@click.option("--leave-one-series-out", "loso", is_flag=True,
+              help="With --from-benchmarks: also refit without each series and report how "
+                   "well it is predicted.")
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=2048,
               show_default=True, help="Token budget of the launched server (probes stay "
                                       "inside it so no prefill is chunked).")
@@ -132,7 +163,7 @@ def calibrate_command(hardware: str, model: str, tp: int, dp: int, block_size: i
 
     Runs controlled probes (lone prefills, decode batches of several sizes and contexts,
     mixed steps), derives per-step times from client-side token timing, fits the
-    roofline's coefficients by non-negative least squares and prints the fit error per
+    per-kernel model's physical coefficients (bounded, with weak priors) and prints the fit error per
     probe class. --hardware and --model name what the twin will run with.
 
     \b
@@ -145,9 +176,14 @@ def calibrate_command(hardware: str, model: str, tp: int, dp: int, block_size: i
           -o calib.yaml
       tuner replay trace.parquet --hardware ... --model ... --calibration calib.yaml
     """
+    from_benchmarks, loso = kw.pop("from_benchmarks"), kw.pop("loso")
+    if from_benchmarks:
+        _calibrate_from_benchmarks(from_benchmarks, kw["output"], loso=loso,
+                                   as_json=kw["as_json"])
+        return
     from tuner.fidelity.calibrate import ProbePlan
     from tuner.fidelity.runs import calibrate_server
-    from tuner.sim.calibration import save_calibration
+    from tuner.perf.calibration import save_calibration
 
     as_json = kw.pop("as_json")
     output = kw.pop("output")
@@ -159,9 +195,11 @@ def calibrate_command(hardware: str, model: str, tp: int, dp: int, block_size: i
     options = make_server_options(model=model, tp=tp, block_size=block_size,
                                   num_gpu_blocks=num_gpu_blocks, max_model_len=max_model_len, **kw)
     say = (lambda m: click.echo(f"  {m}", err=True)) if not as_json else None
+    meta = click.get_current_context().meta
     result = calibrate_server(options, hardware=hardware, model=model, tp=tp, plan=plan,
                               max_num_batched_tokens=budget, max_model_len=max_model_len,
-                              progress=say)
+                              progress=say, quantization=meta.get("tuner.target.quantization"),
+                              kv_cache_dtype=meta.get("tuner.target.kv_cache_dtype"))
     path = save_calibration(output, result.calibration)
     if as_json:
         echo_json({"output": str(path), "probes": result.table(),

@@ -23,7 +23,7 @@ several steps' tokens in one burst, which distorts gaps and spans (measured on t
 2-core CI machine: a decode probe read 0.13 ms for a 5 ms step). The replay itself still
 stamps tokens client-side: that is the user-visible latency it reports.
 
-Each probe becomes a ``StepBatch``; :func:`tuner.sim.calibration_fit.fit_step_time` fits
+Each probe becomes a ``StepBatch``; :func:`tuner.perf.calibration_fit.fit_step_time` fits
 the roofline's coefficients by non-negative least squares over its feature vector and the
 result is written with ``save_calibration`` (``--calibration FILE`` in the twin).
 Prompts are fresh random tokens every run, so the prefix cache never shortens a probe.
@@ -45,10 +45,10 @@ import tuner.serve.http as http
 from tuner.errors import BackendError, ConfigError
 from tuner.serve.server import VllmServer
 from tuner.sim.batch import StepBatch
-from tuner.sim.calibration import Calibration
-from tuner.sim.calibration_fit import StepTimeFit, fit_step_time
-from tuner.sim.hardware import load_hardware
-from tuner.sim.models import load_model
+from tuner.perf.calibration import Calibration
+from tuner.perf.calibration_fit import StepTimeFit, fit_step_time
+from tuner.perf.hardware import load_hardware
+from tuner.perf.models import load_model
 
 ProbeKind = Literal["prefill", "decode", "mixed"]
 _VOCAB_LOW, _VOCAB_HIGH = 3, 999  # as the replay's TokenFactory: valid for any vocab >= 1000
@@ -275,7 +275,8 @@ def run_probes(server: VllmServer, plan: ProbePlan = ProbePlan(), *,
 
 def fit_probes(probes: list[Probe], *, hardware: str, model: str, tp: int = 1,
                vllm_version: str | None = None,
-               extra_fit: dict[str, Any] | None = None) -> CalibrationResult:
+               extra_fit: dict[str, Any] | None = None, quantization: str | None = None,
+               kv_cache_dtype: str | None = None) -> CalibrationResult:
     """Fit the step-time model to ``probes`` and build the calibration to save.
 
     Args:
@@ -285,7 +286,8 @@ def fit_probes(probes: list[Probe], *, hardware: str, model: str, tp: int = 1,
         tp: tensor-parallel size of the server.
     """
     hw = load_hardware(hardware)
-    spec = load_model(model)
+    spec = load_model(model).with_dtypes(quantization=quantization,
+                                         kv_cache_dtype=kv_cache_dtype)
     fit = fit_step_time(hw, spec, tp, [p.batch for p in probes], [p.measured_s for p in probes])
     by_kind: dict[str, dict[str, float]] = {}
     for kind in ("prefill", "decode", "mixed"):
@@ -295,7 +297,8 @@ def fit_probes(probes: list[Probe], *, hardware: str, model: str, tp: int = 1,
                              "max_abs_pct": 100 * max(errs)}
     info: dict[str, Any] = {
         "vllm_version": vllm_version, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "method": "NNLS over RooflineStepTimeModel.features (relative least squares)",
+        "method": ("bounded log-space Levenberg-Marquardt over the per-kernel model's "
+                   "physical coefficients, weak priors at the GPU's defaults"),
         "num_probes": len(probes), "rms_rel_error_pct": 100 * fit.rms_rel_error,
         "errors_by_kind": by_kind,
         "regime_rounds": fit.rounds, "regimes_stable": fit.regimes_stable,
@@ -314,9 +317,12 @@ def fit_probes(probes: list[Probe], *, hardware: str, model: str, tp: int = 1,
 def calibrate(server: VllmServer, *, hardware: str, model: str, tp: int = 1,
               plan: ProbePlan = ProbePlan(), max_num_batched_tokens: int | None = None,
               max_model_len: int | None = None,
-              progress: Callable[[str], None] | None = None) -> CalibrationResult:
+              progress: Callable[[str], None] | None = None,
+              quantization: str | None = None,
+              kv_cache_dtype: str | None = None) -> CalibrationResult:
     """Probe a started server and fit: the library behind ``tuner calibrate``."""
     plan.validate(max_num_batched_tokens, max_model_len)
     probes = run_probes(server, plan, progress=progress)
     return fit_probes(probes, hardware=hardware, model=model, tp=tp,
-                      vllm_version=server.vllm_version)
+                      vllm_version=server.vllm_version, quantization=quantization,
+                      kv_cache_dtype=kv_cache_dtype)

@@ -289,7 +289,7 @@ def run_parity_many(cases: "list[ParityCase]", *, vllm_python: str | None = None
     """
     from tuner.replay._run import prepare
     from tuner.sim.settings import SimOptions
-    from tuner.sim.target import Target
+    from tuner.perf.target import Target
     from tuner.vllm_core.backend import run_driver
 
     backend_kw: dict[str, Any] = {"vllm_python": vllm_python}

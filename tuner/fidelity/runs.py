@@ -40,7 +40,9 @@ def probe_settings(max_num_batched_tokens: int) -> SchedulerSettings:
 def calibrate_server(options: ServerOptions, *, hardware: str, model: str, tp: int = 1,
                      plan: ProbePlan = ProbePlan(), max_num_batched_tokens: int = 2048,
                      max_model_len: int | None = None,
-                     progress: Callable[[str], None] | None = None) -> CalibrationResult:
+                     progress: Callable[[str], None] | None = None,
+                     quantization: str | None = None,
+                     kv_cache_dtype: str | None = None) -> CalibrationResult:
     """Calibrate the step-time model against a server: the library behind ``tuner calibrate``.
 
     A launched server gets :func:`probe_settings` and synchronous scheduling: under async
@@ -58,10 +60,12 @@ def calibrate_server(options: ServerOptions, *, hardware: str, model: str, tp: i
         max_num_batched_tokens: token budget of a launched server.
         max_model_len: the server's context limit (probes are checked against it).
         progress: called with one line per step (server ready, each probe).
+        quantization, kv_cache_dtype: vLLM's ``--quantization``/``--kv-cache-dtype`` of the
+            server, so the fit prices the kernel formats it runs.
 
     Returns:
-        The probes, the fit and the :class:`~tuner.sim.calibration.Calibration` to save
-        (``tuner.sim.calibration.save_calibration``).
+        The probes, the fit and the :class:`~tuner.perf.calibration.Calibration` to save
+        (``tuner.perf.calibration.save_calibration``).
     """
     if options.launches:
         options = options.replace(async_scheduling=False)
@@ -72,7 +76,8 @@ def calibrate_server(options: ServerOptions, *, hardware: str, model: str, tp: i
         return calibrate(server, hardware=hardware, model=model, tp=tp, plan=plan,
                          max_num_batched_tokens=max_num_batched_tokens if options.launches
                          else None,
-                         max_model_len=max_model_len, progress=progress)
+                         max_model_len=max_model_len, progress=progress,
+                         quantization=quantization, kv_cache_dtype=kv_cache_dtype)
 
 
 def twin_options_for(vllm_python: str,

@@ -31,7 +31,7 @@ from tuner.serve.client import ServerDiedError
 from tuner.serve.server import ServerOptions
 from tuner.sim.load import ClosedLoop, OpenLoop
 from tuner.sim.settings import SchedulerSettings
-from tuner.sim.target import Target
+from tuner.perf.target import Target
 
 #: Summary fields compared, in print order (all "lower is better" except the rates).
 COMPARED: tuple[str, ...] = (
@@ -152,7 +152,7 @@ def validate(profile: Any, trace: TraceLike, *, server: ServerOptions, target: T
             target, as ``tuner replay`` uses).
         endpoints: attach mode, ``{"profile": URL, "baseline": URL}`` (either may be missing).
     """
-    from tuner.sim.presets import resolve_target
+    from tuner.perf.presets import resolve_target
 
     if baseline is None:
         baseline = resolve_target(target).default_settings

@@ -18,7 +18,7 @@ from tuner.loaders import load_yaml
 
 _TARGET_KEYS = ("hardware", "model", "tp", "dp", "block_size", "num_gpu_blocks",
                 "gpu_memory_utilization", "max_model_len", "calibration", "weight_dtype",
-                "kv_cache_dtype")
+                "kv_cache_dtype", "quantization")
 
 
 @dataclass
@@ -65,7 +65,7 @@ class RetuneConfig:
         return self.storage or str(self.state_dir / "studies.optuna-journal")
 
     def make_target(self):  # type: ignore[no-untyped-def]
-        from tuner.sim.target import Target
+        from tuner.perf.target import Target
 
         return Target(**self.target)
 

@@ -65,9 +65,15 @@ def plan_export(profile: Profile, *, vllm_version: str = CHECKED_VLLM_VERSION,
             is asked for a release that has no cache-aware admission fields.
     """
     use_async = profile.target.async_scheduling if async_scheduling is None else async_scheduling
-    return vllm_compat.plan_scheduler_args(
+    plan = vllm_compat.plan_scheduler_args(
         profile.scheduler, vllm_version, native_admission=native_admission,
         force_plugin=force_plugin, async_scheduling=use_async)
+    t = profile.target  # the dtypes the twin priced are part of the deployment
+    if t.quantization not in (None, "none"):
+        plan.engine.append(("quantization", str(t.quantization)))
+    if t.kv_cache_dtype not in (None, "auto"):
+        plan.engine.append(("kv_cache_dtype", str(t.kv_cache_dtype)))
+    return plan
 
 
 def _scalar(value: Any) -> str:

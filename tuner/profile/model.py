@@ -5,6 +5,7 @@ sections:
 
 * ``scheduler`` -- the recommended settings under vLLM ``SchedulerConfig`` field names;
 * ``target`` -- what it was tuned for (hardware, GPU count, model, TP/DP, block size,
+  quantization and KV-cache dtype as vLLM names them,
   async scheduling) and the vLLM versions whose flags and semantics it uses;
 * ``predicted`` -- the twin's metrics for the baseline (vLLM defaults) and the tuned
   settings, with deltas, on the training and the held-out window;
@@ -34,6 +35,7 @@ import yaml
 
 from tuner.errors import ConfigError, ProfileError
 from tuner.loaders import load_yaml
+from tuner.perf.dtypes import normalize_kv_cache_dtype, normalize_quantization
 from tuner.sim.settings import SchedulerSettings
 
 #: Bumped when the file layout changes incompatibly; load_profile refuses newer files.
@@ -56,10 +58,15 @@ class ProfileTarget:
     async_scheduling: bool = True  # vLLM's default (resolved True); picks the plugin class
     #: vLLM releases whose flags and scheduler semantics the profile was produced for.
     vllm_versions: tuple[str, ...] = ("0.33.0",)
+    quantization: str | None = None  # vLLM --quantization the twin priced (None: checkpoint's)
+    kv_cache_dtype: str | None = None  # vLLM --kv-cache-dtype (None: auto)
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["vllm_versions"] = list(self.vllm_versions)
+        for key in ("quantization", "kv_cache_dtype"):  # older readers know neither
+            if out[key] is None:
+                del out[key]
         return out
 
 
@@ -231,10 +238,22 @@ def _target(raw: Any, fail: Any) -> ProfileTarget:
             or not all(isinstance(v, str) and _is_version(v) for v in versions)):
         raise fail("target.vllm_versions", f"must be a list of versions like '0.33.0' "
                                            f"(got {versions!r})")
+    dtypes: dict[str, str | None] = {}
+    for key, check in (("quantization", normalize_quantization),
+                       ("kv_cache_dtype", normalize_kv_cache_dtype)):
+        value = raw.get(key)
+        if value is not None:
+            if not isinstance(value, str):
+                raise fail(f"target.{key}", f"must be a vLLM {key} name (got {value!r})")
+            try:
+                value = check(value)
+            except ConfigError as exc:
+                raise fail(f"target.{key}", str(exc)) from None
+        dtypes[key] = value
     return ProfileTarget(hardware=raw["hardware"], model=raw["model"], tp=raw.get("tp", 1),
                          dp=raw.get("dp", 1), num_gpus=raw.get("num_gpus", 1),
                          block_size=block, async_scheduling=raw.get("async_scheduling", True),
-                         vllm_versions=tuple(versions))
+                         vllm_versions=tuple(versions), **dtypes)
 
 
 def _is_version(text: str) -> bool:

@@ -70,7 +70,7 @@ class Backend(ABC):
                 ``output_block_hashes`` are at the KV block size ``target.cache.block_size``
                 (tuples, or uint64 arrays when ``accepts_array_hashes``).
             settings: the scheduler settings to replay under (validated).
-            target: the resolved deployment (``tuner.sim.presets.ResolvedTarget``: step-time
+            target: the resolved deployment (``tuner.perf.presets.ResolvedTarget``: step-time
                 model, cache shape, GPU count, description).
             load: ``tuner.sim.load.OpenLoop`` or ``ClosedLoop``; every backend honours both.
             options: twin options; other backends read the ones that apply

@@ -19,7 +19,7 @@ from tuner.progress import Progress, check_progress, fraction_callback
 from tuner.replay._backend import Backend, ProgressCallback, create_backend
 from tuner.sim.load import ClosedLoop, OpenLoop
 from tuner.sim.settings import SchedulerSettings, SimOptions
-from tuner.sim.target import Target
+from tuner.perf.target import Target
 from tuner.trace.reblock import reblock_request_hashes
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ def prepare(trace: TraceLike, settings: SchedulerSettings | None = None, *,
 
     Arguments and errors: as :func:`run`.
     """
-    from tuner.sim.presets import resolve_target
+    from tuner.perf.presets import resolve_target
 
     resolved = resolve_target(target, scheduler_settings=settings)
     if settings is None:

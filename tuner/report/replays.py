@@ -101,7 +101,7 @@ def replay_windows(spec: dict[str, Any], trace: StudyTrace,
     windows in it).
     """
     from tuner import metrics, replay
-    from tuner.sim.presets import resolve_target
+    from tuner.perf.presets import resolve_target
 
     target = target_from_dict(spec["target"])
     backend = spec.get("backend") or "sim"

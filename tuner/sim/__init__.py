@@ -1,8 +1,11 @@
 """tuner.sim: the CPU twin of vLLM's V1 scheduler and prefix cache.
 
 Public names other packages use; implementation modules mirror vLLM's files
-(``block_pool``, ``kv_cache_manager``, ``request_queue``, ``scheduler``); ``loop`` is the
-replay clock every engine runs on (``StepEngine``) and ``engine`` the twin's side of it. ``tuner.sim`` imports no pyarrow, polars, optuna or click.
+(``block_pool``, ``kv_cache_manager``, ``request_queue``, ``scheduler``,
+``scheduler_output``); ``loop`` is the replay clock every engine runs on (``StepEngine``)
+and ``engine`` the twin's side of it. The fast path is ``decode_group``; its contract (and
+how each settings field is treated) is ``fast_path``. ``tuner.sim`` imports no pyarrow,
+polars, optuna or click.
 """
 
 from tuner.sim.batch import StepBatch
@@ -13,7 +16,8 @@ from tuner.sim.load import ClosedLoop, OpenLoop
 from tuner.sim.loop import AdmissionRules, ReplayLoop, StepEngine
 from tuner.sim.request import RequestStatus, SimRequest
 from tuner.sim.request_queue import FCFSRequestQueue, PriorityRequestQueue, create_request_queue
-from tuner.sim.scheduler import Scheduler, SchedulerOutput
+from tuner.sim.scheduler import Scheduler
+from tuner.sim.scheduler_output import SchedulerOutput
 from tuner.sim.settings import CacheSettings, SchedulerSettings, SimOptions
 
 __all__ = [

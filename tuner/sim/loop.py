@@ -44,7 +44,7 @@ _INF = float("inf")
 
 def price_function(step_time: StepTime) -> Callable[[StepBatch], float]:
     """The one convention for step-time callables: ``step_time_s`` if the object has it
-    (``tuner.sim.step_time.StepTimeModel`` and its subclasses), else the object itself."""
+    (``tuner.perf.step_time.StepTimeModel`` and its subclasses), else the object itself."""
     method = getattr(step_time, "step_time_s", None)
     if method is not None:
         return method

@@ -33,7 +33,7 @@ from typing import Any, Literal, Protocol, Sequence
 
 from tuner.errors import ConfigError
 from tuner.sim.settings import SchedulerSettings
-from tuner.sim.target import Target
+from tuner.perf.target import Target
 
 WindowName = Literal["stage1", "train", "holdout"]
 
@@ -131,7 +131,7 @@ class ReplayEvaluator:
     def __init__(self, trace: Any, *, target: Target, backend: str = "sim",
                  holdout: float = 0.25, stage1_fraction: float = 0.25,
                  expect_fingerprint: str | None = None) -> None:
-        from tuner.sim.presets import resolve_target
+        from tuner.perf.presets import resolve_target
         from tuner.trace import read_trace
 
         self.trace_path = (str(trace) if not hasattr(trace, "requests")

@@ -201,7 +201,9 @@ class TuneResult:
                                  model=str(target.get("model", "?")),
                                  tp=int(target.get("tp", 1)), dp=int(target.get("dp", 1)),
                                  num_gpus=self.num_gpus, block_size=self.block_size,
-                                 vllm_versions=(VLLM_TWIN_VERSION,)),
+                                 vllm_versions=(VLLM_TWIN_VERSION,),
+                                 quantization=target.get("quantization"),
+                                 kv_cache_dtype=target.get("kv_cache_dtype")),
             predicted=predicted, pareto=tuple(pareto), provenance=provenance)
 
 

@@ -37,8 +37,8 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from tuner.errors import ConfigError, StudyNotFound
+from tuner.perf.target import Target
 from tuner.progress import Progress, check_progress
-from tuner.sim.target import Target
 from tuner.tune._progress import StudyProgress, best_so_far
 from tuner.tune.evaluate import Evaluator, ReplayEvaluator, evaluator_from_spec
 from tuner.tune.objectives import parse_constraints, parse_objectives

@@ -1,4 +1,4 @@
-"""Presets: turn a :class:`~tuner.sim.target.Target` into what the twin runs with.
+"""Presets: turn a :class:`~tuner.perf.target.Target` into what the twin runs with.
 
 ``resolve_target`` loads the hardware and model presets (or files), applies dtype
 overrides and a calibration file, builds the step-time model, and sizes the KV cache
@@ -14,13 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.errors import ConfigError
-from tuner.sim.calibration import Calibration, load_calibration, save_calibration
-from tuner.sim.capacity import KVCapacity, kv_capacity, num_gpu_blocks
-from tuner.sim.hardware import HardwareSpec, list_hardware, load_hardware
-from tuner.sim.models import ModelSpec, list_models, load_model
+from tuner.perf.calibration import Calibration, load_calibration, save_calibration
+from tuner.perf.capacity import KVCapacity, kv_capacity, num_gpu_blocks
+from tuner.perf.hardware import HardwareSpec, list_hardware, load_hardware
+from tuner.perf.models import ModelSpec, list_models, load_model
 from tuner.sim.settings import CacheSettings, SchedulerSettings
-from tuner.sim.step_time import Coefficients, RooflineStepTimeModel, StepTimeModel
-from tuner.sim.target import Target
+from tuner.perf.coefficients import Coefficients
+from tuner.perf.fitted import default_coefficients
+from tuner.perf.step_time import RooflineStepTimeModel, StepTimeModel
+from tuner.perf.target import Target
 
 __all__ = [
     "Calibration", "Coefficients", "HardwareSpec", "KVCapacity", "ModelSpec",
@@ -78,12 +80,13 @@ def resolve_target(target: Target, *,
             raise ConfigError(f"{name}={value!r} must be a positive integer")
     hardware = load_hardware(target.hardware)
     model = load_model(target.model).with_dtypes(weight_dtype=target.weight_dtype,
-                                                 kv_cache_dtype=target.kv_cache_dtype)
-    coefficients = Coefficients()
+                                                 kv_cache_dtype=target.kv_cache_dtype,
+                                                 quantization=target.quantization)
+    coefficients = default_coefficients(hardware)
     if target.calibration:
         calibration = load_calibration(target.calibration)
         _check_calibration_matches(calibration, target, hardware, model)
-        coefficients = calibration.coefficients
+        coefficients = calibration.applied_to(coefficients)
     step_time = RooflineStepTimeModel(hardware, model, target.tp, coefficients)
 
     block_size = target.block_size or hardware.block_size_for(model.backend_kind)
@@ -112,7 +115,7 @@ def resolve_target(target: Target, *,
     cache.validate()
     tokens = (blocks - 1) * block_size
     description = (
-        f"{model.name} ({model.weight_dtype} weights, {model.kv_dtype} KV) on "
+        f"{model.name} ({_weights(model)} weights, {model.kv_dtype} KV) on "
         f"{target.num_gpus}x {hardware.display_name} (TP{target.tp} x DP{target.dp}), "
         f"{hardware.backend_for(model.backend_kind)} block {block_size}, {blocks:,} blocks = {tokens / 1e6:.2f}M tokens/engine"
         + (" (override)" if capacity is None else "")
@@ -146,3 +149,10 @@ def _check_calibration_matches(cal: Calibration, target: Target, hardware: Hardw
         raise ConfigError(f"{where}: field 'tp' is {cal.tp} but the target runs tp="
                           f"{target.tp}; calibrate for this tensor-parallel size")
 
+
+
+def _weights(model: ModelSpec) -> str:
+    """``fp8`` or, where experts differ from the rest, ``bf16+fp4 experts``."""
+    if model.is_moe and model.expert_weight_dtype != model.weight_dtype:
+        return f"{model.weight_dtype}+{model.expert_weight_dtype} experts"
+    return model.weight_dtype

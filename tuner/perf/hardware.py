@@ -1,6 +1,6 @@
 """GPU specifications for the step-time model, loaded from YAML data files.
 
-Each preset in ``tuner/sim/presets/hardware/<name>.yaml`` gives vendor peak numbers
+Each preset in ``tuner/perf/presets/hardware/<name>.yaml`` gives vendor peak numbers
 (dense, never sparse; ../shared/spec/landscape.md §5), the scale-up interconnect, and
 what vLLM picks by default on that GPU: the attention backend and hence the KV block
 size (vLLM 0.33.0 ``platforms/{rocm,cuda}.py`` backend priorities and
@@ -19,6 +19,7 @@ from typing import Any
 
 from tuner.errors import ConfigError
 from tuner.loaders import load_yaml
+from tuner.perf.coefficients import Coefficients, coefficients_from_preset
 from tuner.sim.settings import SchedulerSettings
 
 PRESET_DIR = Path(__file__).parent / "presets" / "hardware"
@@ -44,6 +45,9 @@ class HardwareSpec:
     # default attention backend and KV block size by model kind ("gqa", "gqa_sinks", "mla")
     attention_backend: dict[str, str] = field(default_factory=dict)
     default_block_size: dict[str, int] = field(default_factory=dict)
+    compute_units: int = 128  # CUs (AMD) or SMs (NVIDIA): what attention work must fill
+    # step-time priors from the preset's ``step_time`` section (sources in the YAML)
+    coefficients: Coefficients = field(default_factory=Coefficients)
 
     @property
     def memory_bytes(self) -> int:
@@ -89,7 +93,7 @@ def preset_names(folder: Path, suffix: str) -> list[str]:
 def find_preset(name: str, folder: Path, suffix: str, *, kind: str, not_a: str) -> Path:
     """The bundled preset ``name`` (any case) in ``folder``, once the caller found that
     ``name`` is not a file of the user's. Shared by hardware and model presets
-    (:func:`tuner.sim.models.load_model`), so both refuse an unknown name alike.
+    (:func:`tuner.perf.models.load_model`), so both refuse an unknown name alike.
 
     Raises:
         ConfigError: no such preset; the message says ``name`` is ``not_a`` and lists the
@@ -169,4 +173,6 @@ def hardware_from_dict(data: Any, *, source: str = "hardware") -> HardwareSpec:
         allreduce_latency_s=num(link, "latency_us", "interconnect.") * 1e-6,
         attention_backend={str(k): str(v) for k, v in (data.get("attention_backend") or {}).items()},
         default_block_size={str(k): int(v) for k, v in block.items()},
+        compute_units=int(num(data, "compute_units", "")) if "compute_units" in data else 128,
+        coefficients=coefficients_from_preset(data.get("step_time"), source=source),
     )

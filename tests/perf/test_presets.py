@@ -12,14 +12,14 @@ import yaml
 
 from tuner.errors import ConfigError
 from tuner.sim.batch import StepBatch
-from tuner.sim.calibration import Calibration, load_calibration, save_calibration
-from tuner.sim.capacity import CUDAGRAPH_BYTES, NON_TORCH_BYTES, kv_capacity, num_gpu_blocks
-from tuner.sim.hardware import list_hardware, load_hardware
-from tuner.sim.models import PRESET_DIR, list_models, load_model
-from tuner.sim.presets import default_scheduler_settings, resolve_target
+from tuner.perf.calibration import Calibration, load_calibration, save_calibration
+from tuner.perf.capacity import CUDAGRAPH_BYTES, NON_TORCH_BYTES, kv_capacity, num_gpu_blocks
+from tuner.perf.hardware import list_hardware, load_hardware
+from tuner.perf.models import PRESET_DIR, list_models, load_model
+from tuner.perf.presets import default_scheduler_settings, resolve_target
 from tuner.sim.settings import SchedulerSettings
-from tuner.sim.step_time import Coefficients
-from tuner.sim.target import Target
+from tuner.perf.step_time import Coefficients
+from tuner.perf.target import Target
 
 GIB = 1 << 30
 
@@ -125,9 +125,9 @@ def test_bad_model_configs(tmp_path):
     with pytest.raises(ConfigError, match=r"bad.json: field 'hidden_size' must be a positive"):
         load_model(bad)
     cfg = json.loads((PRESET_DIR / "llama-3.1-8b.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "gptq"}
+    cfg["quantization_config"] = {"quant_method": "bitsandbytes"}
     bad.write_text(json.dumps(cfg))
-    with pytest.raises(ConfigError, match="quant_method'='gptq'"):
+    with pytest.raises(ConfigError, match="quant_method'='bitsandbytes'"):
         load_model(bad)
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="config.json: model config not found"):
@@ -274,7 +274,8 @@ def _cal(**over) -> dict:
 
 def test_calibration_round_trip_and_use(tmp_path):
     cal = Calibration("mi355x", "llama-3.1-70b", 8,
-                      Coefficients(weight_bw_eff=0.6, mfu_prefill=0.5, allreduce_latency_s=1.2e-5),
+                      Coefficients().with_flat({"gemm.bf16.eta_mem": 0.3, "gemm.bf16.eta_compute": 0.5,
+                                                "allreduce_latency_s": 1.2e-5}),
                       {"vllm_version": "0.33.0", "rmse_ms": 0.41})
     path = save_calibration(tmp_path / "cal" / "mi355x.yaml", cal)
     assert load_calibration(path) == cal
@@ -290,9 +291,27 @@ def test_calibration_round_trip_and_use(tmp_path):
 
 def test_partial_calibration_keeps_defaults(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(_cal(coefficients={"mfu_decode": 0.2})))
+    path.write_text(yaml.safe_dump(_cal(coefficients={"gemm": {"fp8": {"eta_mem": 0.2}}})))
     c = load_calibration(path).coefficients
-    assert c.mfu_decode == 0.2 and c.mfu_prefill == Coefficients().mfu_prefill
+    assert c.gemm["fp8"].eta_mem == 0.2 and c.gemm["bf16"] == Coefficients().gemm["bf16"]
+    # over the target GPU's own defaults, not the generic ones
+    resolved = resolve_target(Target(hardware="mi355x", model="llama-3.1-70b", tp=8,
+                                     calibration=str(path)))
+    got = resolved.step_time.coefficients
+    assert got.gemm["fp8"].eta_mem == 0.2
+    assert got.gemm["bf16"] == resolve_target(Target(hardware="mi355x", model="llama-3.1-70b",
+                                                     tp=8)).step_time.coefficients.gemm["bf16"]
+
+
+def test_legacy_calibration_names_still_load(tmp_path):
+    """Files written before the per-kernel model (weight_bw_eff, mfu_*) load as before."""
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(_cal(coefficients={"weight_bw_eff": 0.5, "mfu_prefill": 0.4,
+                                                      "mfu_decode": 0.3, "kv_bw_eff": 0.6})))
+    c = load_calibration(path).coefficients
+    assert {c.gemm[f].eta_mem for f in c.gemm} == {0.5}
+    assert {c.gemm[f].eta_compute for f in c.gemm} == {0.4}
+    assert c.kv_bw_eff == 0.6
 
 
 @pytest.mark.parametrize("data,pattern", [

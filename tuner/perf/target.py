@@ -1,7 +1,7 @@
 """``Target``: the deployment a replay models (GPU, model, parallelism, KV cache).
 
 A ``Target`` is what the user names on the command line (``--hardware mi355x --model
-llama-3.1-70b --tp 8``). ``tuner.sim.presets.resolve_target`` turns it into the concrete
+llama-3.1-70b --tp 8``). ``tuner.perf.presets.resolve_target`` turns it into the concrete
 pieces the twin needs: a step-time model, the KV-cache shape and the GPU count.
 """
 
@@ -21,8 +21,9 @@ class Target:
     gpu_memory_utilization: float = 0.92  # vLLM 0.33 default
     max_model_len: int | None = None  # None = the model's max_position_embeddings
     calibration: str | None = None  # path to a calibration YAML (tuner calibrate) replacing coefficients
-    weight_dtype: str | None = None  # override the model's weight dtype (bf16, fp8, fp4)
-    kv_cache_dtype: str | None = None  # override the KV dtype (auto = weight dtype, fp8)
+    weight_dtype: str | None = None  # tuner-only override of every linear layer (bf16, fp8, fp4)
+    kv_cache_dtype: str | None = None  # vLLM --kv-cache-dtype (auto = the model dtype, fp8, ...)
+    quantization: str | None = None  # vLLM --quantization (None/none = the checkpoint's scheme)
 
     @property
     def num_gpus(self) -> int:

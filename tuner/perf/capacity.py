@@ -33,8 +33,8 @@ import math
 from dataclasses import dataclass
 
 from tuner.errors import ConfigError
-from tuner.sim.hardware import GIB, HardwareSpec
-from tuner.sim.models import DTYPE_BYTES, ModelSpec
+from tuner.perf.hardware import GIB, HardwareSpec
+from tuner.perf.models import DTYPE_BYTES, ModelSpec
 
 NON_TORCH_BYTES = int(1.5 * GIB)  # fixed non-torch reserve (see module docstring)
 CUDAGRAPH_BYTES = 1 * GIB  # CUDA/HIP graph memory estimate vLLM 0.33 subtracts by default

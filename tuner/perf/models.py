@@ -35,14 +35,16 @@ from typing import Any, Literal
 
 from tuner.errors import ConfigError
 from tuner.loaders import load_json
-from tuner.sim.hardware import find_preset, preset_names
+from tuner.perf.dtypes import (format_of, normalize_kv_cache_dtype, normalize_quantization,
+                               scheme_for, scheme_from_config)
+from tuner.perf.hardware import find_preset, preset_names
 
 AttentionKind = Literal["gqa", "mla"]
 
 #: Bytes per stored element for the dtypes tuner understands. FP4 is MXFP4: 4-bit
 #: values plus one 8-bit scale per 32 (4.25 bits); FP8 block scales are negligible.
 DTYPE_BYTES: dict[str, float] = {
-    "fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 4.25 / 8,
+    "fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 4.25 / 8, "int4": 4.125 / 8,
 }
 
 _DTYPE_ALIASES = {
@@ -51,7 +53,7 @@ _DTYPE_ALIASES = {
     "float16": "fp16", "half": "fp16", "fp16": "fp16",
     "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "float8_e4m3fn": "fp8",
     "float8": "fp8", "e4m3": "fp8",
-    "fp4": "fp4", "mxfp4": "fp4", "nvfp4": "fp4",
+    "fp4": "fp4", "mxfp4": "fp4", "nvfp4": "fp4", "int4": "int4",
 }
 
 PRESET_DIR = Path(__file__).parent / "presets" / "models"
@@ -102,6 +104,12 @@ class ModelSpec:
     # sliding-window attention (gpt-oss); layers with a window hold at most W tokens
     sliding_window: int = 0  # tokens; 0 = no sliding layers
     num_sliding_layers: int = 0
+    # linear-attention layers (Qwen3.5/3.6 Gated DeltaNet): a fixed-size state per
+    # request instead of a KV cache that grows with the context; their projections are
+    # priced like attention projections, their recurrent scan is not modelled
+    num_linear_layers: int = 0
+    linear_attn_params: int = 0  # projections of one linear-attention layer (split over TP)
+    attn_output_gate: bool = False  # Qwen3.5/3.6 gated attention: q_proj also emits a gate
     # dtypes (normalized names, see DTYPE_BYTES)
     act_dtype: str = "bf16"  # torch_dtype: activations, embeddings, norms, router
     weight_dtype: str = "bf16"  # linear layers in attention and dense MLP
@@ -109,6 +117,8 @@ class ModelSpec:
     attn_weight_dtype: str = "bf16"  # attention projections (gpt-oss keeps them bf16)
     kv_dtype: str = "bf16"  # KV cache; vLLM's kv_cache_dtype=auto is the model dtype
     max_position_embeddings: int = 131072
+    quantization: str = "none"  # vLLM quantization method the weights use ("none": checkpoint dtype)
+    kv_cache_dtype: str = "auto"  # vLLM --kv-cache-dtype name behind kv_dtype
 
     # ------------------------------------------------------------------ shape
     @property
@@ -125,7 +135,7 @@ class ModelSpec:
     @property
     def num_full_layers(self) -> int:
         """Layers with full (unbounded) attention."""
-        return self.num_layers - self.num_sliding_layers
+        return self.num_layers - self.num_sliding_layers - self.num_linear_layers
 
     @property
     def num_dense_layers(self) -> int:
@@ -152,7 +162,7 @@ class ModelSpec:
             split += nh * self.v_head_dim * h
             return split, replicated, 0
         hd = self.head_dim
-        split = 2 * h * nh * hd  # q and o
+        split = (3 if self.attn_output_gate else 2) * h * nh * hd  # q (+ gate) and o
         kv = 2 * h * self.num_kv_heads * hd
         if self.attention_bias:
             split += nh * hd
@@ -187,7 +197,8 @@ class ModelSpec:
         return {
             "embed": self.vocab_size * h,
             "lm_head": 0 if self.tie_word_embeddings else self.vocab_size * h,
-            "attn": self.num_layers * (split + replicated + kv),
+            "attn": (self.num_layers - self.num_linear_layers) * (split + replicated + kv)
+                    + self.num_linear_layers * self.linear_attn_params,
             "dense_mlp": self.num_dense_layers * 3 * h * self.intermediate_size,
             "experts": self.num_moe_layers * self.num_experts * self._expert_params(),
             "shared_experts": self.num_moe_layers * 3 * h * self.shared_expert_intermediate_size,
@@ -224,6 +235,9 @@ class ModelSpec:
         """KV-cache bytes one token needs in one attention layer on one GPU."""
         b = DTYPE_BYTES[self.kv_dtype]
         if self.attention == "mla":
+            if self.kv_cache_dtype == "fp8_ds_mla":
+                # FlashMLA's FP8 layout: 512 fp8 latent + 4 fp32 scales + 64 bf16 rope
+                return float(self.kv_lora_rank + 16 + 2 * self.qk_rope_head_dim)
             return (self.kv_lora_rank + self.qk_rope_head_dim) * b  # replicated per rank
         return 2 * self.kv_heads_per_gpu(tp) * self.head_dim * b
 
@@ -241,8 +255,10 @@ class ModelSpec:
         act = DTYPE_BYTES[self.act_dtype]
         attn_b = DTYPE_BYTES[self.attn_weight_dtype]
         kv_share = self.kv_heads_per_gpu(tp) / max(1, self.num_kv_heads)
-        attn = self.num_layers * (split / tp + kv * kv_share) * attn_b
-        attn += self.num_layers * replicated * (attn_b if self.attention == "mla" else act)
+        softmax_layers = self.num_layers - self.num_linear_layers
+        attn = softmax_layers * (split / tp + kv * kv_share) * attn_b
+        attn += softmax_layers * replicated * (attn_b if self.attention == "mla" else act)
+        attn += self.num_linear_layers * self.linear_attn_params / tp * attn_b
         g = self.param_groups()
         exp_b = DTYPE_BYTES[self.expert_weight_dtype]
         return {
@@ -257,24 +273,100 @@ class ModelSpec:
         }
 
     def with_dtypes(self, *, weight_dtype: str | None = None,
-                    kv_cache_dtype: str | None = None) -> "ModelSpec":
-        """Override weight and KV dtypes (``Target.weight_dtype``/``kv_cache_dtype``).
+                    kv_cache_dtype: str | None = None,
+                    quantization: str | None = None) -> "ModelSpec":
+        """Apply ``Target``'s dtype choices, as vLLM's flags would.
 
-        ``weight_dtype`` applies to every linear layer (attention, MLP, experts);
-        ``kv_cache_dtype`` ``"auto"`` means the activation dtype, as in vLLM.
+        ``quantization`` (vLLM ``--quantization``; ``none``/None = the checkpoint's own
+        scheme) sets the kernel format of the linear layers, keeping the layers the
+        checkpoint leaves unquantized (gpt-oss attention). ``weight_dtype`` (a tuner-only
+        override) applies one format to every linear layer. ``kv_cache_dtype`` ``auto``
+        means the activation dtype, as in vLLM.
         """
         spec = self
+        method = normalize_quantization(quantization)
+        if method != "none":
+            fmt = format_of(method)
+            if fmt is None:  # compressed-tensors / quark: the config says what is inside
+                if spec.quantization == "none":
+                    scheme_for(method, None)  # raises: nothing says which scheme
+            elif spec.quantization != "none":
+                # a quantized checkpoint: the flag's format for the layers it quantizes,
+                # the rest (gpt-oss and Kimi attention, dense MLPs) stay as they are
+                def swap(dtype: str) -> str:
+                    return dtype if dtype == spec.act_dtype else fmt
+
+                spec = replace(spec, weight_dtype=swap(spec.weight_dtype),
+                               expert_weight_dtype=swap(spec.expert_weight_dtype),
+                               attn_weight_dtype=swap(spec.attn_weight_dtype),
+                               quantization=method)
+            else:
+                spec = replace(spec, weight_dtype=fmt, expert_weight_dtype=fmt,
+                               attn_weight_dtype=fmt, quantization=method)
         if weight_dtype is not None:
             w = normalize_dtype(weight_dtype, where="weight_dtype")
             spec = replace(spec, weight_dtype=w, expert_weight_dtype=w, attn_weight_dtype=w)
         if kv_cache_dtype is not None:
-            kv = (spec.act_dtype if str(kv_cache_dtype).lower() == "auto"
-                  else normalize_dtype(kv_cache_dtype, where="kv_cache_dtype"))
-            spec = replace(spec, kv_dtype=kv)
+            name = normalize_kv_cache_dtype(kv_cache_dtype)
+            kv = spec.act_dtype if name == "auto" else (
+                "fp8" if name.startswith("fp8") else normalize_dtype(name, where="kv_cache_dtype"))
+            spec = replace(spec, kv_dtype=kv, kv_cache_dtype=name)
         return spec
 
 
 # ---------------------------------------------------------------- loading
+#: The optional package whose wheel ships Hugging Face config.json files by model id.
+AIC_PACKAGE = "aiconfigurator_core"
+AIC_EXTRA = "pip install 'tuner[aic]'  (or: pip install aiconfigurator-core)"
+
+
+def aic_model_dir() -> Path | None:
+    """``aiconfigurator_core/model_configs`` if the package is installed, found without
+    importing it (its ``__init__`` pulls pandas; tuner.perf must stay light)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(AIC_PACKAGE)
+    except (ImportError, ValueError):
+        return None
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        folder = Path(root) / "model_configs"
+        if folder.is_dir():
+            return folder
+    return None
+
+
+def hf_config_path(model_id: str) -> Path:
+    """The bundled ``config.json`` of a Hugging Face id (``org/name``); never a download.
+
+    Raises:
+        ConfigError: the id is malformed, the aiconfigurator-core extra is missing (the
+            message says how to install it), or the package has no config for the id
+            (the message lists close ids).
+    """
+    parts = model_id.strip().split("/")
+    if len(parts) != 2 or not all(parts):
+        raise ConfigError(f"--model {model_id!r}: not a file, folder, preset or Hugging Face "
+                          "id (org/name)")
+    folder = aic_model_dir()
+    if folder is None:
+        raise ConfigError(f"--model {model_id!r} is a Hugging Face id; tuner reads the configs "
+                          f"of such ids from the aiconfigurator-core package, which is not "
+                          f"installed: {AIC_EXTRA}; or pass a local config.json "
+                          "(tuner never downloads from a model hub)")
+    stem = f"{parts[0]}--{parts[1]}"
+    for candidate in folder.glob("*_config.json"):
+        if candidate.name[:-len("_config.json")].lower() == stem.lower():
+            return candidate
+    known = sorted(c.name[:-len("_config.json")].replace("--", "/", 1)
+                   for c in folder.glob("*_config.json") if not c.name.endswith("quant_config.json"))
+    close = [k for k in known if parts[1].lower().split("-")[0] in k.lower()][:8]
+    raise ConfigError(f"--model {model_id!r}: aiconfigurator-core ships no config for this id"
+                      + (f"; close: {', '.join(close)}" if close else "")
+                      + "; pass a local config.json instead")
+
+
+
 def list_models() -> list[str]:
     """Names of the bundled model presets."""
     return preset_names(PRESET_DIR, ".json")
@@ -292,10 +384,15 @@ def load_model(name_or_path: str | Path) -> ModelSpec:
     if path.is_dir():
         path = path / "config.json"
     elif not path.exists():
-        path = find_preset(text, PRESET_DIR, ".json", kind="model",
-                           not_a="not a file or folder,")
+        if (PRESET_DIR / f"{text.lower()}.json").is_file() or "/" not in text:
+            path = find_preset(text, PRESET_DIR, ".json", kind="model",
+                               not_a="not a file or folder,")
+        else:
+            path = hf_config_path(text)
     config = load_json(path, "model config", mapping=True).data
-    name = path.stem if path.parent == PRESET_DIR else str(path)
+    name = path.stem if path.parent == PRESET_DIR else (
+        text if path.name.endswith("_config.json") and "/" in text and not Path(text).exists()
+        else str(path))
     return model_from_config(config, name=name, source=str(path))
 
 
@@ -354,11 +451,20 @@ def model_from_config(config: dict[str, Any], *, name: str, source: str = "confi
         fields.update(num_experts=experts, num_experts_per_tok=top_k,
                       moe_intermediate_size=moe_inter, shared_expert_intermediate_size=shared,
                       num_moe_layers=moe_layers, expert_bias=model_type == "gpt_oss")
-        intermediate = opt("intermediate_size") if moe_layers < layers else 0
+        intermediate = (opt("dense_intermediate_size", "intermediate_size")
+                        if moe_layers < layers else 0)
     else:
         intermediate = req("intermediate_size")
 
     window, sliding = _sliding_layers(config, layers)
+    layer_types = config.get("layer_types")
+    linear = (sum(1 for t in layer_types[:layers] if t == "linear_attention")
+              if isinstance(layer_types, list) else 0)
+    linear_params = 0
+    if linear:  # Gated DeltaNet: in_proj_qkvz, in_proj_ba, out_proj
+        nk, dk = opt("linear_num_key_heads"), opt("linear_key_head_dim")
+        nv, dv = opt("linear_num_value_heads"), opt("linear_value_head_dim")
+        linear_params = hidden * (2 * nk * dk + 2 * nv * dv + 2 * nv) + nv * dv * hidden
     dtypes = _dtypes(config, source)
     max_pos = opt("max_position_embeddings", default=131072)
     return ModelSpec(
@@ -367,7 +473,8 @@ def model_from_config(config: dict[str, Any], *, name: str, source: str = "confi
         head_dim=head_dim, intermediate_size=intermediate,
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         attention_bias=bool(config.get("attention_bias", False) or model_type in ("qwen2", "qwen2_moe")),
-        sliding_window=window, num_sliding_layers=sliding,
+        sliding_window=window, num_sliding_layers=sliding, num_linear_layers=linear,
+        linear_attn_params=linear_params, attn_output_gate=bool(config.get("attn_output_gate")),
         attention_sinks=model_type == "gpt_oss", max_position_embeddings=max_pos, **fields, **dtypes)
 
 
@@ -375,7 +482,10 @@ def _count_moe_layers(config: dict[str, Any], layers: int, source: str) -> int:
     """Layers with an MoE MLP: DeepSeek ``first_k_dense_replace``/``moe_layer_freq``,
     Qwen-MoE ``decoder_sparse_step``/``mlp_only_layers``; otherwise every layer."""
     first_dense = int(config.get("first_k_dense_replace") or 0)
-    freq = int(config.get("moe_layer_freq") or config.get("decoder_sparse_step") or 1)
+    pattern = config.get("moe_layer_freq")
+    if isinstance(pattern, list):  # MiniMax-M3: one 0/1 flag per layer
+        return sum(1 for flag in pattern[:layers] if flag)
+    freq = int(pattern or config.get("decoder_sparse_step") or 1)
     if freq < 1:
         raise ConfigError(f"{source}: field 'moe_layer_freq' must be >= 1, got {freq}")
     mlp_only = set(config.get("mlp_only_layers") or [])
@@ -404,30 +514,20 @@ def _sliding_layers(config: dict[str, Any], layers: int) -> tuple[int, int]:
 
 
 def _dtypes(config: dict[str, Any], source: str) -> dict[str, str]:
-    """Activation, weight and KV dtypes from ``torch_dtype``/``dtype`` and quantization."""
+    """Activation, weight and KV dtypes from ``torch_dtype``/``dtype`` and the
+    ``quantization_config`` (:func:`tuner.perf.dtypes.scheme_from_config`)."""
     act_name = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
     act = normalize_dtype(act_name, where=f"{source}: torch_dtype")
     if act == "fp32":
         act = "bf16"  # vLLM serves fp32 checkpoints in bf16 by default
-    weight = expert = attn = act
     quant = config.get("quantization_config")
-    if isinstance(quant, dict):
-        method = str(quant.get("quant_method", "")).lower()
-        if method in ("fp8", "fbgemm_fp8", "modelopt"):
-            weight = expert = attn = "fp8"
-        elif method in ("mxfp4", "modelopt_fp4", "nvfp4"):
-            weight = expert = attn = "fp4"
-            skipped = [str(m) for m in quant.get("modules_to_not_convert") or []]
-            if any("self_attn" in m for m in skipped):
-                attn = act  # gpt-oss keeps attention in bf16, only experts are MXFP4
-            if any(m.endswith("mlp") or m.endswith("experts") for m in skipped):
-                weight = expert = act
-        elif method:
-            raise ConfigError(f"{source}: field 'quantization_config.quant_method'={method!r} "
-                              "is not modelled; supported: fp8, mxfp4, nvfp4 (or pass "
-                              "--weight-dtype)")
-    return {"act_dtype": act, "weight_dtype": weight, "expert_weight_dtype": expert,
-            "attn_weight_dtype": attn, "kv_dtype": act}
+    scheme = scheme_from_config(quant, source=source) if isinstance(quant, dict) else None
+    method = scheme.method if scheme else "none"
+    dense = (scheme.dense if scheme else None) or act
+    expert = (scheme.experts if scheme else None) or act
+    attn = (scheme.attention if scheme else None) or act
+    return {"act_dtype": act, "weight_dtype": dense, "expert_weight_dtype": expert,
+            "attn_weight_dtype": attn, "kv_dtype": act, "quantization": method}
 
 
 def expected_experts_touched(num_experts: int, top_k: int, num_tokens: float) -> float:

@@ -1,6 +1,6 @@
 """Calibration files: step-time coefficients fitted for one (GPU, model, TP).
 
-``tuner calibrate`` (a later stage) fits :class:`~tuner.sim.step_time.Coefficients`
+``tuner calibrate`` (a later stage) fits :class:`~tuner.perf.step_time.Coefficients`
 against step times measured on a real vLLM server and writes them here;
 ``Target.calibration`` points the twin at the file. Layout (YAML)::
 
@@ -21,7 +21,6 @@ Every error names the file and the field (``ConfigError``).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ import yaml
 
 from tuner.errors import ConfigError
 from tuner.loaders import load_yaml
-from tuner.sim.step_time import Coefficients
+from tuner.perf.coefficients import Coefficients
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,12 +41,21 @@ class Calibration:
     hardware: str  # hardware preset name (or YAML path) the fit used
     model: str  # model preset name (or config path) the fit used
     tp: int  # tensor-parallel size of the fit (step times depend on it)
-    coefficients: Coefficients
+    coefficients: Coefficients  # the file's values over the generic defaults
     fit: dict[str, Any] = field(default_factory=dict)  # provenance: data, error, version
+    #: the coefficients exactly as the file gives them (a subset): ``resolve_target``
+    #: lays them over the target GPU's own defaults, not over the generic ones
+    overrides: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {"hardware": self.hardware, "model": self.model, "tp": self.tp,
-                "coefficients": self.coefficients.to_dict(), "fit": dict(self.fit)}
+                "coefficients": self.overrides or self.coefficients.to_dict(),
+                "fit": dict(self.fit)}
+
+    def applied_to(self, base: Coefficients) -> Coefficients:
+        """``base`` (the GPU's defaults) with this file's coefficients laid over it."""
+        return Coefficients.from_dict(self.overrides or self.coefficients.to_dict(),
+                                      base=base, source="calibration")
 
 
 def load_calibration(path: str | Path) -> Calibration:
@@ -78,21 +86,7 @@ def calibration_from_dict(data: Any, *, source: str = "calibration") -> Calibrat
     if not isinstance(coeffs, dict):
         raise ConfigError(f"{source}: field 'coefficients' must be a mapping of coefficient "
                           f"names to numbers, got {coeffs!r}")
-    known = {f.name for f in dataclasses.fields(Coefficients)}
-    for key, value in coeffs.items():
-        if key not in known:
-            raise ConfigError(f"{source}: field 'coefficients.{key}' is not a coefficient; "
-                              f"known: {', '.join(sorted(known))}")
-        if value is None and key == "allreduce_latency_s":
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{source}: field 'coefficients.{key}' must be a number, "
-                              f"got {value!r}")
-    try:
-        coefficients = Coefficients(**{k: (float(v) if v is not None else None)
-                                       for k, v in coeffs.items()})
-    except ConfigError as exc:
-        raise ConfigError(f"{source}: field 'coefficients': {exc}") from None
+    coefficients = Coefficients.from_dict(coeffs, source=source)
     fit = data.get("fit", {}) or {}
     if not isinstance(fit, dict):
         raise ConfigError(f"{source}: field 'fit' must be a mapping, got {fit!r}")
@@ -101,7 +95,7 @@ def calibration_from_dict(data: Any, *, source: str = "calibration") -> Calibrat
         raise ConfigError(f"{source}: unknown top-level field(s) {unknown}; expected "
                           "hardware, model, tp, coefficients, fit")
     return Calibration(hardware=data["hardware"], model=data["model"], tp=tp,
-                       coefficients=coefficients, fit=fit)
+                       coefficients=coefficients, fit=fit, overrides=dict(coeffs))
 
 
 def save_calibration(path: str | Path, calibration: Calibration) -> Path:

@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""The analytic kernel model against NVIDIA's measured vLLM kernel tables (not a test).
+
+aiconfigurator-core (optional extra ``tuner[aic]``) ships per-GPU tables measured with
+vLLM's own kernels: GEMM by dtype and (m, n, k), context and generation attention,
+custom all-reduce, fused MoE. For H100, H200 and B200 this script prices every table
+row with the step-time model's kernel formulas and coefficients (tuner.perf: the
+hardware priors with the shipped fit, exactly what a replay uses) and prints the error
+per op class: median |error|, median signed error (bias) and the 10th/90th percentiles,
+split by token-count regime where it matters. It checks the *shape* of the analytic
+model (how time grows with M, context, message size), kernel by kernel.
+
+Formulas (docs/step-time-model.md §1), per kernel:
+
+* GEMM:   t0 + max(N K b / (eta_mem BW), 2 N K (M + m_half) / (eta_compute P))
+* context attention: floor + max(KV bytes / (kv_eff BW), 4 H d pairs / (prefill_eff P))
+* generation attention: floor + max(KV bytes / (kv_eff BW), occupancy floor,
+  4 H d ctx / (decode_eff P))
+* all-reduce: latency + 2(p-1)/p (bytes + half) / (eff link)
+* fused MoE: 2 t0 + moe_layer_overhead + max(touched W b / (eta_mem BW),
+  2 W (k T + touched m_half) / (eta_compute P)) per rank
+
+Usage:  .venv/bin/python bench/aic_kernels.py [--gpus h100,h200,b200] [--markdown OUT]
+        .venv/bin/python bench/aic_kernels.py --fit-priors   (the NVIDIA presets' GEMM and
+        all-reduce priors: a log least-squares fit of the formulas to the tables)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tuner.perf.dtypes import FORMAT_BYTES  # noqa: E402
+from tuner.perf.fitted import default_coefficients  # noqa: E402
+from tuner.perf.hardware import load_hardware  # noqa: E402
+from tuner.perf.models import aic_model_dir  # noqa: E402
+
+SYSTEMS = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm"}
+GEMM_FORMAT = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4",
+               "w4a16_mxfp4": "fp4", "int4_wo": "int4"}
+
+
+def _table(system: Path, op: str, name: str):  # type: ignore[no-untyped-def]
+    import polars as pl
+
+    files = sorted((system / op / "vllm").glob(f"*/{name}"))
+    if not files:
+        return None
+    return pl.read_parquet(files[-1])  # newest vLLM version measured
+
+
+def _stats(pred: np.ndarray, meas: np.ndarray) -> str:
+    err = pred / meas - 1.0
+    return (f"n={len(err):6d}  median |err| {100 * np.median(np.abs(err)):5.1f}%  "
+            f"bias {100 * np.median(err):+6.1f}%  p10/p90 {100 * np.percentile(err, 10):+6.1f}%"
+            f"/{100 * np.percentile(err, 90):+6.1f}%")
+
+
+def gemm(system: Path, hw, c) -> list[str]:  # type: ignore[no-untyped-def]
+    import polars as pl
+
+    d = _table(system, "gemm", "gemm_perf.parquet")
+    if d is None:
+        return []
+    # the fastest measured kernel per shape: what vLLM's kernel selection aims for
+    d = d.group_by(["gemm_dtype", "m", "n", "k"]).agg(pl.col("latency").min())
+    out = []
+    for dtype, fmt in GEMM_FORMAT.items():
+        sub = d.filter(pl.col("gemm_dtype") == dtype)
+        if sub.is_empty():
+            continue
+        m, n, k = (sub[x].to_numpy().astype(float) for x in ("m", "n", "k"))
+        g = c.gemm_for(fmt)
+        mem = n * k * FORMAT_BYTES[fmt] / (g.eta_mem * hw.hbm_bandwidth)
+        cmp = 2 * n * k * (m + g.m_half) / (g.eta_compute * hw.peak(fmt))
+        pred = (g.t0_s + np.maximum(mem, cmp)) * 1e3
+        meas = sub["latency"].to_numpy()
+        for label, sel in (("all", m > 0), ("M<=64", m <= 64), ("64<M<1024", (m > 64) & (m < 1024)),
+                           ("M>=1024", m >= 1024)):
+            if sel.any():
+                out.append(f"  gemm {dtype:10s} {label:10s} {_stats(pred[sel], meas[sel])}")
+    return out
+
+
+def attention(system: Path, hw, c) -> list[str]:  # type: ignore[no-untyped-def]
+    import polars as pl
+
+    out = []
+    peak = hw.peak("bf16")
+    for name, kind in (("context_attention_perf.parquet", "context"),
+                       ("generation_attention_perf.parquet", "generation")):
+        d = _table(system, "attention", name)
+        if d is None:
+            continue
+        d = d.filter(pl.col("window_size") == 0).group_by(
+            ["batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim",
+             "kv_cache_dtype", "step"]).agg(pl.col("latency").min())
+        b, s, h, kvh, hd, step = (d[x].to_numpy().astype(float) for x in (
+            "batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "step"))
+        kvb = np.where(d["kv_cache_dtype"].to_numpy() == "fp8", 1.0, 2.0)
+        per_tok = 2 * kvh * hd * kvb
+        bw = c.kv_bw_eff * hw.hbm_bandwidth
+        if kind == "context":
+            ctx = step  # tokens already cached before the chunk
+            pairs = b * s * (ctx + (s + 1) / 2)
+            mem = b * (ctx + 2 * s) * per_tok / bw
+            cmp = 4 * h * hd * pairs / (c.attn_prefill_eff * peak)
+            pred = c.attn_floor_s + np.maximum(mem, cmp)
+        else:
+            ctx = step + s
+            mem = np.maximum(b * ctx * per_tok / bw,
+                             c.attn_chunk_tokens * hw.compute_units / kvh * per_tok / bw)
+            cmp = 4 * h * hd * b * ctx / (c.attn_decode_eff * peak)
+            pred = c.attn_floor_s + np.maximum(mem, cmp) + b * per_tok / bw
+        meas = d["latency"].to_numpy()
+        out.append(f"  {kind:10s} attention       {_stats(pred * 1e3, meas)}")
+        if kind == "generation":
+            for label, sel in (("ctx<2k", ctx < 2048), ("ctx>=2k", ctx >= 2048)):
+                out.append(f"  {kind:10s} {label:10s}      {_stats(pred[sel] * 1e3, meas[sel])}")
+    return out
+
+
+def allreduce(system: Path, hw, c) -> list[str]:  # type: ignore[no-untyped-def]
+    import polars as pl
+
+    d = _table(system, "comm", "custom_allreduce_perf.parquet")
+    if d is None:
+        return []
+    d = d.filter(pl.col("backend") == "vllm_graph")
+    p = d["num_gpus"].to_numpy().astype(float)
+    msg = d["message_size"].to_numpy().astype(float) * 2.0  # bf16 elements -> bytes
+    lat = hw.allreduce_latency_s if c.allreduce_latency_s is None else c.allreduce_latency_s
+    link = hw.interconnect_bandwidth * c.allreduce_bw_eff
+    pred = lat + 2 * (p - 1) / p * (msg + c.allreduce_half_bytes) / link
+    meas = d["latency"].to_numpy()
+    out = [f"  all-reduce (graph) all        {_stats(pred * 1e3, meas)}"]
+    for label, sel in (("<=64KiB", msg <= 65536), (">64KiB", msg > 65536)):
+        if sel.any():
+            out.append(f"  all-reduce (graph) {label:9s} {_stats(pred[sel] * 1e3, meas[sel])}")
+    return out
+
+
+def moe(system: Path, hw, c) -> list[str]:  # type: ignore[no-untyped-def]
+    import polars as pl
+
+    d = _table(system, "moe", "moe_perf.parquet")
+    if d is None:
+        return []
+    d = d.filter(pl.col("distribution") == "balanced").group_by(
+        ["moe_dtype", "num_tokens", "hidden_size", "inter_size", "topk", "num_experts",
+         "moe_tp_size", "moe_ep_size"]).agg(pl.col("latency").min())
+    out = []
+    for dtype, fmt in GEMM_FORMAT.items():
+        sub = d.filter(pl.col("moe_dtype") == dtype)
+        if sub.is_empty():
+            continue
+        t, h, i, k, e, tp, ep = (sub[x].to_numpy().astype(float) for x in (
+            "num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size",
+            "moe_ep_size"))
+        g = c.gemm_for(fmt)
+        local = e / ep
+        w = 3 * h * i / tp  # one expert's elements on this rank
+        touched = local * (1 - (1 - k / e) ** t)
+        mem = touched * w * FORMAT_BYTES[fmt] / (g.eta_mem * hw.hbm_bandwidth)
+        cmp = 2 * w * (k * t / ep + touched * g.m_half) / (g.eta_compute * hw.peak(fmt))
+        pred = 2 * g.t0_s + c.moe_layer_overhead_s + np.maximum(mem, cmp)
+        meas = sub["latency"].to_numpy()
+        for label, sel in (("all", t > 0), ("T<=64", t <= 64), ("T>64", t > 64)):
+            if sel.any():
+                out.append(f"  moe  {dtype:10s} {label:10s} {_stats(pred[sel] * 1e3, meas[sel])}")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", default="h100,h200,b200")
+    ap.add_argument("--markdown", default=None, help="also write the lines to this file")
+    args = ap.parse_args()
+    folder = aic_model_dir()
+    if folder is None:
+        sys.exit("aiconfigurator-core is not installed: pip install 'tuner[aic]'")
+    data = folder.parent / "systems" / "data"
+    lines: list[str] = []
+    for gpu in args.gpus.split(","):
+        hw = load_hardware(gpu)
+        c = default_coefficients(hw)
+        system = data / SYSTEMS[gpu]
+        lines.append(f"{gpu} ({system.name}): predicted vs measured kernel latency")
+        for part in (gemm, attention, allreduce, moe):
+            lines += part(system, hw, c)
+    print("\n".join(lines))
+    if args.markdown:
+        Path(args.markdown).write_text("\n".join(lines) + "\n")
+
+
+
+def fit_priors(system: Path, hw) -> dict:  # type: ignore[no-untyped-def]
+    """Least-squares (log) fit of the GEMM and all-reduce coefficients to the tables:
+    the numbers the NVIDIA presets' ``step_time`` priors quote (``--fit-priors``)."""
+    import polars as pl
+
+    from tuner.perf.fitting import Param, fit_params
+
+    out: dict = {"gemm": {}}
+    d = _table(system, "gemm", "gemm_perf.parquet").group_by(
+        ["gemm_dtype", "m", "n", "k"]).agg(pl.col("latency").min())
+    for dtype, fmt in (("bfloat16", "bf16"), ("fp8", "fp8")):
+        sub = d.filter(pl.col("gemm_dtype") == dtype).sample(n=4000, seed=7, with_replacement=False) \
+            if len(d.filter(pl.col("gemm_dtype") == dtype)) > 4000 else d.filter(pl.col("gemm_dtype") == dtype)
+        m, n, k = (sub[x].to_numpy().astype(float) for x in ("m", "n", "k"))
+        y = sub["latency"].to_numpy() * 1e-3
+
+        def res(v: dict, m=m, n=n, k=k, y=y, fmt=fmt) -> np.ndarray:
+            mem = n * k * FORMAT_BYTES[fmt] / (v["eta_mem"] * hw.hbm_bandwidth)
+            cmp = 2 * n * k * (m + v["m_half"]) / (v["eta_compute"] * hw.peak(fmt))
+            return np.log((v["t0_s"] + np.maximum(mem, cmp)) / y)
+
+        r = fit_params(res, [Param("t0_s", 2e-7, 1e-4, 6e-6, np.inf), Param("eta_mem", 0.02, 1.0, 0.7, np.inf),
+                             Param("eta_compute", 0.02, 1.0, 0.6, np.inf), Param("m_half", 1.0, 4096.0, 64.0, np.inf)])
+        out["gemm"][fmt] = {k2: float(f"{v:.3g}") for k2, v in r.values.items()}
+        out["gemm"][fmt]["median_abs_err_pct"] = float(f"{100 * np.median(np.abs(np.expm1(r.residuals))):.3g}")
+    a = _table(system, "comm", "custom_allreduce_perf.parquet").filter(pl.col("backend") == "vllm_graph")
+    p = a["num_gpus"].to_numpy().astype(float)
+    msg = a["message_size"].to_numpy().astype(float) * 2.0
+    y = a["latency"].to_numpy() * 1e-3
+
+    def res_ar(v: dict) -> np.ndarray:
+        pred = v["allreduce_latency_s"] + 2 * (p - 1) / p * (msg + v["allreduce_half_bytes"]) / (
+            v["allreduce_bw_eff"] * hw.interconnect_bandwidth)
+        return np.log(pred / y)
+
+    r = fit_params(res_ar, [Param("allreduce_latency_s", 1e-7, 1e-4, 5e-6, np.inf),
+                            Param("allreduce_bw_eff", 0.02, 1.0, 0.7, np.inf),
+                            Param("allreduce_half_bytes", 1e3, 1e8, 1e6, np.inf)])
+    out.update({k2: float(f"{v:.3g}") for k2, v in r.values.items()})
+    out["allreduce_median_abs_err_pct"] = float(f"{100 * np.median(np.abs(np.expm1(r.residuals))):.3g}")
+    return out
+
+
+if __name__ == "__main__" and "--fit-priors" in sys.argv:
+    _folder = aic_model_dir()
+    for _gpu in ("h100", "h200", "b200"):
+        print(_gpu, fit_priors(_folder.parent / "systems" / "data" / SYSTEMS[_gpu], load_hardware(_gpu)))
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""How well the step-time model predicts published serving results (not a test: prints).
+
+Replays every usable row of tuner/perf/data/benchmarks/published-train.csv through the
+twin (tuner.perf.benchmarks), fits the per-GPU coefficients (tuner.perf.benchmark_fit,
+the same code as `tuner calibrate --from-benchmarks`) and prints, per row and figure:
+published, predicted in sample, and predicted by a fit that never saw the row's series
+(leave-one-series-out). Then the median absolute errors (targets: in sample <= 15 %,
+leave-one-series-out <= 25 %), per series, at the priors alone, and whether the fit
+reproduces the shipped presets (tuner/perf/presets/fitted/published.yaml).
+
+Usage:  .venv/bin/python bench/calibration_fit.py [--csv CSV] [--no-loso] [--markdown OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tuner.perf.benchmark_fit import fit_benchmarks, median_abs_error, table  # noqa: E402
+from tuner.perf.benchmarks import PUBLISHED_CSV  # noqa: E402
+from tuner.perf.fitted import load_fitted  # noqa: E402
+
+
+def _reproduces(doc: dict, shipped: dict) -> tuple[bool, float]:
+    """Largest relative difference between fitted and shipped coefficients."""
+    worst = 0.0
+
+    def walk(a: object, b: object) -> None:
+        nonlocal worst
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in set(a) | set(b):
+                walk(a.get(k), b.get(k))
+        elif isinstance(a, float) or isinstance(b, float):
+            if not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+                worst = math.inf
+            else:
+                worst = max(worst, abs(a - b) / max(abs(b), 1e-30))
+
+    for gpu, entry in doc["hardware"].items():
+        walk(entry["coefficients"], (shipped.get("hardware", {}).get(gpu) or {}).get("coefficients"))
+    return worst < 1e-3, worst
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--csv", default=str(PUBLISHED_CSV))
+    ap.add_argument("--no-loso", action="store_true", help="skip leave-one-series-out")
+    ap.add_argument("--markdown", default=None, help="also write the table to this file")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    fit = fit_benchmarks(args.csv, loso=not args.no_loso)
+    wall = time.perf_counter() - t0
+    lines = table(fit.in_sample, fit.loso)
+    print("\n".join(lines))
+    print()
+    print(f"rows replayed {len(fit.runs)}, skipped {len(fit.skipped)}; figures "
+          f"{len(fit.in_sample)}; {wall:.0f} s")
+    for s in fit.skipped:
+        print(f"  skipped {s.id} ({s.series}): {s.reason}")
+    summary = [f"median |error|, all figures: in sample {100 * median_abs_error(fit.in_sample):.1f}% "
+               f"(target <= 15%), priors only {100 * median_abs_error(fit.at_priors):.1f}%"]
+    if fit.loso is not None:
+        summary.append(f"leave-one-series-out {100 * median_abs_error(fit.loso):.1f}% (target <= 25%)")
+    print("; ".join(summary))
+    print("| series | figures | in sample | leave-one-series-out | priors only |")
+    print("|---|---:|---:|---:|---:|")
+    for series in sorted({p.row.series for p in fit.in_sample}):
+        sel = [p for p in fit.in_sample if p.row.series == series]
+        lo = [p for p in fit.loso or [] if p.row.series == series]
+        pr = [p for p in fit.at_priors if p.row.series == series]
+        print(f"| {series} | {len(sel)} | {100 * median_abs_error(sel):.1f}% | "
+              f"{100 * median_abs_error(lo):.1f}% | {100 * median_abs_error(pr):.1f}% |"
+              if lo else f"| {series} | {len(sel)} | {100 * median_abs_error(sel):.1f}% | | "
+              f"{100 * median_abs_error(pr):.1f}% |")
+    by_fig: dict[str, list[float]] = {}
+    for p in fit.in_sample:
+        by_fig.setdefault(p.figure, []).append(abs(p.rel_error))
+    print("per figure (in sample): " + ", ".join(
+        f"{k} {100 * statistics.median(v):.1f}% (n={len(v)})" for k, v in sorted(by_fig.items())))
+    ok, worst = _reproduces(fit.document(), load_fitted())
+    print(f"reproduces the shipped presets: {'yes' if ok else 'NO'} "
+          f"(largest relative coefficient difference {worst:.2e})")
+    if args.markdown:
+        Path(args.markdown).write_text("\n".join(lines + [""] + summary) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,236 @@
+"""Coefficients of the per-kernel step-time model, and where their values come from.
+
+Every number is a physical quantity with a bound: a fraction of a vendor peak in
+(0, 1], a kernel floor or an overhead in seconds >= 0, a token count >= 0. Values are
+layered, later layers winning:
+
+1. :data:`GENERIC_GEMM` and the dataclass defaults (engineering estimates, used for a
+   GPU whose preset gives nothing);
+2. the hardware preset's ``step_time`` section (priors per GPU and kernel format, each
+   number with its source in the YAML);
+3. the shipped fit to published serving results (``presets/fitted/published.yaml``,
+   written by ``tuner calibrate --from-benchmarks``);
+4. a calibration file (``--calibration``, from ``tuner calibrate --launch/--endpoint``).
+
+A fit addresses the coefficients by flat names (``gemm.fp8.eta_mem``,
+``step_overhead_s``): :meth:`Coefficients.flat` and :meth:`Coefficients.with_flat`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuner.errors import ConfigError
+
+#: GEMM kernel formats (:data:`tuner.perf.dtypes.FORMAT_BYTES`).
+FORMATS: tuple[str, ...] = ("bf16", "fp8", "fp4", "int4")
+
+
+@dataclass(frozen=True, slots=True)
+class GemmCoefficients:
+    """One GEMM kernel family: ``t0 + max(bytes / (eta_mem BW), flops / (eta(M) peak))``
+    with ``eta(M) = eta_compute * M / (M + m_half)``.
+
+    ``m_half`` is the token count at which the kernel reaches half its asymptotic compute
+    efficiency (tile quantisation and too few waves make skinny GEMMs slow); it turns
+    the compute side into ``2 N K (M + m_half) / (eta_compute peak)``, linear in M.
+    """
+
+    t0_s: float = 6e-6  # launch-to-finish floor of one GEMM kernel
+    eta_mem: float = 0.75  # fraction of HBM bandwidth when streaming the weights
+    eta_compute: float = 0.65  # asymptotic fraction of the format's dense peak
+    m_half: float = 64.0  # tokens at half the asymptotic compute efficiency
+
+    def __post_init__(self) -> None:
+        for name in ("eta_mem", "eta_compute"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v <= 1.0:
+                raise ConfigError(f"gemm coefficient {name}={v!r} must be in (0, 1]")
+        for name in ("t0_s", "m_half"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0.0 or math.isinf(v):
+                raise ConfigError(f"gemm coefficient {name}={v!r} must be a number >= 0")
+
+
+#: Used for a format the hardware preset gives no prior for (engineering estimates).
+GENERIC_GEMM: dict[str, GemmCoefficients] = {
+    "bf16": GemmCoefficients(6e-6, 0.75, 0.65, 64.0),
+    "fp8": GemmCoefficients(7e-6, 0.65, 0.55, 128.0),
+    "fp4": GemmCoefficients(8e-6, 0.30, 0.40, 256.0),
+    "int4": GemmCoefficients(8e-6, 0.60, 0.45, 128.0),
+}
+
+_FRACTIONS = ("kv_bw_eff", "attn_prefill_eff", "attn_decode_eff", "allreduce_bw_eff")
+_NONNEG = ("attn_floor_s", "allreduce_latency_s", "allreduce_half_bytes", "step_overhead_s",
+           "request_overhead_s", "layer_overhead_mixed_s", "layer_overhead_decode_s",
+           "moe_layer_overhead_s", "attn_chunk_tokens")
+#: Pre-issue-15 coefficient names a calibration file may still hold (loaded as before).
+LEGACY = ("weight_bw_eff", "mfu_prefill", "mfu_decode")
+
+
+@dataclass(frozen=True, slots=True)
+class Coefficients:
+    """All calibratable numbers of :class:`tuner.perf.step_time.RooflineStepTimeModel`."""
+
+    # GEMMs per kernel format (bf16, fp8, fp4, int4); missing formats use GENERIC_GEMM
+    gemm: Mapping[str, GemmCoefficients] = field(default_factory=lambda: dict(GENERIC_GEMM))
+    # attention: paged-KV bandwidth, FlashAttention-style compute, kernel floor
+    kv_bw_eff: float = 0.70  # fraction of HBM bandwidth reading/writing the KV cache
+    attn_prefill_eff: float = 0.40  # prefill attention, fraction of the bf16 peak
+    attn_decode_eff: float = 0.25  # decode attention compute side (MLA is compute-heavy)
+    attn_floor_s: float = 8e-6  # one attention kernel per layer, launch-to-finish floor
+    attn_chunk_tokens: float = 256.0  # KV tokens one split-KV work item reads (occupancy)
+    # all-reduce: latency floor + bandwidth that grows with the message
+    allreduce_bw_eff: float = 0.70  # asymptotic bus-bandwidth fraction of the link
+    allreduce_latency_s: float | None = None  # per call; None = the hardware preset's
+    allreduce_half_bytes: float = 1.0e6  # message size at half the asymptotic bandwidth
+    # engine: CPU side (exposed apart as cpu_s for async scheduling) and launches
+    step_overhead_s: float = 2.5e-4  # per step: schedule, prepare inputs, process outputs (CPU)
+    request_overhead_s: float = 8e-6  # per scheduled request per step (CPU)
+    layer_overhead_mixed_s: float = 2.0e-5  # per layer with prefill tokens (piecewise graphs)
+    layer_overhead_decode_s: float = 2.0e-6  # per layer of a decode-only (full-graph) step
+    moe_layer_overhead_s: float = 1.5e-5  # per MoE layer: routing, permute, unpermute kernels
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.gemm, Mapping):
+            raise ConfigError("coefficient gemm must map kernel formats to coefficients")
+        bad = sorted(set(self.gemm) - set(FORMATS))
+        if bad:
+            raise ConfigError(f"coefficient gemm has unknown format(s) {bad}; use "
+                              f"{', '.join(FORMATS)}")
+        for name in _FRACTIONS:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v <= 1.0:
+                raise ConfigError(f"coefficient {name}={v!r} must be in (0, 1]")
+        for name in _NONNEG:
+            v = getattr(self, name)
+            if v is None and name == "allreduce_latency_s":
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0.0 \
+                    or math.isinf(v):
+                raise ConfigError(f"coefficient {name}={v!r} must be a number >= 0")
+
+    def gemm_for(self, fmt: str) -> GemmCoefficients:
+        return self.gemm.get(fmt) or GENERIC_GEMM[fmt]
+
+    # ------------------------------------------------------------ (de)serialise
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = ({k: dataclasses.asdict(v) for k, v in sorted(value.items())}
+                           if f.name == "gemm" else value)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "coefficients",
+                  base: "Coefficients | None" = None) -> "Coefficients":
+        """``base`` (default: the defaults) with the entries of ``data`` replaced.
+
+        ``gemm`` may give any subset of formats and fields. The pre-issue-15 names
+        ``weight_bw_eff`` and ``mfu_prefill`` set ``eta_mem`` and ``eta_compute`` of
+        every format (``mfu_decode`` has no counterpart: the compute efficiency now
+        rises with the token count) so older calibration files load as before.
+        """
+        base = base or cls()
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known - set(LEGACY))
+        if unknown:
+            raise ConfigError(f"{source}: field 'coefficients.{unknown[0]}' is not a "
+                              f"coefficient; known: {', '.join(sorted(known))}")
+        flat: dict[str, float | None] = {}
+        for key, value in data.items():
+            if key == "gemm":
+                if not isinstance(value, Mapping):
+                    raise ConfigError(f"{source}: field 'gemm' must map formats to mappings")
+                for fmt, entries in value.items():
+                    if not isinstance(entries, Mapping):
+                        raise ConfigError(f"{source}: field 'gemm.{fmt}' must be a mapping")
+                    for sub, v in entries.items():
+                        flat[f"gemm.{fmt}.{sub}"] = _number(v, f"gemm.{fmt}.{sub}", source)
+            elif key in LEGACY:
+                v = _number(value, key, source)
+                if not 0.0 < v <= 1.5:  # the old bound (a fit could absorb cache effects)
+                    raise ConfigError(f"{source}: field 'coefficients': coefficient "
+                                      f"{key}={v!r} must be in (0, 1.5]")
+                if key != "mfu_decode":
+                    sub = "eta_mem" if key == "weight_bw_eff" else "eta_compute"
+                    for fmt in FORMATS:
+                        flat.setdefault(f"gemm.{fmt}.{sub}", min(1.0, v))
+            elif key == "allreduce_latency_s" and value is None:
+                flat[key] = None
+            else:
+                flat[key] = _number(value, key, source)
+        try:
+            return base.with_flat(flat)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: field 'coefficients': {exc}") from None
+
+    def flat(self) -> dict[str, float]:
+        """Every scalar by flat name (``gemm.<fmt>.<field>`` for the GEMM families)."""
+        out: dict[str, float] = {}
+        for fmt in FORMATS:
+            for f in dataclasses.fields(GemmCoefficients):
+                out[f"gemm.{fmt}.{f.name}"] = float(getattr(self.gemm_for(fmt), f.name))
+        for f in dataclasses.fields(self):
+            if f.name != "gemm" and getattr(self, f.name) is not None:
+                out[f.name] = float(getattr(self, f.name))
+        return out
+
+    def with_flat(self, values: Mapping[str, float | None]) -> "Coefficients":
+        """A copy with the named scalars replaced (names as :meth:`flat` gives them)."""
+        gemm = {fmt: self.gemm_for(fmt) for fmt in FORMATS}
+        top: dict[str, Any] = {}
+        gemm_fields = {f.name for f in dataclasses.fields(GemmCoefficients)}
+        top_fields = {f.name for f in dataclasses.fields(self)} - {"gemm"}
+        for name, value in values.items():
+            parts = name.split(".")
+            if len(parts) == 3 and parts[0] == "gemm" and parts[1] in FORMATS \
+                    and parts[2] in gemm_fields:
+                gemm[parts[1]] = dataclasses.replace(gemm[parts[1]], **{parts[2]: value})
+            elif name in top_fields:
+                top[name] = value
+            else:
+                raise ConfigError(f"unknown coefficient {name!r}")
+        return dataclasses.replace(self, gemm=gemm, **top)
+
+
+def _number(value: Any, key: str, source: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{source}: field 'coefficients.{key}' must be a number, got {value!r}")
+    return float(value)
+
+
+def coefficients_from_preset(data: Mapping[str, Any] | None, *, source: str) -> Coefficients:
+    """Coefficients from a hardware preset's ``step_time`` section.
+
+    Layout: ``gemm: {<fmt>: {t0_us, eta_mem, eta_compute, m_half}}`` and any other
+    coefficient by name, with ``*_us`` keys in microseconds (``step_overhead_us``); a
+    ``sources`` entry (free text) is ignored here and kept for the reader.
+    """
+    if not data:
+        return Coefficients()
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if key == "sources":
+            continue
+        if key == "gemm":
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{source}: field 'step_time.gemm' must be a mapping")
+            entries: dict[str, Any] = {}
+            for fmt, sub in value.items():
+                if not isinstance(sub, Mapping):
+                    raise ConfigError(f"{source}: field 'step_time.gemm.{fmt}' must be a mapping")
+                entries[fmt] = {(k[:-3] + "_s" if k.endswith("_us") else k):
+                                (_number(v, f"gemm.{fmt}.{k}", source) * (1e-6 if k.endswith("_us") else 1.0))
+                                for k, v in sub.items() if k != "source"}
+            flat["gemm"] = entries
+        elif key.endswith("_us"):
+            flat[key[:-3] + "_s"] = _number(value, key, source) * 1e-6
+        else:
+            flat[key] = value
+    return Coefficients.from_dict(flat, source=f"{source}: step_time")

@@ -1,0 +1,341 @@
+"""Step time: how long one scheduler step (one forward pass) takes on the target GPU.
+
+A per-layer, per-kernel model (docs/step-time-model.md has the formulas). Per TP rank::
+
+    step = cpu + gpu
+    cpu  = step_overhead + request_overhead x requests        (scheduler, inputs, outputs)
+    gpu  = launch gaps (per layer; more with prefill: piecewise graphs)
+         + sum over GEMMs  t0[f] + max(bytes / (eta_mem[f] BW),
+                                       2 N K (M + m_half[f]) / (eta_compute[f] peak[f]))
+           (qkv, o, gate_up, down per layer; router, routed experts over the experts the
+            batch touches, shared experts; the LM head once, on one row per request)
+         + attention per layer: floor + max(KV bytes / (kv_eff BW), occupancy floor,
+           FLOPs / (eff peak)), prefill and decode apart (GQA, MLA, sliding windows)
+         + all-reduce per call: latency + message / bandwidth(message), custom or library
+         + sampling: a few passes over each request's logits
+
+``f`` is the GEMM's kernel format (bf16, fp8, fp4, int4: :mod:`tuner.perf.dtypes`), so a
+quantized checkpoint is priced by what its kernels reach (MXFP4 decode GEMMs stream far
+below HBM peak today), not by a peak ratio. The layers of a model are identical, so the
+model prices one layer and multiplies; every per-shape constant is folded into a few
+floats in ``__init__`` and ``step_time_s`` is plain float arithmetic on the ``StepBatch``
+counters (bench/bench_step_time.py measures it). :meth:`terms` is the explained slow
+path; with NumPy arrays for the counters it prices many steps at once (the fits).
+
+Since all GEMMs of one format in a layer see the same token count M, their maxima have
+the same crossover, so summing the per-GEMM ``max`` terms equals one ``max`` over the
+format's summed bytes and FLOPs: exact, and one comparison per format per step.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Callable
+
+from tuner.errors import ConfigError
+from tuner.perf.coefficients import Coefficients, GemmCoefficients
+from tuner.perf.hardware import HardwareSpec
+from tuner.perf.models import DTYPE_BYTES, ModelSpec
+from tuner.sim.batch import StepBatch
+
+#: Passes over the fp32 logits of one request when sampling (logits write, softmax,
+#: top-k/top-p, gather): a parameter-free estimate, small next to the LM head.
+SAMPLING_PASSES = 4.0
+#: Above this all-reduce message size vLLM leaves its custom (one-/two-shot, QuickReduce)
+#: all-reduce for NCCL/RCCL (``custom_all_reduce`` max_size, 8 MiB by default).
+CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 1024 * 1024
+#: Library all-reduce: latency is this many times the custom one's (ring set-up).
+LIBRARY_LATENCY_FACTOR = 2.0
+
+
+def kernel_format(dtype: str) -> str:
+    """GEMM kernel format of a weight dtype (fp16/fp32 run the bf16 kernels)."""
+    return {"fp16": "bf16", "fp32": "bf16"}.get(dtype, dtype)
+
+
+class StepTimeModel(ABC):
+    """Duration of one engine step for a given batch. One abstract method."""
+
+    @abstractmethod
+    def step_time_s(self, batch: StepBatch) -> float:
+        """Seconds the forward pass (plus engine overheads) of ``batch`` takes."""
+
+
+class RooflineStepTimeModel(StepTimeModel):
+    """Per-kernel roofline with floors; see the module docstring.
+
+    Everything is per TP rank: the ranks of one engine run in lock step, so one rank's
+    time is the step time. ``cpu_s`` and ``gpu_s`` split it for an async-scheduling
+    rule (period = max of the two); ``step_time_s`` is their sum (synchronous engine).
+    """
+
+    def __init__(self, hardware: HardwareSpec, model: ModelSpec, tp: int = 1,
+                 coefficients: Coefficients | None = None) -> None:
+        if tp < 1:
+            raise ConfigError(f"tp={tp} must be >= 1")
+        if model.num_attention_heads % tp:
+            raise ConfigError(f"tp={tp} must divide num_attention_heads="
+                              f"{model.num_attention_heads} of {model.name}")
+        self.hardware = hardware
+        self.model = model
+        self.tp = tp
+        self.coefficients = c = coefficients or hardware.coefficients
+        self.shape = shape = _shape(model, tp)
+        bw = hardware.hbm_bandwidth
+
+        def gemm(fmt: str, elems: float) -> tuple[float, float, float]:
+            """(memory s, compute s per token, compute s at M=0) for ``elems`` weights."""
+            g: GemmCoefficients = c.gemm_for(fmt)
+            per_tok = 2.0 * elems / (g.eta_compute * hardware.peak(fmt))
+            return elems * DTYPE_BYTES[fmt] / (g.eta_mem * bw), per_tok, per_tok * g.m_half
+
+        # dense GEMMs (M = tokens), one entry per kernel format
+        self._dense = tuple(gemm(fmt, elems) for fmt, elems in sorted(shape["dense"].items()))
+        self._lm = gemm(shape["lm_fmt"], shape["lm_elems"])  # M = requests
+        self._moe = model.is_moe
+        if self._moe:
+            e_mem, e_tok, e_zero = gemm(shape["expert_fmt"], shape["expert_elems"])
+            self._e_mem, self._e_tok, self._e_half = e_mem, e_tok * model.num_experts_per_tok, e_zero
+            self._num_experts = float(model.num_experts)
+            self._expert_q = 1.0 - model.num_experts_per_tok / model.num_experts
+        else:
+            self._e_mem = self._e_tok = self._e_half = self._num_experts = 0.0
+            self._expert_q = 1.0
+        # attention (all layers folded in; full and sliding layers apart)
+        kv_bw = c.kv_bw_eff * bw
+        peak_attn = hardware.peak("bf16")
+        self._kv_tok = shape["kv_full"] / kv_bw  # s per KV token read, all full layers
+        self._kv_slide_tok = shape["kv_slide"] / kv_bw
+        self._kv_write = (shape["kv_full"] + shape["kv_slide"]) / kv_bw
+        self._attn_p = shape["pair_p_full"] / (c.attn_prefill_eff * peak_attn)
+        self._attn_d = shape["pair_d_full"] / (c.attn_decode_eff * peak_attn)
+        self._slide_p = shape["pair_p_slide"] / (c.attn_prefill_eff * peak_attn)
+        self._slide_d = shape["pair_d_slide"] / (c.attn_decode_eff * peak_attn)
+        # occupancy: split-KV work items = KV heads per rank x KV tokens / chunk; fewer
+        # than the GPU's compute units leave bandwidth unused -> a per-step floor
+        self._occ_floor = (c.attn_chunk_tokens * hardware.compute_units / max(1.0, shape["kv_units"])
+                           ) * self._kv_tok
+        self._window = float(model.sliding_window)
+        self._sliding = model.num_sliding_layers > 0
+        # all-reduce: calls x (latency + ring share x (msg + half) / (eff x link))
+        lat = hardware.allreduce_latency_s if c.allreduce_latency_s is None \
+            else c.allreduce_latency_s
+        link = hardware.interconnect_bandwidth * c.allreduce_bw_eff
+        calls = shape["ar_calls"]
+        self._ar_tok = calls * shape["ring"] * shape["ar_bytes_tok"] / link
+        self._ar_fixed = calls * (lat + shape["ring"] * c.allreduce_half_bytes / link)
+        self._ar_lib_extra = calls * lat * (LIBRARY_LATENCY_FACTOR - 1.0)
+        self._ar_lib_tokens = (CUSTOM_ALLREDUCE_MAX_BYTES / shape["ar_bytes_tok"]
+                               if calls else float("inf"))
+        self._sample = SAMPLING_PASSES * model.vocab_size * 4.0 / bw
+        # constant GPU time per step: GEMM floors, attention floors, launch gaps
+        layers = model.num_layers
+        floors = sum(c.gemm_for(fmt).t0_s * n for fmt, n in shape["kernels"].items())
+        floors += layers * c.attn_floor_s + model.num_moe_layers * c.moe_layer_overhead_s
+        self._gpu_decode = floors + layers * c.layer_overhead_decode_s
+        self._gpu_mixed = floors + layers * c.layer_overhead_mixed_s
+        self._cpu_step = c.step_overhead_s
+        self._cpu_req = c.request_overhead_s
+        self._pack()
+
+    # ------------------------------------------------------------- hot path
+    def _pack(self) -> None:
+        """One tuple of every constant the hot path reads: a single attribute load and
+        an unpack cost less than two dozen attribute loads. Per-step and per-token
+        constants that are always added together are pre-summed."""
+        fixed = self._cpu_step + self._ar_fixed
+        dense = self._dense
+        one = dense[0] if len(dense) == 1 else (0.0, 0.0, 0.0)
+        self._k = (
+            fixed + self._gpu_mixed, fixed + self._gpu_decode,
+            self._cpu_req + self._sample,  # per request
+            self._kv_write + self._ar_tok,  # per token
+            one[0], one[1], one[2], dense if len(dense) > 1 else (),
+            *self._lm, self._moe, self._e_mem, self._e_tok, self._e_half, self._num_experts,
+            self._expert_q, self._kv_tok, self._occ_floor, self._attn_d, self._attn_p,
+            self._sliding, self._ar_lib_tokens, self._ar_lib_extra)
+
+    def step_time_s(self, batch: StepBatch) -> float:
+        npt = batch.num_prefill_tokens
+        ndr = batch.num_decode_reqs
+        tokens = npt + ndr
+        if tokens <= 0:
+            return 0.0  # vLLM does not run the model for an empty schedule
+        (mixed, decode, per_req, per_tok, d_mem, d_tok, d_zero, more, lm_mem, lm_tok, lm_zero,
+         moe, e_mem, e_tok, e_half, num_experts, expert_q, kv_tok, occ, attn_d, attn_p,
+         sliding, lib_tokens, lib_extra) = self._k
+        reqs = batch.num_prefill_reqs + ndr
+        t = (mixed if npt else decode) + per_req * reqs + per_tok * tokens
+        cmp = d_tok * tokens + d_zero
+        t += d_mem if d_mem > cmp else cmp
+        for mem, tok, zero in more:  # models with GEMMs in more than one format
+            cmp = tok * tokens + zero
+            t += mem if mem > cmp else cmp
+        cmp = lm_tok * reqs + lm_zero
+        t += lm_mem if lm_mem > cmp else cmp
+        if moe:
+            touched = num_experts * (1.0 - expert_q ** tokens)
+            mem = e_mem * touched
+            cmp = e_tok * tokens + e_half * touched
+            t += mem if mem > cmp else cmp
+        # attention: decode part (KV read vs occupancy floor vs compute), prefill part
+        if ndr:
+            dctx = batch.decode_ctx_tokens
+            mem = kv_tok * dctx
+            if mem < occ:
+                mem = occ
+            cmp = attn_d * dctx
+            t += mem if mem > cmp else cmp
+        if npt:
+            mem = kv_tok * (batch.prefill_ctx_tokens + npt)
+            cmp = attn_p * batch.prefill_attn_pairs
+            t += mem if mem > cmp else cmp
+        if sliding:
+            t += self._sliding_s(batch)
+        if tokens > lib_tokens:
+            t += lib_extra
+        return t
+
+    def _sliding_s(self, batch: StepBatch) -> float:
+        """Sliding-window layers: each query sees at most ``window`` keys (conditional
+        expressions instead of ``min``: a builtin call costs ~60 ns here)."""
+        w = self._window
+        ndr, npr, npt = batch.num_decode_reqs, batch.num_prefill_reqs, batch.num_prefill_tokens
+        sd = batch.decode_ctx_tokens
+        if sd > ndr * w:
+            sd = ndr * w
+        sp = batch.prefill_ctx_tokens
+        if sp > npr * w:
+            sp = npr * w
+        pp = batch.prefill_attn_pairs
+        if pp > npt * w:
+            pp = npt * w
+        mem = self._kv_slide_tok * (sd + sp + npt)
+        cmp = self._slide_p * pp + self._slide_d * sd
+        return mem if mem > cmp else cmp
+
+    def cpu_s(self, batch: StepBatch) -> float:
+        """The engine-core CPU part of the step (what async scheduling overlaps)."""
+        if batch.num_tokens <= 0:
+            return 0.0
+        return self._cpu_step + self._cpu_req * batch.num_reqs
+
+    def gpu_s(self, batch: StepBatch) -> float:
+        """The device part of the step: kernels, launch gaps, all-reduce, sampling."""
+        return self.step_time_s(batch) - self.cpu_s(batch)
+
+    # ------------------------------------------------- slow, explained paths
+    def terms(self, npr: Any, ndr: Any, npt: Any, pctx: Any, pairs: Any, dctx: Any, *,
+              maximum: Callable[[Any, Any], Any] = max,
+              minimum: Callable[[Any, Any], Any] = min) -> dict[str, Any]:
+        """Seconds per component for batch counters (floats, or NumPy arrays with
+        ``maximum=np.maximum, minimum=np.minimum``); the values sum to the step time.
+
+        Keys: ``cpu``, ``launch`` (GEMM/attention floors and launch gaps), ``gemm``,
+        ``lm_head``, ``experts``, ``attention``, ``allreduce``, ``sampling``. Steps
+        with no token cost 0 in :meth:`step_time_s`; here they are the caller's to drop.
+        """
+        tokens = npt + ndr
+        reqs = npr + ndr
+        has_p = npt > 0
+        has_d = ndr > 0
+        out: dict[str, Any] = {"cpu": self._cpu_step + self._cpu_req * reqs}
+        out["launch"] = self._gpu_decode + (self._gpu_mixed - self._gpu_decode) * has_p
+        out["gemm"] = sum(maximum(mem, per_tok * tokens + zero)
+                          for mem, per_tok, zero in self._dense)
+        mem, per_tok, zero = self._lm
+        out["lm_head"] = maximum(mem, per_tok * reqs + zero)
+        if self._moe:
+            touched = self._num_experts * (1.0 - self._expert_q ** tokens)
+            out["experts"] = maximum(self._e_mem * touched,
+                                     self._e_tok * tokens + self._e_half * touched)
+        else:
+            out["experts"] = 0.0 * tokens
+        dec = maximum(maximum(self._kv_tok * dctx, self._occ_floor), self._attn_d * dctx)
+        pre = maximum(self._kv_tok * (pctx + npt), self._attn_p * pairs)
+        attn = dec * has_d + pre * has_p + self._kv_write * tokens
+        if self._sliding:
+            w = self._window
+            sd = minimum(dctx, ndr * w)
+            sp = minimum(pctx, npr * w)
+            pp = minimum(pairs, npt * w)
+            attn = attn + maximum(self._kv_slide_tok * (sd + sp + npt),
+                                  self._slide_p * pp + self._slide_d * sd)
+        out["attention"] = attn
+        out["allreduce"] = (self._ar_fixed + self._ar_tok * tokens
+                            + self._ar_lib_extra * (tokens > self._ar_lib_tokens))
+        out["sampling"] = self._sample * reqs
+        return out
+
+    def breakdown(self, batch: StepBatch) -> dict[str, float]:
+        """:meth:`terms` of one batch (all zero for an empty one)."""
+        if batch.num_tokens <= 0:
+            return dict.fromkeys(("cpu", "launch", "gemm", "lm_head", "experts", "attention",
+                                  "allreduce", "sampling"), 0.0)
+        return {k: float(v) for k, v in self.terms(
+            batch.num_prefill_reqs, batch.num_decode_reqs, batch.num_prefill_tokens,
+            batch.prefill_ctx_tokens, batch.prefill_attn_pairs, batch.decode_ctx_tokens).items()}
+
+    def describe(self) -> str:
+        """One line: model, GPU, TP and the key per-rank sizes."""
+        m = self.model
+        dense_gib = sum(e * DTYPE_BYTES[f] for f, e in self.shape["dense"].items()) / (1 << 30)
+        return (f"{m.name} on {self.tp}x {self.hardware.display_name}: "
+                f"{dense_gib:.2f} GiB dense weights/GPU, "
+                f"{m.kv_bytes_per_token(self.tp) / 1024:.1f} KiB KV/token/GPU")
+
+
+def _shape(m: ModelSpec, tp: int) -> dict[str, Any]:
+    """Per-rank weight elements by kernel format, kernel counts and attention sizes.
+
+    Elements, not bytes: a format's bytes per element and its efficiencies are applied
+    by the caller. ``kernels`` counts GEMM launches per step by format (their floors).
+    """
+    wb = m.weight_bytes_per_gpu(tp)
+    attn_f, dense_f = kernel_format(m.attn_weight_dtype), kernel_format(m.weight_dtype)
+    exp_f, act_f = kernel_format(m.expert_weight_dtype), kernel_format(m.act_dtype)
+    dense: dict[str, float] = {}
+    kernels: dict[str, float] = {}
+
+    def add(fmt: str, elems: float, launches: float) -> None:
+        if elems > 0:
+            dense[fmt] = dense.get(fmt, 0.0) + elems
+            kernels[fmt] = kernels.get(fmt, 0.0) + launches
+
+    layers = m.num_layers
+    # attention projections: GQA qkv + o; MLA q_a, q_b, kv_a, kv_b (absorbed), o
+    add(attn_f, wb["attn"] / DTYPE_BYTES[m.attn_weight_dtype],
+        layers * (5 if m.attention == "mla" else 2))
+    add(dense_f, wb["dense_mlp"] / DTYPE_BYTES[m.weight_dtype], m.num_dense_layers * 2)
+    add(exp_f, wb["shared_experts"] / DTYPE_BYTES[m.expert_weight_dtype],
+        m.num_moe_layers * 2 if m.shared_expert_intermediate_size else 0)
+    add(act_f, wb["router"] / DTYPE_BYTES[m.act_dtype], m.num_moe_layers)
+    lm_elems = (m.vocab_size * m.hidden_size) / tp
+    kernels[act_f] = kernels.get(act_f, 0.0) + 1  # the LM head
+    expert_elems = 0.0
+    if m.is_moe:
+        expert_elems = wb["experts"] / DTYPE_BYTES[m.expert_weight_dtype] / m.num_experts
+        kernels[exp_f] = kernels.get(exp_f, 0.0) + 2 * m.num_moe_layers  # fused w13, w2
+    heads = m.num_attention_heads / tp
+    if m.attention == "mla":
+        # prefill: decompressed heads over nope+rope (QK) and v (PV); decode: absorbed
+        # form over the latent (kv_lora + rope for QK, kv_lora for PV). AITER's MLA decode
+        # kernel pads heads per rank to 16 (vLLM PR #35850), so fewer cost as 16.
+        pair_p = 2.0 * heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+        pair_d = 2.0 * max(heads, 16.0) * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
+        kv_units = max(heads, 16.0) / 16.0  # one latent head, tiled 16 query heads at a time
+    else:
+        pair_p = pair_d = 4.0 * heads * m.head_dim  # QK^T and PV, 2 FLOPs per MAC
+        kv_units = float(m.kv_heads_per_gpu(tp))
+    per_layer_kv = m.kv_bytes_per_token_layer(tp)
+    full, slide = m.num_full_layers, m.num_sliding_layers
+    ar_calls = (2 * layers + 1) if tp > 1 else 0
+    return {
+        "dense": dense, "kernels": kernels, "lm_fmt": act_f, "lm_elems": lm_elems,
+        "expert_fmt": exp_f, "expert_elems": expert_elems,
+        "kv_full": full * per_layer_kv, "kv_slide": slide * per_layer_kv,
+        "pair_p_full": full * pair_p, "pair_d_full": full * pair_d,
+        "pair_p_slide": slide * pair_p, "pair_d_slide": slide * pair_d,
+        "kv_units": kv_units, "ar_calls": float(ar_calls), "ring": 2.0 * (tp - 1) / tp,
+        "ar_bytes_tok": m.hidden_size * DTYPE_BYTES[m.act_dtype],
+    }
