@@ -121,15 +121,46 @@ def trace_for_spec(spec: dict[str, Any], trace: Any = None, *,
     source = str(getattr(path, "source", None) or spec.get("trace_path"))
     block_size = int(resolve_target(target_from_dict(spec["target"])).cache.block_size) \
         if spec.get("target") else int(path.metadata.hash_block_size)
-    from tuner.trace import trace_stats
-
-    stats = trace_stats(path)  # first: its peak then adds to little else
+    stats = _trace_stats_apart(path)
     compact = load_compact(path, block_size)
     want = spec.get("trace_fingerprint")
     if want is not None and want != compact.fingerprint and want != str(path.fingerprint()):
         return None, (f"the trace's fingerprint {compact.fingerprint[:12]} differs from the "
                       f"study's {str(want)[:12]}")
     return StudyTrace(path, compact, source, stats), f"trace {source}"
+
+
+_STATS_CHILD = ("import pickle, sys\n"
+                "from tuner.trace import read_trace, trace_stats\n"
+                "sys.stdout.buffer.write(pickle.dumps(trace_stats(read_trace(sys.argv[1]))))\n")
+
+
+def _trace_stats_apart(trace: Any) -> Any:
+    """``trace_stats`` in a child Python when the trace is a file.
+
+    Why: its transient arrays (about 0.5 GB on the bundled agentic hour) are freed into
+    polars' and Arrow's own allocators, which keep them, so in this process they would
+    stay resident under the replays' data and raise the report's peak by that much. A
+    plain child interpreter (not multiprocessing: no re-import of a caller's script, no
+    fork of polars' thread pool); in-process when the trace is not a file or the child fails.
+    """
+    import pickle
+    import subprocess
+    import sys
+
+    from tuner.trace import trace_stats
+
+    source = getattr(trace, "source", None)
+    if source is None or not pathlib.Path(str(source)).exists():
+        return trace_stats(trace)
+    package_root = str(pathlib.Path(__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (package_root, os.environ.get("PYTHONPATH")) if p))
+    done = subprocess.run([sys.executable, "-c", _STATS_CHILD, str(source)],
+                          capture_output=True, env=env)
+    if done.returncode != 0:
+        return trace_stats(trace)
+    return pickle.loads(done.stdout)
 
 
 def replay_windows(spec: dict[str, Any], trace: StudyTrace,

@@ -16,6 +16,7 @@ Every URL tuner prints or writes goes through :func:`redact_url`.
 from __future__ import annotations
 
 import contextlib
+import logging
 import pathlib
 import re
 import warnings
@@ -45,10 +46,23 @@ def quiet_optuna() -> Iterator[None]:
 
     level = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # Ctrl-C in a trial: Optuna logs the trial's failure with a traceback, then re-raises;
+    # the CLI says "Interrupted" (exit 130), so the traceback would be noise. Filters on a
+    # logger miss its children's records: the filter goes on the handlers.
+    handlers = list(logging.getLogger("optuna").handlers)
+    for handler in handlers:
+        handler.addFilter(_not_interrupt)
     try:
         yield
     finally:
+        for handler in handlers:
+            handler.removeFilter(_not_interrupt)
         optuna.logging.set_verbosity(level)
+
+
+def _not_interrupt(record: "logging.LogRecord") -> bool:
+    exc = record.exc_info[1] if record.exc_info else None
+    return not isinstance(exc, KeyboardInterrupt)
 
 
 def redact_url(url: str | None) -> str | None:
