@@ -173,3 +173,17 @@ def test_hub_repos_match_the_presets_sources() -> None:
         if len(cells) == 3 and cells[0] and not cells[0].startswith(("preset", "-")):
             rows[cells[0]] = cells[1].split(" ")[0].strip("`")
     assert rows == HUB_REPOS
+
+
+@pytest.mark.parametrize("fmt,pinned", [("yaml", "async-scheduling: false"),
+                                        ("python", "async_scheduling=False"),
+                                        ("json", '"--no-async-scheduling"'),
+                                        ("env", "--no-async-scheduling"),
+                                        ("flags", "--no-async-scheduling")])
+def test_a_sync_profile_with_window_zero_pins_sync_in_every_format(fmt: str,
+                                                                   pinned: str) -> None:
+    """Issue 14 item 6: with window 0 the plan never set async_scheduling, so a profile
+    predicted with --no-async-scheduling exported a config vLLM would run asynchronously."""
+    out = export_profile(make_profile(window=0, async_scheduling=False), fmt)
+    assert pinned in out
+    assert "async-scheduling: false" not in export_profile(make_profile(window=0), "yaml")

@@ -91,7 +91,9 @@ def plan_export(profile: Profile, *, vllm_version: str = CHECKED_VLLM_VERSION,
     use_async = profile.target.async_scheduling if async_scheduling is None else async_scheduling
     plan = vllm_compat.plan_scheduler_args(
         profile.scheduler, vllm_version, native_admission=native_admission,
-        force_plugin=force_plugin, async_scheduling=use_async)
+        force_plugin=force_plugin, async_scheduling=use_async,
+        # a sync profile was predicted synchronous: every format pins it, window 0 too
+        pin_sync=True)
     t = profile.target  # the dtypes the twin priced are part of the deployment
     if t.quantization not in (None, "none"):
         plan.engine.append(("quantization", str(t.quantization)))
