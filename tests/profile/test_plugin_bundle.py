@@ -1,4 +1,4 @@
-"""The plugin bundle's contents (tests/vllm/test_plugin_bundle.py loads it in vLLM)."""
+"""The plugin bundle's contents (tests/vllm/test_plugin_bundle_envs.py loads it in vLLM)."""
 
 from __future__ import annotations
 
