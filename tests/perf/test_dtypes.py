@@ -149,5 +149,5 @@ def test_missing_extra_names_it(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "aiconfigurator_core" else real(name, *a))
-    with pytest.raises(ConfigError, match=r"pip install 'tuner\[aic\]'.*never downloads"):
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[aic\]'.*never downloads"):
         load_model("moonshotai/Kimi-K2.5")

@@ -317,7 +317,7 @@ class ModelSpec:
 # ---------------------------------------------------------------- loading
 #: The optional package whose wheel ships Hugging Face config.json files by model id.
 AIC_PACKAGE = "aiconfigurator_core"
-AIC_EXTRA = "pip install 'tuner[aic]'  (or: pip install aiconfigurator-core)"
+AIC_EXTRA = "pip install -e '.[aic]'  (or: pip install aiconfigurator-core)"
 
 
 def aic_model_dir() -> Path | None:
