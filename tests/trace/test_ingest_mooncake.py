@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -253,3 +254,18 @@ def test_failure_while_sorting_keeps_the_previous_output(tmp_path: Path,
         ingest([src], tmp_path / "o.parquet", progress=False)
     assert (tmp_path / "o.parquet").read_bytes() == b"previous"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "o.parquet"]
+
+
+def test_the_same_log_twice_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """Issue 17 item 5: one log given twice (here once through a hard link) doubled its load."""
+    from tuner.errors import TraceFormatError
+    from tuner.trace import ingest
+
+    src = tmp_path / "a.jsonl"
+    src.write_text('{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}\n')
+    link = tmp_path / "b.jsonl"
+    os.link(src, link)
+    out = tmp_path / "t.parquet"
+    with pytest.raises(TraceFormatError, match="given twice"):
+        ingest([src, link], out, salt=b"s", progress=False)
+    assert not out.exists()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import pathlib
 import sys
 from typing import Any
@@ -272,25 +271,12 @@ def tune_log_command(logfiles: tuple[str, ...], log_format: str, output: str,
     target_kw = {k: kw.pop(k) for k in ("hardware", "model", "tp", "dp", "block_size",
                                         "num_gpu_blocks", "gpu_memory_utilization",
                                         "max_model_len", "calibration")}
-    _refuse_repeated(logfiles)
     out = pathlib.Path(output)
     trace = out.with_name(out.stem + ".trace.parquet")
     check_output(output, inputs=logfiles)
     with progress_display(kw["progress"]) as shown:
         ingest(list(logfiles), trace, format=log_format, progress=shown)
     _run_tune(str(trace), output, kw, target_kw)
-
-
-def _refuse_repeated(paths: tuple[str, ...]) -> None:
-    """The same log twice would double the load in silence: refuse it."""
-    seen: dict[tuple[int, int], str] = {}
-    for path in paths:
-        st = os.stat(path)
-        key = (st.st_dev, st.st_ino)
-        if key in seen:
-            raise ConfigError(f"{path} is given twice (also as {seen[key]}); each log may be "
-                              "read once, or its requests would count twice")
-        seen[key] = path
 
 
 @click.command(name="export")

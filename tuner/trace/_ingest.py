@@ -97,6 +97,7 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
     paths = [str(sources)] if isinstance(sources, (str, os.PathLike)) else [str(s) for s in sources]
     if not paths:
         raise TraceFormatError("empty input: no source files given")
+    _refuse_repeated(paths)
     if on_error not in ("fail", "skip"):
         raise TraceFormatError(f"on_error: must be fail or skip, got {on_error!r}")
     fmt = _resolve_format(paths, format)
@@ -164,6 +165,21 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
     report.wall_s = time.perf_counter() - t0
     report.records_per_s = report.requests / report.wall_s if report.wall_s > 0 else 0.0
     return report
+
+
+def _refuse_repeated(paths: list[str]) -> None:
+    """The same log twice (by name, link or hard link) would double its load in silence."""
+    seen: dict[tuple[int, int], str] = {}
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue  # opening it reports the error with the file's name
+        key = (st.st_dev, st.st_ino)
+        if key in seen:
+            raise TraceFormatError(f"{path}: given twice (also as {seen[key]}); each log may "
+                                   "be read once, or its requests would count twice")
+        seen[key] = path
 
 
 def _resolve_format(paths: list[str], fmt: str) -> str:
