@@ -11,7 +11,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, overload
+from typing import Generic, Literal, TypeVar, overload
 
 RequestStatus = Literal["finished", "rejected", "aborted", "unfinished", "error"]
 
@@ -143,7 +143,29 @@ _STATUS_CODES: tuple[RequestStatus, ...] = ("finished", "rejected", "aborted", "
 _NAN = float("nan")
 
 
-class RequestTable(Sequence[RequestResult]):
+_Record = TypeVar("_Record")
+
+
+class _ListStandIn(Sequence[_Record], Generic[_Record]):
+    """Column storage that replaces a ``list`` of records in a result, and so compares
+    like one: equal to any sequence (not ``str``/``bytes``) holding equal records in the
+    same order, and unhashable because it is mutable.
+
+    Why a base: ``RequestTable`` and ``GapSamples`` must keep the exact equality the lists
+    they replaced had (tests and callers compare results with ``==``).
+    """
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the list it replaces
+
+
+class RequestTable(_ListStandIn[RequestResult]):
     """Per-request records as columns: what a long replay keeps instead of objects.
 
     Why: a replay of a production day holds millions of requests; a ``RequestResult`` (and
@@ -221,16 +243,8 @@ class RequestTable(Sequence[RequestResult]):
     def __repr__(self) -> str:
         return f"RequestTable({len(self)} requests)"
 
-    def __eq__(self, other: object) -> bool:
-        """Equal to any sequence of the same records (it stands in for a list)."""
-        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
-            return NotImplemented
-        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
 
-    __hash__ = None  # type: ignore[assignment]  # mutable, like the list it replaces
-
-
-class GapSamples(Sequence[tuple[float, int]]):
+class GapSamples(_ListStandIn[tuple[float, int]]):
     """Pooled inter-token gaps ``(gap_s, count)`` as two columns (16 bytes a pair, not
     ~120 for a tuple of a float and an int): a day's replay appends one or two per step."""
 
@@ -263,11 +277,3 @@ class GapSamples(Sequence[tuple[float, int]]):
 
     def __repr__(self) -> str:
         return f"GapSamples({len(self)} pairs)"
-
-    def __eq__(self, other: object) -> bool:
-        """Equal to any sequence of the same records (it stands in for a list)."""
-        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
-            return NotImplemented
-        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, like the list it replaces
