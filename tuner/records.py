@@ -9,7 +9,7 @@ Times are seconds on the replay clock (``arrival_s`` of the trace = the same clo
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Literal, TypeVar, overload
 
@@ -81,6 +81,21 @@ class ReplayResult:
     notes: list[str] = field(default_factory=list)
 
 
+_Item = TypeVar("_Item")
+
+
+def _pick(index: int | slice, n: int, get: Callable[[int], _Item],
+          what: str) -> _Item | list[_Item]:
+    """``list`` indexing over ``n`` entries that ``get(i)`` builds on demand (for
+    ``0 <= i < n``): negative ints count from the end, slices give a list, and an int out
+    of range raises ``IndexError`` naming ``what`` ("request 7 of 5")."""
+    if isinstance(index, slice):
+        return [get(i) for i in range(*index.indices(n))]
+    if not -n <= index < n:
+        raise IndexError(f"{what} {index} of {n}")
+    return get(index % n)
+
+
 class StringColumn(Sequence["str | None"]):
     """Strings (or None) packed in one UTF-8 buffer with offsets: ~1 byte a character
     plus 8 an entry, where a list of ``str`` costs ~60 bytes an entry. For the request and
@@ -127,12 +142,7 @@ class StringColumn(Sequence["str | None"]):
     def __getitem__(self, index: slice) -> "list[str | None]": ...
 
     def __getitem__(self, index: "int | slice") -> "str | None | list[str | None]":
-        if isinstance(index, slice):
-            return [self._get(i) for i in range(*index.indices(len(self)))]
-        n = len(self)
-        if not -n <= index < n:
-            raise IndexError(f"string {index} of {n}")
-        return self._get(index % n)
+        return _pick(index, len(self), self._get, "string")
 
     def __repr__(self) -> str:
         return f"StringColumn({len(self)} strings)"
@@ -229,12 +239,7 @@ class RequestTable(_ListStandIn[RequestResult]):
     def __getitem__(self, index: slice) -> list[RequestResult]: ...
 
     def __getitem__(self, index: int | slice) -> RequestResult | list[RequestResult]:
-        if isinstance(index, slice):
-            return [self._row(i) for i in range(*index.indices(len(self)))]
-        n = len(self)
-        if not -n <= index < n:
-            raise IndexError(f"request {index} of {n}")
-        return self._row(index % n)
+        return _pick(index, len(self), self._row, "request")
 
     def __iter__(self) -> Iterator[RequestResult]:
         row = self._row
