@@ -34,7 +34,7 @@ ORDER = ["trace", "sim", "perf", "replay", "vllm_core", "serve", "metrics", "fid
          "profile", "report", "jobs", "cli"]
 #: Top-level modules any stage may import (they import no stage).
 SHARED = ("__init__", "_lazy", "errors", "records", "vllm_compat", "loaders", "durations",
-          "progress", "vllm_plugin", "outputs", "units")
+          "progress", "vllm_plugin", "outputs", "units", "processes")
 #: Allowed downstream imports, each with its reason.
 EXCEPTIONS = {
     # tune saves the recommended profile and reads the profile model (profile -> tune would

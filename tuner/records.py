@@ -9,9 +9,9 @@ Times are seconds on the replay clock (``arrival_s`` of the trace = the same clo
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, overload
+from typing import Generic, Literal, TypeVar, overload
 
 RequestStatus = Literal["finished", "rejected", "aborted", "unfinished", "error"]
 
@@ -81,6 +81,21 @@ class ReplayResult:
     notes: list[str] = field(default_factory=list)
 
 
+_Item = TypeVar("_Item")
+
+
+def _pick(index: int | slice, n: int, get: Callable[[int], _Item],
+          what: str) -> _Item | list[_Item]:
+    """``list`` indexing over ``n`` entries that ``get(i)`` builds on demand (for
+    ``0 <= i < n``): negative ints count from the end, slices give a list, and an int out
+    of range raises ``IndexError`` naming ``what`` ("request 7 of 5")."""
+    if isinstance(index, slice):
+        return [get(i) for i in range(*index.indices(n))]
+    if not -n <= index < n:
+        raise IndexError(f"{what} {index} of {n}")
+    return get(index % n)
+
+
 class StringColumn(Sequence["str | None"]):
     """Strings (or None) packed in one UTF-8 buffer with offsets: ~1 byte a character
     plus 8 an entry, where a list of ``str`` costs ~60 bytes an entry. For the request and
@@ -127,12 +142,7 @@ class StringColumn(Sequence["str | None"]):
     def __getitem__(self, index: slice) -> "list[str | None]": ...
 
     def __getitem__(self, index: "int | slice") -> "str | None | list[str | None]":
-        if isinstance(index, slice):
-            return [self._get(i) for i in range(*index.indices(len(self)))]
-        n = len(self)
-        if not -n <= index < n:
-            raise IndexError(f"string {index} of {n}")
-        return self._get(index % n)
+        return _pick(index, len(self), self._get, "string")
 
     def __repr__(self) -> str:
         return f"StringColumn({len(self)} strings)"
@@ -143,7 +153,29 @@ _STATUS_CODES: tuple[RequestStatus, ...] = ("finished", "rejected", "aborted", "
 _NAN = float("nan")
 
 
-class RequestTable(Sequence[RequestResult]):
+_Record = TypeVar("_Record")
+
+
+class _ListStandIn(Sequence[_Record], Generic[_Record]):
+    """Column storage that replaces a ``list`` of records in a result, and so compares
+    like one: equal to any sequence (not ``str``/``bytes``) holding equal records in the
+    same order, and unhashable because it is mutable.
+
+    Why a base: ``RequestTable`` and ``GapSamples`` must keep the exact equality the lists
+    they replaced had (tests and callers compare results with ``==``).
+    """
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the list it replaces
+
+
+class RequestTable(_ListStandIn[RequestResult]):
     """Per-request records as columns: what a long replay keeps instead of objects.
 
     Why: a replay of a production day holds millions of requests; a ``RequestResult`` (and
@@ -207,12 +239,7 @@ class RequestTable(Sequence[RequestResult]):
     def __getitem__(self, index: slice) -> list[RequestResult]: ...
 
     def __getitem__(self, index: int | slice) -> RequestResult | list[RequestResult]:
-        if isinstance(index, slice):
-            return [self._row(i) for i in range(*index.indices(len(self)))]
-        n = len(self)
-        if not -n <= index < n:
-            raise IndexError(f"request {index} of {n}")
-        return self._row(index % n)
+        return _pick(index, len(self), self._row, "request")
 
     def __iter__(self) -> Iterator[RequestResult]:
         row = self._row
@@ -221,16 +248,8 @@ class RequestTable(Sequence[RequestResult]):
     def __repr__(self) -> str:
         return f"RequestTable({len(self)} requests)"
 
-    def __eq__(self, other: object) -> bool:
-        """Equal to any sequence of the same records (it stands in for a list)."""
-        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
-            return NotImplemented
-        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
 
-    __hash__ = None  # type: ignore[assignment]  # mutable, like the list it replaces
-
-
-class GapSamples(Sequence[tuple[float, int]]):
+class GapSamples(_ListStandIn[tuple[float, int]]):
     """Pooled inter-token gaps ``(gap_s, count)`` as two columns (16 bytes a pair, not
     ~120 for a tuple of a float and an int): a day's replay appends one or two per step."""
 
@@ -263,11 +282,3 @@ class GapSamples(Sequence[tuple[float, int]]):
 
     def __repr__(self) -> str:
         return f"GapSamples({len(self)} pairs)"
-
-    def __eq__(self, other: object) -> bool:
-        """Equal to any sequence of the same records (it stands in for a list)."""
-        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
-            return NotImplemented
-        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, like the list it replaces

@@ -135,18 +135,27 @@ def export_profile(profile: Profile, fmt: str, *, vllm_version: str = CHECKED_VL
     return render(profile, plan, header)
 
 
-def _flags(profile: Profile, plan: ExportPlan, header: list[str]) -> str:
-    args = plan.serve_args()
+def flag_lines(args: list[str]) -> list[str]:
+    """``vllm serve`` arguments one flag per line: each flag with its shell-quoted value,
+    a boolean flag (next item is another ``--flag``) alone.
+
+    Why shared: the flags export, the ``vllm serve`` command and the plugin bundle's
+    README print the same arguments and must pair them the same way.
+    """
     lines: list[str] = []
     i = 0
-    while i < len(args):  # pair each flag with its value (booleans stand alone)
+    while i < len(args):
         if i + 1 < len(args) and not args[i + 1].startswith("--"):
             lines.append(f"{args[i]} {shlex.quote(args[i + 1])}")
             i += 2
         else:
             lines.append(args[i])
             i += 1
-    body = " \\\n".join(lines)
+    return lines
+
+
+def _flags(profile: Profile, plan: ExportPlan, header: list[str]) -> str:
+    body = " \\\n".join(flag_lines(plan.serve_args()))
     return "".join(f"# {h}\n" for h in header) + body + "\n"
 
 
@@ -177,14 +186,7 @@ def serve_command(profile: Profile, plan: ExportPlan, *, use_async: bool) -> lis
 def _command(profile: Profile, plan: ExportPlan, header: list[str], *, use_async: bool) -> str:
     args = serve_command(profile, plan, use_async=use_async)
     lines = [" ".join(shlex.quote(a) for a in args[:3])]
-    i = 3
-    while i < len(args):  # pair each flag with its value (booleans stand alone)
-        if i + 1 < len(args) and not args[i + 1].startswith("--"):
-            lines.append(f"    {args[i]} {shlex.quote(args[i + 1])}")
-            i += 2
-        else:
-            lines.append(f"    {args[i]}")
-            i += 1
+    lines += [f"    {line}" for line in flag_lines(args[3:])]
     missing = [name for name, value in (("--max-model-len", profile.target.max_model_len),
                                         ("--gpu-memory-utilization",
                                          profile.target.gpu_memory_utilization))

@@ -29,7 +29,7 @@ from pathlib import Path
 import tuner
 from tuner.errors import ConfigError
 from tuner.outputs import write_text
-from tuner.profile.export import plan_export
+from tuner.profile.export import flag_lines, plan_export
 from tuner.profile.model import PROFILE_MODE, Profile
 
 PACKAGE_DIR = Path(tuner.__file__).resolve().parent
@@ -49,7 +49,7 @@ class PluginBundle:
 
     def usage_lines(self) -> list[str]:
         """The exact shell lines: where Python finds the plugin, and the serve command."""
-        args = " \\\n    ".join(_pair_args(self.serve_args))
+        args = " \\\n    ".join(flag_lines(self.serve_args))
         return [f"export PYTHONPATH={shlex.quote(str(self.folder))}${{PYTHONPATH:+:$PYTHONPATH}}",
                 f"vllm serve MODEL \\\n    {args}"]
 
@@ -137,17 +137,3 @@ def write_plugin_bundle(profile: Profile, folder: str | os.PathLike[str], *,
     ])
     bundle.files.append(write_text(out / "README.txt", readme, mode=PROFILE_MODE))
     return bundle
-
-
-def _pair_args(args: list[str]) -> list[str]:
-    """Flag and value on one line each, shell-quoted (booleans stand alone)."""
-    lines: list[str] = []
-    i = 0
-    while i < len(args):
-        if i + 1 < len(args) and not args[i + 1].startswith("--"):
-            lines.append(f"{args[i]} {shlex.quote(args[i + 1])}")
-            i += 2
-        else:
-            lines.append(args[i])
-            i += 1
-    return lines

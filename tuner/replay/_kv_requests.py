@@ -111,30 +111,37 @@ def _dense_ids(values: np.ndarray) -> tuple[np.ndarray, int]:
     return ids, int(ids.max()) + 1
 
 
+def flat_hash_column(df: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """A polars list-of-hash column as ``(values, offsets)``: one flat ``uint64`` array and
+    the ``int64`` row offsets into it, row ``i`` being ``values[offsets[i]:offsets[i + 1]]``.
+
+    Why: slicing one flat array per request costs no Python ints; nulls read as empty
+    lists, and a sliced frame's offsets are rebased to start at 0. Shared by the
+    whole-trace load here and the chunked reader of ``tuner.replay._stream``.
+    """
+    import pyarrow as pa
+
+    arr = df.get_column(name).to_arrow()
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    arr = arr.cast(pa.large_list(pa.uint64())).fill_null(
+        pa.scalar([], pa.large_list(pa.uint64())))
+    offsets = np.asarray(arr.offsets, dtype=np.int64)
+    values = np.asarray(arr.values, dtype=np.uint64)[offsets[0]:offsets[-1]]
+    return values, offsets - offsets[0]
+
+
 def load_trace_arrays(trace: Any) -> list[Any]:
     """A ``Trace``'s requests in arrival order with hashes as views into flat arrays.
 
     Avoids ``Trace.requests()``'s Python int tuples: one flat ``uint64`` array per list
     column, sliced per request without copying.
     """
-    import pyarrow as pa
-
     from tuner.trace import TraceRequest
 
     df = trace.lazy().collect()
-
-    def flat(name: str) -> tuple[np.ndarray, np.ndarray]:
-        arr = df.get_column(name).to_arrow()
-        if isinstance(arr, pa.ChunkedArray):
-            arr = arr.combine_chunks()
-        arr = arr.cast(pa.large_list(pa.uint64())).fill_null(
-            pa.scalar([], pa.large_list(pa.uint64())))
-        offsets = np.asarray(arr.offsets, dtype=np.int64)
-        values = np.asarray(arr.values, dtype=np.uint64)[offsets[0]:offsets[-1]]
-        return values, offsets - offsets[0]
-
-    pv, po = flat("block_hashes")
-    ov, oo = flat("output_block_hashes")
+    pv, po = flat_hash_column(df, "block_hashes")
+    ov, oo = flat_hash_column(df, "output_block_hashes")
     cols = {name: df.get_column(name).to_list() for name in (
         "request_id", "arrival_s", "input_len", "output_len", "session_id", "parent_id", "turn",
         "priority", "cache_salt", "model", "status")}

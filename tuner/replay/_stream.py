@@ -37,6 +37,7 @@ import numpy as np
 
 from tuner.errors import ConfigError
 from tuner.records import RequestTable, StringColumn
+from tuner.replay._kv_requests import flat_hash_column
 from tuner.sim.hash_space import HashIdSpace
 from tuner.trace.reblock_vec import reblock_arrays, reblock_id_ranges
 
@@ -196,22 +197,10 @@ class TraceArrivals:
         """Raw hashes of storage rows ``chunk * CHUNK_ROWS ..`` as flat arrays + offsets."""
         cached = self._chunks.get(chunk)
         if cached is None:
-            import pyarrow as pa
-
             df = (self._frame.slice(chunk * CHUNK_ROWS, CHUNK_ROWS)
                   .select(["block_hashes", "output_block_hashes"]).collect())
-
-            def flat(name: str) -> tuple[np.ndarray, np.ndarray]:
-                arr = df.get_column(name).to_arrow()
-                if isinstance(arr, pa.ChunkedArray):
-                    arr = arr.combine_chunks()
-                arr = arr.cast(pa.large_list(pa.uint64())).fill_null(
-                    pa.scalar([], pa.large_list(pa.uint64())))
-                offsets = np.asarray(arr.offsets, dtype=np.int64)
-                values = np.asarray(arr.values, dtype=np.uint64)[offsets[0]:offsets[-1]]
-                return values, offsets - offsets[0]
-
-            cached = self._chunks[chunk] = (*flat("block_hashes"), *flat("output_block_hashes"))
+            cached = self._chunks[chunk] = (*flat_hash_column(df, "block_hashes"),
+                                            *flat_hash_column(df, "output_block_hashes"))
         return cached
 
     def _raw(self, position: int) -> tuple[np.ndarray, np.ndarray]:

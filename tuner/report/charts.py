@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence
 from xml.sax.saxutils import escape
 
 #: Chart geometry in SVG user units (the SVG scales to its container's width).
@@ -428,24 +428,43 @@ def bar_chart(categories: Sequence[str], groups: Sequence[tuple[str, Sequence[fl
     labels = [(i + 0.5, c) for i, c in enumerate(categories)]
     out = _frame(title, x, y, x_label, y_label, x_tick_labels=labels)
     slot = (x(1.0) - x(0.0)) * 0.8 / n_grp
-    legend = []
+
+    def place(g: int, i: int, v: float) -> str:
+        px = x(float(i)) + (x(1.0) - x(0.0)) * 0.1 + g * slot
+        top, base = y(max(v, 0.0)), y(min(v, 0.0))
+        return (f'x="{px:.2f}" y="{top}" width="{slot - 2:.2f}" '
+                f'height="{max(round(base - top, 2), 0.5)}"')
+
+    bars, legend = _bar_series(categories, groups, colors, place)
+    out += bars
+    out += _legend(legend)
+    out.append("</svg>")
+    return Chart(title, caption, "\n".join(out))
+
+
+def _bar_series(categories: Sequence[str], groups: Sequence[tuple[str, Sequence[float]]],
+                colors: Sequence[str], place: Callable[[int, int, float], str],
+                ) -> tuple[list[str], list[tuple[str, str, str]]]:
+    """One ``<g class="series">`` of ``<rect class="bar">`` per group, and its legend entries.
+
+    Why one function: vertical and horizontal bar charts differ only in where a bar sits;
+    ``place(group, category, value)`` returns its ``x``/``y``/``width``/``height``
+    attributes. Colours, skipped non-finite values and the hover title are the same.
+    """
+    out: list[str] = []
+    legend: list[tuple[str, str, str]] = []
     for g, (label, values) in enumerate(groups):
         color = colors[g] if g < len(colors) else _color(None, g)
         out.append(f'<g class="series" data-label="{escape(label)}">')
         for i, v in enumerate(values):
             if not math.isfinite(v):
                 continue
-            px = x(float(i)) + (x(1.0) - x(0.0)) * 0.1 + g * slot
-            top, base = y(max(v, 0.0)), y(min(v, 0.0))
-            out.append(f'<rect class="bar" x="{px:.2f}" y="{top}" width="{slot - 2:.2f}" '
-                       f'height="{max(round(base - top, 2), 0.5)}" fill="{color}">'
+            out.append(f'<rect class="bar" {place(g, i, v)} fill="{color}">'
                        f"<title>{escape(label)} {escape(categories[i])}: {fmt_num(v)}</title>"
                        "</rect>")
         out.append("</g>")
         legend.append((label, color, "box"))
-    out += _legend(legend)
-    out.append("</svg>")
-    return Chart(title, caption, "\n".join(out))
+    return out, legend
 
 
 def _padded(values: Sequence[float]) -> list[float]:
@@ -472,21 +491,15 @@ def hbar_chart(categories: Sequence[str], groups: Sequence[tuple[str, Sequence[f
     out = _frame(title, x, y, x_label, "", y_tick_labels=[(i + 0.5, c) for i, c in
                                                           enumerate(categories)], left=left)
     slot = (y(1.0) - y(0.0)) * 0.8 / n_grp
-    legend = []
-    for g, (label, values) in enumerate(groups):
-        color = colors[g] if g < len(colors) else _color(None, g)
-        out.append(f'<g class="series" data-label="{escape(label)}">')
-        for i, v in enumerate(values):
-            if not math.isfinite(v):
-                continue
-            py = y(float(i)) + (y(1.0) - y(0.0)) * 0.1 + g * slot
-            out.append(f'<rect class="bar" x="{x(0.0)}" y="{py:.2f}" '
-                       f'width="{max(round(x(max(v, 0.0)) - x(0.0), 2), 0.5)}" '
-                       f'height="{max(slot - 1.5, 0.5):.2f}" fill="{color}">'
-                       f"<title>{escape(label)} {escape(categories[i])}: {fmt_num(v)}</title>"
-                       "</rect>")
-        out.append("</g>")
-        legend.append((label, color, "box"))
+
+    def place(g: int, i: int, v: float) -> str:
+        py = y(float(i)) + (y(1.0) - y(0.0)) * 0.1 + g * slot
+        return (f'x="{x(0.0)}" y="{py:.2f}" '
+                f'width="{max(round(x(max(v, 0.0)) - x(0.0), 2), 0.5)}" '
+                f'height="{max(slot - 1.5, 0.5):.2f}"')
+
+    bars, legend = _bar_series(categories, groups, colors, place)
+    out += bars
     out += _legend(legend, left)
     out.append("</svg>")
     return Chart(title, caption, "\n".join(out))

@@ -37,6 +37,7 @@ from typing import Any
 
 from tuner import vllm_compat
 from tuner.errors import BackendError, ConfigError
+from tuner.processes import group_alive
 import tuner.serve.http as http
 from tuner.serve.prometheus import CACHE_CONFIG_INFO, MetricsSnapshot, parse_exposition
 
@@ -398,17 +399,6 @@ class VllmServer:
             except (ValueError, TypeError):
                 pass
         self._old_handlers.clear()
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether any process of group ``pgid`` still exists (``kill(-pgid, 0)``)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -210,16 +210,8 @@ def reblock_ids(block_ids: np.ndarray, output_block_ids: np.ndarray, input_len: 
     """
     f, t = from_block_size, to_block_size
     assert f > 0 and t > 0 and f % t == 0, "reblock_ids splits; grouping needs hashes"
-    k = f // t
-    out = output_block_ids if len(output_block_ids) else _NO_IDS
-    chain, n_target, with_output = _kv_chain(block_ids, out, input_len, output_len, f, t)
-    if k == 1:
-        whole = chain[:n_target]
-    else:
-        n_src = -(-n_target // k)
-        whole = (np.repeat(chain[:n_src] * k, k) + np.tile(_positions(k), n_src))[:n_target]
-    n_prompt = input_len // t
-    return whole[:n_prompt], (whole[n_prompt:] if with_output else _NO_IDS)
+    return _split_id_ranges(block_ids, output_block_ids, input_len, output_len, f, t,
+                            first_of=f // t)
 
 
 def reblock_id_ranges(block_firsts: np.ndarray, output_block_firsts: np.ndarray,
@@ -232,14 +224,29 @@ def reblock_id_ranges(block_firsts: np.ndarray, output_block_firsts: np.ndarray,
     (``tuner.replay._stream``)."""
     f, t = from_block_size, to_block_size
     assert f > 0 and t > 0 and f % t == 0, "reblock_id_ranges splits; grouping needs hashes"
+    return _split_id_ranges(block_firsts, output_block_firsts, input_len, output_len, f, t,
+                            first_of=1)
+
+
+def _split_id_ranges(sources: np.ndarray, output_sources: np.ndarray, input_len: int,
+                     output_len: int, f: int, t: int, *,
+                     first_of: int) -> tuple[np.ndarray, np.ndarray]:
+    """The split shared by ``reblock_ids`` and ``reblock_id_ranges``: sub-block ``j`` of a
+    source block gets ``source * first_of + j``.
+
+    ``first_of`` is ``k`` when ``sources`` are dense source ids (``reblock_ids``) and 1 when
+    they already are each range's first id (``reblock_id_ranges``); the two differ in
+    nothing else. Callers check ``f % t == 0`` (``k = f // t``).
+    """
     k = f // t
-    out = output_block_firsts if len(output_block_firsts) else _NO_IDS
-    chain, n_target, with_output = _kv_chain(block_firsts, out, input_len, output_len, f, t)
+    out = output_sources if len(output_sources) else _NO_IDS
+    chain, n_target, with_output = _kv_chain(sources, out, input_len, output_len, f, t)
     if k == 1:
         whole = chain[:n_target]
     else:
         n_src = -(-n_target // k)
-        whole = (np.repeat(chain[:n_src], k) + np.tile(_positions(k), n_src))[:n_target]
+        firsts = chain[:n_src] * first_of if first_of != 1 else chain[:n_src]
+        whole = (np.repeat(firsts, k) + np.tile(_positions(k), n_src))[:n_target]
     n_prompt = input_len // t
     return whole[:n_prompt], (whole[n_prompt:] if with_output else _NO_IDS)
 

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from tuner.errors import ConfigError, StudyNotFound
 from tuner.metrics import parse_slo
 from tuner.perf.target import Target
+from tuner.processes import pid_alive
 from tuner.progress import Progress, check_progress
 from tuner.sim.settings import SchedulerSettings
 from tuner.tune._progress import StudyProgress, best_so_far
@@ -319,7 +320,7 @@ def _fail_dead_local_trials(study: "optuna.Study") -> list[str]:
             continue
         if worker_host != host:
             continue
-        if isinstance(pid, int) and not _pid_alive(pid):
+        if isinstance(pid, int) and not pid_alive(pid):
             StudyRecords.fail_trial(study, trial)
             notes.append(f"trial {trial.number} was left running by a dead process; marked failed")
     return notes
@@ -328,16 +329,6 @@ def _fail_dead_local_trials(study: "optuna.Study") -> list[str]:
 #: A RUNNING trial without a recorded worker this old is a killed run's leftover (a live
 #: worker records its host and pid right after ask(), within milliseconds).
 ORPHAN_AFTER_S = 600.0
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _enqueue_start_points(study: "optuna.Study", config: StudyConfig, evaluator: Evaluator,

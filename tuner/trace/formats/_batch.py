@@ -19,6 +19,7 @@ from tuner.errors import TraceFormatError
 from tuner.outputs import AtomicOutput
 from tuner.trace.hashing import Hasher
 from tuner.trace.schema import SCHEMA
+from tuner.trace.sources import json_problem
 
 OnError = Literal["fail", "skip"]
 
@@ -62,6 +63,22 @@ class IngestContext:
                                    field=field_name)
         self.skipped += 1
         self.quarantine.add(self.path, line, f"{field_name}: {reason}", raw)
+
+    def json_object(self, raw: bytes, line: int) -> dict[str, Any] | None:
+        """``raw`` parsed as one JSON object, or None once reported through :meth:`bad`.
+
+        Every JSONL reader refuses the same two things in the same words: a line that is
+        not JSON (or not UTF-8) and JSON that is not an object.
+        """
+        try:
+            obj = json.loads(raw)
+        except ValueError as exc:
+            self.bad(line, "json", json_problem(exc), raw)
+            return None
+        if not isinstance(obj, dict):
+            self.bad(line, "json", "not a JSON object", raw)
+            return None
+        return obj
 
     def fill_output_len(self, line: int, max_tokens: int | None) -> int | None:
         """The output length of a request whose log holds no output, by the documented

@@ -15,7 +15,6 @@ standard ``json`` module, which names the exact line and field.
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -26,7 +25,7 @@ import pyarrow.compute as pc
 
 from tuner.trace.formats._mooncake_fast import parse_chunk
 from tuner.trace.formats._batch import IngestContext, make_batch
-from tuner.trace.sources import iter_line_chunks, json_problem
+from tuner.trace.sources import iter_line_chunks
 
 
 class _HashedJsonlReader:
@@ -119,13 +118,8 @@ class _HashedJsonlReader:
                            np.asarray(lines, dtype=np.int64), ctx)
 
     def _parse_line(self, raw: bytes, line_no: int, ctx: IngestContext) -> dict[str, Any] | None:
-        try:
-            obj = json.loads(raw)
-        except ValueError as exc:
-            ctx.bad(line_no, "json", json_problem(exc), raw)
-            return None
-        if not isinstance(obj, dict):
-            ctx.bad(line_no, "json", "not a JSON object", raw)
+        obj = ctx.json_object(raw, line_no)
+        if obj is None:
             return None
         for key in self.FOREIGN_KEYS:
             if key in obj:

@@ -34,7 +34,6 @@ the served model's tokenizer the blocks are exactly vLLM's.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -46,7 +45,7 @@ import pyarrow as pa
 from tuner.errors import ConfigError
 from tuner.loaders import load_json
 from tuner.trace.formats._batch import IngestContext, make_batch
-from tuner.trace.sources import iter_lines, json_problem
+from tuner.trace.sources import iter_lines
 
 _BATCH_ROWS = 8192
 _TIME_KEYS = ("timestamp", "time", "created_at", "start_time", "request_time")
@@ -210,13 +209,8 @@ class OpenAIJsonlReader:
                                        "output_len": "usage.completion_tokens"})
 
     def _parse(self, raw: bytes, line_no: int, ctx: IngestContext, tok: Any) -> dict[str, Any] | None:
-        try:
-            obj = json.loads(raw)
-        except ValueError as exc:
-            ctx.bad(line_no, "json", json_problem(exc), raw)
-            return None
-        if not isinstance(obj, dict):
-            ctx.bad(line_no, "json", "not a JSON object", raw)
+        obj = ctx.json_object(raw, line_no)
+        if obj is None:
             return None
         body = _unwrap(_unwrap(obj.get("request") or obj.get("body") or obj.get("request_body")
                                or obj))

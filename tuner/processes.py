@@ -1,0 +1,35 @@
+"""Whether a process (or a process group) still exists, by sending it signal 0.
+
+Why a module: the live-server wrapper (``tuner.serve.server``) waits for a stopped server's
+process group to be gone, and the study (``tuner.tune.study``) tells a RUNNING trial whose
+worker died from one still being worked on. Both ask the kernel the same question and read
+its answer the same way, so the reading lives here once. Standard library only (any stage
+may ask).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+
+def _answers_signal_zero(send: Callable[[int, int], None], target: int) -> bool:
+    """Whether ``send(target, 0)`` finds a process: no error, or ``EPERM`` (it exists but
+    belongs to another user, which still means alive); ``ESRCH`` means gone."""
+    try:
+        send(target, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` still exists (``kill(pid, 0)``)."""
+    return _answers_signal_zero(os.kill, pid)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of group ``pgid`` still exists (``kill(-pgid, 0)``)."""
+    return _answers_signal_zero(os.killpg, pgid)
