@@ -16,8 +16,9 @@ P90_HELP = ("p90 interactivity = 1 / (90th percentile over requests of the per-r
 
 
 def _stash_dtype(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
-    """``--quantization``/``--kv-cache-dtype`` go to ``ctx.meta`` for :func:`make_target`,
-    so every command that takes the target flags gets them without a new parameter."""
+    """``--quantization``/``--kv-cache-dtype``/``--step-time-source`` go to ``ctx.meta``
+    for :func:`make_target`, so every command that takes the target flags gets them
+    without a new parameter."""
     if value is not None:
         ctx.meta[f"tuner.target.{param.name}"] = value.lower()
 
@@ -42,6 +43,13 @@ def target_options(func):  # type: ignore[no-untyped-def]
         click.option("--kv-cache-dtype", type=click.Choice(list(KV_CACHE_DTYPES), case_sensitive=False),
                      default=None, expose_value=False, callback=_stash_dtype,
                      help="As vLLM's --kv-cache-dtype [default: auto = the model dtype]."),
+        click.option("--step-time-source", type=click.Choice(["auto", "analytic", "aic"],
+                                                             case_sensitive=False),
+                     default=None, expose_value=False, callback=_stash_dtype,
+                     help="Step-time model: aic = NVIDIA's measured vLLM kernel tables from "
+                          "aiconfigurator-core (H100/H200/B200, dense bf16/fp8 models), "
+                          "analytic = the roofline model [default: auto = aic where installed "
+                          "and covered and no --calibration is given, else analytic]."),
         click.option("--dp", type=click.IntRange(min=1), default=1, show_default=True,
                      help="Data-parallel engines."),
         click.option("--block-size", type=click.IntRange(min=1), default=None,
@@ -72,7 +80,8 @@ def make_target(hardware: str, model: str, tp: int, dp: int, block_size: int | N
                   num_gpu_blocks=num_gpu_blocks, gpu_memory_utilization=gpu_memory_utilization,
                   max_model_len=max_model_len, calibration=calibration,
                   quantization=meta.get("tuner.target.quantization"),
-                  kv_cache_dtype=meta.get("tuner.target.kv_cache_dtype"))
+                  kv_cache_dtype=meta.get("tuner.target.kv_cache_dtype"),
+                  step_time_source=meta.get("tuner.target.step_time_source", "auto"))
 
 
 def make_load(speedup: float | None, concurrency: int | None):  # type: ignore[no-untyped-def]
@@ -152,7 +161,8 @@ def replay_command(trace: str, backend: str, hardware: str, model: str, tp: int,
         write_requests_parquet(result, out, inputs=[trace])
     if as_json:
         echo_json({**summary.to_dict(), "settings": settings.to_dict(),
-                   "target": resolved.description, "notes": result.notes})
+                   "target": resolved.description,
+                   "step_time_source": resolved.step_time_source, "notes": result.notes})
         return
     click.echo(resolved.description)
     warning = rejection_warning(summary.to_dict(), resolved.cache.max_model_len)

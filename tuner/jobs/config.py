@@ -18,7 +18,7 @@ from tuner.loaders import load_yaml
 
 _TARGET_KEYS = ("hardware", "model", "tp", "dp", "block_size", "num_gpu_blocks",
                 "gpu_memory_utilization", "max_model_len", "calibration", "weight_dtype",
-                "kv_cache_dtype", "quantization")
+                "kv_cache_dtype", "quantization", "step_time_source")
 
 
 @dataclass

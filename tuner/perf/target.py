@@ -24,6 +24,8 @@ class Target:
     weight_dtype: str | None = None  # tuner-only override of every linear layer (bf16, fp8, fp4)
     kv_cache_dtype: str | None = None  # vLLM --kv-cache-dtype (auto = the model dtype, fp8, ...)
     quantization: str | None = None  # vLLM --quantization (None/none = the checkpoint's scheme)
+    #: auto (measured tables where installed and covered, else analytic), analytic or aic
+    step_time_source: str = "auto"
 
     @property
     def num_gpus(self) -> int:

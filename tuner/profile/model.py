@@ -64,11 +64,13 @@ class ProfileTarget:
     vllm_versions: tuple[str, ...] = ("0.33.0",)
     quantization: str | None = None  # vLLM --quantization the twin priced (None: checkpoint's)
     kv_cache_dtype: str | None = None  # vLLM --kv-cache-dtype (None: auto)
+    #: what priced the twin's steps: "analytic" or "aic" (measured tables); None: not recorded
+    step_time_source: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["vllm_versions"] = list(self.vllm_versions)
-        for key in ("quantization", "kv_cache_dtype"):  # older readers know neither
+        for key in ("quantization", "kv_cache_dtype", "step_time_source"):  # older readers know none
             if out[key] is None:
                 del out[key]
         return out
@@ -256,12 +258,16 @@ def _target(raw: Any, fail: Any) -> ProfileTarget:
             except ConfigError as exc:
                 raise fail(f"target.{key}", str(exc)) from None
         dtypes[key] = value
+    source = raw.get("step_time_source")
+    if source is not None and source not in ("analytic", "aic"):
+        raise fail("target.step_time_source", f"must be analytic or aic (got {source!r})")
     return ProfileTarget(hardware=raw["hardware"], model=raw["model"], tp=raw.get("tp", 1),
                          dp=raw.get("dp", 1), num_gpus=raw.get("num_gpus", 1),
                          block_size=block, async_scheduling=raw.get("async_scheduling", True),
                          vllm_versions=tuple(versions), max_model_len=raw.get("max_model_len"),
                          gpu_memory_utilization=None if util is None else float(util),
-                         num_gpu_blocks=raw.get("num_gpu_blocks"), **dtypes)
+                         num_gpu_blocks=raw.get("num_gpu_blocks"), step_time_source=source,
+                         **dtypes)
 
 
 def _is_version(text: str) -> bool:

@@ -177,7 +177,10 @@ class ReplayEvaluator:
             "trace_resolved": (str(pathlib.Path(self.trace_path).resolve())
                                if self.trace_path else None),
             "trace_fingerprint": self.fingerprint,
-            "target": target_to_dict(self.target),
+            # the source that priced the study ("aic"/"analytic"), not "auto": a joiner
+            # without aiconfigurator-core must refuse rather than price trials differently
+            "target": {**target_to_dict(self.target),
+                       "step_time_source": self.resolved.step_time_source.split()[0]},
             "backend": self.backend,
             "windows": self.windows.to_dict(),
             "baseline": self.default_settings.to_dict(),

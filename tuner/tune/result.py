@@ -240,7 +240,8 @@ class TuneResult:
                                  num_gpus=self.num_gpus, block_size=self.block_size,
                                  vllm_versions=(VLLM_TWIN_VERSION,),
                                  quantization=target.get("quantization"),
-                                 kv_cache_dtype=target.get("kv_cache_dtype")),
+                                 kv_cache_dtype=target.get("kv_cache_dtype"),
+                                 step_time_source=target.get("step_time_source")),
             predicted=predicted, pareto=tuple(pareto), provenance=provenance)
 
 

@@ -45,6 +45,8 @@ class ResolvedTarget:
     default_settings: SchedulerSettings  # ``vllm serve`` defaults on this GPU
     description: str  # one line for logs and reports
     capacity: KVCapacity | None = None  # the memory budget behind cache (None if overridden)
+    #: what priced the steps: "analytic", or "aic (<system> vLLM <version>)" (measured tables)
+    step_time_source: str = "analytic"
 
     @property
     def tp(self) -> int:
@@ -87,7 +89,7 @@ def resolve_target(target: Target, *,
         calibration = load_calibration(target.calibration)
         _check_calibration_matches(calibration, target, hardware, model)
         coefficients = calibration.applied_to(coefficients)
-    step_time = RooflineStepTimeModel(hardware, model, target.tp, coefficients)
+    step_time, source = _step_time_model(target, hardware, model, coefficients)
 
     block_size = target.block_size or hardware.block_size_for(model.backend_kind)
     defaults = hardware.batch_defaults()
@@ -119,10 +121,44 @@ def resolve_target(target: Target, *,
         f"{target.num_gpus}x {hardware.display_name} (TP{target.tp} x DP{target.dp}), "
         f"{hardware.backend_for(model.backend_kind)} block {block_size}, {blocks:,} blocks = {tokens / 1e6:.2f}M tokens/engine"
         + (" (override)" if capacity is None else "")
-        + (", calibrated" if target.calibration else ""))
+        + (", calibrated" if target.calibration else "")
+        + f", step time: {source}")
     return ResolvedTarget(target=target, hardware=hardware, model=model, step_time=step_time,
                           cache=cache, num_gpus=target.num_gpus, default_settings=defaults,
-                          description=description, capacity=capacity)
+                          description=description, capacity=capacity,
+                          step_time_source=source)
+
+
+def _step_time_model(target: Target, hardware: HardwareSpec, model: ModelSpec,
+                     coefficients: Coefficients) -> tuple[StepTimeModel, str]:
+    """The step-time model for ``target.step_time_source`` and the source that priced it
+    (``analytic``, or ``aic (<system> vLLM <version>)``).
+
+    ``auto`` takes aiconfigurator-core's measured tables when the package is installed,
+    they cover the GPU and model (:func:`tuner.perf.measured.aic_coverage`) and no
+    calibration file is given (a calibration fits the analytic model to a real server);
+    otherwise the analytic model. ``aic`` refuses, in one line, what ``auto`` falls back from.
+    """
+    from tuner.perf import measured
+
+    wanted = (target.step_time_source or "auto").lower()
+    if wanted not in measured.STEP_TIME_SOURCES:
+        raise ConfigError(f"step_time_source={wanted!r}: use one of "
+                          f"{', '.join(measured.STEP_TIME_SOURCES)}")
+    if wanted != "analytic":
+        why = measured.aic_coverage(hardware, model)
+        if why is None and not measured.aic_available():
+            why = "aiconfigurator-core is not installed: pip install -e '.[aic]'"
+        if why is None and target.calibration and wanted == "auto":
+            why = "a calibration file prices the analytic model"
+        if why is None:
+            tables = measured.aic_tables(hardware.name, model, target.tp)
+            step = measured.MeasuredStepTimeModel(hardware, model, target.tp, coefficients,
+                                                  tables)
+            return step, f"aic ({step.tables_source})"
+        if wanted == "aic":
+            raise ConfigError(f"--step-time-source aic: {why}")
+    return RooflineStepTimeModel(hardware, model, target.tp, coefficients), "analytic"
 
 
 def _same_name(a: str, b: str) -> bool:
