@@ -30,7 +30,7 @@ from tuner.errors import ConfigError
 from tuner.perf.coefficients import Coefficients
 from tuner.perf.hardware import HardwareSpec
 from tuner.perf.models import ModelSpec
-from tuner.perf.step_time import RooflineStepTimeModel, kernel_format
+from tuner.perf.step_time import RooflineStepTimeModel, add_full_attention, kernel_format
 from tuner.sim.batch import StepBatch
 
 #: tuner hardware preset -> aiconfigurator-core system folder.
@@ -225,17 +225,7 @@ class MeasuredStepTimeModel(RooflineStepTimeModel):
             t += self._lm_req[reqs]
         else:
             t += self._lm_req[m_max] + self._lm_slope * (reqs - m_max)
-        if ndr:
-            dctx = batch.decode_ctx_tokens
-            mem = kv_tok * dctx
-            if mem < occ:
-                mem = occ
-            cmp = attn_d * dctx
-            t += mem if mem > cmp else cmp
-        if npt:
-            mem = kv_tok * (batch.prefill_ctx_tokens + npt)
-            cmp = attn_p * batch.prefill_attn_pairs
-            t += mem if mem > cmp else cmp
+        t = add_full_attention(t, batch, ndr, npt, kv_tok, occ, attn_d, attn_p)
         if sliding:
             t += self._sliding_s(batch)
         return t

@@ -61,6 +61,28 @@ class StepTimeModel(ABC):
         """Seconds the forward pass (plus engine overheads) of ``batch`` takes."""
 
 
+def add_full_attention(t: float, batch: StepBatch, ndr: int, npt: int, kv_tok: float,
+                       occ: float, attn_d: float, attn_p: float) -> float:
+    """``t`` plus the full-attention layers' time: decode (KV read, at least the occupancy
+    floor, against compute) and prefill (KV read against causal query-key pairs).
+
+    Shared by the analytic and the measured-GEMM models (attention is analytic in both);
+    it adds to ``t`` in the same order as an inlined sum, so results are bit-identical.
+    """
+    if ndr:
+        dctx = batch.decode_ctx_tokens
+        mem = kv_tok * dctx
+        if mem < occ:
+            mem = occ
+        cmp = attn_d * dctx
+        t += mem if mem > cmp else cmp
+    if npt:
+        mem = kv_tok * (batch.prefill_ctx_tokens + npt)
+        cmp = attn_p * batch.prefill_attn_pairs
+        t += mem if mem > cmp else cmp
+    return t
+
+
 class RooflineStepTimeModel(StepTimeModel):
     """Per-kernel roofline with floors; see the module docstring.
 
@@ -179,17 +201,7 @@ class RooflineStepTimeModel(StepTimeModel):
             cmp = e_tok * tokens + e_half * touched
             t += mem if mem > cmp else cmp
         # attention: decode part (KV read vs occupancy floor vs compute), prefill part
-        if ndr:
-            dctx = batch.decode_ctx_tokens
-            mem = kv_tok * dctx
-            if mem < occ:
-                mem = occ
-            cmp = attn_d * dctx
-            t += mem if mem > cmp else cmp
-        if npt:
-            mem = kv_tok * (batch.prefill_ctx_tokens + npt)
-            cmp = attn_p * batch.prefill_attn_pairs
-            t += mem if mem > cmp else cmp
+        t = add_full_attention(t, batch, ndr, npt, kv_tok, occ, attn_d, attn_p)
         if sliding:
             t += self._sliding_s(batch)
         if tokens > lib_tokens:
