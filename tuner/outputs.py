@@ -19,7 +19,7 @@ Rules, in order (:func:`check_output`):
 4. Missing parent folders are created; a parent that is a file, or a folder that refuses
    new files (``/proc``), is a one-line error.
 
-Writing (:class:`AtomicOutput`): a temporary ``.NAME.XXXX.tmp`` in the target's own folder
+Writing (:class:`AtomicOutput`): a temporary ``.NAME.<random>.tmp`` in the target's own folder
 (so the rename never crosses file systems), flushed and fsynced, given its final mode, then
 ``os.replace``-d over the target and the folder fsynced: a reader, a crash or a Ctrl-C
 sees the old file or the new one, never a torn one, and an error leaves nothing behind.
