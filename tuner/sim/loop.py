@@ -31,6 +31,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
+from tuner.sim._step_rules import cdiv
 from tuner.sim.batch import StepBatch
 from tuner.sim.load import ClosedLoop, OpenLoop
 
@@ -86,7 +87,7 @@ class AdmissionRules:
         longest = input_len + output_len - 1  # tokens computed by its last step
         return (input_len < 1 or output_len < 1
                 or input_len + output_len > self.max_model_len
-                or -(-longest // self.block_size) > self.num_gpu_blocks - 1
+                or cdiv(longest, self.block_size) > self.num_gpu_blocks - 1
                 or (not self.enable_chunked_prefill and longest > self.max_num_batched_tokens))
 
 
