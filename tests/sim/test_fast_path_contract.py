@@ -43,6 +43,7 @@ FIELD_VALUES: dict[str, st.SearchStrategy] = {
     "CacheSettings.max_model_len": st.sampled_from([1 << 20, 1 << 20, 200, 330]),
     "SimOptions.prefill_interval_mode": st.sampled_from(["local", "dp", "off"]),
     "SimOptions.record_steps": st.just(True),  # the step records are compared
+    "SimOptions.async_scheduling": st.booleans(),
     "SimOptions.extra": st.sampled_from([{}] * 7 + [{"unmodelled": 1}]),
 }
 

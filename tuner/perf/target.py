@@ -26,6 +26,9 @@ class Target:
     quantization: str | None = None  # vLLM --quantization (None/none = the checkpoint's scheme)
     #: auto (measured tables where installed and covered, else analytic), analytic or aic
     step_time_source: str = "auto"
+    #: vLLM's ``--async-scheduling/--no-async-scheduling``; None = what vLLM resolves for
+    #: this target (``tuner.vllm_compat``: on for GPU targets, off on the CPU platform)
+    async_scheduling: bool | None = None
 
     @property
     def num_gpus(self) -> int:

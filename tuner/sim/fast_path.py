@@ -88,6 +88,9 @@ FAST_PATH_FIELDS: dict[str, FieldContract] = {
     "SimOptions.check_invariants": FieldContract(
         "the checks read members through the lag accessors and change no state"),
     "SimOptions.fast_forward": FieldContract("the switch itself"),
+    "SimOptions.async_scheduling": FieldContract(
+        "sync (False) is the group's model; async (True) is not modelled yet: plain path",
+        refuses=bool),
     "SimOptions.extra": FieldContract(
         "free-form: the fast path cannot know what an entry means, so any is refused",
         refuses=bool),

@@ -134,4 +134,10 @@ class SimOptions:
     record_steps: bool = False  # keep one StepRecord per step (fidelity, reports); costs memory
     check_invariants: bool = False  # walk block pool/manager invariants after every step (tests)
     fast_forward: bool = True  # skip pure-decode stretches in bulk (identical results)
+    #: vLLM's ``SchedulerConfig.async_scheduling``, resolved (True/False, never None): the
+    #: engine the replay models. False: ``--no-async-scheduling`` (schedule, update,
+    #: schedule). True: ``AsyncScheduler`` under ``step_with_batch_queue`` (batch queue of
+    #: depth 2, output placeholders). The target decides the default
+    #: (``tuner.vllm_compat``); the sim layer only executes the resolved mode.
+    async_scheduling: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
