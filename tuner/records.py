@@ -79,6 +79,9 @@ class ReplayResult:
     num_gpus: int = 1
     steps: list[StepRecord] | None = None
     notes: list[str] = field(default_factory=list)
+    #: the engine's scheduling mode the replay ran (vLLM's resolved ``async_scheduling``);
+    #: None when the backend cannot say (a server attached to, not launched)
+    async_scheduling: bool | None = None
 
 
 _Item = TypeVar("_Item")

@@ -166,6 +166,54 @@ def prefill_interval_mode(version: str) -> PrefillIntervalMode:
 
 
 # ----------------------------------------------------------------------------------------
+# Asynchronous scheduling: what --async-scheduling resolves to
+# ----------------------------------------------------------------------------------------
+#: vLLM's platforms that decide the mode (``tuner.perf.hardware.HardwareSpec.vllm_platform``).
+Platform = Literal["cuda", "rocm", "cpu"]
+
+
+def resolve_async_scheduling(requested: bool | None, *, platform: Platform = "cuda",
+                             pipeline_parallel_size: int = 1, pooling: bool = False) -> bool:
+    """What vLLM 0.33.0 runs for ``SchedulerConfig.async_scheduling = requested``.
+
+    vLLM's rules (config/scheduler.py:211 declares ``bool | None = None``;
+    config/vllm.py:1640-1720 resolves it; platforms/cpu.py:346-348 overrides it):
+
+    * the CPU platform sets it False whatever was asked (``check_and_update_config``
+      runs after the resolution: "async scheduling is not required on CPU");
+    * ``None`` becomes True unless a pooling model, an executor without support (tuner
+      deploys the default ``mp``/``uni`` executors, which support it), ROCm DeepEP
+      high-throughput with DBO (not a tuner deployment), speculative decoding other than
+      EAGLE/ngram/draft-model (not modelled) or pipeline parallelism > 1 on the V1 model
+      runner;
+    * an explicit True with one of those incompatibilities is a config error in vLLM;
+      the two the tuner can be asked for (pipeline parallelism, pooling is not) are
+      refused here the same way. An explicit False is kept.
+
+    A custom ``--scheduler-cls`` does not change the result (config/vllm.py:588-597: the
+    engine runs a batch queue of depth 2 whenever the mode is on).
+
+    Raises:
+        ConfigError: ``requested=True`` with pipeline parallelism, as vLLM refuses it.
+    """
+    if platform not in ("cuda", "rocm", "cpu"):
+        raise ConfigError(f"platform {platform!r}: expected cuda, rocm or cpu")
+    if requested and pipeline_parallel_size > 1:
+        raise ConfigError("--async-scheduling: vLLM 0.33.0's V1 model runner does not "
+                          "support async scheduling with pipeline parallelism")
+    if platform == "cpu":
+        return False
+    if requested is not None:
+        return bool(requested)
+    return not (pooling or pipeline_parallel_size > 1)
+
+
+def async_scheduling_flag(enabled: bool) -> str:
+    """vLLM's spelling of a resolved mode: ``--async-scheduling``/``--no-async-scheduling``."""
+    return "--async-scheduling" if enabled else "--no-async-scheduling"
+
+
+# ----------------------------------------------------------------------------------------
 # Settings -> SchedulerConfig fields, vllm serve flags, --config keys
 # ----------------------------------------------------------------------------------------
 def flag_name(fieldname: str) -> str:
