@@ -57,6 +57,10 @@ class StepRecord:
     num_waiting: int  # after scheduling
     kv_usage: float  # KV usage (vLLM definition) after scheduling
     cached_tokens: dict[str, int] = field(default_factory=dict)  # admitted this step -> hit
+    #: KV usage when the step's outputs were applied: the gauge vLLM samples at the end
+    #: of ``update_from_output`` (``make_stats``, v1/core/sched/scheduler.py:3294). In
+    #: async mode it includes the next step's allocations; None where not measured.
+    kv_usage_at_update: float | None = None
 
 
 @dataclass(slots=True)
