@@ -57,6 +57,11 @@ class StepRecord:
     num_waiting: int  # after scheduling
     kv_usage: float  # KV usage (vLLM definition) after scheduling
     cached_tokens: dict[str, int] = field(default_factory=dict)  # admitted this step -> hit
+    #: vLLM's KV-usage gauge for this step: ``SchedulerStats.kv_cache_usage``, sampled at
+    #: the end of ``update_from_output`` (``make_stats``). Under async scheduling the next
+    #: step is already scheduled then, so it includes that step's allocations. None: the
+    #: side did not record it.
+    kv_usage_at_update: float | None = None
 
 
 @dataclass(slots=True)

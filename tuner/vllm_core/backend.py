@@ -88,6 +88,8 @@ class VllmCoreBackend(Backend):
             "step_time": step_time,
             "load": load,
             "record_steps": bool(getattr(options, "record_steps", True)),
+            # the resolved mode: AsyncScheduler under a batch queue of depth 2, or not
+            "async_scheduling": bool(getattr(options, "async_scheduling", False)),
             "num_gpus": int(getattr(target, "num_gpus", 1)),
             "model_dir": self.model_dir,
         }
