@@ -290,6 +290,9 @@ class ParityCase:
     load: Any = None
     options: Any = None  # the twin's SimOptions (record_steps is forced on)
     hash_block_size: int | None = None
+    #: vLLM's ``--scheduler-cls`` for the vllm-core side (``VllmCoreBackend``); None: the
+    #: class vLLM resolves (the plugin's with the cache-aware window on)
+    scheduler_cls: str | None = None
 
 
 def run_parity_many(cases: "list[ParityCase]", *, vllm_python: str | None = None,
@@ -324,9 +327,10 @@ def run_parity_many(cases: "list[ParityCase]", *, vllm_python: str | None = None
             twins.append(twin.run())
         finally:
             twin.close()
+        extra = {} if case.scheduler_cls is None else {"scheduler_cls": case.scheduler_cls}
         vllm = prepare(case.trace, case.settings, backend="vllm-core",
                        options=replace(options, prefill_interval_mode="local"), **common,
-                       **backend_kw)
+                       **backend_kw, **extra)
         jobs.append(vllm.job)
         python = vllm.vllm_python
         vllm.close()
