@@ -34,20 +34,18 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from collections.abc import Sequence
-
 from tuner.errors import ConfigError
 from tuner.perf.target import Target
+from tuner.sim.fleet import ROUTER_PARAMS, ROUTER_POLICIES, RouterSettings
 from tuner.sim.settings import SchedulerSettings
-from tuner.tune.space import GPU_SPLIT, ROUTER_POLICY, Param, Scalar, SearchSpace
+from tuner.tune.space import GPU_SPLIT, ROUTER_POLICY, ROUTER_PREFIX, Param, Scalar, SearchSpace
 
 #: The largest tensor-parallel size a split uses: one 8-GPU node.
 MAX_TP = 8
-#: Router policies a fleet can be replayed with (``tuner replay --router``).
-ROUTER_POLICIES: tuple[str, ...] = ("round-robin", "least-loaded", "session", "prefix-aware")
 
 _LABEL = re.compile(r"^tp=(\d+),dp=(\d+),replicas=(\d+)(,ep)?$")
 
@@ -281,25 +279,47 @@ def profile_deployment(profile: Any) -> Deployment:
 
 
 def check_router(raw: Any) -> dict[str, Any]:
-    """A router's settings (dict form), validated; a bad field raises a one-line
-    ConfigError naming it (``policy: ...``)."""
+    """A router's settings (dict form), validated by the replay's ``RouterSettings`` and
+    normalised to the fields its policy reads; a bad field raises a one-line
+    ConfigError naming it."""
     if not isinstance(raw, dict):
         raise ConfigError(f"must be a mapping with a 'policy' key (got {type(raw).__name__})")
-    policy = raw.get("policy")
-    if policy not in ROUTER_POLICIES:
-        raise ConfigError(f"policy: {policy!r} must be one of {', '.join(ROUTER_POLICIES)}")
-    for key, value in raw.items():
-        if key != "policy" and (value is not None and not isinstance(value, (bool, int, float,
-                                                                              str))):
-            raise ConfigError(f"{key}: {value!r} is not a number, string or boolean")
-    return dict(raw)
+    if raw.get("policy") not in ROUTER_POLICIES:
+        raise ConfigError(f"policy: {raw.get('policy')!r} must be one of "
+                          f"{', '.join(ROUTER_POLICIES)}")
+    return RouterSettings.from_dict(raw).to_dict()
 
 
 def default_router(policy: str = "round-robin") -> dict[str, Any]:
-    """The router settings a fleet gets when only its policy is chosen (dict form)."""
+    """The router settings a fleet gets when only its policy is chosen (dict form: the
+    replay's ``RouterSettings`` defaults for the fields the policy reads)."""
     if policy not in ROUTER_POLICIES:
         raise ConfigError(f"router policy {policy!r} must be one of {', '.join(ROUTER_POLICIES)}")
-    return {"policy": policy}
+    return RouterSettings(policy=policy).to_dict()
+
+
+def router_params(policies: Sequence[str], when: tuple[tuple[str, tuple[Scalar, ...]], ...]
+                  ) -> tuple[Param, ...]:
+    """The router's own parameters as search-space parameters (``router.<name>``), each
+    conditional on the policies that read it (and on ``when``). Ranges are the replay's
+    (``tuner.sim.fleet.ROUTER_PARAMS``); a parameter no searched policy reads is left out.
+    ``block_size`` stays at its default (the engines' KV block size): a router block
+    must be a multiple of the KV block, which a range cannot express."""
+    out: list[Param] = []
+    for rp in ROUTER_PARAMS:
+        users = tuple(p for p in policies if p in rp.policies)
+        if not users or rp.name == "block_size":
+            continue
+        cond = when + (((ROUTER_POLICY, users),) if len(policies) > 1 else ())
+        name = ROUTER_PREFIX + rp.name
+        if rp.choices:
+            out.append(Param(name, "categorical", choices=rp.choices, when=cond))
+        elif rp.integer:
+            out.append(Param(name, "int", low=int(rp.low), high=int(rp.high), when=cond))
+        else:
+            out.append(Param(name, "float", low=float(rp.low), high=float(rp.high),
+                             step=0.25, when=cond))
+    return tuple(out)
 
 
 def deployment_params(splits: Sequence[Split], *, routers: Sequence[str] | None = None,
@@ -328,7 +348,7 @@ def deployment_params(splits: Sequence[Split], *, routers: Sequence[str] | None 
         return tuple(params)
     if len(policies) > 1:
         params.append(Param(ROUTER_POLICY, "categorical", choices=policies, when=when))
-    return tuple(params)
+    return tuple(params) + router_params(policies, when)
 
 
 def with_deployment(space: SearchSpace, target: Target, *, gpu_budget: int | None = None,

@@ -285,10 +285,10 @@ class ReplayEvaluator:
         summary = metrics.summarize(result, measure_from_s=measure_from,
                                     slo_ms=self.slo_ms or None)
         out = clean_metrics(summary.to_dict())
-        if len(result.engines) > 1:
-            # Per-engine balance for the report and the profile (whole replay: who got
-            # how much of the traffic, and how each engine's cache and queue fared).
-            out[ENGINES_KEY] = [clean_metrics(e.to_dict()) for e in result.engines]
+        if len(summary.engines) > 1:
+            # Per-engine balance for the report and the profile: who got how much of the
+            # window's traffic, and how each engine's cache and queue fared.
+            out[ENGINES_KEY] = [clean_metrics(e.to_dict()) for e in summary.engines]
         return out
 
     def evaluate_deployment(self, settings: SchedulerSettings, window: WindowName, *,

@@ -383,7 +383,14 @@ def _param_type(name: Any, where: str) -> type:
     if name in (GPU_SPLIT, ROUTER_POLICY):
         return str
     if isinstance(name, str) and name.startswith(ROUTER_PREFIX) and len(name) > len(ROUTER_PREFIX):
-        return float
+        from tuner.sim.fleet import ROUTER_PARAMS
+
+        known = {p.name: p for p in ROUTER_PARAMS}
+        rp = known.get(name[len(ROUTER_PREFIX):])
+        if rp is None:
+            raise ConfigError(f"{where}: not a router parameter; known: "
+                              f"{', '.join(ROUTER_PREFIX + k for k in known)}")
+        return str if rp.choices else int if rp.integer else float
     raise ConfigError(f"{where}: not a SchedulerSettings field, {GPU_SPLIT} or "
                       f"{ROUTER_PREFIX}<param>; known fields: {', '.join(_FIELD_TYPES)}")
 

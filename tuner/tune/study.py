@@ -273,9 +273,14 @@ def _sampler(seed: int, space: SearchSpace | None = None) -> "optuna.samplers.Ba
     # conditional parameters (the router only for splits with replicas) samples by group,
     # so the joint model covers each sub-space instead of falling back to independent
     # draws for every parameter that is not always present.
-    group = space is not None and any(p.when for p in space.params)
-    return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
-                                      **({"group": True} if group else {}))
+    import warnings
+
+    if space is None or not any(p.when for p in space.params):
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+    with warnings.catch_warnings():  # ``group`` is marked experimental since Optuna 2.8
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
+                                          group=True)
 
 
 def _load(storage: Any, name: str) -> "optuna.Study":
@@ -429,7 +434,15 @@ def _make_objective(config: StudyConfig, evaluator: Evaluator, window: str
             # Refused before anything runs: vLLM itself would reject this combination.
             StudyRecords.refuse(trial, str(exc))
             raise optuna.TrialPruned(f"refused: {exc}") from None
-        metrics = evaluate_point(evaluator, join_settings(settings, deployment), window)
+        try:
+            metrics = evaluate_point(evaluator, join_settings(settings, deployment), window)
+        except ConfigError as exc:
+            if deployment is None:
+                raise
+            # The replay can refuse a deployment it cannot model for this trace (a
+            # session router over a trace without session ids): recorded, not fatal.
+            StudyRecords.refuse(trial, str(exc))
+            raise optuna.TrialPruned(f"refused: {exc}") from None
         StudyRecords.record_replay(trial, join_settings(settings, deployment), metrics)
         for con in config.constraints:
             trial.set_constraint(str(con), con.violation(metrics))
