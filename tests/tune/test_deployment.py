@@ -16,8 +16,8 @@ from tuner.errors import ConfigError
 from tuner.perf.target import Target
 from tuner.sim.settings import SchedulerSettings
 from tuner.tune import tune
-from tuner.tune.deployment import (Deployment, Split, gpu_splits, join_settings,
-                                   split_settings, with_deployment)
+from tuner.tune.deployment import (Deployment, Split, deployment_for, gpu_splits,
+                                   join_settings, split_settings, with_deployment)
 from tuner.tune.space import GPU_SPLIT, ROUTER_POLICY, admission_space, space_from_dict
 
 
@@ -79,7 +79,7 @@ def test_gpu_budget_space_makes_the_router_conditional_on_replicas() -> None:
         trial = study.ask()
         params = space.suggest(trial)
         assert space.contains(params), params
-        deployment = space.deployment_for(base, params)
+        deployment = deployment_for(space, base, params)
         split = Split.parse(params[GPU_SPLIT])
         assert deployment.split == split
         if split.replicas > 1:

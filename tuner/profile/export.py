@@ -55,8 +55,8 @@ from typing import Any, Literal
 
 from tuner import vllm_compat
 from tuner.errors import ConfigError
-from tuner.profile.fleet_export import (BASE_PORT, backend_urls, engine_args, one_node,
-                                        replica_prefixes, router_export, router_lines)
+from tuner.profile.fleet_export import (BASE_PORT, RouterExport, backend_urls, engine_args,
+                                        one_node, replica_prefixes, router_export)
 from tuner.profile.model import Profile
 
 ExportFormat = Literal["flags", "yaml", "json", "python", "env", "plugin"]
@@ -243,6 +243,22 @@ def _fleet_command(profile: Profile, args: list[str], header: list[str]) -> str:
     if export is not None:
         out += router_lines(export)
     return "\n".join(out) + "\n"
+
+
+def router_lines(export: RouterExport) -> list[str]:
+    """Shell lines that start the router, or write its config file (a here-document)."""
+    lines = [f"# router: {export.implementation} ({export.source})"]
+    lines += [f"# {n}" for n in export.notes]
+    if export.kind == "command":
+        head, rest = export.args[:3], export.args[3:]
+        body = [" ".join(shlex.quote(a) for a in head)]
+        body += [f"    {line}" for line in flag_lines(list(rest))]
+        lines.append(" \\\n".join(body))
+    else:
+        lines.append(f"cat > {export.filename} <<'EOF'")
+        lines += export.text.rstrip("\n").split("\n")
+        lines.append("EOF")
+    return lines
 
 
 def _router(profile: Profile) -> str:

@@ -33,7 +33,6 @@ host and the router's backends as ``http://replica-<i>:8000`` (one line to edit)
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 
 from tuner.profile.model import Profile
@@ -162,24 +161,6 @@ def router_export(profile: Profile, served_model: str) -> RouterExport | None:
                "serve` (Dynamo registers its workers itself; no backend list)",))
 
 
-def router_lines(export: RouterExport) -> list[str]:
-    """Shell lines that start (or write the config of) the router."""
-    lines = [f"# router: {export.implementation} ({export.source})"]
-    lines += [f"# {n}" for n in export.notes]
-    if export.kind == "command":
-        head, rest = export.args[:3], export.args[3:]
-        from tuner.profile.export import flag_lines
-
-        body = [" ".join(shlex.quote(a) for a in head)]
-        body += [f"    {line}" for line in flag_lines(list(rest))]
-        lines.append(" \\\n".join(body))
-    else:
-        lines.append(f"cat > {export.filename} <<'EOF'")
-        lines += export.text.rstrip("\n").split("\n")
-        lines.append("EOF")
-    return lines
-
-
 def _number(value: object) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value)) if abs(value) < 1e15 else repr(value)
@@ -187,4 +168,4 @@ def _number(value: object) -> str:
 
 
 __all__ = ["NODE_GPUS", "RouterExport", "backend_urls", "engine_args", "one_node",
-           "replica_prefixes", "router_export", "router_lines"]
+           "replica_prefixes", "router_export"]

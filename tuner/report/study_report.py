@@ -19,9 +19,9 @@ from typing import Any, Callable, Sequence
 from tuner.report.charts import (PALETTE, Chart, PointGroup, Series, bar_chart, cdf_chart,
                                  hbar_chart, line_chart, scatter_chart)
 from tuner.report.html import Figures, Note, Page, Section, Table, fmt
+from tuner.report.engines import engine_section
 from tuner.report.replays import WindowReplay, binned_series, replay_windows, trace_for_spec
 from tuner.report.study_data import ReportData, finite, load_report_data
-from tuner.sim.settings import SchedulerSettings
 from tuner.tune import Objective, Point
 
 BASE_COLOR, TUNED_COLOR, FRONT_COLOR, CLOUD_COLOR = "#000000", "#D55E00", "#0072B2", "#9aa4ae"
@@ -419,8 +419,8 @@ def study_report(*, profile: str | os.PathLike[str] | None = None, study: str | 
                              "charts are missing (pass --trace)")
     replays: list[WindowReplay] = []
     if replay and the_trace is not None and data.baseline is not None and data.chosen is not None:
-        settings = {"baseline": SchedulerSettings.from_dict(data.baseline.settings),
-                    "tuned": SchedulerSettings.from_dict(data.chosen.settings)}
+        settings = {"baseline": dict(data.baseline.settings),
+                    "tuned": dict(data.chosen.settings)}
         replays = replay_windows(spec, the_trace, settings, on_step=say)
         source = (f"Distributions and the table below come from replaying the baseline and the "
                   f"recommended settings now through tuner.replay.run ({spec.get('backend') or 'sim'}"
@@ -430,6 +430,9 @@ def study_report(*, profile: str | os.PathLike[str] | None = None, study: str | 
         source = (f"Numbers below are the metrics stored by the study/profile; no replay was "
                   f"run ({reason}), so there are no per-request distributions.")
     page.sections.append(_comparison_section(data, replays, source))
+    engines = engine_section(data, replays)
+    if engines is not None:
+        page.sections.append(engines)
     page.sections.append(_timeseries_section(replays))
     if include_trace and the_trace is not None:
         from tuner.report.trace_report import trace_sections

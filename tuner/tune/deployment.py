@@ -33,7 +33,6 @@ The router is a dimension only where a split has more than one replica; a
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,12 +41,12 @@ from tuner.errors import ConfigError
 from tuner.perf.target import Target
 from tuner.sim.fleet import ROUTER_PARAMS, ROUTER_POLICIES, RouterSettings
 from tuner.sim.settings import SchedulerSettings
-from tuner.tune.space import GPU_SPLIT, ROUTER_POLICY, ROUTER_PREFIX, Param, Scalar, SearchSpace
+from tuner.tune.space import (GPU_SPLIT, ROUTER_POLICY, ROUTER_PREFIX, SPLIT_LABEL, Param, Scalar,
+                              SearchSpace)
 
 #: The largest tensor-parallel size a split uses: one 8-GPU node.
 MAX_TP = 8
 
-_LABEL = re.compile(r"^tp=(\d+),dp=(\d+),replicas=(\d+)(,ep)?$")
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -76,7 +75,7 @@ class Split:
 
     @classmethod
     def parse(cls, label: str) -> "Split":
-        m = _LABEL.match(label)
+        m = SPLIT_LABEL.match(label)
         if m is None:
             raise ConfigError(f"gpu_split {label!r}: expected tp=T,dp=D,replicas=R[,ep]")
         return cls(int(m[1]), int(m[2]), int(m[3]), m[4] is not None)
@@ -253,6 +252,32 @@ def split_settings(data: dict[str, Any]) -> tuple[SchedulerSettings, Deployment 
             None if raw is None else Deployment.from_dict(raw))
 
 
+def deployment_for(space: SearchSpace, base: Deployment | None, params: dict[str, Any]
+                   ) -> Deployment | None:
+    """``base`` with the deployment ``params`` of a point applied; None when ``space``
+    varies no deployment.
+
+    A split with replicas and no drawn router keeps ``base``'s router (or the default
+    router settings); a drawn policy other than ``base``'s starts from that policy's
+    defaults; drawn ``router.<param>`` values go on top. A split with one replica has no
+    router.
+    """
+    if not space.has_deployment:
+        return None
+    if base is None:
+        raise ConfigError(f"search space {space.name!r} varies the deployment; the "
+                          "evaluator has no base deployment to vary")
+    split = Split.parse(str(params[GPU_SPLIT])) if GPU_SPLIT in params else base.split
+    if split.replicas == 1:
+        return Deployment(split, None)
+    router = dict(base.router) if base.router is not None else default_router()
+    if ROUTER_POLICY in params and params[ROUTER_POLICY] != router.get("policy"):
+        router = default_router(str(params[ROUTER_POLICY]))
+    router.update({k[len(ROUTER_PREFIX):]: v for k, v in params.items()
+                   if k.startswith(ROUTER_PREFIX) and k != ROUTER_POLICY})
+    return Deployment(split, check_router(router))
+
+
 def base_deployment_of(evaluator: Any) -> Deployment | None:
     """The deployment an evaluator replays when a point does not change it (its
     ``default_deployment``; None for evaluators that replay one fixed deployment)."""
@@ -400,5 +425,5 @@ def _fit_refusal(resolve: Any, target: Target, tp: int) -> str | None:
 
 
 __all__ = ["DEPLOYMENT_KEY", "Deployment", "MAX_TP", "ROUTER_POLICIES", "Split", "default_router",
-           "deployment_params", "gpu_splits", "join_settings", "split_refusal", "split_settings",
+           "deployment_for", "deployment_params", "gpu_splits", "join_settings", "split_refusal", "split_settings",
            "with_deployment"]

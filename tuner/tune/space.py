@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import pathlib
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -50,8 +51,6 @@ from tuner.sim.settings import SchedulerSettings
 if TYPE_CHECKING:
     import optuna
     from optuna.distributions import BaseDistribution
-
-    from tuner.tune.deployment import Deployment
 
 ParamKind = Literal["int", "float", "categorical"]
 Scalar = bool | int | float | str
@@ -74,6 +73,8 @@ assert set(_FIELD_TYPES) == {f.name for f in dataclasses.fields(SchedulerSetting
 
 #: The parameter naming a GPU split (``Split.label`` values) and the router parameters.
 GPU_SPLIT = "gpu_split"
+#: A ``gpu_split`` value (``tuner.tune.deployment.Split.label``).
+SPLIT_LABEL = re.compile(r"^tp=(\d+),dp=(\d+),replicas=(\d+)(,ep)?$")
 ROUTER_POLICY = "router.policy"
 ROUTER_PREFIX = "router."
 
@@ -196,10 +197,11 @@ class SearchSpace:
         return {p.name: p.distribution() for p in self.params}
 
     def project(self, settings: SchedulerSettings,
-                deployment: "Deployment | None" = None) -> dict[str, Scalar]:
-        """The space's coordinates of ``settings`` and ``deployment`` (may lie outside the
-        space). Deployment parameters need ``deployment``; conditional ones appear where
-        active."""
+                deployment: Any = None) -> dict[str, Scalar]:
+        """The space's coordinates of ``settings`` and ``deployment`` (a
+        ``tuner.tune.deployment.Deployment``, which imports this module; may lie outside
+        the space). Deployment parameters need ``deployment``; conditional ones appear
+        where active."""
         out: dict[str, Scalar] = {}
         for p in self.params:
             if is_deployment_param(p.name):
@@ -237,30 +239,6 @@ class SearchSpace:
         settings.validate(max_model_len=max_model_len)
         return settings
 
-    def deployment_for(self, base: "Deployment | None", params: dict[str, Any]
-                       ) -> "Deployment | None":
-        """``base`` with the deployment ``params`` applied; None when the space has none.
-
-        A split with replicas and no drawn router keeps ``base``'s router (or the
-        default router settings); a split with one replica has no router.
-        """
-        from tuner.tune.deployment import Deployment, Split, default_router
-
-        if not self.has_deployment:
-            return None
-        if base is None:
-            raise ConfigError(f"search space {self.name!r} varies the deployment; the "
-                              "evaluator has no base deployment to vary")
-        split = Split.parse(str(params[GPU_SPLIT])) if GPU_SPLIT in params else base.split
-        if split.replicas == 1:
-            return Deployment(split, None)
-        router = dict(base.router) if base.router is not None else default_router()
-        if ROUTER_POLICY in params and params[ROUTER_POLICY] != router.get("policy"):
-            router = default_router(str(params[ROUTER_POLICY]))
-        router.update({k[len(ROUTER_PREFIX):]: v for k, v in params.items()
-                       if k.startswith(ROUTER_PREFIX) and k != ROUTER_POLICY})
-        return Deployment(split, router)
-
     def to_dict(self) -> dict[str, Any]:
         """A JSON/YAML-safe form; :func:`space_from_dict` reads it back."""
         return {"name": self.name, "params": {p.name: p.to_dict() for p in self.params}}
@@ -271,7 +249,7 @@ def is_deployment_param(name: str) -> bool:
     return name == GPU_SPLIT or name.startswith(ROUTER_PREFIX)
 
 
-def deployment_value(deployment: "Deployment", name: str) -> Scalar | None:
+def deployment_value(deployment: Any, name: str) -> Scalar | None:
     """``deployment``'s coordinate ``name`` (None: the deployment has no router)."""
     if name == GPU_SPLIT:
         return deployment.split.label
@@ -470,11 +448,12 @@ def _coerce(value: Any, ftype: type, where: str) -> Scalar:
 def _check_value(name: str, value: Scalar, where: str) -> None:
     """Range-check one value alone (vLLM's per-field limits; a split label must parse, a
     router policy must be a known one)."""
-    from tuner.tune.deployment import ROUTER_POLICIES, Split
+    from tuner.sim.fleet import ROUTER_POLICIES
 
     try:
         if name == GPU_SPLIT:
-            Split.parse(str(value))
+            if not SPLIT_LABEL.match(str(value)):
+                raise ConfigError(f"gpu_split {value!r}: expected tp=T,dp=D,replicas=R[,ep]")
         elif name == ROUTER_POLICY:
             if value not in ROUTER_POLICIES:
                 raise ConfigError(f"{value!r} is not one of {', '.join(ROUTER_POLICIES)}")

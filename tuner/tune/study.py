@@ -45,8 +45,8 @@ from tuner.sim.settings import SchedulerSettings
 from tuner.tune._progress import StudyProgress, best_so_far
 from tuner.tune.baseline import baseline_settings
 from tuner.tune.capacity import overload_report
-from tuner.tune.deployment import (base_deployment_of, evaluate_point, join_settings,
-                                   profile_deployment, with_deployment)
+from tuner.tune.deployment import (base_deployment_of, deployment_for, evaluate_point,
+                                   join_settings, profile_deployment, with_deployment)
 from tuner.tune.evaluate import Evaluator, ReplayEvaluator, evaluator_from_spec
 from tuner.tune.inputs import check_window_sizes, fixed_space, input_warnings
 from tuner.tune.objectives import parse_constraints, parse_objectives
@@ -429,7 +429,7 @@ def _make_objective(config: StudyConfig, evaluator: Evaluator, window: str
         try:
             settings = config.space.settings_for(base, params,
                                                  max_model_len=evaluator.max_model_len)
-            deployment = config.space.deployment_for(base_deployment, params)
+            deployment = deployment_for(config.space, base_deployment, params)
         except ConfigError as exc:
             # Refused before anything runs: vLLM itself would reject this combination.
             StudyRecords.refuse(trial, str(exc))
