@@ -279,7 +279,7 @@ def _yaml(profile: Profile, plan: ExportPlan, header: list[str]) -> str:
 
     mapping = plan.config_mapping()
     if profile.target.is_multi_engine:
-        mapping = {**_parallel_mapping(profile), **mapping}
+        mapping = {**parallel_mapping(profile), **mapping}
         if profile.target.replicas > 1:
             header = header + [f"one engine of {profile.target.replicas} replicas; the router: "
                                "tuner export PROFILE --format router"]
@@ -288,7 +288,7 @@ def _yaml(profile: Profile, plan: ExportPlan, header: list[str]) -> str:
             + "# use: vllm serve MODEL --config THIS_FILE\n" + text)
 
 
-def _parallel_mapping(profile: Profile) -> dict[str, Any]:
+def parallel_mapping(profile: Profile) -> dict[str, Any]:
     """The per-engine layout as ``--config`` keys (long flag names)."""
     t = profile.target
     out: dict[str, Any] = {"tensor-parallel-size": t.tp}
