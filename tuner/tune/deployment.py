@@ -312,7 +312,15 @@ def check_router(raw: Any) -> dict[str, Any]:
     if raw.get("policy") not in ROUTER_POLICIES:
         raise ConfigError(f"policy: {raw.get('policy')!r} must be one of "
                           f"{', '.join(ROUTER_POLICIES)}")
-    return RouterSettings.from_dict(raw).to_dict()
+    try:
+        return RouterSettings.from_dict(raw).to_dict()
+    except ConfigError as exc:  # "router: ..." / "router x=...": the caller names the section
+        text = str(exc)
+        for prefix in ("router: ", "router "):
+            if text.startswith(prefix):
+                text = text[len(prefix):]
+                break
+        raise ConfigError(text) from None
 
 
 def default_router(policy: str = "round-robin") -> dict[str, Any]:
