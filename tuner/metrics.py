@@ -49,6 +49,7 @@ __all__ = [
     "parse_slo",
     "rejection_warning",
     "summarize",
+    "engine_table",
     "summary_table",
     "weighted_percentile",
     "write_requests_parquet",
@@ -613,4 +614,21 @@ def summary_table(summary: Summary) -> "Table":
     table = Table.grid(padding=(1, 0))
     table.add_row(latency)
     table.add_row(totals)
+    return table
+
+
+def engine_table(summary: Summary) -> "Table":
+    """A rich table of the per-engine balance (what ``tuner replay`` prints for a
+    data-parallel deployment or a fleet)."""
+    from rich.table import Table
+
+    table = Table(title="Per engine (replica x DP rank)", header_style="bold")
+    for name in ("engine", "replica", "rank", "requests", "finished", "hit rate",
+                 "KV mean / max", "preemptions", "steps", "dummy steps"):
+        table.add_column(name, justify="right")
+    for e in summary.engines:
+        table.add_row(str(e.engine), str(e.replica), str(e.dp_rank), f"{e.num_requests:,}",
+                      f"{e.num_finished:,}", _fmt(e.prefix_cache_hit_rate, digits=4),
+                      f"{_fmt(e.kv_usage_mean, digits=3)} / {_fmt(e.kv_usage_max, digits=3)}",
+                      f"{e.preemptions:,}", f"{e.num_steps:,}", f"{e.num_dummy_steps:,}")
     return table

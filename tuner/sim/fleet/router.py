@@ -26,8 +26,10 @@ cites the source of each rule.
   potential decode blocks``; the lowest cost wins (Dynamo's ``--router-temperature 0``),
   ties to the lowest index. Prefill blocks: the router's in-flight prefill tokens on the
   engine plus this prompt's tokens not covered by the engine's cached prefix (from KV
-  events), over the block size; decode blocks: the prompt blocks of the requests in
-  flight there plus this one's.
+  events), over the block size; decode blocks: the distinct prompt blocks of the
+  requests in flight there (Dynamo's ``ActiveSequences`` counts a shared block once)
+  plus this prompt's blocks they do not hold. (Dynamo also adds output blocks as a
+  request decodes; the router here counts prompts only.)
 
 Plain Python: ``tuner.sim`` runs inside vLLM interpreters too.
 """
@@ -40,6 +42,8 @@ from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
+
+import numpy as np
 
 from tuner.errors import ConfigError
 
@@ -237,12 +241,16 @@ class PrefixAwareRouter(Router):
     ``cached_blocks(engine, source)`` is the KV-event view: how many leading KV blocks
     of the prompt the engine holds. ``first_token(engine, index)`` says whether the
     request's first token has streamed back (its prefill tokens then stop counting).
+    Active blocks are counted as Dynamo's ``ActiveSequences`` counts them: a block that
+    several in-flight requests on the engine share counts once, so a request adds only
+    its blocks the engine's in-flight requests do not hold yet (refcounts by dense hash
+    id, ``num_hash_ids`` of them; a prompt's partial last block is its own).
     """
 
     targets_engines = True
 
     def __init__(self, settings: RouterSettings, num_replicas: int, dp: int, *,
-                 kv_block_size: int,
+                 kv_block_size: int, num_hash_ids: int,
                  cached_blocks: Callable[[int, Any], int],
                  first_token: Callable[[int, int], bool]) -> None:
         super().__init__(settings, num_replicas, dp)
@@ -253,9 +261,10 @@ class PrefixAwareRouter(Router):
         self.first_token = first_token
         n = self.num_targets
         self.prefill_tokens = [0] * n  # in-flight, first token not yet seen
-        self.active_blocks = [0] * n  # prompt blocks of in-flight requests
+        self.active_kv_blocks = [0] * n  # distinct KV blocks of in-flight requests
+        self._refs = [np.zeros(max(1, num_hash_ids), dtype=np.int32) for _ in range(n)]
         self._prefilling: list[dict[int, int]] = [{} for _ in range(n)]  # index -> tokens
-        self._blocks: dict[int, int] = {}
+        self._held: dict[int, tuple[Any, int]] = {}  # index -> (hash ids, partial blocks)
 
     def _settle_prefills(self) -> None:
         """Prefills whose first token has streamed back stop counting as prefill load."""
@@ -266,46 +275,65 @@ class PrefixAwareRouter(Router):
             for i in done:
                 self.prefill_tokens[engine] -= pending.pop(i)
 
+    def _request_blocks(self, source: Any) -> tuple[Any, int]:
+        ids = np.asarray(source.block_hashes, dtype=np.int64)
+        partial = 1 if int(source.input_len) % self.kv_block_size else 0
+        return ids, partial
+
+    def _terms(self, engine: int, source: Any, ids: Any, partial: int) -> tuple[int, float]:
+        """(new prefill tokens, potential decode blocks) of ``source`` on ``engine``."""
+        isl = int(source.input_len)
+        overlap = self.cached_blocks(engine, source) // self.ratio
+        new_tokens = max(0, isl - overlap * self.block_size)
+        added = int((self._refs[engine][ids] == 0).sum()) + partial if ids.size else partial
+        decode = (self.active_kv_blocks[engine] + added) / self.ratio
+        return new_tokens, decode
+
     def costs(self, source: Any) -> list[float]:
         """The cost of sending ``source`` to each engine (lower is better)."""
         self._settle_prefills()
-        isl = int(source.input_len)
-        size = self.block_size
-        request_blocks = -(-isl // size)
-        weight = self.settings.overlap_weight
+        ids, partial = self._request_blocks(source)
+        weight, size = self.settings.overlap_weight, self.block_size
         out = []
         for engine in range(self.num_targets):
-            overlap = self.cached_blocks(engine, source) // self.ratio
-            new_tokens = max(0, isl - overlap * size)
-            prefill = (self.prefill_tokens[engine] + new_tokens) / size
-            decode = self.active_blocks[engine] + request_blocks
-            out.append(weight * prefill + decode)
+            new_tokens, decode = self._terms(engine, source, ids, partial)
+            out.append(weight * (self.prefill_tokens[engine] + new_tokens) / size + decode)
         return out
 
     def pick(self, index: int, source: Any, now_s: float) -> int:
         costs = self.costs(source)
         best = min(range(len(costs)), key=costs.__getitem__)  # first minimum: lowest index
-        isl = int(source.input_len)
-        overlap = self.cached_blocks(best, source) // self.ratio
-        new_tokens = max(0, isl - overlap * self.block_size)
-        blocks = -(-isl // self.block_size)
+        ids, partial = self._request_blocks(source)
+        new_tokens, _ = self._terms(best, source, ids, partial)
+        refs = self._refs[best]
+        if ids.size:
+            unique = np.unique(ids)
+            self.active_kv_blocks[best] += int((refs[unique] == 0).sum())
+            refs[unique] += 1
+        else:
+            unique = ids
+        self.active_kv_blocks[best] += partial
         self.prefill_tokens[best] += new_tokens
         self._prefilling[best][index] = new_tokens
-        self.active_blocks[best] += blocks
-        self._blocks[index] = blocks
+        self._held[index] = (unique, partial)
         return best
 
     def finished(self, index: int) -> None:
         target = self._sent[index][0]
         super().finished(index)
-        self.active_blocks[target] -= self._blocks.pop(index)
+        unique, partial = self._held.pop(index)
+        refs = self._refs[target]
+        if unique.size:
+            refs[unique] -= 1
+            self.active_kv_blocks[target] -= int((refs[unique] == 0).sum())
+        self.active_kv_blocks[target] -= partial
         tokens = self._prefilling[target].pop(index, None)
         if tokens is not None:
             self.prefill_tokens[target] -= tokens
 
 
 def make_router(settings: RouterSettings, num_replicas: int, dp: int, *,
-                kv_block_size: int,
+                kv_block_size: int, num_hash_ids: int = 0,
                 cached_blocks: Callable[[int, Any], int] | None = None,
                 first_token: Callable[[int, int], bool] | None = None,
                 sources: Sequence[Any] | None = None) -> Router:
@@ -326,7 +354,8 @@ def make_router(settings: RouterSettings, num_replicas: int, dp: int, *,
             raise ValueError("the prefix-aware router needs the KV-event view "
                              "(cached_blocks) and first_token")
         return PrefixAwareRouter(settings, num_replicas, dp, kv_block_size=kv_block_size,
-                                 cached_blocks=cached_blocks, first_token=first_token)
+                                 num_hash_ids=num_hash_ids, cached_blocks=cached_blocks,
+                                 first_token=first_token)
     cls = {"round-robin": RoundRobinRouter, "least-loaded": LeastLoadedRouter,
            "session": SessionRouter}[policy]
     return cls(settings, num_replicas, dp)

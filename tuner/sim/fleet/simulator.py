@@ -91,6 +91,7 @@ class FleetSimulator:
         if replicas > 1 or router.policy == "prefix-aware":
             router_obj = make_router(
                 router, replicas, dp, kv_block_size=cache.block_size,
+                num_hash_ids=source.num_hash_ids,
                 cached_blocks=lambda e, s: engines[e].cached_prefix_blocks(s),
                 first_token=lambda e, i: self.loop.first_token(e, i),
                 sources=source.sources)
