@@ -122,7 +122,7 @@ def test_json_and_yaml_carry_the_per_engine_layout() -> None:
 
 
 def test_router_format_refuses_a_single_replica() -> None:
-    with pytest.raises(ConfigError, match="has one replica"):
+    with pytest.raises(ConfigError, match="has no router section"):
         export_profile(moe_dp_profile(), "router")
 
 

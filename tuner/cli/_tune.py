@@ -11,7 +11,7 @@ import click
 from tuner.cli._common import echo_json, handle_errors
 from tuner.cli._progress import progress_display
 from tuner.cli._serve import server_options
-from tuner.cli._replay import make_target, target_options
+from tuner.cli._replay import make_router, make_target, router_options, target_options
 from tuner.errors import ConfigError
 
 METRICS_HELP = (
@@ -123,9 +123,11 @@ def _run_tune(trace: str, output: str, kw: dict[str, Any], target_kw: dict[str, 
     ttft = kw["ttft_tolerance"]
     rule = PickRule(prefer=kw["prefer"], tolerance=kw["throughput_tolerance"] / 100.0,
                     ttft_tolerance=None if ttft.lower() == "off" else _percent(ttft))
+    target = make_target(**target_kw)
+    router = make_router(target)  # the baseline's router (--router, its parameters)
     with progress_display(kw["progress"]) as shown:
         run = tune_to_profile(
-            trace, output, target=make_target(**target_kw), vllm_version=kw["vllm_version"],
+            trace, output, target=target, vllm_version=kw["vllm_version"], router=router.to_dict(),
             baseline=kw["baseline"], fixed=kw["assignments"], space=kw["space"],
             objectives=_split(kw["objectives"]), constraints=_split(kw["constraints"]) or (),
             n_trials=kw["trials"], storage=kw["storage"], study_name=kw["study_name"],
@@ -191,6 +193,7 @@ def _confirm_top(profile: Any, trace: str, top_k: int, server_kw: dict[str, Any]
 @click.command(name="tune", epilog=METRICS_HELP)
 @click.argument("trace", type=click.Path(exists=True), required=False)
 @target_options
+@router_options
 @search_options
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Profile to write (profiles/NAME.yaml); NAME names the study and profile.")
@@ -263,6 +266,7 @@ def tune_command(trace: str | None, output: str | None, join_study: str | None,
 @click.option("--format", "log_format", default="auto", show_default=True,
               help="Log format (as `tuner ingest --format`).")
 @target_options
+@router_options
 @search_options
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
               help="Profile to write; the trace goes beside it as NAME.trace.parquet.")

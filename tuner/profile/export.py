@@ -218,7 +218,9 @@ def _command(profile: Profile, plan: ExportPlan, header: list[str], *, use_async
                            "defaults apply; check they match what was tuned"]
     if profile.target.replicas > 1:
         return _fleet_command(profile, args, header)
-    return "".join(f"# {h}\n" for h in header) + " \\\n".join(lines) + "\n"
+    text = "".join(f"# {h}\n" for h in header) + " \\\n".join(lines) + "\n"
+    export = router_export(profile, args[2])  # prefix-aware over one deployment's DP ranks
+    return text if export is None else text + "\n".join(router_lines(export)) + "\n"
 
 
 def _fleet_command(profile: Profile, args: list[str], header: list[str]) -> str:
@@ -265,8 +267,8 @@ def _router(profile: Profile) -> str:
     """``--format router``: the fleet's router configuration alone."""
     export = router_export(profile, serve_model(profile.target.model))
     if export is None:
-        raise ConfigError(f"--format router: profile {profile.name!r} has one replica "
-                          "(target.replicas = 1): there is no router to configure")
+        raise ConfigError(f"--format router: profile {profile.name!r} has no router section "
+                          "(one replica): there is no router to configure")
     if export.kind == "yaml":
         return ("".join(f"# {line}\n" for line in (
             [f"router: {export.implementation} ({export.source})"] + list(export.notes)))

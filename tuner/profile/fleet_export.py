@@ -106,7 +106,7 @@ def replica_prefixes(profile: Profile) -> list[str]:
 def router_export(profile: Profile, served_model: str) -> RouterExport | None:
     """The router configuration of a fleet profile (None: one replica, no router)."""
     router = profile.router
-    if profile.target.replicas == 1 or router is None:
+    if router is None:
         return None
     policy = router["policy"]
     urls = backend_urls(profile)

@@ -11,8 +11,8 @@ sections:
   settings, with deltas, on the training and the held-out window;
 * ``pareto`` -- the Pareto set of the study (each point's settings and metrics), which a
   later ``--warm-start`` enqueues;
-* ``router`` -- for a fleet (``target.replicas > 1``) only: the router in front of the
-  replicas, ``{policy: round-robin|least-loaded|session|prefix-aware, <params>}`` as
+* ``router`` -- for a fleet (``target.replicas > 1``, or a prefix-aware router over the
+  DP ranks of one deployment) only: the router in front of the replicas, ``{policy: round-robin|least-loaded|session|prefix-aware, <params>}`` as
   the replay modelled it (``tuner.sim.fleet.RouterSettings``);
 * ``provenance`` -- trace fingerprint and time range, study name and redacted storage,
   trial number, tuner and twin versions, seed, creation time (UTC);
@@ -304,16 +304,18 @@ def _router(raw: Any, target: ProfileTarget, fail: Any) -> dict[str, Any] | None
     """The ``router`` section: only for a fleet, a known policy and the router's own
     parameters (checked by the replay's ``RouterSettings``, so a profile names nothing
     the replay did not model)."""
-    from tuner.tune.deployment import check_router
+    from tuner.tune.deployment import check_router, routes
 
     if raw is None:
         return None
-    if target.replicas == 1:
-        raise fail("router", "a router needs target.replicas > 1 (one replica has none)")
     try:
-        return check_router(raw)
+        router = check_router(raw)
     except ConfigError as exc:
         raise fail("router", str(exc)) from None
+    if not routes(target.replicas, target.dp, router["policy"]):
+        raise fail("router", "a router needs target.replicas > 1 (or, for prefix-aware, "
+                             "target.dp > 1: it picks the DP rank)")
+    return router
 
 
 def _is_version(text: str) -> bool:

@@ -60,7 +60,7 @@ def _sources(data: ReportData, replays: Sequence[Any]
              ) -> tuple[str, list[tuple[str, str, list[dict[str, Any]]]]]:
     """(where the numbers come from, [(label, window, engines)]) with > 1 engine each."""
     found = [(r.label, r.window, list(r.summary.get("engines") or [])) for r in replays]
-    found = [f for f in found if len(f[2]) > 1]
+    found = _distinct([f for f in found if len(f[2]) > 1])
     if found:
         return "replayed now on the study's windows", found
     prof = data.profile
@@ -71,14 +71,29 @@ def _sources(data: ReportData, replays: Sequence[Any]
                 if len(stored.get(role) or []) > 1:
                     found.append((role, window, list(stored[role])))
         if found:
-            return "stored in the profile (predicted.<window>.engines)", found
+            return "stored in the profile (predicted.<window>.engines)", _distinct(found)
     for role, point in (("baseline", data.baseline), ("tuned", data.chosen)):
         if point is None:
             continue
         for window, metrics in (("train", point.metrics), ("holdout", point.holdout or {})):
             if len(metrics.get("engines") or []) > 1:
                 found.append((role, window, list(metrics["engines"])))
-    return "stored by the study (stage-2 metrics)", found
+    return "stored by the study (stage-2 metrics)", _distinct(found)
+
+
+def _distinct(found: list[tuple[str, str, list[dict[str, Any]]]]
+              ) -> list[tuple[str, str, list[dict[str, Any]]]]:
+    """Drop a tuned table identical to the baseline's on its window (the pick is the
+    baseline): one table says it, with the label ``baseline = tuned``."""
+    out: list[tuple[str, str, list[dict[str, Any]]]] = []
+    for label, window, engines in found:
+        same = next((i for i, (lbl, w, e) in enumerate(out) if w == window and e == engines),
+                    None)
+        if same is None:
+            out.append((label, window, engines))
+        else:
+            out[same] = (f"{out[same][0]} = {label}", window, engines)
+    return out
 
 
 def engine_section(data: ReportData, replays: Sequence[Any]) -> Section | None:

@@ -100,8 +100,10 @@ class Deployment:
     router: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        if self.router is not None and self.split.replicas == 1:
-            raise ConfigError("router: a router needs replicas > 1 (one replica has none)")
+        if self.router is not None and not routes(self.split.replicas, self.split.dp,
+                                                  self.router.get("policy")):
+            raise ConfigError("router: a router needs replicas > 1 (or, for prefix-aware, "
+                              "DP ranks to pick from)")
         if self.router is not None:
             try:
                 check_router(self.router)
@@ -143,9 +145,9 @@ class Deployment:
     @classmethod
     def of_target(cls, target: Target, router: dict[str, Any] | None = None) -> "Deployment":
         """The deployment ``target`` describes (its router given separately)."""
-        return cls(Split(target.tp, target.dp, int(getattr(target, "replicas", 1)),
-                         bool(getattr(target, "enable_expert_parallel", False))),
-                   router if int(getattr(target, "replicas", 1)) > 1 else None)
+        split = Split(target.tp, target.dp, target.replicas, target.enable_expert_parallel)
+        keep = router is not None and routes(split.replicas, split.dp, router.get("policy"))
+        return cls(split, router if keep else None)
 
     def apply(self, target: Target) -> Target:
         """``target`` laid out as this split.
@@ -160,6 +162,13 @@ class Deployment:
             target, tp=s.tp, dp=s.dp, replicas=s.replicas,
             enable_expert_parallel=s.enable_expert_parallel,
             num_gpu_blocks=None if blocks is None else int(blocks * s.tp / target.tp))
+
+
+def routes(replicas: int, dp: int, policy: Any) -> bool:
+    """Whether a router has something to choose: replicas, or for ``prefix-aware`` the
+    DP ranks of one deployment (it routes to a replica's rank, as Dynamo's KV router
+    routes to ``(worker, dp_rank)`` and vLLM honours the request's ``data_parallel_rank``)."""
+    return replicas > 1 or (policy == "prefix-aware" and dp > 1)
 
 
 def split_refusal(model: Any, split: Split) -> str | None:
@@ -299,8 +308,7 @@ def evaluate_point(evaluator: Any, settings: dict[str, Any], window: str) -> dic
 def profile_deployment(profile: Any) -> Deployment:
     """The deployment a profile records (``target`` and its ``router`` section)."""
     t = profile.target
-    return Deployment(Split(t.tp, t.dp, t.replicas, t.enable_expert_parallel),
-                      None if t.replicas == 1 else profile.router)
+    return Deployment(Split(t.tp, t.dp, t.replicas, t.enable_expert_parallel), profile.router)
 
 
 def check_router(raw: Any) -> dict[str, Any]:

@@ -116,6 +116,13 @@ def clean_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _engine_dict(engine: Any) -> dict[str, Any]:
+    """One engine's summary as stored: counts stay integers, NaN becomes None."""
+    return {k: (v if isinstance(v, int) or v is None else
+                float(v) if math.isfinite(float(v)) else None)
+            for k, v in engine.to_dict().items()}
+
+
 def target_to_dict(target: Target) -> dict[str, Any]:
     return dataclasses.asdict(target)
 
@@ -159,8 +166,7 @@ class ReplayEvaluator:
         self.slo_ms = dict(slo_ms or {})
         #: The deployment a point replays unless it carries its own (a searched split or
         #: router): the target's, with ``router`` (dict form) in front of its replicas.
-        self.default_deployment = Deployment.of_target(
-            target, (router or default_router()) if target.replicas > 1 else None)
+        self.default_deployment = Deployment.of_target(target, router or default_router())
         self.max_model_len = int(self.resolved.cache.max_model_len)
         self.num_gpus = int(self.resolved.num_gpus)
         t0, t1 = (float(x) for x in self._trace.time_range())
@@ -288,13 +294,13 @@ class ReplayEvaluator:
         if len(summary.engines) > 1:
             # Per-engine balance for the report and the profile: who got how much of the
             # window's traffic, and how each engine's cache and queue fared.
-            out[ENGINES_KEY] = [clean_metrics(e.to_dict()) for e in summary.engines]
+            out[ENGINES_KEY] = [_engine_dict(e) for e in summary.engines]
         return out
 
     def evaluate_deployment(self, settings: SchedulerSettings, window: WindowName, *,
                             tp: int, replicas: int) -> list[dict[str, Any]]:
-        """Replay ``window`` on ``replicas`` copies of the target at tensor-parallel size
-        ``tp``, each given whole sessions (a stable hash of the session id, else the
+        """Replay ``window`` on ``replicas`` copies of the target's deployment (TP x DP,
+        one replica) at tensor-parallel size ``tp``, each given whole sessions (a stable hash of the session id, else the
         request id, picks the copy: session affinity, as a prefix-aware load balancer
         does). One summary per copy; the capacity search asks whether each keeps up.
 
@@ -303,8 +309,9 @@ class ReplayEvaluator:
         """
         requests = self._requests(window)
         blocks = self.target.num_gpu_blocks
+        # one copy = one deployment of the target's TP x DP (its replicas are the copies)
         target = dataclasses.replace(
-            self.target, tp=tp,
+            self.target, tp=tp, replicas=1,
             num_gpu_blocks=None if blocks is None else int(blocks * tp / self.target.tp))
         if replicas == 1:
             return [self._replay(requests, settings, window, target)]

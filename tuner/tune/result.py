@@ -168,11 +168,10 @@ class TuneResult:
         if own is not None:
             return dict(own)
         target = self.evaluator_spec.get("target", {})
-        replicas = int(target.get("replicas", 1))
         return {"tp": int(target.get("tp", 1)), "dp": int(target.get("dp", 1)),
-                "replicas": replicas,
+                "replicas": int(target.get("replicas", 1)),
                 "enable_expert_parallel": bool(target.get("enable_expert_parallel", False)),
-                "router": self.evaluator_spec.get("router") if replicas > 1 else None}
+                "router": self.evaluator_spec.get("router")}
 
     def front_table(self) -> "Table":
         """The Pareto front (training window, held-out beside it) as a rich table."""
@@ -261,7 +260,7 @@ class TuneResult:
         return Profile(
             name=name, description=description,
             scheduler=SchedulerSettings.from_dict(_scheduler_part(point.settings)),
-            router=deployment["router"] if replicas > 1 else None,
+            router=deployment["router"],
             target=ProfileTarget(hardware=str(target.get("hardware", "?")),
                                  model=str(target.get("model", "?")),
                                  tp=int(deployment["tp"]), dp=int(deployment["dp"]),
@@ -285,6 +284,7 @@ _COLUMN = {"cache_aware_admission_window": "window", "cache_aware_admission_thre
            "max_num_seqs": "max seqs", "long_prefill_token_threshold": "long prefill",
            "scheduler_reserve_full_isl": "full ISL", "p90_interactivity": "p90 tok/s/user",
            "gpu_split": "GPU split", "router.policy": "router",
+           "router.overlap_weight": "overlap weight", "router.load_metric": "load metric",
            "output_throughput_per_gpu": "out tok/s/GPU", "ttft_p50_s": "TTFT p50 s",
            "ttft_p90_s": "TTFT p90 s", "goodput": "goodput req/s"}
 

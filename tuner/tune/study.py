@@ -128,6 +128,10 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
     rule = prefer if isinstance(prefer, PickRule) else PickRule(prefer=prefer)  # type: ignore[arg-type]
     the_space, deploy_notes = with_deployment(fixed_space(load_space(space), fixed), target,
                                               gpu_budget=gpu_budget, routers=routers)
+    if evaluator is None and backend != "sim" and (the_space.has_deployment
+                                                   or target.num_engines > 1):
+        raise ConfigError(f"--backend {backend} replays one engine; a data-parallel "
+                          "deployment, a fleet or --gpu-budget runs on the sim backend")
     slo_ms = parse_slo(slo)
     if evaluator is None:
         if trace is None:
