@@ -23,6 +23,7 @@ from tuner.report.engines import engine_section
 from tuner.report.replays import WindowReplay, binned_series, replay_windows, trace_for_spec
 from tuner.report.study_data import ReportData, finite, load_report_data
 from tuner.tune import Objective, Point
+from tuner.tune.deployment import DEPLOYMENT_KEY, Deployment, profile_deployment
 
 BASE_COLOR, TUNED_COLOR, FRONT_COLOR, CLOUD_COLOR = "#000000", "#D55E00", "#0072B2", "#9aa4ae"
 #: Below this many completed trials, parameter importances are shown with a warning.
@@ -84,7 +85,9 @@ def _summary_section(data: ReportData) -> Section:
     rows: list[list[str]] = []
     if prof is not None:
         t = prof.target
-        rows += [["profile", prof.name], ["target", f"{t.hardware}, {t.model}, TP{t.tp} x DP{t.dp} "
+        layout = profile_deployment(prof).describe() if t.is_multi_engine or prof.router \
+            else f"TP{t.tp} x DP{t.dp}"
+        rows += [["profile", prof.name], ["target", f"{t.hardware}, {t.model}, {layout} "
                                                     f"({t.num_gpus} GPUs)"]]
     if data.study_name:
         rows.append(["study", f"{data.study_name} ({data.storage or 'storage not found'})"])
@@ -99,7 +102,14 @@ def _summary_section(data: ReportData) -> Section:
     rows.append(["why this point", data.reason or "\u2013"])
     sec.blocks.append(Table(["", ""], rows))
     if data.baseline is not None and data.chosen is not None:
-        keys = sorted(set(data.chosen.settings) | set(data.baseline.settings))
+        deploy = [p.settings.get(DEPLOYMENT_KEY) for p in (data.baseline, data.chosen)]
+        if deploy[0] is not None and deploy[1] is not None:
+            base_d, chosen_d = (Deployment.from_dict(d).describe() for d in deploy)
+            sec.blocks.append(Table(["", "baseline", "recommended"],
+                                    [["deployment (GPU split, router)", base_d, chosen_d]],
+                                    caption="The searched deployment"))
+        keys = sorted((set(data.chosen.settings) | set(data.baseline.settings))
+                      - {DEPLOYMENT_KEY})
         changed = [[k, fmt(data.baseline.settings.get(k)), fmt(data.chosen.settings.get(k))]
                    for k in keys if data.baseline.settings.get(k) != data.chosen.settings.get(k)]
         if changed:

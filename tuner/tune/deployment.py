@@ -110,6 +110,14 @@ class Deployment:
             except ConfigError as exc:
                 raise ConfigError(f"router.{exc}") from None
 
+    def describe(self) -> str:
+        """For people: ``TP2 x 4 replicas, router prefix-aware (overlap_weight 1.5)``."""
+        text = self.split.describe()
+        if self.router is not None:
+            params = ", ".join(f"{k} {v}" for k, v in self.router.items() if k != "policy")
+            text += f", router {self.router['policy']}" + (f" ({params})" if params else "")
+        return text
+
     def to_dict(self) -> dict[str, Any]:
         """The form a study records beside the scheduler settings (stable key order)."""
         s = self.split
