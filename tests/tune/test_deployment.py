@@ -163,3 +163,32 @@ def test_a_study_over_a_gpu_budget_records_and_exports_the_deployment() -> None:
         assert len(profile.predicted["train"]["engines"]["tuned"]) == dep.split.engines
     table = result.front_table()
     assert "GPU split" in [c.header for c in table.columns]
+
+
+def test_yaml_spaces_name_deployment_parameters_and_conditions(tmp_path: pathlib.Path) -> None:
+    from tuner.tune.space import load_space
+
+    path = tmp_path / "fleet.yaml"
+    path.write_text("""
+params:
+  gpu_split: {type: categorical, choices: ["tp=8,dp=1,replicas=1", "tp=2,dp=1,replicas=4"]}
+  router.policy: {type: categorical, choices: [session, prefix-aware],
+                  when: {gpu_split: ["tp=2,dp=1,replicas=4"]}}
+  router.overlap_weight: {type: float, low: 0.5, high: 2.0, step: 0.5,
+                          when: {router.policy: [prefix-aware]}}
+""")
+    space = load_space(path)
+    assert space.has_deployment and space.names[-1] == "router.overlap_weight"
+    assert space.contains({"gpu_split": "tp=8,dp=1,replicas=1"})
+    assert not space.contains({"gpu_split": "tp=8,dp=1,replicas=1", "router.policy": "session"})
+    assert space.contains({"gpu_split": "tp=2,dp=1,replicas=4", "router.policy": "prefix-aware",
+                           "router.overlap_weight": 1.5})
+    for bad, match in (
+            ('  router.temperature: {type: float, low: 0, high: 1}\n', "not a router parameter"),
+            ('  gpu_split: {type: categorical, choices: ["tp8"]}\n', "expected tp=T,dp=D"),
+            ('  router.policy: {type: categorical, choices: [random]}\n', "'random' is not one"),
+            ('  router.load_metric: {type: categorical, choices: [requests], '
+             'when: {gpu_split: [x]}}\n', "depends on 'gpu_split'")):
+        path.write_text("params:\n" + bad)
+        with pytest.raises(ConfigError, match=match):
+            load_space(path)
