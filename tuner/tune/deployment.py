@@ -27,7 +27,8 @@ a budget and refuses, with vLLM's reason, the ones vLLM would not start:
   that TP as vLLM's profiling would).
 
 The router is a dimension only where a split has more than one replica; a
-:class:`Deployment` with one replica has no router.
+:class:`Deployment` with one replica has no router, except a prefix-aware one that picks
+the DP rank of its one deployment (:func:`routes`), which a fixed target may carry.
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ from tuner.tune.space import (GPU_SPLIT, ROUTER_POLICY, ROUTER_PREFIX, SPLIT_LAB
 
 #: The largest tensor-parallel size a split uses: one 8-GPU node.
 MAX_TP = 8
-
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -90,10 +90,10 @@ class Split:
 
 @dataclass(frozen=True, slots=True)
 class Deployment:
-    """A split and, for more than one replica, the router in front of the replicas.
+    """A split and, where it routes (:func:`routes`), the router in front of it.
 
     ``router`` is the router's settings in their dict form (``{"policy": ..., params}``,
-    what ``RouterSettings.to_dict`` writes); None for one replica.
+    what ``RouterSettings.to_dict`` writes); None where nothing is routed.
     """
 
     split: Split
@@ -219,7 +219,7 @@ def gpu_splits(target: Target, budget: int, *, expert_parallel: bool | None = No
     model = load_model(target.model)
     valid: list[Split] = []
     refused: list[tuple[Split, str]] = []
-    fits: dict[int, str | None] = {}
+    fits: dict[tuple[int, int, bool], str | None] = {}
     tps = [t for t in (1, 2, 4, 8, 16) if budget % t == 0]
     for tp in sorted(tps, reverse=True):
         rest = budget // tp
@@ -232,9 +232,10 @@ def gpu_splits(target: Target, budget: int, *, expert_parallel: bool | None = No
                 split = Split(tp, dp, replicas, ep)
                 why = split_refusal(model, split)
                 if why is None:
-                    if tp not in fits:
-                        fits[tp] = _fit_refusal(resolve_target, target, tp)
-                    why = fits[tp]
+                    engine = (tp, dp, ep)  # what sizes one engine's memory
+                    if engine not in fits:
+                        fits[engine] = _fit_refusal(resolve_target, target, split)
+                    why = fits[engine]
                 (refused.append((split, why)) if why else valid.append(split))
     if not valid:
         reasons = "; ".join(f"{s.describe()}: {why}" for s, why in refused[:4])
@@ -436,13 +437,18 @@ def with_deployment(space: SearchSpace, target: Target, *, gpu_budget: int | Non
     return SearchSpace(f"{space.name}+gpu{gpu_budget}", space.params + extra), notes
 
 
-def _fit_refusal(resolve: Any, target: Target, tp: int) -> str | None:
-    """The reason the model does not fit at TP ``tp`` (resolve_target's message), or None."""
+def _fit_refusal(resolve: Any, target: Target, split: Split) -> str | None:
+    """Why one engine of ``split`` does not fit (resolve_target's message), or None.
+
+    The engine is resolved with the split's TP, DP and expert parallelism (one replica:
+    replicas do not change an engine's memory), so the KV sizing is the replay's own.
+    """
     blocks = target.num_gpu_blocks
     try:
         resolve(dataclasses.replace(
-            target, tp=tp, dp=1,
-            num_gpu_blocks=None if blocks is None else max(2, int(blocks * tp / target.tp))))
+            target, tp=split.tp, dp=split.dp, replicas=1,
+            enable_expert_parallel=split.enable_expert_parallel,
+            num_gpu_blocks=None if blocks is None else max(2, int(blocks * split.tp / target.tp))))
     except ConfigError as exc:
         return str(exc)
     return None
