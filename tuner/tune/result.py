@@ -20,7 +20,7 @@ from tuner.tune.objectives import Constraint, Objective
 from tuner.tune.capacity import OverloadReport
 from tuner.tune.select import (TTFT_KEYS, PickRule, Point, Selection, check, trade_off,
                                ttft_guard_applies)
-from tuner.tune.space import SearchSpace, is_deployment_param
+from tuner.tune.space import GPU_SPLIT, SearchSpace, is_deployment_param
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -295,7 +295,14 @@ def _scheduler_part(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def _coordinate(p: Point, name: str) -> Any:
-    """A point's value of space parameter ``name`` (scheduler field or deployment)."""
+    """A point's value of space parameter ``name`` (scheduler field or deployment); a
+    split in the table's short form (``TP2/DP1/R4``, ``+EP``) so the row fits."""
+    if name == GPU_SPLIT:
+        own = p.settings.get(DEPLOYMENT_KEY)
+        if own is None:
+            return p.params.get(name)
+        return (f"TP{own['tp']}/DP{own['dp']}/R{own['replicas']}"
+                + ("+EP" if own.get("enable_expert_parallel") else ""))
     if is_deployment_param(name):
         return p.params.get(name)
     return p.settings.get(name)
