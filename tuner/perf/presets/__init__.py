@@ -42,7 +42,7 @@ class ResolvedTarget:
     model: ModelSpec  # with Target's dtype overrides applied
     step_time: StepTimeModel  # per engine (one TP group)
     cache: CacheSettings  # per engine: block size, num_gpu_blocks, prefix caching, max_model_len
-    num_gpus: int  # tp x dp
+    num_gpus: int  # tp x dp x replicas
     default_settings: SchedulerSettings  # ``vllm serve`` defaults on this GPU
     description: str  # one line for logs and reports
     capacity: KVCapacity | None = None  # the memory budget behind cache (None if overridden)
@@ -63,6 +63,8 @@ class ResolvedTarget:
         on this GPU's platform (``tuner.vllm_compat.resolve_async_scheduling``)."""
         return resolve_async_scheduling(self.target.async_scheduling,
                                         platform=self.hardware.vllm_platform)
+    def replicas(self) -> int:
+        return self.target.replicas
 
 
 def default_scheduler_settings(hardware: str | HardwareSpec) -> SchedulerSettings:
@@ -84,7 +86,7 @@ def resolve_target(target: Target, *,
             target, a model that does not fit, or a KV cache smaller than one
             ``max_model_len`` sequence (vLLM refuses to start then, too).
     """
-    for name in ("tp", "dp"):
+    for name in ("tp", "dp", "replicas"):
         value = getattr(target, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{name}={value!r} must be a positive integer")
@@ -92,6 +94,9 @@ def resolve_target(target: Target, *,
     model = load_model(target.model).with_dtypes(weight_dtype=target.weight_dtype,
                                                  kv_cache_dtype=target.kv_cache_dtype,
                                                  quantization=target.quantization)
+    if target.enable_expert_parallel and not model.is_moe:
+        raise ConfigError(f"--enable-expert-parallel: {model.name} is not a mixture-of-experts "
+                          "model (it has no experts to shard)")
     coefficients = default_coefficients(hardware)
     if target.calibration:
         calibration = load_calibration(target.calibration)
@@ -126,7 +131,9 @@ def resolve_target(target: Target, *,
     tokens = (blocks - 1) * block_size
     description = (
         f"{model.name} ({_weights(model)} weights, {model.kv_dtype} KV) on "
-        f"{target.num_gpus}x {hardware.display_name} (TP{target.tp} x DP{target.dp}), "
+        f"{target.num_gpus}x {hardware.display_name} (TP{target.tp} x DP{target.dp}"
+        + (f" x {target.replicas} replicas" if target.replicas > 1 else "")
+        + (", EP" if target.enable_expert_parallel else "") + "), "
         f"{hardware.backend_for(model.backend_kind)} block {block_size}, {blocks:,} blocks = {tokens / 1e6:.2f}M tokens/engine"
         + (" (override)" if capacity is None else "")
         + (", calibrated" if target.calibration else "")
