@@ -180,8 +180,10 @@ class MeasuredStepTimeModel(RooflineStepTimeModel):
     source = "aic"
 
     def __init__(self, hardware: HardwareSpec, model: ModelSpec, tp: int,
-                 coefficients: Coefficients | None, tables: dict[str, Any]) -> None:
-        super().__init__(hardware, model, tp, coefficients)
+                 coefficients: Coefficients | None, tables: dict[str, Any], *, dp: int = 1,
+                 expert_parallel: bool = False) -> None:
+        super().__init__(hardware, model, tp, coefficients, dp=dp,
+                         expert_parallel=expert_parallel)
         self.tables_source = str(tables["source"])
         points = [int(m) for m in tables["m"]]
         self._m_max = m_max = points[-1]

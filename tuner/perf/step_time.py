@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from tuner.errors import ConfigError
 from tuner.perf.coefficients import Coefficients, GemmCoefficients
+from tuner.perf.expert_parallel import all2all_constants, expert_layout, expert_terms
 from tuner.perf.hardware import HardwareSpec
 from tuner.perf.models import DTYPE_BYTES, ModelSpec
 from tuner.sim.batch import StepBatch
@@ -92,7 +93,8 @@ class RooflineStepTimeModel(StepTimeModel):
     """
 
     def __init__(self, hardware: HardwareSpec, model: ModelSpec, tp: int = 1,
-                 coefficients: Coefficients | None = None) -> None:
+                 coefficients: Coefficients | None = None, *, dp: int = 1,
+                 expert_parallel: bool = False) -> None:
         if tp < 1:
             raise ConfigError(f"tp={tp} must be >= 1")
         if model.num_attention_heads % tp:
@@ -115,14 +117,24 @@ class RooflineStepTimeModel(StepTimeModel):
         self._dense = tuple(gemm(fmt, elems) for fmt, elems in sorted(shape["dense"].items()))
         self._lm = gemm(shape["lm_fmt"], shape["lm_elems"])  # M = requests
         self._moe = model.is_moe
+        # experts: TP-split widths, or whole experts over tp x dp ranks with expert
+        # parallelism (tuner/perf/expert_parallel.py), fed by the whole DP group's tokens
+        self.expert_layout = layout = expert_layout(model, tp, dp, expert_parallel)
         if self._moe:
-            e_mem, e_tok, e_zero = gemm(shape["expert_fmt"], shape["expert_elems"])
-            self._e_mem, self._e_tok, self._e_half = e_mem, e_tok * model.num_experts_per_tok, e_zero
-            self._num_experts = float(model.num_experts)
-            self._expert_q = 1.0 - model.num_experts_per_tok / model.num_experts
+            elems = shape["expert_elems"] if layout.ep == 1 else shape["expert_elems"] * tp
+            e_mem, e_tok, e_zero = gemm(shape["expert_fmt"], elems)
+            # pairs routed to this rank per token of the DP group: k, or k / EP
+            self._e_tok_group = e_tok * model.num_experts_per_tok / layout.ep
+            self._e_mem, self._e_half = e_mem, e_zero
+            self._e_tok = self._e_tok_group * layout.group_factor  # per token of this rank
+            self._num_experts = layout.local_experts
+            self._expert_q_one = 1.0 - model.num_experts_per_tok / model.num_experts
+            self._expert_q = self._expert_q_one ** layout.group_factor
         else:
             self._e_mem = self._e_tok = self._e_half = self._num_experts = 0.0
-            self._expert_q = 1.0
+            self._e_tok_group = 0.0
+            self._expert_q = self._expert_q_one = 1.0
+        self._a2a_fixed, self._a2a_tok = all2all_constants(hardware, model, layout)
         # attention (all layers folded in; full and sliding layers apart)
         kv_bw = c.kv_bw_eff * bw
         peak_attn = hardware.peak("bf16")
@@ -165,13 +177,13 @@ class RooflineStepTimeModel(StepTimeModel):
         """One tuple of every constant the hot path reads: a single attribute load and
         an unpack cost less than two dozen attribute loads. Per-step and per-token
         constants that are always added together are pre-summed."""
-        fixed = self._cpu_step + self._ar_fixed
+        fixed = self._cpu_step + self._ar_fixed + self._a2a_fixed
         dense = self._dense
         one = dense[0] if len(dense) == 1 else (0.0, 0.0, 0.0)
         self._k = (
             fixed + self._gpu_mixed, fixed + self._gpu_decode,
             self._cpu_req + self._sample,  # per request
-            self._kv_write + self._ar_tok,  # per token
+            self._kv_write + self._ar_tok + self._a2a_tok,  # per token
             one[0], one[1], one[2], dense if len(dense) > 1 else (),
             *self._lm, self._moe, self._e_mem, self._e_tok, self._e_half, self._num_experts,
             self._expert_q, self._kv_tok, self._occ_floor, self._attn_d, self._attn_p,
@@ -226,6 +238,27 @@ class RooflineStepTimeModel(StepTimeModel):
         cmp = self._slide_p * pp + self._slide_d * sd
         return mem if mem > cmp else cmp
 
+    def rank_step_time_s(self, batch: StepBatch, group_tokens: int) -> float:
+        """One DP rank's step in an expert-parallel lock step: ``batch`` is this rank's,
+        ``group_tokens`` the tokens of all DP ranks this step (their experts' work lands
+        on every rank). :meth:`step_time_s` is the balanced case, ``group_tokens =
+        tokens x dp``; the lock step's time is the slowest rank's. A rank with nothing
+        scheduled runs vLLM's dummy batch: pass a one-token decode batch for it.
+        Without expert parallelism the ranks are independent and this equals
+        :meth:`step_time_s`."""
+        t = self.step_time_s(batch)
+        layout = self.expert_layout
+        tokens = batch.num_prefill_tokens + batch.num_decode_reqs
+        if layout.ep == 1 or layout.dp == 1 or tokens <= 0:
+            return t
+        args = (self._e_mem, self._e_tok_group, self._e_half, self._num_experts,
+                self._expert_q_one)
+        balanced = expert_terms(*args, tokens * layout.group_factor)
+        # all-to-all: a rank waits for the larger of what it sends and what it receives
+        recv = group_tokens / layout.dp
+        extra_a2a = self._a2a_tok * (recv - tokens) if recv > tokens else 0.0
+        return t - balanced + expert_terms(*args, float(group_tokens)) + extra_a2a
+
     def cpu_s(self, batch: StepBatch) -> float:
         """The engine-core CPU part of the step (what async scheduling overlaps)."""
         if batch.num_tokens <= 0:
@@ -244,7 +277,8 @@ class RooflineStepTimeModel(StepTimeModel):
         ``maximum=np.maximum, minimum=np.minimum``); the values sum to the step time.
 
         Keys: ``cpu``, ``launch`` (GEMM/attention floors and launch gaps), ``gemm``,
-        ``lm_head``, ``experts``, ``attention``, ``allreduce``, ``sampling``. Steps
+        ``lm_head``, ``experts``, ``all2all`` (expert-parallel dispatch and combine),
+        ``attention``, ``allreduce``, ``sampling``. Steps
         with no token cost 0 in :meth:`step_time_s`; here they are the caller's to drop.
         """
         tokens = npt + ndr
@@ -263,6 +297,7 @@ class RooflineStepTimeModel(StepTimeModel):
                                      self._e_tok * tokens + self._e_half * touched)
         else:
             out["experts"] = 0.0 * tokens
+        out["all2all"] = self._a2a_fixed + self._a2a_tok * tokens
         dec = maximum(maximum(self._kv_tok * dctx, self._occ_floor), self._attn_d * dctx)
         pre = maximum(self._kv_tok * (pctx + npt), self._attn_p * pairs)
         attn = dec * has_d + pre * has_p + self._kv_write * tokens
@@ -282,8 +317,8 @@ class RooflineStepTimeModel(StepTimeModel):
     def breakdown(self, batch: StepBatch) -> dict[str, float]:
         """:meth:`terms` of one batch (all zero for an empty one)."""
         if batch.num_tokens <= 0:
-            return dict.fromkeys(("cpu", "launch", "gemm", "lm_head", "experts", "attention",
-                                  "allreduce", "sampling"), 0.0)
+            return dict.fromkeys(("cpu", "launch", "gemm", "lm_head", "experts", "all2all",
+                                  "attention", "allreduce", "sampling"), 0.0)
         return {k: float(v) for k, v in self.terms(
             batch.num_prefill_reqs, batch.num_decode_reqs, batch.num_prefill_tokens,
             batch.prefill_ctx_tokens, batch.prefill_attn_pairs, batch.decode_ctx_tokens).items()}

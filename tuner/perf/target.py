@@ -29,6 +29,9 @@ class Target:
     #: vLLM's ``--async-scheduling/--no-async-scheduling``; None = what vLLM resolves for
     #: this target (``tuner.vllm_compat``: on for GPU targets, off on the CPU platform)
     async_scheduling: bool | None = None
+    #: vLLM's ``--enable-expert-parallel``: MoE experts sharded whole over tp x dp ranks,
+    #: dispatch + combine all-to-all when dp > 1 (tuner/perf/expert_parallel.py)
+    enable_expert_parallel: bool = False
 
     @property
     def num_gpus(self) -> int:
