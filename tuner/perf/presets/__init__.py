@@ -155,11 +155,16 @@ def _step_time_model(target: Target, hardware: HardwareSpec, model: ModelSpec,
         if why is None and target.calibration and wanted == "auto":
             why = "a calibration file prices the analytic model"
         if why is None:
-            tables = measured.aic_tables(hardware.name, model, target.tp)
-            step = measured.MeasuredStepTimeModel(hardware, model, target.tp, coefficients,
-                                                  tables, dp=target.dp,
-                                                  expert_parallel=target.enable_expert_parallel)
-            return step, f"aic ({step.tables_source})"
+            try:  # a shape the tables lack surfaces only when the engine is asked
+                tables = measured.aic_tables(hardware.name, model, target.tp, dp=target.dp,
+                                             expert_parallel=target.enable_expert_parallel)
+            except ConfigError as exc:
+                why = str(exc)
+            else:
+                step = measured.MeasuredStepTimeModel(
+                    hardware, model, target.tp, coefficients, tables, dp=target.dp,
+                    expert_parallel=target.enable_expert_parallel)
+                return step, f"aic ({step.tables_source})"
         if wanted == "aic":
             raise ConfigError(f"--step-time-source aic: {why}")
     return RooflineStepTimeModel(hardware, model, target.tp, coefficients, dp=target.dp,
