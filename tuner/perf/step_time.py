@@ -10,7 +10,11 @@ A per-layer, per-kernel model (docs/step-time-model.md has the formulas). Per TP
            (qkv, o, gate_up, down per layer; router, routed experts over the experts the
             batch touches, shared experts; the LM head once, on one row per request)
          + attention per layer: floor + max(KV bytes / (kv_eff BW), occupancy floor,
-           FLOPs / (eff peak)), prefill and decode apart (GQA, MLA, sliding windows)
+           FLOPs / (eff peak)), prefill and decode apart (GQA, MLA, sliding windows);
+           Gated DeltaNet layers: recurrent state traffic and chunked scan
+           (tuner/perf/linear_attention.py)
+         + expert parallelism: whole experts per rank, dispatch + combine all-to-all
+           (tuner/perf/expert_parallel.py)
          + all-reduce per call: latency + message / bandwidth(message), custom or library
          + sampling: a few passes over each request's logits
 
@@ -35,6 +39,7 @@ from typing import Any, Callable
 from tuner.errors import ConfigError
 from tuner.perf.coefficients import Coefficients, GemmCoefficients
 from tuner.perf.expert_parallel import all2all_constants, expert_layout, expert_terms
+from tuner.perf.linear_attention import linear_attention_s, linear_constants
 from tuner.perf.hardware import HardwareSpec
 from tuner.perf.models import DTYPE_BYTES, ModelSpec
 from tuner.sim.batch import StepBatch
@@ -149,6 +154,8 @@ class RooflineStepTimeModel(StepTimeModel):
         # than the GPU's compute units leave bandwidth unused -> a per-step floor
         self._occ_floor = (c.attn_chunk_tokens * hardware.compute_units / max(1.0, shape["kv_units"])
                            ) * self._kv_tok
+        # Gated DeltaNet layers: recurrent state per request, chunked scan at prefill
+        self._linear = linear_constants(hardware, model, tp) if model.num_linear_layers else None
         self._window = float(model.sliding_window)
         self._sliding = model.num_sliding_layers > 0
         # all-reduce: calls x (latency + ring share x (msg + half) / (eff x link))
@@ -187,7 +194,7 @@ class RooflineStepTimeModel(StepTimeModel):
             one[0], one[1], one[2], dense if len(dense) > 1 else (),
             *self._lm, self._moe, self._e_mem, self._e_tok, self._e_half, self._num_experts,
             self._expert_q, self._kv_tok, self._occ_floor, self._attn_d, self._attn_p,
-            self._sliding, self._ar_lib_tokens, self._ar_lib_extra)
+            self._sliding, self._ar_lib_tokens, self._ar_lib_extra, self._linear)
 
     def step_time_s(self, batch: StepBatch) -> float:
         npt = batch.num_prefill_tokens
@@ -197,7 +204,7 @@ class RooflineStepTimeModel(StepTimeModel):
             return 0.0  # vLLM does not run the model for an empty schedule
         (mixed, decode, per_req, per_tok, d_mem, d_tok, d_zero, more, lm_mem, lm_tok, lm_zero,
          moe, e_mem, e_tok, e_half, num_experts, expert_q, kv_tok, occ, attn_d, attn_p,
-         sliding, lib_tokens, lib_extra) = self._k
+         sliding, lib_tokens, lib_extra, linear) = self._k
         reqs = batch.num_prefill_reqs + ndr
         t = (mixed if npt else decode) + per_req * reqs + per_tok * tokens
         cmp = d_tok * tokens + d_zero
@@ -216,6 +223,8 @@ class RooflineStepTimeModel(StepTimeModel):
         t = add_full_attention(t, batch, ndr, npt, kv_tok, occ, attn_d, attn_p)
         if sliding:
             t += self._sliding_s(batch)
+        if linear:
+            t += linear_attention_s(linear, batch)
         if tokens > lib_tokens:
             t += lib_extra
         return t
@@ -308,6 +317,9 @@ class RooflineStepTimeModel(StepTimeModel):
             pp = minimum(pairs, npt * w)
             attn = attn + maximum(self._kv_slide_tok * (sd + sp + npt),
                                   self._slide_p * pp + self._slide_d * sd)
+        if self._linear:
+            d0, d1, p0, p1, p2 = self._linear
+            attn = attn + (d0 + d1 * ndr) * has_d + (p0 + p1 * npr + p2 * npt) * has_p
         out["attention"] = attn
         out["allreduce"] = (self._ar_fixed + self._ar_tok * tokens
                             + self._ar_lib_extra * (tokens > self._ar_lib_tokens))
