@@ -31,7 +31,7 @@ def test_decode_pays_the_state_read_and_write_of_every_request():
     bw = MI355X.hbm_bandwidth
     state_rw = 2 * 24 * 128 * 128 * 4.0  # 24 value heads per rank at TP2
     conv = 2 * (2 * 8 * 128 + 24 * 128) * 2.0
-    per_req = 48 * (state_rw / (gdn.DECODE_STATE_EFF * bw) + conv / (gdn.CONV_EFF * bw))
+    per_req = 48 * (state_rw / (gdn.DECODE_STATE_EFF * bw) + conv / (gdn.DECODE_CONV_EFF * bw))
     k = gdn.linear_constants(MI355X, QWEN36, 2)
     base = StepBatch(num_decode_reqs=1, decode_ctx_tokens=1000)
     many = StepBatch(num_decode_reqs=65, decode_ctx_tokens=65 * 1000)

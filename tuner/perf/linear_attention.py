@@ -18,7 +18,8 @@ The projections (in_proj_qkvz, in_proj_ba, out_proj) are GEMMs priced with the o
 Constants: fitted by ``bench/aic_kernels.py --fit-priors`` to aiconfigurator-core's
 measured vLLM 0.24.0 GDN kernels on H200 (``systems/data/h200_sxm/linear_attention/
 vllm/0.24.0/gdn_perf.parquet``, Qwen3.5-27B shapes at 6-48 value heads; the four
-kernels summed per (batch, length)): decode median |error| 4.8 %, prefill 20.4 %. They
+kernels summed per (batch, length)): decode median |error| 4.8 %, prefill 20.4 %
+(the fit's output, rounded to 3 digits). They
 are efficiencies against the GPU's own HBM bandwidth and bf16 peak, applied to every
 GPU: there is no public per-kernel GDN measurement for MI355X or MI300X (vLLM's ROCm
 path runs the same Triton kernels), so an AMD GDN prediction rests on this H200 shape.
@@ -32,12 +33,13 @@ from tuner.sim.batch import StepBatch
 
 #: tokens per chunk of vLLM's chunked gated-delta-rule prefill kernel
 CHUNK_TOKENS = 64
-DECODE_FLOOR_S = 5.3e-6  # per layer, conv update + recurrent kernel, one request
-DECODE_STATE_EFF = 0.85  # HBM fraction reading + writing the states at decode
+DECODE_FLOOR_S = 5.31e-6  # per layer, conv update + recurrent kernel, one request
+DECODE_STATE_EFF = 0.846  # HBM fraction reading + writing the states at decode
+DECODE_CONV_EFF = 1.0  # the conv update hides in the state traffic (fit at its bound)
 PREFILL_FLOOR_S = 14.5e-6  # per layer, conv + chunked kernel
-PREFILL_STATE_EFF = 0.55  # HBM fraction of the per-request state traffic at prefill
-CONV_EFF = 0.54  # HBM fraction of the short convolution (in + out, bf16)
-PREFILL_FLOP_EFF = 0.165  # bf16 peak fraction of the chunked scan's FLOPs
+PREFILL_STATE_EFF = 0.551  # HBM fraction of the per-request state traffic at prefill
+PREFILL_CONV_EFF = 0.578  # HBM fraction of the short convolution (in + out, bf16)
+PREFILL_FLOP_EFF = 0.161  # bf16 peak fraction of the chunked scan's FLOPs
 
 
 def linear_constants(hardware: HardwareSpec, model: ModelSpec,
@@ -56,9 +58,9 @@ def linear_constants(hardware: HardwareSpec, model: ModelSpec,
     conv = 2.0 * (2 * nk * dk + nv * dv) * 2.0  # q/k/v channels in + out, bf16, per token
     c = CHUNK_TOKENS
     flops = nv * (4.0 * dk * dv + 2.0 * c * (dk + dv) + 2.0 * c * dk)  # per token
-    per_decode = state_rw / (DECODE_STATE_EFF * bw) + conv / (CONV_EFF * bw)
+    per_decode = state_rw / (DECODE_STATE_EFF * bw) + conv / (DECODE_CONV_EFF * bw)
     per_prefill_req = state_rw / (PREFILL_STATE_EFF * bw)
-    per_prefill_tok = conv / (CONV_EFF * bw) + flops / (PREFILL_FLOP_EFF * peak)
+    per_prefill_tok = conv / (PREFILL_CONV_EFF * bw) + flops / (PREFILL_FLOP_EFF * peak)
     return (layers * DECODE_FLOOR_S, layers * per_decode, layers * PREFILL_FLOOR_S,
             layers * per_prefill_req, layers * per_prefill_tok)
 
