@@ -181,12 +181,18 @@ def test_attention_is_a_2d_lookup_that_follows_the_engine():
         errs.append(abs(got / _engine_s(gen, is_context=False, b=n, s=ctx_len) - 1))
     errs.sort()
     assert errs[len(errs) // 2] < 0.01 and errs[int(0.95 * len(errs))] < 0.10
-    # a cached prefix costs the causal-pair share of a prompt of the full length
+    # a cached prefix costs the causal-pair share of a prompt of the full length...
     cached = StepBatch(num_prefill_reqs=1, num_prefill_tokens=1024, prefill_ctx_tokens=3072,
                        prefill_attn_pairs=1024 * (3072 + 1025 / 2))
     full = _engine_s(ctx, is_context=True, b=1, s=4096)
-    assert step.breakdown(cached)["attention"] == pytest.approx(
-        full * cached.prefill_attn_pairs / (4096 * 4097 / 2), rel=1e-6)
+    share = full * cached.prefill_attn_pairs / (4096 * 4097 / 2)
+    assert share > _engine_s(gen, is_context=False, b=1, s=4096)
+    assert step.breakdown(cached)["attention"] == pytest.approx(share, rel=1e-6)
+    # ...but a short chunk over a long prefix at least reads the prefix's KV once
+    short = StepBatch(num_prefill_reqs=4, num_prefill_tokens=4 * 16,
+                      prefill_ctx_tokens=4 * 32768, prefill_attn_pairs=4 * 16 * (32768 + 8.5))
+    read_once = _engine_s(gen, is_context=False, b=4, s=32784)
+    assert step.breakdown(short)["attention"] == pytest.approx(read_once, rel=0.02)
 
 
 @needs_aic

@@ -291,13 +291,18 @@ class MeasuredStepTimeModel(RooflineStepTimeModel):
 
     def _attention_s(self, npr: int, ndr: int, npt: int, pctx: int, pairs: float,
                      dctx: int) -> float:
-        """Measured attention: decode at (requests, mean KV length), prefill at (requests,
+        """Measured attention: decode at (requests, mean KV length); prefill at (requests,
         mean total length) scaled by the ratio of the step's causal pairs to those of
-        uncached prompts of that length (aiconfigurator's own rule for a cached prefix)."""
+        uncached prompts of that length (aiconfigurator's own rule for a cached prefix),
+        but never below reading that KV once (the decode table at the same point)."""
         t = self._gen.at(ndr, dctx / ndr) if ndr else 0.0
         if npt:
             length = (npt + pctx) / npr
-            t += self._ctx.at(npr, length) * pairs / (npr * length * (length + 1.0) * 0.5)
+            pre = self._ctx.at(npr, length) * pairs / (npr * length * (length + 1.0) * 0.5)
+            # a short chunk over a long cached prefix still streams the prefix's KV once:
+            # at least what decode attention over that length measures
+            floor = self._gen.at(npr, length)
+            t += pre if pre > floor else floor
         return t
 
     def step_time_s(self, batch: StepBatch) -> float:
