@@ -36,7 +36,7 @@ class Target:
     #: (``tuner.sim.fleet.RouterSettings``)
     replicas: int = 1
     #: vLLM ``--enable-expert-parallel``: MoE experts sharded over the TP x DP ranks
-    #: (all-to-all instead of the TP all-reduce for the experts); MoE models only
+    #: (dispatch + combine all-to-all when dp > 1, tuner/perf/expert_parallel.py); MoE only
     enable_expert_parallel: bool = False
 
     @property

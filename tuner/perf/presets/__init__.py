@@ -117,7 +117,9 @@ def resolve_target(target: Target, *,
         capacity = kv_capacity(hardware, model, target.tp, block_size,
                                target.gpu_memory_utilization,
                                max_num_batched_tokens=sched.max_num_batched_tokens,
-                               max_num_seqs=sched.max_num_seqs)
+                               max_num_seqs=sched.max_num_seqs,
+                               expert_parallel_size=step_time.expert_layout.ep
+                               if isinstance(step_time, RooflineStepTimeModel) else 1)
         blocks = capacity.num_gpu_blocks
         if capacity.num_tokens < max_model_len:
             raise ConfigError(
@@ -133,7 +135,7 @@ def resolve_target(target: Target, *,
         f"{model.name} ({_weights(model)} weights, {model.kv_dtype} KV) on "
         f"{target.num_gpus}x {hardware.display_name} (TP{target.tp} x DP{target.dp}"
         + (f" x {target.replicas} replicas" if target.replicas > 1 else "")
-        + (", EP" if target.enable_expert_parallel else "") + "), "
+        + (", EP" if target.enable_expert_parallel and model.is_moe else "") + "), "
         f"{hardware.backend_for(model.backend_kind)} block {block_size}, {blocks:,} blocks = {tokens / 1e6:.2f}M tokens/engine"
         + (" (override)" if capacity is None else "")
         + (", calibrated" if target.calibration else "")
@@ -167,13 +169,20 @@ def _step_time_model(target: Target, hardware: HardwareSpec, model: ModelSpec,
         if why is None and target.calibration and wanted == "auto":
             why = "a calibration file prices the analytic model"
         if why is None:
-            tables = measured.aic_tables(hardware.name, model, target.tp)
-            step = measured.MeasuredStepTimeModel(hardware, model, target.tp, coefficients,
-                                                  tables)
-            return step, f"aic ({step.tables_source})"
+            try:  # a shape the tables lack surfaces only when the engine is asked
+                tables = measured.aic_tables(hardware.name, model, target.tp, dp=target.dp,
+                                             expert_parallel=target.enable_expert_parallel)
+            except ConfigError as exc:
+                why = str(exc)
+            else:
+                step = measured.MeasuredStepTimeModel(
+                    hardware, model, target.tp, coefficients, tables, dp=target.dp,
+                    expert_parallel=target.enable_expert_parallel)
+                return step, f"aic ({step.tables_source})"
         if wanted == "aic":
             raise ConfigError(f"--step-time-source aic: {why}")
-    return RooflineStepTimeModel(hardware, model, target.tp, coefficients), "analytic"
+    return RooflineStepTimeModel(hardware, model, target.tp, coefficients, dp=target.dp,
+                                 expert_parallel=target.enable_expert_parallel), "analytic"
 
 
 def _same_name(a: str, b: str) -> bool:
