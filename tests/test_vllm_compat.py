@@ -142,3 +142,55 @@ def test_only_vllm_compat_knows_version_numbers() -> None:
     offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "tuner").rglob("*.py")
                  if p.name != "vllm_compat.py" and pattern.search(p.read_text())]
     assert offenders == []
+
+
+# --------------------------------------------------------------------- async scheduling
+@pytest.mark.parametrize("requested,platform,pp,pooling,expected", [
+    (None, "cuda", 1, False, True),   # vLLM 0.33.0 turns it on by default
+    (None, "rocm", 1, False, True),   # MI355X included
+    (None, "cpu", 1, False, False),   # platforms/cpu.py forces it off
+    (True, "cpu", 1, False, False),   # ... even when asked for
+    (False, "cuda", 1, False, False),  # an explicit False is kept
+    (True, "rocm", 1, False, True),
+    (None, "cuda", 2, False, False),  # PP > 1 on the V1 model runner
+    (None, "cuda", 1, True, False),   # pooling models
+    (False, "cuda", 2, False, False),
+])
+def test_async_scheduling_resolves_as_vllm_033(requested, platform, pp, pooling, expected):
+    assert vc.resolve_async_scheduling(
+        requested, platform=platform, pipeline_parallel_size=pp, pooling=pooling) is expected
+
+
+def test_async_scheduling_with_pipeline_parallelism_is_refused_like_vllm():
+    with pytest.raises(ConfigError, match="pipeline parallelism"):
+        vc.resolve_async_scheduling(True, pipeline_parallel_size=2)
+    with pytest.raises(ConfigError, match="platform"):
+        vc.resolve_async_scheduling(None, platform="tpu")  # type: ignore[arg-type]
+
+
+def _vllm_source_root() -> pathlib.Path:
+    """The installed vLLM 0.33.0 package directory (found without importing vLLM)."""
+    import subprocess
+
+    from tests.envs import env_python
+
+    python = env_python("TUNER_VLLM033_PYTHON", "run .ci/setup-vllm.sh and export it")
+    out = subprocess.run([python, "-c", "import importlib.util as u; "
+                          "print(u.find_spec('vllm').submodule_search_locations[0])"],
+                         capture_output=True, text=True, check=True, timeout=60)
+    return pathlib.Path(out.stdout.strip())
+
+
+def test_async_scheduling_resolution_matches_the_installed_vllm_source():
+    """The rules cite vLLM 0.33.0's source (file:line); in its environment they hold."""
+    root = _vllm_source_root()
+    cpu = (root / "platforms" / "cpu.py").read_text().splitlines()
+    assert any("scheduler_config.async_scheduling = False" in line for line in cpu[340:352])
+    resolution = "\n".join((root / "config" / "vllm.py").read_text().splitlines()[1639:1720])
+    assert "self.scheduler_config.async_scheduling = True" in resolution
+    assert "pipeline parallelism" in resolution and '"pooling"' in resolution
+
+
+def test_async_scheduling_flag_spelling():
+    assert vc.async_scheduling_flag(True) == "--async-scheduling"
+    assert vc.async_scheduling_flag(False) == "--no-async-scheduling"

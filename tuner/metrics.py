@@ -225,6 +225,8 @@ class Summary:
     simulated_s: float  # replay-clock span of the whole replay
     wall_s: float  # wall time of the backend's run() (the replay itself, not trace loading)
     speed_ratio: float  # simulated_s / wall_s (simulated seconds per wall second)
+    #: the engine's scheduling mode (vLLM's resolved ``async_scheduling``; None: unknown)
+    async_scheduling: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (JSON-ready apart from nan, which the CLI writes as null)."""
@@ -469,6 +471,7 @@ def summarize(result: ReplayResult, *, measure_from_s: float | None = None,
         **steps, **load,
         simulated_s=float(result.simulated_s), wall_s=float(result.wall_s),
         speed_ratio=_safe_div(result.simulated_s, result.wall_s),
+        async_scheduling=result.async_scheduling,
     )
 
 
@@ -503,7 +506,8 @@ def write_requests_parquet(result: ReplayResult, path: str | os.PathLike[str], *
     ])
     meta = {"backend": result.backend, "num_gpus": str(result.num_gpus),
             "simulated_s": repr(result.simulated_s), "wall_s": repr(result.wall_s),
-            "counters": json.dumps(result.counters), "notes": json.dumps(result.notes)}
+            "counters": json.dumps(result.counters), "notes": json.dumps(result.notes),
+            "async_scheduling": json.dumps(result.async_scheduling)}
     table = pa.table({name: cols[name] for name in schema.names}, schema=schema)
     table = table.replace_schema_metadata({k.encode(): v.encode() for k, v in meta.items()})
     with AtomicOutput(path, inputs=inputs) as out:
@@ -525,7 +529,9 @@ def summary_table(summary: Summary) -> "Table":
     window = ("all requests" if s.measure_from_s is None and s.measure_to_s is None
               else f"arrivals in [{s.measure_from_s or 0:g}, "
                    f"{'end' if s.measure_to_s is None else f'{s.measure_to_s:g}'}) s")
-    latency = Table(title=f"Replay summary ({s.backend}, {s.num_gpus} GPU, {window})",
+    mode = {True: "async scheduling", False: "no async scheduling"}.get(
+        s.async_scheduling, "scheduling mode unknown")
+    latency = Table(title=f"Replay summary ({s.backend}, {s.num_gpus} GPU, {mode}, {window})",
                     header_style="bold")
     latency.add_column("latency")
     for p in PERCENTS:
@@ -543,6 +549,8 @@ def summary_table(summary: Summary) -> "Table":
     totals.add_column("throughput, cache and state")
     totals.add_column("value", justify="right")
     rows = [
+        ("async_scheduling", "-" if s.async_scheduling is None
+         else str(s.async_scheduling).lower()),
         ("output throughput (tok/s/GPU)", _fmt(s.output_throughput_per_gpu, digits=1)),
         ("total throughput, input+output (tok/s/GPU)", _fmt(s.total_throughput_per_gpu, digits=1)),
         ("request throughput (req/s)", _fmt(s.request_throughput, digits=3)),

@@ -57,10 +57,9 @@ class StepRecord:
     num_waiting: int  # after scheduling
     kv_usage: float  # KV usage (vLLM definition) after scheduling
     cached_tokens: dict[str, int] = field(default_factory=dict)  # admitted this step -> hit
-    #: vLLM's KV-usage gauge for this step: ``SchedulerStats.kv_cache_usage``, sampled at
-    #: the end of ``update_from_output`` (``make_stats``). Under async scheduling the next
-    #: step is already scheduled then, so it includes that step's allocations. None: the
-    #: side did not record it.
+    #: KV usage when the step's outputs were applied: the gauge vLLM samples at the end
+    #: of ``update_from_output`` (``make_stats``, v1/core/sched/scheduler.py:3294). In
+    #: async mode it includes the next step's allocations; None where not measured.
     kv_usage_at_update: float | None = None
 
 
@@ -84,6 +83,9 @@ class ReplayResult:
     num_gpus: int = 1
     steps: list[StepRecord] | None = None
     notes: list[str] = field(default_factory=list)
+    #: the engine's scheduling mode the replay ran (vLLM's resolved ``async_scheduling``);
+    #: None when the backend cannot say (a server attached to, not launched)
+    async_scheduling: bool | None = None
 
 
 _Item = TypeVar("_Item")

@@ -166,6 +166,54 @@ def prefill_interval_mode(version: str) -> PrefillIntervalMode:
 
 
 # ----------------------------------------------------------------------------------------
+# Asynchronous scheduling: what --async-scheduling resolves to
+# ----------------------------------------------------------------------------------------
+#: vLLM's platforms that decide the mode (``tuner.perf.hardware.HardwareSpec.vllm_platform``).
+Platform = Literal["cuda", "rocm", "cpu"]
+
+
+def resolve_async_scheduling(requested: bool | None, *, platform: Platform = "cuda",
+                             pipeline_parallel_size: int = 1, pooling: bool = False) -> bool:
+    """What vLLM 0.33.0 runs for ``SchedulerConfig.async_scheduling = requested``.
+
+    vLLM's rules (config/scheduler.py:211 declares ``bool | None = None``;
+    config/vllm.py:1640-1720 resolves it; platforms/cpu.py:346-348 overrides it):
+
+    * the CPU platform sets it False whatever was asked (``check_and_update_config``
+      runs after the resolution: "async scheduling is not required on CPU");
+    * ``None`` becomes True unless a pooling model, an executor without support (tuner
+      deploys the default ``mp``/``uni`` executors, which support it), ROCm DeepEP
+      high-throughput with DBO (not a tuner deployment), speculative decoding other than
+      EAGLE/ngram/draft-model (not modelled) or pipeline parallelism > 1 on the V1 model
+      runner;
+    * an explicit True with one of those incompatibilities is a config error in vLLM;
+      the two the tuner can be asked for (pipeline parallelism, pooling is not) are
+      refused here the same way. An explicit False is kept.
+
+    A custom ``--scheduler-cls`` does not change the result (config/vllm.py:588-597: the
+    engine runs a batch queue of depth 2 whenever the mode is on).
+
+    Raises:
+        ConfigError: ``requested=True`` with pipeline parallelism, as vLLM refuses it.
+    """
+    if platform not in ("cuda", "rocm", "cpu"):
+        raise ConfigError(f"platform {platform!r}: expected cuda, rocm or cpu")
+    if requested and pipeline_parallel_size > 1:
+        raise ConfigError("--async-scheduling: vLLM 0.33.0's V1 model runner does not "
+                          "support async scheduling with pipeline parallelism")
+    if platform == "cpu":
+        return False
+    if requested is not None:
+        return bool(requested)
+    return not (pooling or pipeline_parallel_size > 1)
+
+
+def async_scheduling_flag(enabled: bool) -> str:
+    """vLLM's spelling of a resolved mode: ``--async-scheduling``/``--no-async-scheduling``."""
+    return "--async-scheduling" if enabled else "--no-async-scheduling"
+
+
+# ----------------------------------------------------------------------------------------
 # Settings -> SchedulerConfig fields, vllm serve flags, --config keys
 # ----------------------------------------------------------------------------------------
 def flag_name(fieldname: str) -> str:
@@ -241,10 +289,34 @@ class SchedulerArgsPlan:
         return out
 
 
+def check_plugin_class(scheduler_cls: str, async_scheduling: bool | None) -> None:
+    """Refuse tuner's synchronous plugin class under async scheduling.
+
+    ``CacheAwareScheduler`` is a plain ``Scheduler`` subclass. A custom ``--scheduler-cls``
+    does not turn async scheduling off: the engine still runs its batch queue of depth 2
+    (config/vllm.py:588-597, v1/engine/core.py:208-234), and a plain ``Scheduler`` there
+    sees each running decode's token still in flight, so it schedules every decode only
+    every other batch (v1/core/sched/scheduler.py:839-843, 921).
+
+    Raises:
+        ConfigError: ``scheduler_cls`` is not one of tuner's plugin classes, or is the
+            synchronous one with ``async_scheduling`` not False.
+    """
+    if scheduler_cls not in (PLUGIN_SYNC_CLS, PLUGIN_ASYNC_CLS):
+        raise ConfigError(f"--scheduler-cls {scheduler_cls}: the twin models only tuner's "
+                          f"plugin classes ({PLUGIN_ASYNC_CLS}, {PLUGIN_SYNC_CLS})")
+    if scheduler_cls == PLUGIN_SYNC_CLS and async_scheduling is not False:
+        raise ConfigError(f"--scheduler-cls {scheduler_cls} is a plain Scheduler subclass: "
+                          "under async scheduling vLLM runs it behind a batch queue of 2 and "
+                          "it schedules each running decode only every other batch; use "
+                          f"{PLUGIN_ASYNC_CLS} or --no-async-scheduling")
+
+
 def plan_scheduler_args(settings: Any, vllm: str | VllmFeatures, *,
                         native_admission: bool = False, force_plugin: bool = False,
                         async_scheduling: bool | None = None,
-                        pin_sync: bool = False) -> SchedulerArgsPlan:
+                        pin_sync: bool = False,
+                        scheduler_cls: str | None = None) -> SchedulerArgsPlan:
     """Decide how ``settings`` (a ``SchedulerSettings``) are passed to ``vllm`` (a version
     string, with ``native_admission`` declared by the caller, or the features
     :func:`detect` found).
@@ -255,9 +327,12 @@ def plan_scheduler_args(settings: Any, vllm: str | VllmFeatures, *,
     False, then the synchronous one with ``--no-async-scheduling``) and the two values in
     ``--additional-config``. ``pin_sync`` emits ``--no-async-scheduling`` for
     ``async_scheduling=False`` even without the plugin (a replay compares like with like).
+    ``scheduler_cls`` picks the plugin class instead (and implies the plugin form);
+    :func:`check_plugin_class` refuses the synchronous class under async scheduling.
 
     Raises:
         UnsupportedVllmVersion: see :func:`features`.
+        ConfigError: see :func:`check_plugin_class`.
     """
     feats = vllm if isinstance(vllm, VllmFeatures) else features(
         vllm, native_admission=native_admission)
@@ -265,6 +340,7 @@ def plan_scheduler_args(settings: Any, vllm: str | VllmFeatures, *,
     vllm_version = feats.version
     plan = SchedulerArgsPlan(vllm_version=vllm_version)
     window = int(getattr(settings, "cache_aware_admission_window"))
+    force_plugin = force_plugin or scheduler_cls is not None
     plugin = force_plugin or (not native_admission and window > 0)
     for f in fields(settings):
         if f.name in ADMISSION_FIELDS and (not native_admission or force_plugin):
@@ -272,7 +348,9 @@ def plan_scheduler_args(settings: Any, vllm: str | VllmFeatures, *,
         plan.native.append((f.name, getattr(settings, f.name)))
     if plugin:
         use_async = async_scheduling is not False
-        plan.scheduler_cls = PLUGIN_ASYNC_CLS if use_async else PLUGIN_SYNC_CLS
+        if scheduler_cls is not None:
+            check_plugin_class(scheduler_cls, async_scheduling)
+        plan.scheduler_cls = scheduler_cls or (PLUGIN_ASYNC_CLS if use_async else PLUGIN_SYNC_CLS)
         plan.async_scheduling = None if use_async else False
         plan.additional_config = {n: getattr(settings, n) for n in ADMISSION_FIELDS}
         why = ("requested with --format plugin" if force_plugin and (

@@ -187,6 +187,20 @@ def test_fast_path_equals_terms_scalar_and_vectorised(items, name, tp, hw):
     vec = step_times(model, batch_arrays([batch, batch]))
     assert vec == pytest.approx([t, t], rel=1e-9)
     assert model.cpu_s(batch) + model.gpu_s(batch) == pytest.approx(t, rel=1e-12)
+    cpu, gpu = model.step_parts_s(batch)  # the async clock's prices
+    assert (cpu, gpu) == (model.cpu_s(batch), t - model.cpu_s(batch))
+    assert cpu == pytest.approx(model.breakdown(batch)["cpu"], rel=1e-12) and gpu > 0
+
+
+def test_step_parts_of_an_empty_batch_and_of_a_model_without_a_cpu_part():
+    model = RooflineStepTimeModel(load_hardware("mi355x"), load_model("llama-3.1-8b"), 1)
+    assert model.step_parts_s(StepBatch()) == (0.0, 0.0)
+
+    class GpuOnly(StepTimeModel):
+        def step_time_s(self, batch: StepBatch) -> float:
+            return 0.5
+
+    assert GpuOnly().step_parts_s(decode(4, 100)) == (0.0, 0.5)
 
 
 @pytest.mark.parametrize("field,value", [("kv_bw_eff", 0.0), ("attn_prefill_eff", 2.0),

@@ -175,15 +175,72 @@ def test_hub_repos_match_the_presets_sources() -> None:
     assert rows == HUB_REPOS
 
 
-@pytest.mark.parametrize("fmt,pinned", [("yaml", "async-scheduling: false"),
-                                        ("python", "async_scheduling=False"),
-                                        ("json", '"--no-async-scheduling"'),
-                                        ("env", "--no-async-scheduling"),
-                                        ("flags", "--no-async-scheduling")])
-def test_a_sync_profile_with_window_zero_pins_sync_in_every_format(fmt: str,
-                                                                   pinned: str) -> None:
+#: How each format spells the synchronous pin (every format must have one: a missing
+#: entry fails the test below).
+SYNC_PIN = {"yaml": "async-scheduling: false", "python": "async_scheduling=False",
+            "json": '"--no-async-scheduling"', "env": "--no-async-scheduling",
+            "flags": "--no-async-scheduling", "plugin": "--no-async-scheduling"}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_sync_profile_with_window_zero_pins_sync_in_every_format(fmt: str) -> None:
     """Issue 14 item 6: with window 0 the plan never set async_scheduling, so a profile
     predicted with --no-async-scheduling exported a config vLLM would run asynchronously."""
+    pinned = SYNC_PIN[fmt]
     out = export_profile(make_profile(window=0, async_scheduling=False), fmt)
     assert pinned in out
     assert "async-scheduling: false" not in export_profile(make_profile(window=0), "yaml")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_sync_plugin_class_is_refused_with_async_on(fmt: str) -> None:
+    """A plain Scheduler subclass under the batch queue of depth 2 schedules each running
+    decode only every other batch: export refuses it in one line."""
+    sync_cls = "tuner.vllm_plugin.CacheAwareScheduler"
+    with pytest.raises(ConfigError, match=r"plain Scheduler subclass: under async scheduling"):
+        export_profile(make_profile(), fmt, scheduler_cls=sync_cls)
+    with pytest.raises(ConfigError, match="plain Scheduler subclass"):
+        export_profile(make_profile(async_scheduling=False), fmt, scheduler_cls=sync_cls,
+                       async_scheduling=True)
+    out = export_profile(make_profile(async_scheduling=False), fmt, scheduler_cls=sync_cls)
+    assert sync_cls in out and SYNC_PIN[fmt] in out
+
+
+def test_export_cli_refuses_the_sync_class_under_async(tmp_path: pathlib.Path) -> None:
+    from click.testing import CliRunner
+
+    from tuner.cli import cli
+    from tuner.profile import save_profile
+
+    path = save_profile(make_profile(), tmp_path / "p.yaml")
+    res = CliRunner().invoke(cli, ["export", str(path), "--scheduler-cls",
+                                   "tuner.vllm_plugin.CacheAwareScheduler"])
+    assert res.exit_code == 2 and res.output.count("\n") == 1
+    assert res.output.startswith("Error: --scheduler-cls tuner.vllm_plugin.CacheAwareScheduler "
+                                 "is a plain Scheduler subclass")
+    res = CliRunner().invoke(cli, ["export", str(path), "--scheduler-cls",
+                                   "tuner.vllm_plugin.CacheAwareScheduler",
+                                   "--no-async-scheduling", "--format", "plugin"])
+    assert res.exit_code == 0, res.output
+    assert "WARNING: the profile's predictions come from --async-scheduling" in res.output
+
+
+def test_readme_plugin_lines_match_what_export_emits() -> None:
+    """The README's two plugin-form lines are what export writes for an async and a sync
+    profile (issue 14 item 6)."""
+    import re
+
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    para = readme[readme.index("On vLLM ≤ 0.33.0 the export uses the plugin form"):]
+    para = para[:para.index("\n\n")].replace("\n", " ")
+    shown = re.findall(r"`(--scheduler-cls [^`]+)`", para)
+    assert len(shown) == 2, shown
+    for snippet, mode in zip(shown, (True, False)):
+        args = _serve_args(export_profile(make_profile(async_scheduling=mode), "plugin"))
+        words = snippet.replace("'", "").split()
+        cls = words[1]
+        assert args[args.index("--scheduler-cls") + 1] == cls
+        assert ("--no-async-scheduling" in words) == ("--no-async-scheduling" in args)
+        if "--additional-config" in words:
+            assert json.loads(args[args.index("--additional-config") + 1])[
+                "cache_aware_admission_window"] == 16

@@ -6,7 +6,10 @@ admission off and on and on small pools, one with
 ``prefill_schedule_interval`` and ``long_prefill_token_threshold``; the Mooncake-format sample unbounded, on a small
 pool and in a closed loop) are reduced to SHA-256 digests of their per-request records,
 per-step records, inter-token gaps, counters and time series, and compared with digests
-stored in ``golden_digests.json`` (written from main at commit dc405ce).
+stored in ``golden_digests.json`` (written from main at commit dc405ce). Three more cases
+(``async_*``) replay the same traces with async scheduling (``SimOptions.async_scheduling``,
+``tuner.sim.async_update``); they and the step records' later ``kv_usage_at_update`` field
+have digests of their own, added without touching the synchronous ones.
 
 Everything that is not the scheduler twin or the loop is pinned here so that a change to
 the step-time model, the KV sizing or vLLM's default settings does not move the digests:
@@ -62,7 +65,23 @@ CASES: dict[str, tuple[str, dict[str, Any], int, int | None]] = {
     "mooncake_unbounded": ("mooncake", {}, 10_000_000, None),
     "mooncake_pool3k_window": ("mooncake", WINDOW, 3_000, None),
     "mooncake_closed32": ("mooncake", {}, 399_317, 32),
+    # Async scheduling (AsyncScheduler under a batch queue of 2; tuner.sim.async_update):
+    # cache-aware admission under pool pressure, preemptions, and a closed loop.
+    "async_agentic10_window_on_pool20k": ("agentic", WINDOW, 20_000, None),
+    "async_mooncake_pool3k_window": ("mooncake", WINDOW, 3_000, None),
+    "async_mooncake_closed32": ("mooncake", {}, 399_317, 32),
 }
+
+
+def is_async(case: str) -> bool:
+    """Whether a case replays vLLM's async scheduling (its name says so)."""
+    return case.startswith("async_")
+
+
+#: StepRecord fields pinned by the ``steps`` digest (the record as of dc405ce); fields
+#: added later get a digest of their own, so adding one does not move the old digests.
+PINNED_STEP_FIELDS = ("step", "start_s", "duration_s", "num_scheduled_tokens", "preempted",
+                      "num_running", "num_waiting", "kv_usage", "cached_tokens")
 
 
 def _trace(name: str, tmp: Path) -> Any:
@@ -99,7 +118,8 @@ def replay(case: str, tmp: Path, path: str = "stream") -> Any:
         requests = kv_request_ids(load_trace_arrays(trace), trace.metadata.hash_block_size, 16)
     load = ClosedLoop(concurrency) if concurrency else OpenLoop()
     sim = Simulator(requests, _settings(**overrides), cache, frozen_step_time,
-                    options=SimOptions(record_steps=True), load=load,
+                    options=SimOptions(record_steps=True, async_scheduling=is_async(case)),
+                    load=load,
                     num_hash_ids=getattr(requests, "num_hash_ids", None))
     result = sim.run()
     if path == "stream":  # the renumbering ran, so the digests cover it
@@ -114,7 +134,9 @@ def digests(result: Any) -> dict[str, str]:
 
     return {
         "requests": sha([dataclasses.astuple(r) for r in result.requests]),
-        "steps": sha([dataclasses.astuple(s) for s in result.steps]),
+        "steps": sha([tuple(getattr(s, f) for f in PINNED_STEP_FIELDS)
+                      for s in result.steps]),
+        "kv_usage_at_update": sha([s.kv_usage_at_update for s in result.steps]),
         "itl_samples": sha(list(result.itl_samples)),
         "counters": sha(sorted(result.counters.items())),
         "timeseries": sha(sorted(result.timeseries.items())),

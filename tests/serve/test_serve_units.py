@@ -206,3 +206,15 @@ def test_serve_flags_equal_the_profile_exporters(settings: SchedulerSettings) ->
 def test_serve_flags_without_plugin_can_force_sync_scheduling() -> None:
     args, _ = settings_args(SchedulerSettings(), "0.32.0", async_scheduling=False)
     assert args[-1] == "--no-async-scheduling" and "--scheduler-cls" not in args
+
+
+def test_serve_flags_pin_async_scheduling_with_the_async_plugin_class() -> None:
+    """The replay's resolved mode reaches the server: async on pins --async-scheduling
+    and runs the plugin as CacheAwareAsyncScheduler (a plain Scheduler subclass would
+    schedule each decode every other batch under the batch queue)."""
+    window = SchedulerSettings(cache_aware_admission_window=16)
+    args, _ = settings_args(window, "0.33.0", async_scheduling=True)
+    assert args.count("--async-scheduling") == 1 and "--no-async-scheduling" not in args
+    assert args[args.index("--scheduler-cls") + 1] == "tuner.vllm_plugin.CacheAwareAsyncScheduler"
+    args, _ = settings_args(SchedulerSettings(), "0.33.0", async_scheduling=True)
+    assert args[-1] == "--async-scheduling" and "--scheduler-cls" not in args

@@ -162,3 +162,84 @@ def test_price_function_prefers_step_time_s() -> None:
 def test_batch_queue_depth_must_be_positive() -> None:
     with pytest.raises(ValueError):
         ReplayLoop(FakeEngine(), [], lambda b: 1.0, RULES, batch_queue_depth=0)
+
+
+class Split:
+    """A step-time model with a CPU and a GPU part per step (``step_parts_s``)."""
+
+    def __init__(self, cpu: float, gpu: float) -> None:
+        self.cpu, self.gpu = cpu, gpu
+
+    def step_time_s(self, batch: StepBatch) -> float:
+        return self.cpu + self.gpu
+
+    def step_parts_s(self, batch: StepBatch) -> tuple[float, float]:
+        return self.cpu, self.gpu
+
+
+def run_split(sources: list[Src], depth: int, model: Split) -> FakeEngine:
+    engine = FakeEngine()
+    order = sorted(range(len(sources)), key=lambda i: (sources[i].arrival_s, i))
+    ReplayLoop(engine, ((i, sources[i]) for i in order), model, RULES,
+               num_requests=len(sources), batch_queue_depth=depth).run()
+    return engine
+
+
+def test_depth_1_period_is_cpu_plus_gpu() -> None:
+    """Sync: schedule, input prep, then the GPU; the next schedule waits for update."""
+    engine = run_split([Src(0.0, output_len=3)], depth=1, model=Split(cpu=0.25, gpu=1.0))
+    assert calls(engine, "schedule", "start", "update") == [
+        ("schedule", 0, 0.0, (0,)), ("start", 0, 0.0, 1.25), ("update", 0, 1.25),
+        ("schedule", 1, 1.25, (0,)), ("start", 1, 1.25, 1.25), ("update", 1, 2.5),
+        ("schedule", 2, 2.5, (0,)), ("start", 2, 2.5, 1.25), ("update", 2, 3.75)]
+
+
+def test_depth_2_gpu_bound_runs_batches_back_to_back() -> None:
+    """Async, GPU 1.0 > CPU 0.25: the CPU launches N+1 while N runs; period = GPU.
+
+    Hand-computed: schedule 0 at 0, launched 0.25, GPU 0.25-1.25; schedule 1 at 0.25,
+    launched 0.5, waits for the GPU: 1.25-2.25; the CPU waits for batch 0 (1.25),
+    updates it, schedules 2 at 1.25, launched 1.5, GPU 2.25-3.25; update 1 at 2.25;
+    update 2 at 3.25 (nothing left to schedule)."""
+    engine = run_split([Src(0.0, output_len=3)], depth=2, model=Split(cpu=0.25, gpu=1.0))
+    assert calls(engine, "schedule", "start", "update") == [
+        ("schedule", 0, 0.0, (0,)), ("start", 0, 0.25, 1.0),
+        ("schedule", 1, 0.25, (0,)), ("start", 1, 1.25, 1.0),
+        ("update", 0, 1.25),
+        ("schedule", 2, 1.25, (0,)), ("start", 2, 2.25, 1.0),
+        ("update", 1, 2.25),
+        ("update", 2, 3.25)]
+
+
+def test_depth_2_cpu_bound_period_is_cpu() -> None:
+    """Async, CPU 1.0 > GPU 0.25: the GPU waits for each launch; period = CPU, and a
+    batch's outputs are applied only once the CPU has launched the next one.
+
+    Hand-computed: schedule 0 at 0, launched 1, GPU 1-1.25; schedule 1 at 1, launched 2,
+    GPU 2-2.25; update 0 at max(1.25, 2) = 2; schedule 2 at 2, launched 3, GPU 3-3.25;
+    update 1 at 3; update 2 at 3.25."""
+    engine = run_split([Src(0.0, output_len=3)], depth=2, model=Split(cpu=1.0, gpu=0.25))
+    assert calls(engine, "schedule", "start", "update") == [
+        ("schedule", 0, 0.0, (0,)), ("start", 0, 1.0, 0.25),
+        ("schedule", 1, 1.0, (0,)), ("start", 1, 2.0, 0.25),
+        ("update", 0, 2.0),
+        ("schedule", 2, 2.0, (0,)), ("start", 2, 3.0, 0.25),
+        ("update", 1, 3.0),
+        ("update", 2, 3.25)]
+
+
+def test_depth_2_arrival_during_cpu_work_is_seen_by_the_next_schedule() -> None:
+    """The CPU time advances by the CPU part: a request arriving while step 0 is being
+    prepared is added before schedule(1), at the CPU's time 0.5."""
+    engine = run_split([Src(0.0, output_len=2), Src(0.3, output_len=1)], depth=2,
+                       model=Split(cpu=0.5, gpu=1.0))
+    got = calls(engine, "add", "schedule")
+    assert got[:4] == [("add", 0, 0.0), ("schedule", 0, 0.0, (0,)),
+                       ("add", 1, 0.3), ("schedule", 1, 0.5, (0, 1))]
+
+
+def test_plain_callable_is_gpu_only_under_the_async_clock() -> None:
+    from tuner.sim.loop import split_price_function
+
+    assert split_price_function(lambda b: 0.01)(StepBatch()) == (0.0, 0.01)
+    assert split_price_function(Split(0.1, 0.2))(StepBatch()) == (0.1, 0.2)

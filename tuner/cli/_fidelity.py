@@ -60,13 +60,16 @@ def fidelity_command(trace: str, vllm_python: str | None, hardware: str, model: 
     target = make_target(hardware, model, tp, dp, block_size, num_gpu_blocks,
                          gpu_memory_utilization, max_model_len, calibration)
     load = make_load(speedup, concurrency)
-    settings = replay.parse_settings(assignments, resolve_target(target).default_settings)
+    resolved = resolve_target(target)
+    settings = replay.parse_settings(assignments, resolved.default_settings)
     report, _, _ = run_parity(trace, settings, vllm_python=python, target=target, load=load,
                               options=twin_options_for(python, prefill_interval_mode),
                               context=context)
     if as_json:
-        echo_json({**report.to_dict(), "settings": settings.to_dict()})
+        echo_json({**report.to_dict(), "settings": settings.to_dict(),
+                   "async_scheduling": resolved.async_scheduling})
     else:
+        click.echo(f"async_scheduling: {str(resolved.async_scheduling).lower()}")
         click.echo(report.format_text())
     if not report.identical:
         raise SystemExit(1)

@@ -23,6 +23,17 @@ def _stash_dtype(ctx: click.Context, param: click.Parameter, value: str | None) 
         ctx.meta[f"tuner.target.{param.name}"] = value.lower()
 
 
+def _stash_flag(ctx: click.Context, param: click.Parameter, value: bool | None) -> None:
+    """``--async-scheduling/--no-async-scheduling`` to ``ctx.meta`` (see _stash_dtype)."""
+    if value is not None:
+        ctx.meta[f"tuner.target.{param.name}"] = value
+
+
+ASYNC_HELP = ("As vLLM's --async-scheduling/--no-async-scheduling: replay the engine that "
+              "overlaps scheduling with the GPU (batch queue of 2) or the synchronous one "
+              "[default: what vLLM 0.33.0 resolves for the target: on for GPU targets].")
+
+
 def target_options(func):  # type: ignore[no-untyped-def]
     """The deployment flags shared by replay-like commands (-> ``tuner.perf.target.Target``)."""
     from tuner.perf.dtypes import KV_CACHE_DTYPES, QUANTIZATION_CHOICES
@@ -50,6 +61,8 @@ def target_options(func):  # type: ignore[no-untyped-def]
                           "aiconfigurator-core (H100/H200/B200, dense bf16/fp8 models), "
                           "analytic = the roofline model [default: auto = aic where installed "
                           "and covered and no --calibration is given, else analytic]."),
+        click.option("--async-scheduling/--no-async-scheduling", "async_scheduling",
+                     default=None, expose_value=False, callback=_stash_flag, help=ASYNC_HELP),
         click.option("--dp", type=click.IntRange(min=1), default=1, show_default=True,
                      help="Data-parallel engines."),
         click.option("--block-size", type=click.IntRange(min=1), default=None,
@@ -81,7 +94,8 @@ def make_target(hardware: str, model: str, tp: int, dp: int, block_size: int | N
                   max_model_len=max_model_len, calibration=calibration,
                   quantization=meta.get("tuner.target.quantization"),
                   kv_cache_dtype=meta.get("tuner.target.kv_cache_dtype"),
-                  step_time_source=meta.get("tuner.target.step_time_source", "auto"))
+                  step_time_source=meta.get("tuner.target.step_time_source", "auto"),
+                  async_scheduling=meta.get("tuner.target.async_scheduling"))
 
 
 def make_load(speedup: float | None, concurrency: int | None):  # type: ignore[no-untyped-def]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from typing import Any
@@ -165,7 +166,9 @@ def calibrate_command(hardware: str, model: str, tp: int, dp: int, block_size: i
     Runs controlled probes (lone prefills, decode batches of several sizes and contexts,
     mixed steps), derives per-step times from client-side token timing, fits the
     per-kernel model's physical coefficients (bounded, with weak priors) and prints the fit error per
-    probe class. --hardware and --model name what the twin will run with.
+    probe class. --hardware and --model name what the twin will run with. The probes
+    need whole synchronous steps: a launched server runs --no-async-scheduling and
+    --async-scheduling is refused (the fitted model prices both modes).
 
     \b
     Example (the CPU CI server):
@@ -177,6 +180,10 @@ def calibrate_command(hardware: str, model: str, tp: int, dp: int, block_size: i
           -o calib.yaml
       tuner replay trace.parquet --hardware ... --model ... --calibration calib.yaml
     """
+    if click.get_current_context().meta.get("tuner.target.async_scheduling"):
+        raise ConfigError("--async-scheduling: calibrate times whole steps (CPU + GPU), which "
+                          "async scheduling overlaps; it probes a --no-async-scheduling server, "
+                          "and the fitted model prices both modes (docs/step-time-model.md §1.1)")
     from_benchmarks, loso = kw.pop("from_benchmarks"), kw.pop("loso")
     if from_benchmarks:
         _calibrate_from_benchmarks(from_benchmarks, kw["output"], loso=loso,
@@ -206,11 +213,12 @@ def calibrate_command(hardware: str, model: str, tp: int, dp: int, block_size: i
                               kv_cache_dtype=meta.get("tuner.target.kv_cache_dtype"))
     path = save_calibration(output, result.calibration)
     if as_json:
-        echo_json({"output": str(path), "probes": result.table(),
+        echo_json({"output": str(path), "async_scheduling": False, "probes": result.table(),
                    "errors_by_kind": result.errors_by_kind,
                    "rms_rel_error_pct": 100 * result.fit.rms_rel_error,
                    "coefficients": result.calibration.coefficients.to_dict()})
         return
+    click.echo("async_scheduling: false (probes time whole synchronous steps)")
     for row in result.table():
         click.echo(f"{row['kind']:<8} {row['probe']:<24} measured {row['measured_ms']:9.2f} ms"
                    f"  predicted {row['predicted_ms']:9.2f} ms  {row['error_pct']:+7.1f} %")
@@ -242,8 +250,10 @@ def validate_command(profile_path: str, trace: str, hardware: str, model: str, t
     """Replay baseline and PROFILE on a real server and on the twin; print both, with errors.
 
     The twin models --hardware/--model (pass --calibration from `tuner calibrate` on the
-    same server); the error is (predicted - measured) / measured. p90 interactivity is
-    1 / the p90 over requests of the per-request mean inter-token latency.
+    same server); the error is (predicted - measured) / measured. Both sides run the
+    profile's scheduling mode (its target.async_scheduling) unless --async-scheduling or
+    --no-async-scheduling says otherwise. p90 interactivity is 1 / the p90 over requests
+    of the per-request mean inter-token latency.
 
     \b
     Example:
@@ -262,8 +272,14 @@ def validate_command(profile_path: str, trace: str, hardware: str, model: str, t
     profile = load_profile(profile_path)
     target = make_target(hardware, model, tp, dp, block_size, num_gpu_blocks,
                          gpu_memory_utilization, max_model_len, calibration)
+    # The engine the profile deploys, unless the flag says otherwise: twin and server alike.
+    mode = (profile.target.async_scheduling if target.async_scheduling is None
+            else target.async_scheduling)
+    target = dataclasses.replace(target, async_scheduling=mode)
     options = make_server_options(model=model, tp=tp, block_size=block_size,
                                   num_gpu_blocks=num_gpu_blocks, max_model_len=max_model_len, **kw)
+    if options.launches:
+        options = options.replace(async_scheduling=mode)
     endpoints = None
     if not options.launches:
         endpoints = {"profile": str(options.endpoint)}
@@ -275,8 +291,9 @@ def validate_command(profile_path: str, trace: str, hardware: str, model: str, t
     rows = validate(profile, trace, server=options, target=target, summarize=summarize,
                     load=load, endpoints=endpoints, thread_outputs=thread_outputs, progress=say)
     if as_json:
-        echo_json([r.to_dict() for r in rows])
+        echo_json([{**r.to_dict(), "async_scheduling": mode} for r in rows])
     else:
+        click.echo(f"async_scheduling: {str(mode).lower()}")
         _print_comparison(rows)
     failed = [r.name for r in rows if r.status == "error"]
     if failed:

@@ -125,7 +125,8 @@ def _run_tune(trace: str, output: str, kw: dict[str, Any], target_kw: dict[str, 
             n_survivors=kw["survivors"], backend=kw["backend"], progress=shown,
             slo=kw["slo"])
     if kw["as_json"]:
-        echo_json({**run.result.to_dict(), "profile": str(run.path), "flags": run.command})
+        echo_json({**run.result.to_dict(), "profile": str(run.path), "flags": run.command,
+                   "async_scheduling": run.profile.target.async_scheduling})
         return run.profile
     console = Console() if sys.stdout.isatty() else Console(width=160)
     lines = summary_lines(run)
@@ -290,7 +291,14 @@ def tune_log_command(logfiles: tuple[str, ...], log_format: str, output: str,
               help="The target vLLM has PR #54625's --cache-aware-admission-* flags (no "
                    "release up to 0.33.0 does); emit them instead of the plugin.")
 @click.option("--async-scheduling/--no-async-scheduling", "async_scheduling", default=None,
-              help="Override the profile's async scheduling (picks the plugin class).")
+              help="Override the profile's async scheduling (picks the plugin class; a mode "
+                   "other than the one the profile was predicted in is flagged).")
+@click.option("--scheduler-cls", "scheduler_cls", default=None, metavar="CLS",
+              type=click.Choice(["tuner.vllm_plugin.CacheAwareAsyncScheduler",
+                                 "tuner.vllm_plugin.CacheAwareScheduler"]),
+              help="As vLLM's --scheduler-cls: which of tuner's plugin classes to deploy "
+                   "(implies the plugin form) [default: the class of the mode]. The "
+                   "synchronous CacheAwareScheduler is refused with async scheduling on.")
 @click.option("--check-vllm", "check_python", default=None, metavar="PYTHON",
               help="Also validate with vLLM: build SchedulerConfig and parse the flags with "
                    "vLLM's parser, using this vLLM environment's interpreter.")
@@ -299,8 +307,8 @@ def tune_log_command(logfiles: tuple[str, ...], log_format: str, output: str,
                    "that gets a self-contained plugin (needs only vLLM) and its serve lines.")
 @handle_errors
 def export_command(profile: str, fmt: str, vllm_version: str, native_admission: bool,
-                   async_scheduling: bool | None, check_python: str | None,
-                   output: str | None) -> None:
+                   async_scheduling: bool | None, scheduler_cls: str | None,
+                   check_python: str | None, output: str | None) -> None:
     """Print PROFILE as vLLM configuration: a paste-ready `vllm serve MODEL ...` command
     (flags), a --config YAML, SchedulerConfig kwargs, JSON, a shell snippet, or the
     scheduler-plugin form.
@@ -317,7 +325,8 @@ def export_command(profile: str, fmt: str, vllm_version: str, native_admission: 
 
     prof = load_profile(profile)
     write_export(prof, profile, fmt, output, vllm_version=vllm_version,
-                 native_admission=native_admission, async_scheduling=async_scheduling)
+                 native_admission=native_admission, async_scheduling=async_scheduling,
+                 scheduler_cls=scheduler_cls)
     if check_python is not None:
         check = check_with_vllm(prof, vllm_version=vllm_version,
                                 native_admission=native_admission, python=check_python)

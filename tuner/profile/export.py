@@ -27,7 +27,9 @@ Version rules (``--vllm-version``; ``docs/vllm-versions.md``, decided in
   versions, a profile with a non-zero window exports the plugin form:
   ``--scheduler-cls tuner.vllm_plugin.CacheAwareAsyncScheduler`` (or
   ``CacheAwareScheduler`` with ``--no-async-scheduling`` when the target runs synchronous
-  scheduling) and the two values in ``--additional-config``. A version after 0.33.0 is
+  scheduling) and the two values in ``--additional-config``. The synchronous class is a
+  plain ``Scheduler`` subclass: asked for with async scheduling on (``scheduler_cls``,
+  CLI ``--scheduler-cls``), the export is refused (``vllm_compat.check_plugin_class``). A version after 0.33.0 is
   treated as having the native flags only when the caller says so (``native_admission``,
   CLI ``--native-admission``), because no release is known to have merged the PR.
 * ``prefill_schedule_interval`` exists from 0.29 on but throttles a single engine only
@@ -80,20 +82,30 @@ def serve_model(model: str) -> str:
 
 def plan_export(profile: Profile, *, vllm_version: str = CHECKED_VLLM_VERSION,
                 native_admission: bool = False, force_plugin: bool = False,
-                async_scheduling: bool | None = None) -> ExportPlan:
+                async_scheduling: bool | None = None,
+                scheduler_cls: str | None = None) -> ExportPlan:
     """Decide which fields become native flags and whether the plugin carries admission
     (:func:`tuner.vllm_compat.plan_scheduler_args` for the profile's settings and target).
+    ``scheduler_cls`` picks tuner's plugin class (default: the class of the mode).
 
     Raises:
         UnsupportedVllmVersion: the version is older than 0.30.0, or ``native_admission``
             is asked for a release that has no cache-aware admission fields.
+        ConfigError: ``scheduler_cls`` is the synchronous plugin class (a plain
+            ``Scheduler`` subclass) with async scheduling on.
     """
     use_async = profile.target.async_scheduling if async_scheduling is None else async_scheduling
     plan = vllm_compat.plan_scheduler_args(
         profile.scheduler, vllm_version, native_admission=native_admission,
         force_plugin=force_plugin, async_scheduling=use_async,
         # a sync profile was predicted synchronous: every format pins it, window 0 too
-        pin_sync=True)
+        pin_sync=True, scheduler_cls=scheduler_cls)
+    if use_async != profile.target.async_scheduling:
+        plan.notes.append(
+            f"WARNING: the profile's predictions come from "
+            f"{vllm_compat.async_scheduling_flag(profile.target.async_scheduling)}; this "
+            f"export deploys {vllm_compat.async_scheduling_flag(use_async)} (re-tune in that "
+            "mode to predict it)")
     t = profile.target  # the dtypes the twin priced are part of the deployment
     if t.quantization not in (None, "none"):
         plan.engine.append(("quantization", str(t.quantization)))
@@ -114,7 +126,8 @@ def _header(profile: Profile, plan: ExportPlan) -> list[str]:
 
 
 def export_profile(profile: Profile, fmt: str, *, vllm_version: str = CHECKED_VLLM_VERSION,
-                   native_admission: bool = False, async_scheduling: bool | None = None) -> str:
+                   native_admission: bool = False, async_scheduling: bool | None = None,
+                   scheduler_cls: str | None = None) -> str:
     """Render ``profile`` for ``vllm_version`` in format ``fmt`` (see the module docstring).
 
     Raises:
@@ -124,7 +137,8 @@ def export_profile(profile: Profile, fmt: str, *, vllm_version: str = CHECKED_VL
     if fmt not in FORMATS:
         raise ConfigError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
     plan = plan_export(profile, vllm_version=vllm_version, native_admission=native_admission,
-                       force_plugin=fmt == "plugin", async_scheduling=async_scheduling)
+                       force_plugin=fmt == "plugin", async_scheduling=async_scheduling,
+                       scheduler_cls=scheduler_cls)
     header = _header(profile, plan)
     if fmt == "flags":
         use_async = (profile.target.async_scheduling if async_scheduling is None

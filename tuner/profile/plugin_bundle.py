@@ -107,13 +107,14 @@ def _is_stdlib(top: str) -> bool:
 
 
 def write_plugin_bundle(profile: Profile, folder: str | os.PathLike[str], *,
-                        vllm_version: str, async_scheduling: bool | None = None) -> PluginBundle:
+                        vllm_version: str, async_scheduling: bool | None = None,
+                        scheduler_cls: str | None = None) -> PluginBundle:
     """Write the plugin for ``profile`` into ``folder`` (created; existing files replaced)."""
     out = Path(folder).expanduser()
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{out}: -o for --format plugin is a folder, and this is a file")
     plan = plan_export(profile, vllm_version=vllm_version, force_plugin=True,
-                       async_scheduling=async_scheduling)
+                       async_scheduling=async_scheduling, scheduler_cls=scheduler_cls)
     bundle = PluginBundle(folder=out.resolve(), serve_args=plan.serve_args())
     sums: list[str] = []
     for name in ["tuner", *plugin_modules()]:

@@ -71,6 +71,7 @@ def tune_to_profile(trace: str, output: str | os.PathLike[str], *, target: Targe
 
     check_output(output, inputs=[trace])  # before minutes of tuning, not after
     base_settings, flags, notes = resolve_baseline(baseline, target)
+    target = _mode_of_baseline(flags, target)
     fixed_values = parse_assignments(fixed)
     if flags is not None:
         from tuner.perf.presets import resolve_target
@@ -81,13 +82,30 @@ def tune_to_profile(trace: str, output: str | os.PathLike[str], *, target: Targe
     result.notes[:0] = notes
     name = pathlib.Path(output).stem
     profile = result.to_profile(name, description=f"tuned by `tuner tune` on {trace}")
-    if flags is not None and "async_scheduling" in flags.target:
-        profile = dataclasses.replace(profile, target=dataclasses.replace(
-            profile.target, async_scheduling=bool(flags.target["async_scheduling"])))
     profile = _with_target(profile, target, result)
     path = save_profile(profile, output, inputs=[trace])
     return TunedProfile(result, profile, path,
                         export_profile(profile, "flags", vllm_version=vllm_version), notes)
+
+
+def _mode_of_baseline(flags: ServeFlags | None, target: Target) -> Target:
+    """The baseline's ``--async-scheduling``/``--no-async-scheduling`` decides the mode
+    the study replays (and so the profile deploys) unless the target names one; the two
+    must agree, else the predictions would come from another engine than the baseline's.
+
+    Raises:
+        ConfigError: the baseline and the target name different modes.
+    """
+    if flags is None or "async_scheduling" not in flags.target:
+        return target
+    mode = bool(flags.target["async_scheduling"])
+    if target.async_scheduling is None:
+        return dataclasses.replace(target, async_scheduling=mode)
+    if target.async_scheduling != mode:
+        raise ConfigError(f"--baseline {'--' if mode else '--no-'}async-scheduling disagrees "
+                          f"with {'--' if target.async_scheduling else '--no-'}async-scheduling: "
+                          "the baseline and the tuned profile must run the same engine")
+    return target
 
 
 def _with_target(profile: Profile, target: Target, result: TuneResult) -> Profile:
@@ -122,6 +140,8 @@ def summary_lines(run: TunedProfile) -> list[str]:
                          + ("" if d is None else f" ({d:+.1f} %)"))
         label = "training window" if window == "train" else "held-out window"
         lines.append(f"{label}: " + "; ".join(parts))
+    lines.append(f"async_scheduling: {str(run.profile.target.async_scheduling).lower()} "
+                 "(the engine every trial replayed and the profile deploys)")
     sel = result.selection
     lines.append(f"recommended: {sel.point.label} -- {sel.reason}")
     lines.append(f"rule: {sel.rule}")

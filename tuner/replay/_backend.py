@@ -59,6 +59,10 @@ class Backend(ABC):
     #: ``InternedRequests`` list (``tuner/replay/_kv_requests.py``) carrying
     #: ``num_hash_ids`` (the twin indexes its prefix cache with them).
     accepts_hash_ids: bool = False
+    #: The scheduling mode :func:`tuner.replay.prepare` resolved for this replay (vLLM's
+    #: ``async_scheduling`` for the target, also in ``options.async_scheduling``); set
+    #: before :meth:`prepare`, copied into the result when the backend leaves it unset.
+    async_scheduling: bool | None = None
 
     @abstractmethod
     def prepare(self, requests: Sequence["TraceRequest"], settings: "SchedulerSettings",
@@ -74,7 +78,8 @@ class Backend(ABC):
                 model, cache shape, GPU count, description).
             load: ``tuner.sim.load.OpenLoop`` or ``ClosedLoop``; every backend honours both.
             options: twin options; other backends read the ones that apply
-                (``record_steps``) and ignore the rest.
+                (``record_steps``, ``async_scheduling``: the resolved mode every backend
+                replays) and ignore the rest.
 
         Raises:
             ConfigError: the backend cannot replay this combination.

@@ -120,7 +120,9 @@ def prepare(trace: TraceLike, settings: SchedulerSettings | None = None, *,
     """A backend ready to ``run()`` ``trace`` under ``settings``: the one preparation path.
 
     Resolves the target, picks the GPU's vLLM defaults when ``settings`` is None,
-    validates the settings, loads the trace in the form the backend accepts (re-blocked
+    validates the settings, resolves the scheduling mode (``target.async_scheduling``,
+    None = what vLLM 0.33.0 runs on the target's platform, ``tuner.vllm_compat``) into
+    ``options.async_scheduling`` (the target decides it, whatever ``options`` said), loads the trace in the form the backend accepts (re-blocked
     to the KV block size; arrays or hash ids where it takes them) and calls the backend's
     ``prepare``. :func:`run` and the parity checks (``tuner.fidelity.parity``) both come
     through here, so a twin replay and a vLLM-core replay of one case see the same inputs.
@@ -135,7 +137,9 @@ def prepare(trace: TraceLike, settings: SchedulerSettings | None = None, *,
         settings = resolved.default_settings
     settings.validate(max_model_len=resolved.cache.max_model_len)
     load = OpenLoop() if load is None else load
+    options = dataclasses.replace(options, async_scheduling=resolved.async_scheduling)
     instance = create_backend(backend, **backend_options)
+    instance.async_scheduling = options.async_scheduling
     try:
         requests = _kv_requests(trace, hash_block_size, resolved.cache.block_size,
                                 arrays=instance.accepts_array_hashes,
@@ -171,7 +175,8 @@ def run(trace: TraceLike, settings: SchedulerSettings | None = None, *, backend:
         **backend_options: passed to the backend's factory.
 
     Returns:
-        The backend's ``ReplayResult`` (feed it to ``tuner.metrics.summarize``).
+        The backend's ``ReplayResult`` (feed it to ``tuner.metrics.summarize``), its
+        ``async_scheduling`` the mode replayed.
 
     Raises:
         ConfigError: unknown/unavailable backend, invalid settings or target, block sizes
@@ -183,7 +188,11 @@ def run(trace: TraceLike, settings: SchedulerSettings | None = None, *, backend:
                        options=options, hash_block_size=hash_block_size, **backend_options)
     try:
         if callable(progress):
-            return instance.run(progress)
-        return instance.run(fraction_callback(check_progress(progress), "replay"))
+            result = instance.run(progress)
+        else:
+            result = instance.run(fraction_callback(check_progress(progress), "replay"))
     finally:
         instance.close()
+    if result.async_scheduling is None:
+        result.async_scheduling = instance.async_scheduling
+    return result

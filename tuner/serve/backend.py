@@ -89,6 +89,8 @@ class VllmServeBackend(Backend):
                 o = dataclasses.replace(o, model=str(target.target.model))  # a config folder
             o.validate()
             # The server's KV shape follows the target unless the options say otherwise.
+            if o.async_scheduling is None:  # the engine the replay resolved for the target
+                o = dataclasses.replace(o, async_scheduling=options.async_scheduling)
             o = dataclasses.replace(
                 o, block_size=o.block_size or cache.block_size, tp=target.tp if o.tp == 1 else o.tp,
                 num_gpu_blocks=o.num_gpu_blocks or getattr(target.target, "num_gpu_blocks", None),
@@ -97,12 +99,16 @@ class VllmServeBackend(Backend):
                 raise ConfigError(f"server block size {o.block_size} != the replay's KV block "
                                   f"size {cache.block_size}: pass --block-size to both")
             self.options = o
+            self.async_scheduling = o.async_scheduling
             self.server = VllmServer(o).start(settings)
             self._notes.append(f"vllm serve {self.server.vllm_version} launched in "
                                f"{self.server.startup_s:.1f} s (log {self.server.log_path})")
         elif self.server is None:
+            self.async_scheduling = None  # an attached server's mode is its own
             self.server = VllmServer(o).start(settings)
             self._notes += self.server.check_settings(settings, cache.block_size)
+        elif self._running.options.launches:  # reused: the mode it was launched with
+            self.async_scheduling = self._running.options.async_scheduling
         self._notes += self.server.notes
         self._plan = ReplayPlan(requests=list(requests), block_size=cache.block_size,
                                 load=load if isinstance(load, (OpenLoop, ClosedLoop)) else OpenLoop(),

@@ -64,7 +64,7 @@ class ServerOptions:
     max_model_len: int | None = None  # --max-model-len
     dtype: str | None = None  # --dtype (e.g. float32 on CPU)
     enforce_eager: bool = False  # --enforce-eager (skip graph capture / torch.compile)
-    async_scheduling: bool | None = None  # None: vLLM's default unless the plugin needs sync
+    async_scheduling: bool | None = None  # the mode to pin; None: vLLM's default
     extra_args: tuple[str, ...] = ()  # further `vllm serve` arguments, verbatim
     env: tuple[tuple[str, str], ...] = ()  # extra environment (e.g. VLLM_CPU_KVCACHE_SPACE)
     host: str = "127.0.0.1"
@@ -124,16 +124,23 @@ def settings_args(settings: Any, vllm: "str | vllm_compat.VllmFeatures", *,
     """``vllm serve`` arguments for ``settings`` on ``vllm`` (a release number, or what
     :func:`tuner.vllm_compat.detect` found), and notes.
 
-    The exporters' rules (:func:`tuner.vllm_compat.plan_scheduler_args`), with the plugin
-    launched as the synchronous class (``--no-async-scheduling``): the replay runs it the
-    way the PR measured it. ``async_scheduling=False`` adds ``--no-async-scheduling`` even
-    without the plugin, so two runs compare like for like.
+    The exporters' rules (:func:`tuner.vllm_compat.plan_scheduler_args`): the plugin runs
+    as the class of the mode (``CacheAwareAsyncScheduler`` under async scheduling,
+    ``CacheAwareScheduler`` with ``--no-async-scheduling``). A given mode is pinned with
+    its flag (``--async-scheduling`` or ``--no-async-scheduling``), so the server runs the
+    engine the twin replays; None leaves vLLM's default, except that the plugin then runs
+    synchronously (vLLM's default differs by platform, and each class needs its mode).
     """
     feats = vllm if isinstance(vllm, vllm_compat.VllmFeatures) else vllm_compat.features(vllm)
     plugin = not feats.native_admission and settings.cache_aware_admission_window > 0
+    if plugin and async_scheduling is None:
+        async_scheduling = False
     plan = vllm_compat.plan_scheduler_args(
-        settings, feats, async_scheduling=False if plugin else async_scheduling, pin_sync=True)
-    return plan.serve_args(), plan.notes
+        settings, feats, async_scheduling=async_scheduling, pin_sync=True)
+    args = plan.serve_args()
+    if async_scheduling:
+        args.append(vllm_compat.async_scheduling_flag(True))
+    return args, plan.notes
 
 
 class VllmServer:

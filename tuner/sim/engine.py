@@ -18,7 +18,9 @@ Requests that can never run are rejected at arrival (status ``"rejected"``) by
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections import deque
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from tuner.records import GapSamples, ReplayResult, RequestTable, StepRecord
@@ -122,6 +124,10 @@ class TwinEngine:
         self.num_steps = 0
         self.itl_samples = GapSamples()
         self.steps: list[StepRecord] | None = [] if options.record_steps else None
+        # Steps scheduled and not yet updated (the batch queue: at most 2 in async mode);
+        # with records on, the indices of their StepRecords, completed at update.
+        self.num_in_flight = 0
+        self._pending_records: deque[int] = deque()
         self.timeseries: dict[str, list[float]] = {k: [] for k in (
             "t_s", "kv_usage", "num_running", "num_waiting", "num_scheduled_tokens")}
         self.ts_stride = 1
@@ -164,7 +170,12 @@ class TwinEngine:
     def schedule(self, now_s: float) -> tuple[SchedulerOutput, float, float]:
         scheduler = self.scheduler
         out = scheduler.schedule()
-        if out.total_num_scheduled_tokens == 0 and not out.preempted:
+        # Async: a step may schedule nothing while the previous one is in flight (its
+        # only runnable requests wait for their last token, the max_tokens skip); vLLM
+        # queues that empty batch too (engine/core.py:740-757). With nothing in flight
+        # an empty step would repeat forever.
+        if (out.total_num_scheduled_tokens == 0 and not out.preempted
+                and not self.num_in_flight):
             raise RuntimeError(f"step at t={now_s} scheduled nothing with "
                                f"{len(scheduler.running)} running and "
                                f"{len(scheduler.waiting)} waiting (tuner bug)")
@@ -187,7 +198,9 @@ class TwinEngine:
         scheduler = self.scheduler
         self.append_timeseries(start_s, usage, len(scheduler.running), len(scheduler.waiting),
                                out.total_num_scheduled_tokens)
+        self.num_in_flight += 1
         if self.steps is not None:
+            self._pending_records.append(len(self.steps))
             self.steps.append(StepRecord(
                 step=self.num_steps, start_s=start_s, duration_s=duration_s,
                 num_scheduled_tokens=scheduler.scheduled_tokens(out),
@@ -199,7 +212,13 @@ class TwinEngine:
 
     def update(self, step: tuple[SchedulerOutput, float, float], end_s: float) -> int:
         gaps: dict[float, int] = {}
-        finished = self.scheduler.update_from_output(step[0], end_s, gaps)
+        scheduler = self.scheduler
+        finished = scheduler.update_from_output(step[0], end_s, gaps)
+        self.num_in_flight -= 1
+        if self.steps is not None:  # the gauge vLLM samples at the end of the update
+            index = self._pending_records.popleft()
+            self.steps[index] = dataclasses.replace(
+                self.steps[index], kv_usage_at_update=scheduler.kv_cache_manager.usage)
         samples = self.itl_samples
         for gap in sorted(gaps):  # sorted: the same pairs whichever path ran the step
             samples.append((gap, gaps[gap]))
@@ -256,9 +275,12 @@ class Simulator:
         self.scheduler = Scheduler(settings, cache, options, num_hash_ids=source.num_hash_ids)
         source.bind(self.scheduler)
         self.engine = TwinEngine(self.scheduler, cache.block_size, options, source.table())
+        # Async scheduling is vLLM's step_with_batch_queue with a queue of 2
+        # (v1/engine/core.py:208-234, 708-822): schedule(N+1) before update(N).
         self.loop = ReplayLoop(self.engine, source, step_time,
                                AdmissionRules.of(settings, cache), load=load,
-                               num_requests=source.num_requests)
+                               num_requests=source.num_requests,
+                               batch_queue_depth=2 if options.async_scheduling else 1)
 
     def run(self, progress: Callable[[float], None] | None = None) -> ReplayResult:
         """Replay to the end; ``progress`` gets the fraction of requests issued."""

@@ -218,6 +218,19 @@ class KVCacheManager:
                 request.num_cached_blocks = num_full
         return True
 
+    def cache_blocks(self, request: "SimRequest", num_tokens: int) -> None:
+        """Register the full blocks of ``request``'s first ``num_tokens`` tokens
+        (vLLM's ``KVCacheManager.cache_blocks``, kv_cache_manager.py:791-801; async
+        update_from_output calls it, scheduler.py:2402-2415). Capped at the blocks whose
+        hash is known, ``num_tokens // block_size`` of the request's tokens."""
+        if not self.enable_caching:
+            return
+        num_full = min(num_tokens, request.num_tokens) // self.block_size
+        if num_full > request.num_cached_blocks:
+            self.block_pool.cache_full_blocks(request, request.block_buf,
+                                              request.num_cached_blocks, num_full)
+            request.num_cached_blocks = num_full
+
     def free(self, request: "SimRequest") -> None:
         """Release a finished or preempted request's blocks, tail block first.
 

@@ -19,8 +19,18 @@ things happen, the engine *what* happens:
 * **Batch queue depth.** Depth 1 is ``--no-async-scheduling``: schedule(N), update(N),
   schedule(N+1). Depth 2 is vLLM's ``step_with_batch_queue`` (v1/engine/core.py @ 0.33.0,
   used by async scheduling): schedule(N+1) runs before update(N), so an arrival during
-  batch N is first seen by schedule(N+2), and the GPU never waits for the CPU (the CPU
-  side costs no replay time here; the step-time model prices the GPU).
+  batch N is first seen by schedule(N+2).
+* **The step clock** (docs/step-time-model.md §1.1). Depth 1 prices a step as one total
+  (``step_time_s``: the CPU part, then the GPU part): the batch starts at the engine
+  time and its outputs are applied at its end, so the period is CPU + GPU. Deeper queues
+  price the two parts apart (:func:`split_price_function`) and keep two clocks: the
+  engine-core CPU, which schedules step N+1, prepares its inputs and launches it
+  ``cpu`` seconds after it began (that CPU time also stands for update(N), which runs
+  between the wait for N and schedule(N+2)), and the GPU, which starts a batch when it
+  is launched and the previous batch has ended. The CPU then waits for the oldest batch
+  and applies its outputs at ``max(its end, the CPU's time)``: a token is out only when
+  the GPU produced it and the CPU got to it. In steady state the period is
+  ``max(cpu, gpu)``.
 
 No wall clock and no randomness enter the result: two runs give the same records.
 """
@@ -35,12 +45,15 @@ from tuner.sim._step_rules import cdiv
 from tuner.sim.batch import StepBatch
 from tuner.sim.load import ClosedLoop, OpenLoop
 
-__all__ = ["AdmissionRules", "ReplayLoop", "StepEngine", "StepTime", "price_function"]
+__all__ = ["AdmissionRules", "ReplayLoop", "StepEngine", "StepTime", "price_function",
+           "split_price_function"]
 
-#: A step-time model: a ``StepTimeModel`` (anything with ``step_time_s(batch)``) or a
-#: plain callable ``batch -> seconds``.
+#: A step-time model: a ``StepTimeModel`` (anything with ``step_time_s(batch)``, and for
+#: the async clock ``step_parts_s(batch) -> (cpu, gpu)``) or a plain callable
+#: ``batch -> seconds`` (all GPU time).
 StepTime = Any
 _INF = float("inf")
+_EMPTY = (0.0, 0.0)
 
 
 def price_function(step_time: StepTime) -> Callable[[StepBatch], float]:
@@ -52,6 +65,20 @@ def price_function(step_time: StepTime) -> Callable[[StepBatch], float]:
     if callable(step_time):
         return step_time
     raise TypeError(f"step time {step_time!r}: neither a StepTimeModel nor a callable")
+
+
+def split_price_function(step_time: StepTime) -> Callable[[StepBatch], tuple[float, float]]:
+    """``batch -> (cpu_s, gpu_s)`` for the overlapped (async) clock.
+
+    ``step_parts_s`` if the object has it (``tuner.perf.step_time.StepTimeModel``); any
+    other model or callable (tests price with ``lambda batch: 0.01``) has no CPU part:
+    its whole time is GPU time, so the async clock runs its batches back to back.
+    """
+    parts = getattr(step_time, "step_parts_s", None)
+    if parts is not None:
+        return parts
+    total = price_function(step_time)
+    return lambda batch: (0.0, total(batch))
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,10 +145,12 @@ class StepEngine(Protocol):
         """The step's work for the step-time model; None for an empty batch (0 s)."""
 
     def start(self, step: Any, start_s: float, duration_s: float) -> None:
-        """The step runs on the GPU from ``start_s`` for ``duration_s`` (record it)."""
+        """The step runs from ``start_s`` for ``duration_s`` (record it): at depth 1 from
+        its scheduling, CPU part included; deeper, its GPU part from the GPU start."""
 
     def update(self, step: Any, end_s: float) -> int:
-        """Apply the step's outputs at ``end_s``; how many requests finished."""
+        """Apply the step's outputs at ``end_s`` (the batch's end, or later when the CPU
+        was still launching the next batch); how many requests finished."""
 
     def idle(self) -> None:
         """Nothing waiting, running or in flight: the clock jumps to the next arrival."""
@@ -136,7 +165,8 @@ class ReplayLoop:
             each source has ``arrival_s``, ``input_len`` and ``output_len``. Read lazily:
             only the next pair is held, and the next is read only after the engine took
             the previous one (``add_request``/``reject_request``).
-        step_time: see :func:`price_function`.
+        step_time: see :func:`price_function` (depth 1) and :func:`split_price_function`
+            (deeper queues).
         rules: the arrival-time refusals.
         load: ``OpenLoop`` or ``ClosedLoop``.
         num_requests: how many pairs ``arrivals`` yields (for progress).
@@ -153,6 +183,7 @@ class ReplayLoop:
             raise TypeError(f"load {load!r}: expected OpenLoop or ClosedLoop")
         self.engine = engine
         self.price = price_function(step_time)
+        self.price_parts = split_price_function(step_time) if batch_queue_depth > 1 else None
         self.rules = rules
         self.load = load
         self.batch_queue_depth = batch_queue_depth
@@ -202,8 +233,10 @@ class ReplayLoop:
     # ----------------------------------------------------------------- the loop
     def run(self, progress: Callable[[float], None] | None = None) -> None:
         """Replay to the end; ``progress`` gets the fraction of requests issued (every
-        1,000 steps and once at the end)."""
+        1,000 steps and once at the end). ``now_s`` is the engine-core CPU's time; the
+        clock rules are in the module doc."""
         engine, price, depth = self.engine, self.price, self.batch_queue_depth
+        parts = self.price_parts  # None at depth 1: one total, CPU then GPU
         queue: deque[tuple[Any, float]] = deque()
         gpu_free_s = 0.0  # when the GPU finishes the last queued batch
         total = max(1, self.num_requests)
@@ -216,19 +249,25 @@ class ReplayLoop:
                     self.stopped = True
                     break
                 batch = engine.batch(step)
-                duration = float(price(batch)) if batch is not None else 0.0
-                start = now if now > gpu_free_s else gpu_free_s
+                if parts is None:
+                    launch = now
+                    duration = float(price(batch)) if batch is not None else 0.0
+                else:  # the CPU part (schedule, input prep, update of the last batch)
+                    cpu, duration = parts(batch) if batch is not None else _EMPTY
+                    launch = now + cpu
+                start = launch if launch > gpu_free_s else gpu_free_s
                 gpu_free_s = start + duration
                 engine.start(step, start, duration)
                 queue.append((step, gpu_free_s))
                 self.num_steps += 1
+                self.now_s = launch
                 if len(queue) < depth:
                     continue  # the engine loop does not block on a queue with room
             if queue:
                 step, end = queue.popleft()
                 if end > self.now_s:
-                    self.now_s = end
-                self.in_flight -= engine.update(step, end)
+                    self.now_s = end  # the CPU waits for the batch's outputs
+                self.in_flight -= engine.update(step, self.now_s)
                 if progress is not None and self.num_steps % 1000 == 0:
                     progress(self.num_issued / total)
                 continue

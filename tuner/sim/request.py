@@ -69,6 +69,7 @@ class SimRequest:
         "event_kinds",
         "hit_memo", "hit_epoch", "hit_watched", "hash_array", "synthetic_base",
         "_num_known", "num_shared_hash_blocks",
+        "num_output_placeholders", "num_in_flight_tokens", "num_stale_output_tokens",
     )
 
     def __init__(self, *, request_id: str, index: int, arrival_s: float, num_prompt_tokens: int,
@@ -87,6 +88,15 @@ class SimRequest:
         self.num_tokens = num_prompt_tokens
         self.num_preemptions = 0
         self.is_prefill_chunk = False  # set after each scheduling: computed < num_tokens
+        # Async scheduling (vLLM's Request fields of these names; always 0 in sync mode):
+        # tokens sampled by a scheduled step whose output is not applied yet
+        # (AsyncScheduler._update_after_schedule, async_scheduler.py:24-56), tokens
+        # scheduled and not yet applied (scheduler.py:1855-1856), and the in-flight
+        # share a preemption marked stale (scheduler.py:1830): delivered at update
+        # without touching the reset counters (2311-2320, 2766).
+        self.num_output_placeholders = 0
+        self.num_in_flight_tokens = 0
+        self.num_stale_output_tokens = 0
         # Block ids held, in sequence order (vLLM req_to_blocks): the first num_blocks
         # of block_buf, an array so a whole prompt's blocks are freed in one call.
         self.block_buf = _NO_IDS

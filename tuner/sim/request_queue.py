@@ -55,6 +55,16 @@ class PriorityRequestQueue:
 
     prepend_request = add_request
 
+    def prepend_requests(self, requests: list[SimRequest]) -> None:
+        """No front in a heap: each request goes back by its key (as vLLM's)."""
+        for request in requests:
+            self.add_request(request)
+
+    def remove_requests(self, requests: list[SimRequest]) -> None:
+        drop = {id(r) for r in requests}
+        self._heap = [item for item in self._heap if id(item[3]) not in drop]
+        heapq.heapify(self._heap)
+
     def pop_request(self) -> SimRequest:
         return heapq.heappop(self._heap)[3]
 

@@ -28,6 +28,7 @@ requests' prefix hits are memoised (``KVCacheManager.num_hit_blocks``).
 from __future__ import annotations
 
 from tuner.sim._step_rules import blocks_needed, clamp_new_tokens, running_new_tokens
+from tuner.sim.async_update import apply_outputs, check_async_invariants, place_outputs
 from tuner.sim.batch import StepBatch
 from tuner.sim.decode_group import DecodeGroup, seq_order
 from tuner.sim.fast_path import fast_path_refusal
@@ -92,6 +93,11 @@ class Scheduler:
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
         self.num_preemptions = 0
+        # Async scheduling (tuner.sim.async_update): the mode, and vLLM's
+        # ``deferred_waiting``, waiting requests the stale-output gate skipped (1084-1089;
+        # never filled at batch queue depth 2, see _schedule_waiting).
+        self.async_scheduling = self.options.async_scheduling
+        self.deferred_waiting: set[SimRequest] = set()
         # Fast path: steady decoders advanced together (tuner.sim.decode_group), unless
         # a setting is outside its contract (tuner.sim.fast_path).
         self.fast_path_refusal = (fast_path_refusal(settings, cache, self.options)
@@ -143,8 +149,8 @@ class Scheduler:
             if self.cache_aware_window and not defer:
                 self._reorder_waiting_by_cached_prefix()
             prefill_admitted = self._schedule_waiting(out, token_budget, threshold, defer)
-            if not defer:
-                self.prefill_capacity_bound = bool(self.waiting)
+            if not defer:  # 1614-1616: skipped (deferred) waiting requests do not count
+                self.prefill_capacity_bound = len(self.waiting) > len(self.deferred_waiting)
         # Cadence stamp (1618-1629).
         if out.total_num_scheduled_tokens > 0:
             self.num_executed_steps += 1
@@ -185,11 +191,18 @@ class Scheduler:
         req_index = 0
         while req_index < len(running) and token_budget > 0:
             request = running[req_index]
+            placeholders = request.num_output_placeholders  # 0 in sync mode
+            if placeholders and (request.num_computed_tokens + 2 - placeholders
+                                 >= request.num_prompt_tokens + request.max_tokens):
+                req_index += 1  # async: the in-flight step yields the last token (800-814)
+                continue
             if defer and request.is_prefill_chunk:
                 req_index += 1
                 continue
-            num_new = running_new_tokens(request.num_tokens, request.num_computed_tokens,
-                                         threshold, token_budget, max_model_len)
+            # Demand: num_tokens + placeholders - num_computed (839-843).
+            num_new = running_new_tokens(request.num_tokens + placeholders,
+                                         request.num_computed_tokens, threshold,
+                                         token_budget, max_model_len)
             if num_new <= 0:
                 req_index += 1
                 continue
@@ -229,12 +242,18 @@ class Scheduler:
         return running.pop()
 
     def preempt_request(self, request: SimRequest) -> None:
-        """Recompute preemption (1799-1843): free blocks, back to the queue front."""
+        """Recompute preemption (1799-1843): free blocks, back to the queue front.
+
+        Async: the victim's in-flight output becomes stale (1830): it is still delivered
+        at update (``tuner.sim.async_update``) but leaves the reset counters alone, and
+        its placeholders are dropped (1831)."""
         assert request.status == _RUNNING, f"only RUNNING requests are preempted: {request!r}"
         self.kv_cache_manager.free(request)
         request.status = _PREEMPTED
         request.num_computed_tokens = 0
         request.is_prefill_chunk = False
+        request.num_stale_output_tokens = request.num_in_flight_tokens
+        request.num_output_placeholders = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend_request(request)
@@ -278,10 +297,20 @@ class Scheduler:
         chunked = self.settings.enable_chunked_prefill
         full_fit = self.settings.scheduler_reserve_full_isl
         prefill_admitted = False
+        skipped: list[SimRequest] = []
         while waiting and token_budget > 0:
             if len(running) >= self.max_num_running_reqs:
                 break
             request = waiting[0]
+            if request.num_stale_output_tokens:
+                # Async re-admission gate (1084-1089): stale output still in flight, skip
+                # the request this step. Never binds at batch queue depth 2: a victim is
+                # preempted in schedule(N+1), which then admits nobody (out.preempted),
+                # and update(N) drains its stale share before schedule(N+2)
+                # (tests/sim/test_async_scheduling.py pins that).
+                skipped.append(waiting.pop_request())
+                self.deferred_waiting.add(request)
+                continue
             if request.hit_memo >= 0 and self._surely_blocked(
                     request, token_budget, threshold, defer):
                 break
@@ -301,6 +330,8 @@ class Scheduler:
                     kvm.num_hit_blocks(request)  # memoise: it will be probed again
                 break  # head-of-line blocking: no preemption from the waiting loop
             kvm.unwatch(request)
+            if self.deferred_waiting:
+                self.deferred_waiting.discard(request)
             if request.num_preemptions == 0:
                 self.prefix_cache_queries += request.num_tokens
                 self.prefix_cache_hits += num_hit
@@ -318,6 +349,8 @@ class Scheduler:
             token_budget -= num_new
             if needs_prefill:
                 prefill_admitted = True
+        if skipped:  # back to the front, in their order (1609-1610)
+            waiting.prepend_requests(skipped)
         return prefill_admitted
 
     def _surely_blocked(self, request: SimRequest, token_budget: int, threshold: int,
@@ -366,12 +399,15 @@ class Scheduler:
                 pairs += n * (ctx + (n + 1) / 2)
             ctx += n
             request.num_computed_tokens = ctx
-            request.is_prefill_chunk = ctx < request.num_tokens
+            # + placeholders (0 in sync mode): 1870-1872.
+            request.is_prefill_chunk = ctx < request.num_tokens + request.num_output_placeholders
         step = out.group
         if step is not None:  # each member: one token over its whole sequence
             ndr += step.num_members
             dctx += step.sum_tokens
         out.batch = StepBatch(npr, ndr, npt, pctx, pairs, dctx)
+        if self.async_scheduling:
+            place_outputs(out)
 
     # ----------------------------------------------------------------- outputs
     def update_from_output(self, out: SchedulerOutput, now_s: float = 0.0,
@@ -385,6 +421,8 @@ class Scheduler:
         """
         if gaps is None:
             gaps = {}
+        if self.async_scheduling:
+            return apply_outputs(self, out, now_s, gaps)
         finished: list[SimRequest] = []
         group = self.group
         step = out.group
@@ -444,6 +482,8 @@ class Scheduler:
         for request in self.waiting:
             assert request.status in (_WAITING, _PREEMPTED), f"{request!r} in waiting"
             assert request.num_blocks == 0, f"waiting {request!r} holds blocks"
+        if self.async_scheduling:
+            check_async_invariants(self)
         output_tokens = group.output_tokens if group is not None else _num_output_tokens
         for request in self.running:
             assert request.status == _RUNNING, f"{request!r} in running"

@@ -58,6 +58,9 @@ class SchedulerOutput:
     batch: StepBatch = field(default_factory=StepBatch)  # aggregate work for the step time
     deferred: bool = False  # prefill_schedule_interval held prefill back this step
     group: GroupStep | None = None  # the decode group's share; None on the plain path
+    # Async scheduling: per ``individual`` entry, whether the step samples a token for
+    # it (decided at schedule time, tuner.sim.async_update.place_outputs); empty in sync.
+    sampled: list[bool] = field(default_factory=list)
 
     def items(self) -> Iterator[tuple[SimRequest, int]]:
         """Every scheduled (request, tokens), in vLLM's order, whichever path ran.

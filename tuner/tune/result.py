@@ -238,11 +238,24 @@ class TuneResult:
                                  model=str(target.get("model", "?")),
                                  tp=int(target.get("tp", 1)), dp=int(target.get("dp", 1)),
                                  num_gpus=self.num_gpus, block_size=self.block_size,
+                                 async_scheduling=_replayed_mode(point.metrics, target),
                                  vllm_versions=(VLLM_TWIN_VERSION,),
                                  quantization=target.get("quantization"),
                                  kv_cache_dtype=target.get("kv_cache_dtype"),
                                  step_time_source=target.get("step_time_source")),
             predicted=predicted, pareto=tuple(pareto), provenance=provenance)
+
+
+def _replayed_mode(metrics: dict[str, Any], target: dict[str, Any]) -> bool:
+    """The scheduling mode the study replayed (each summary records it), so the profile
+    deploys the engine its predictions came from; else what the target resolves to."""
+    mode = metrics.get("async_scheduling")
+    if isinstance(mode, bool):
+        return mode
+    from tuner.perf.presets import resolve_target
+    from tuner.tune.evaluate import target_from_dict
+
+    return resolve_target(target_from_dict(target)).async_scheduling
 
 
 #: Short column titles (the JSON output and profiles keep the full names).

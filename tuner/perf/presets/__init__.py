@@ -23,6 +23,7 @@ from tuner.perf.coefficients import Coefficients
 from tuner.perf.fitted import default_coefficients
 from tuner.perf.step_time import RooflineStepTimeModel, StepTimeModel
 from tuner.perf.target import Target
+from tuner.vllm_compat import resolve_async_scheduling
 
 __all__ = [
     "Calibration", "Coefficients", "HardwareSpec", "KVCapacity", "ModelSpec",
@@ -55,6 +56,13 @@ class ResolvedTarget:
     @property
     def dp(self) -> int:
         return self.target.dp
+
+    @property
+    def async_scheduling(self) -> bool:
+        """The engine's scheduling mode, as vLLM 0.33.0 resolves ``target.async_scheduling``
+        on this GPU's platform (``tuner.vllm_compat.resolve_async_scheduling``)."""
+        return resolve_async_scheduling(self.target.async_scheduling,
+                                        platform=self.hardware.vllm_platform)
 
 
 def default_scheduler_settings(hardware: str | HardwareSpec) -> SchedulerSettings:

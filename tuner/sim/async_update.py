@@ -1,0 +1,127 @@
+"""Asynchronous scheduling: vLLM 0.33.0's ``AsyncScheduler`` under ``step_with_batch_queue``.
+
+Why a module of its own: the async mode changes only two moments of a step, the end of
+``schedule()`` (output placeholders) and ``update_from_output`` (tokens arrive one step
+after the next schedule), so the synchronous code stays as it is (bit-identical
+replays) and the asynchronous rules are read in one place. The rest of the async mode
+lives in the shared code where vLLM has it in the base class, keyed on placeholders
+(``Scheduler._schedule_running``: the ``max_tokens`` skip and the demand;
+``Scheduler.preempt_request``: stale output; ``Scheduler._schedule_waiting``: the
+re-admission gate) and in the loop (``tuner.sim.loop``, batch queue depth 2: schedule(N+1)
+runs before update(N)).
+
+vLLM 0.33.0 (file:line under ``vllm/v1/``):
+
+* ``AsyncScheduler._update_after_schedule`` (core/sched/async_scheduler.py:24-56): after
+  the base update (computed += n, in-flight += n, ``is_prefill_chunk = computed <
+  num_tokens + placeholders``, core/sched/scheduler.py:1845-1877) every scheduled request
+  that is not a prefill chunk gets one output placeholder (no spec decode: ``1 + 0``).
+  The runner samples exactly those requests; the decision is taken here, at schedule
+  time (:func:`place_outputs`), because by update time step N+1 has moved the counters.
+* ``update_from_output`` (core/sched/scheduler.py:2259-2560): per scheduled request,
+  in-flight -= n and a stale share drains in lockstep (2311-2320); a finished request
+  is skipped (2324); a sampled token is appended and the stop checked
+  (``_update_request_with_output`` 2744-2770: placeholders -= 1 unless stale); a
+  non-stale token of a request that was RUNNING with placeholders caches its full
+  blocks up to ``num_computed - num_in_flight`` (2402-2415), so a block completed by a
+  generated token is registered here, one step after ``allocate_slots`` could
+  (core/kv_cache_manager.py:616-625 caps at ``request.num_tokens``); a stopped request
+  is freed at once (``_free_request`` 3031-3062, no registration), and after the loop
+  removed from ``running``, or from ``waiting`` if a stale token finished it while
+  preempted (``stopped_preempted_reqs`` 2491-2548).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tuner.sim.request import RequestStatus, SimRequest
+
+if TYPE_CHECKING:
+    from tuner.sim.scheduler import Scheduler
+    from tuner.sim.scheduler_output import SchedulerOutput
+
+_RUNNING = RequestStatus.RUNNING
+_FINISHED = RequestStatus.FINISHED
+
+
+def place_outputs(out: "SchedulerOutput") -> None:
+    """The async half of ``_update_after_schedule``, after the shared half advanced
+    ``num_computed_tokens`` and ``is_prefill_chunk``: tokens in flight, one placeholder
+    per request this step samples, and the sampling decision kept for the update."""
+    sampled = out.sampled
+    for request, n in out.individual:
+        request.num_in_flight_tokens += n
+        samples = not request.is_prefill_chunk
+        if samples:
+            request.num_output_placeholders += 1
+        sampled.append(samples)
+
+
+def check_async_invariants(scheduler: "Scheduler") -> None:
+    """What holds between any two calls at batch queue depth 2 (no spec decode): at most
+    one placeholder (only the step in flight can hold one), a placeholder only with
+    tokens in flight, a stale share only inside the in-flight tokens, none in a waiting
+    request's placeholders, and no request skipped by the re-admission gate."""
+    assert not scheduler.deferred_waiting, "the re-admission gate bound at depth 2"
+    for request in scheduler.running:
+        p = request.num_output_placeholders
+        assert 0 <= p <= 1, f"{request!r}: {p} placeholders"
+        assert request.num_in_flight_tokens >= p, f"{request!r}: placeholder not in flight"
+        assert 0 <= request.num_stale_output_tokens <= request.num_in_flight_tokens, request
+        assert request.num_computed_tokens <= request.num_tokens + p, request
+    for request in scheduler.waiting:
+        assert request.num_output_placeholders == 0, f"waiting {request!r} has placeholders"
+        assert request.num_stale_output_tokens == request.num_in_flight_tokens, (
+            f"waiting {request!r}: in-flight tokens that are not stale")
+
+
+def apply_outputs(scheduler: "Scheduler", out: "SchedulerOutput", now_s: float,
+                  gaps: dict[float, int]) -> list[SimRequest]:
+    """``update_from_output`` of an async step at ``now_s`` (see the module doc); the
+    requests that finished, in output order."""
+    kvm = scheduler.kv_cache_manager
+    finished: list[SimRequest] = []
+    stopped_waiting: list[SimRequest] = []
+    stopped_running = False
+    for (request, n), samples in zip(out.individual, out.sampled):
+        request.num_in_flight_tokens -= n
+        stale = False
+        if request.num_stale_output_tokens > 0:
+            stale = True
+            request.num_stale_output_tokens -= n
+            assert request.num_stale_output_tokens >= 0, f"{request!r}: stale share < 0"
+        if request.status >= _FINISHED or not samples:
+            continue
+        status_before = request.status
+        had_placeholders = request.num_output_placeholders > 0
+        request.append_output_token()
+        last = request.last_token_s
+        if last != last:  # nan: the first token
+            request.first_token_s = now_s
+        else:
+            gap = now_s - last
+            gaps[gap] = gaps.get(gap, 0) + 1
+        request.last_token_s = now_s
+        if not stale and had_placeholders:
+            request.num_output_placeholders -= 1
+            if status_before == _RUNNING:
+                kvm.cache_blocks(request,
+                                 request.num_computed_tokens - request.num_in_flight_tokens)
+        if request.num_output_tokens >= request.max_tokens:
+            request.status = _FINISHED
+            request.finish_s = now_s
+            kvm.free(request)
+            finished.append(request)
+            if status_before == _RUNNING:
+                stopped_running = True
+            else:
+                stopped_waiting.append(request)
+    if stopped_running:
+        scheduler.running = [r for r in scheduler.running if r.status == _RUNNING]
+    if stopped_waiting:
+        for request in stopped_waiting:
+            kvm.unwatch(request)
+        scheduler.waiting.remove_requests(stopped_waiting)
+        scheduler.deferred_waiting.difference_update(stopped_waiting)
+    return finished
