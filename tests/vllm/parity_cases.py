@@ -18,9 +18,12 @@ from tuner.trace.synth import synthesize
 BS = 16
 
 
-def target(num_gpu_blocks: int) -> Target:
+def target(num_gpu_blocks: int, async_scheduling: bool = False) -> Target:
+    """An H200 target of ``num_gpu_blocks`` blocks, its scheduling mode pinned (an H200
+    resolves to async scheduling; these cases say which mode they check)."""
     return Target(hardware="h200", model="llama-3.1-8b", block_size=BS,
-                  num_gpu_blocks=num_gpu_blocks, max_model_len=8192)
+                  num_gpu_blocks=num_gpu_blocks, max_model_len=8192,
+                  async_scheduling=async_scheduling)
 
 
 def pr_eviction_requests() -> list[TraceRequest]:

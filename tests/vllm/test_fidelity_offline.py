@@ -18,10 +18,12 @@ from vllm_env import ROOT
 
 
 def _step(i: int, sched: dict[str, int], *, usage: float = 0.5, pre: tuple[str, ...] = (),
-          hit: dict[str, int] | None = None, t: float | None = None) -> StepRecord:
+          hit: dict[str, int] | None = None, t: float | None = None,
+          gauge: float | None = None) -> StepRecord:
     return StepRecord(step=i, start_s=float(i) if t is None else t, duration_s=1.0,
                       num_scheduled_tokens=sched, preempted=pre, num_running=len(sched),
-                      num_waiting=0, kv_usage=usage, cached_tokens=hit or {})
+                      num_waiting=0, kv_usage=usage, cached_tokens=hit or {},
+                      kv_usage_at_update=gauge)
 
 
 def _result(steps: list[StepRecord], wall: float = 1.0, **counters: float) -> ReplayResult:
@@ -69,6 +71,35 @@ def test_diff_step_fields() -> None:
     b = _step(0, {"a": 1}, pre=(), hit={"a": 16}, t=0.5)
     assert set(diff_step(a, b)) == {"preempted", "cached_tokens", "start_s"}
     assert diff_step(a, a) == {}
+
+
+def test_gauge_at_update_is_compared_where_both_sides_record_it() -> None:
+    twin = [_step(0, {"a": 48}, gauge=0.5), _step(1, {"a": 1}, gauge=0.25),
+            _step(2, {"a": 1})]
+    vllm = [_step(0, {"a": 48}, gauge=0.5), _step(1, {"a": 1}, gauge=0.5),
+            _step(2, {"a": 1}, gauge=0.0)]
+    report = compare_steps(_result(twin), _result(vllm))
+    assert report.num_gauge_compared == 2  # step 2: the twin has no gauge
+    assert report.first_divergence is not None and report.first_divergence.step == 1
+    assert report.first_divergence.fields == {"kv_usage_at_update": (0.25, 0.5)}
+    assert report.num_identical == 2
+    assert "gauge at update compared on 2 of 3 steps" in report.format_text()
+    assert report.to_dict()["num_gauge_compared"] == 2
+
+
+def test_vllm_core_job_carries_the_scheduling_mode(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tuner.replay._run import prepare
+    from tuner.sim.settings import SimOptions
+    from tuner.trace.request import TraceRequest
+
+    (tmp_path / "config.json").write_text("{}")
+    reqs = [TraceRequest("a", 0.0, 32, 2, (1, 2))]
+    for mode in (False, True):
+        backend = prepare(reqs, backend="vllm-core", options=SimOptions(async_scheduling=mode),
+                          hash_block_size=16, vllm_python=sys.executable,
+                          model_dir=str(tmp_path))
+        assert backend.job["async_scheduling"] is mode
+        backend.close()
 
 
 def test_needs_steps() -> None:

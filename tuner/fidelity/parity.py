@@ -4,8 +4,11 @@ Both backends replay the same trace on the same clock and record one ``StepRecor
 executed step. Parity means every step is identical: the same requests scheduled in the
 same order with the same token counts, the same preemptions (in order), the same
 prefix-cache hit for every request admitted in the step, the same KV usage (vLLM's
-definition), the same running/waiting counts, and the same start time and duration (same
-step-time model, so any difference in the batch shows up here too).
+definition) after scheduling and, where both sides record it, the KV-usage gauge vLLM
+samples at the end of ``update_from_output`` (under async scheduling the next step is
+scheduled by then), the same running/waiting counts, and the same start time and
+duration (same step-time model, so any difference in the batch shows up here too).
+Both sides run in the mode of ``SimOptions.async_scheduling``.
 
 :func:`compare_steps` compares two finished replays; :func:`run_parity` runs both
 backends and compares them. The first divergence comes with a few steps of context
@@ -25,7 +28,7 @@ if TYPE_CHECKING:
 
 #: Step fields compared, in the order a divergence is reported.
 STEP_FIELDS = ("num_scheduled_tokens", "preempted", "cached_tokens", "kv_usage",
-               "num_running", "num_waiting", "start_s", "duration_s")
+               "kv_usage_at_update", "num_running", "num_waiting", "start_s", "duration_s")
 #: Counters compared after the run (vLLM-side counting, see docs/fidelity.md).
 COUNTERS = ("num_steps", "preemptions", "prefix_cache_queries", "prefix_cache_hits",
             "num_finished", "rejected")
@@ -55,6 +58,8 @@ class ParityReport:
     twin_wall_s: float  # the twin's replay loop
     vllm_wall_s: float  # the driver's replay loop (vLLM imports and construction excluded)
     vllm_total_s: float = math.nan  # the whole vllm-core run, driver start-up included
+    #: steps whose KV-usage gauge at update both sides recorded (and so were compared)
+    num_gauge_compared: int = 0
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -88,6 +93,7 @@ class ParityReport:
             "num_compared": self.num_compared,
             "num_identical": self.num_identical,
             "identical_pct": self.identical_pct,
+            "num_gauge_compared": self.num_gauge_compared,
             "first_divergence": None if fd is None else {
                 "step": fd.step,
                 "fields": {k: {"twin": a, "vllm": b} for k, (a, b) in fd.fields.items()}},
@@ -109,6 +115,8 @@ class ParityReport:
             f"vllm-core {self.num_steps_vllm}); identical: {self.num_identical} "
             f"({self.identical_pct:.2f}%)",
             f"parity: {'100% - every step identical' if self.identical else 'NO'}",
+            f"KV-usage gauge at update compared on {self.num_gauge_compared} of "
+            f"{self.num_compared} steps",
         ]
         if self.first_divergence is not None:
             fd = self.first_divergence
@@ -144,7 +152,8 @@ def _fmt_step(r: "StepRecord | None") -> str:
         extra += f" preempted={list(r.preempted)}"
     if r.cached_tokens:
         extra += f" admitted(hit)={r.cached_tokens}"
-    return (f"step {r.step} t={r.start_s:.6f} usage={r.kv_usage:.4f} run={r.num_running} "
+    gauge = "" if r.kv_usage_at_update is None else f" gauge@update={r.kv_usage_at_update:.4f}"
+    return (f"step {r.step} t={r.start_s:.6f} usage={r.kv_usage:.4f}{gauge} run={r.num_running} "
             f"wait={r.num_waiting} [{_short(sched, 200)}]{extra}")
 
 
@@ -154,7 +163,10 @@ def _close(a: float, b: float, rel: float) -> bool:
 
 def diff_step(a: "StepRecord", b: "StepRecord", *, rel_tol: float = 1e-9
               ) -> dict[str, tuple[Any, Any]]:
-    """Fields of two step records that differ (order matters for scheduled and preempted)."""
+    """Fields of two step records that differ (order matters for scheduled and preempted).
+
+    ``kv_usage_at_update`` is compared when both records carry it (None: that side did
+    not record the gauge; :func:`compare_steps` counts the steps compared)."""
     out: dict[str, tuple[Any, Any]] = {}
     if list(a.num_scheduled_tokens.items()) != list(b.num_scheduled_tokens.items()):
         out["num_scheduled_tokens"] = (a.num_scheduled_tokens, b.num_scheduled_tokens)
@@ -166,6 +178,9 @@ def diff_step(a: "StepRecord", b: "StepRecord", *, rel_tol: float = 1e-9
         x, y = float(getattr(a, name)), float(getattr(b, name))
         if not _close(x, y, rel_tol):
             out[name] = (x, y)
+    ga, gb = a.kv_usage_at_update, b.kv_usage_at_update
+    if ga is not None and gb is not None and not _close(float(ga), float(gb), rel_tol):
+        out["kv_usage_at_update"] = (float(ga), float(gb))
     for name in ("num_running", "num_waiting"):
         if getattr(a, name) != getattr(b, name):
             out[name] = (getattr(a, name), getattr(b, name))
@@ -180,8 +195,10 @@ def compare_steps(twin: "ReplayResult", vllm: "ReplayResult", *, context: int = 
     ta, va = twin.steps, vllm.steps
     n = min(len(ta), len(va))
     identical = 0
+    gauged = 0
     first: StepDiff | None = None
     for i in range(n):
+        gauged += ta[i].kv_usage_at_update is not None and va[i].kv_usage_at_update is not None
         d = diff_step(ta[i], va[i], rel_tol=rel_tol)
         if d:
             if first is None:
@@ -206,7 +223,8 @@ def compare_steps(twin: "ReplayResult", vllm: "ReplayResult", *, context: int = 
         num_steps_twin=len(ta), num_steps_vllm=len(va), num_compared=n,
         num_identical=identical, first_divergence=first, context=ctx,
         counter_diffs=counters, request_diffs=_request_diffs(twin, vllm, rel_tol),
-        twin_wall_s=float(twin.wall_s), vllm_wall_s=float(vllm.wall_s))
+        twin_wall_s=float(twin.wall_s), vllm_wall_s=float(vllm.wall_s),
+        num_gauge_compared=gauged)
 
 
 def _activity(result: "ReplayResult") -> str:
@@ -272,6 +290,9 @@ class ParityCase:
     load: Any = None
     options: Any = None  # the twin's SimOptions (record_steps is forced on)
     hash_block_size: int | None = None
+    #: vLLM's ``--scheduler-cls`` for the vllm-core side (``VllmCoreBackend``); None: the
+    #: class vLLM resolves (the plugin's with the cache-aware window on)
+    scheduler_cls: str | None = None
 
 
 def run_parity_many(cases: "list[ParityCase]", *, vllm_python: str | None = None,
@@ -306,9 +327,10 @@ def run_parity_many(cases: "list[ParityCase]", *, vllm_python: str | None = None
             twins.append(twin.run())
         finally:
             twin.close()
+        extra = {} if case.scheduler_cls is None else {"scheduler_cls": case.scheduler_cls}
         vllm = prepare(case.trace, case.settings, backend="vllm-core",
                        options=replace(options, prefill_interval_mode="local"), **common,
-                       **backend_kw)
+                       **backend_kw, **extra)
         jobs.append(vllm.job)
         python = vllm.vllm_python
         vllm.close()
@@ -323,6 +345,8 @@ def run_parity_many(cases: "list[ParityCase]", *, vllm_python: str | None = None
         report.notes.append(f"case {case.name}; {note}" if case.name else note)
         report.notes.append(_activity(vllm_result))
         options = case.options or SimOptions()
+        report.notes.append("async scheduling (batch queue of depth 2)"
+                            if options.async_scheduling else "no async scheduling")
         if options.prefill_interval_mode != "local":
             report.notes.append(
                 f"twin ran with prefill_interval_mode={options.prefill_interval_mode!r}")

@@ -7,7 +7,10 @@ A tuning run keeps two studies in one storage (journal file or database):
   (``baseline`` / ``warm-start-profile`` / ``warm-start-pareto``; absent for a sampled
   point), ``warm_start`` (the warm-start profile's name), ``host`` and ``pid`` (the worker
   running it, so a rerun can fail a dead worker's trial), ``refused`` (why vLLM would
-  reject the point; the trial is PRUNED), ``settings`` and ``metrics`` (the replay).
+  reject the point; the trial is PRUNED), ``settings`` and ``metrics`` (the replay; a
+  study that searches the deployment keeps it in ``settings["deployment"]``, see
+  :func:`tuner.tune.deployment.join_settings`, and per-engine summaries in
+  ``metrics["engines"]``).
 * ``NAME.full`` (stage 2): one trial per survivor replayed on the whole training window.
   Trial user attrs: ``key`` (:func:`settings_key`), ``settings``, ``params``, ``metrics``,
   ``stage1_trial``, ``role`` (``baseline`` / ``survivor``). Study user attrs

@@ -59,14 +59,20 @@ class VllmCoreBackend(Backend):
         vllm_python: the Python of a vLLM environment (0.32.x or 0.33.x).
         model_dir: folder with the ``config.json`` vLLM's ``ModelConfig`` reads.
         timeout_s: kill the driver after this many seconds (None: no limit).
+        scheduler_cls: vLLM's ``--scheduler-cls``, a dotted class name (e.g.
+            ``vllm.v1.core.sched.scheduler.Scheduler``); None: the class vLLM resolves
+            for the mode, or tuner's plugin class when the cache-aware window is on. A
+            plain ``Scheduler`` under async scheduling still gets the batch queue of
+            depth 2, as in vLLM.
     """
 
     name = "vllm-core"
 
     def __init__(self, vllm_python: str | os.PathLike[str] | None = None, *,
                  model_dir: str | os.PathLike[str] | None = None,
-                 timeout_s: float | None = None) -> None:
+                 timeout_s: float | None = None, scheduler_cls: str | None = None) -> None:
         self.vllm_python = find_vllm_python(vllm_python)
+        self.scheduler_cls = scheduler_cls
         self.model_dir = str(model_dir or DEFAULT_MODEL_DIR)
         if not os.path.isfile(os.path.join(self.model_dir, "config.json")):
             raise ConfigError(f"model_dir {self.model_dir}: no config.json there")
@@ -88,8 +94,11 @@ class VllmCoreBackend(Backend):
             "step_time": step_time,
             "load": load,
             "record_steps": bool(getattr(options, "record_steps", True)),
+            # the resolved mode: AsyncScheduler under a batch queue of depth 2, or not
+            "async_scheduling": bool(getattr(options, "async_scheduling", False)),
             "num_gpus": int(getattr(target, "num_gpus", 1)),
             "model_dir": self.model_dir,
+            "scheduler_cls": self.scheduler_cls,
         }
 
     def run(self, progress: ProgressCallback | None = None) -> "ReplayResult":

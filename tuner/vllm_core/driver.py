@@ -14,16 +14,24 @@ a pickled ``tuner.records.ReplayResult``. Progress goes to stdout as JSON lines
 
 What is real and what is faked (see docs/fidelity.md):
 
-* real: ``Scheduler`` (or ``CacheAwareScheduler`` from the plugin), ``KVCacheManager``,
-  ``BlockPool``, request queues, block hashing, ``update_from_output``;
+* real: the scheduler class vLLM would build (``SchedulerConfig.get_scheduler_cls``:
+  ``Scheduler``, or ``AsyncScheduler`` under async scheduling), or
+  ``CacheAwareScheduler`` / ``CacheAwareAsyncScheduler`` from the plugin when the
+  cache-aware admission window is on; ``KVCacheManager``, ``BlockPool``, request queues,
+  block hashing, ``update_from_output`` and the stats it emits;
 * faked: the model. ``ModelConfig`` reads only a local ``config.json``
   (tests/data/tiny-llama); the KV-cache config is a fake with the twin's number of blocks
-  and block size; each step "samples" one token per request whose prefill is complete
-  and none while a prefill is partial, as vLLM's model runner does;
+  and block size; a scheduled request "samples" one token iff the step completes its
+  sequence (it is not a prefill chunk after scheduling) and none while a prefill is
+  partial, as vLLM's model runner does. That decision is taken when the step is
+  scheduled, because under async scheduling ``update_from_output`` runs after the next
+  ``schedule()`` has already advanced the request;
 * the clock: the twin's, ``tuner.sim.loop.ReplayLoop`` (the same code drives the twin):
   arrivals (open or closed loop), the admission rules, the step sequence and the
   step-time model's duration for each step. :class:`VllmCoreEngine` is this side's
-  ``StepEngine``.
+  ``StepEngine``. With ``async_scheduling`` the loop runs a batch queue of depth 2, as
+  ``EngineCore.step_with_batch_queue`` (v1/engine/core.py @ 0.33.0): ``schedule(N+1)``
+  before ``update_from_output(N)``, empty batches queued like any other.
 
 Prompt and generated token ids come from the trace's block hashes
 (``tuner.vllm_core.tokens.TokenFactory``).
@@ -37,7 +45,7 @@ import os
 import pickle
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -77,8 +85,14 @@ _DEFAULTS = {"long_prefill_token_threshold": 0, "enable_chunked_prefill": True,
 def build_scheduler(*, model_dir: str, settings: dict[str, Any], block_size: int,
                     num_gpu_blocks: int, enable_prefix_caching: bool = True,
                     max_model_len: int = 8192, async_scheduling: bool = False,
-                    scheduler_cls: type | None = None) -> Any:
-    """vLLM's ``Scheduler`` (or ``scheduler_cls``) over a fake KV cache.
+                    scheduler_cls: type | str | None = None) -> Any:
+    """The scheduler vLLM would build for ``settings``, over a fake KV cache.
+
+    The class: ``scheduler_cls`` if given (a class or a dotted name, as
+    ``--scheduler-cls``); else the plugin's ``CacheAwareScheduler`` /
+    ``CacheAwareAsyncScheduler`` when ``cache_aware_admission_window`` > 0 (what a profile
+    with the window deploys); else vLLM's own choice, ``SchedulerConfig.get_scheduler_cls()``
+    (``AsyncScheduler`` under ``async_scheduling``, ``Scheduler`` otherwise).
 
     Mirrors vLLM's ``tests/v1/core/utils.py::create_scheduler``: a fake
     ``KVCacheConfig`` with one full-attention group of ``num_gpu_blocks`` blocks (block
@@ -96,7 +110,7 @@ def build_scheduler(*, model_dir: str, settings: dict[str, Any], block_size: int
 
     from tuner import vllm_compat, vllm_plugin
 
-    if scheduler_cls is None:
+    if scheduler_cls is None and int(settings.get("cache_aware_admission_window") or 0) > 0:
         scheduler_cls = (vllm_plugin.CacheAwareAsyncScheduler if async_scheduling
                          else vllm_plugin.CacheAwareScheduler)
     known = {f.name for f in dc.fields(SchedulerConfig)}
@@ -110,6 +124,8 @@ def build_scheduler(*, model_dir: str, settings: dict[str, Any], block_size: int
         elif settings[name] != _DEFAULTS.get(name):
             raise ValueError(f"setting {name}={settings[name]!r} is not supported by the "
                              f"installed vLLM (SchedulerConfig has no field {name!r})")
+    if scheduler_cls is not None:
+        kwargs["scheduler_cls"] = scheduler_cls
     model_config = ModelConfig(model=model_dir, dtype="float32", seed=0,
                                skip_tokenizer_init=True, max_model_len=max_model_len)
     sched_config = SchedulerConfig(max_model_len=max_model_len, is_encoder_decoder=False,
@@ -120,14 +136,18 @@ def build_scheduler(*, model_dir: str, settings: dict[str, Any], block_size: int
     vllm_config = VllmConfig(scheduler_config=sched_config, model_config=model_config,
                              cache_config=cache_config, device_config=DeviceConfig(device="cpu"),
                              additional_config=extra)
+    # vLLM's CPU platform turns async scheduling off (platforms/cpu.py, "not required on
+    # CPU"); the replay models the engine of the target, so its resolved mode goes back.
+    vllm_config.scheduler_config.async_scheduling = async_scheduling
     kv_cache_config = KVCacheConfig(
         num_blocks=num_gpu_blocks, kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(
             block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32))])
     cache_config.num_gpu_blocks = num_gpu_blocks
-    return scheduler_cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
-                         block_size=block_size, log_stats=True,
-                         structured_output_manager=StructuredOutputManager(vllm_config))
+    cls = vllm_config.scheduler_config.get_scheduler_cls()
+    return cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+               block_size=block_size, log_stats=True,
+               structured_output_manager=StructuredOutputManager(vllm_config))
 
 
 def make_block_hasher(block_size: int) -> Any:
@@ -149,22 +169,36 @@ def make_vllm_request(request_id: str, prompt: list[int], max_tokens: int, hashe
                    block_hasher=hasher)
 
 
-def fake_model_output(scheduler: Any, output: Any, next_token: Any) -> Any:
-    """``ModelRunnerOutput`` for ``output``: one token per request whose prefill is done.
+def sampled_tokens(scheduler: Any, output: Any, next_token: Any) -> list[list[int]]:
+    """What the model runner samples for ``output``, decided right after ``schedule()``.
 
-    ``next_token(request)`` gives the id to "sample". After ``schedule()``
-    ``num_computed_tokens`` already includes this step's tokens, so a request still short
-    of ``num_tokens`` is mid-prefill and gets ``[]`` (vLLM's runner discards that sample).
+    One token for each scheduled request whose sequence the step completes, none for a
+    prefill chunk (vLLM's runner samples it and discards the sample). ``schedule()`` has
+    already advanced ``num_computed_tokens`` by the step's tokens and set
+    ``is_prefill_chunk`` (``_update_after_schedule``, computed before ``AsyncScheduler``
+    adds this step's output placeholder). ``next_token(request)`` gives the id, read
+    from the position the step samples (``num_computed_tokens`` after scheduling).
+    Must run before the next ``schedule()``: under async scheduling that call advances
+    the request again before this step's ``update_from_output``.
     """
+    return [[] if scheduler.requests[rid].is_prefill_chunk
+            else [next_token(scheduler.requests[rid])]
+            for rid in output.num_scheduled_tokens]
+
+
+def model_runner_output(output: Any, sampled: list[list[int]]) -> Any:
+    """The ``ModelRunnerOutput`` of ``output`` with ``sampled`` (one list per request)."""
     from vllm.v1.outputs import ModelRunnerOutput
 
     ids = list(output.num_scheduled_tokens)
-    sampled = []
-    for rid in ids:
-        r = scheduler.requests[rid]
-        sampled.append([next_token(r)] if r.num_computed_tokens >= r.num_tokens else [])
     return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                              sampled_token_ids=sampled)
+
+
+def fake_model_output(scheduler: Any, output: Any, next_token: Any) -> Any:
+    """``ModelRunnerOutput`` for ``output``, sampling decided now: call it right after
+    ``schedule()`` and before the next one (:func:`sampled_tokens`)."""
+    return model_runner_output(output, sampled_tokens(scheduler, output, next_token))
 
 
 # ----------------------------------------------------------------------------------------
@@ -181,11 +215,19 @@ class _Step:
     usage: float
     num_running: int
     num_waiting: int
+    sampled: list[list[int]]  # per scheduled request: the token it samples, or none
+    record: int = -1  # index of its StepRecord (-1: steps not recorded)
 
 
 class VllmCoreEngine:
     """vLLM's scheduler behind ``tuner.sim.loop.StepEngine``: ``schedule()`` -> the
-    batch for the step-time model -> fake model output -> ``update_from_output``."""
+    batch for the step-time model -> fake model output -> ``update_from_output``.
+
+    Works at any batch-queue depth: everything the step needs later (the batch, the
+    admissions, the samples) is read in :meth:`schedule`, before the loop may schedule
+    the next step; :meth:`update` only applies the output and reads what vLLM reports
+    then (finishes, token times, the stats gauge).
+    """
 
     def __init__(self, scheduler: Any, tokens: TokenFactory, hasher: Any, *,
                  num_requests: int, record_steps: bool) -> None:
@@ -205,8 +247,8 @@ class VllmCoreEngine:
         self.counters = {"prefix_cache_queries": 0.0, "prefix_cache_hits": 0.0,
                          "preemptions": 0.0, "num_steps": 0.0}
         self.notes: list[str] = []
-        self.running_ids: set[str] = set()
         self.preempted_now: list[str] = []
+        self.num_busy_in_flight = 0  # queued steps that scheduled tokens, not yet updated
         self._wrap_preempt()
 
     def _wrap_preempt(self) -> None:
@@ -232,19 +274,32 @@ class VllmCoreEngine:
         self.rejected[index] = arrival_s
 
     def has_requests(self) -> bool:
+        """Unfinished requests. vLLM's ``has_requests()`` is also true while finished ids
+        wait to be sent to the workers, which costs it one empty ``schedule()`` that
+        decides nothing; the replay leaves that call out."""
         return bool(self.scheduler.requests)
 
     def idle(self) -> None:
         """vLLM keeps no state across an idle engine that the replay models."""
 
+    def _next_token(self, r: Any) -> int:
+        """The trace's token at the position a step samples (``num_computed_tokens``
+        after scheduling), so a stale delivery after a preemption carries the same id."""
+        outs = self.live[r.request_id].outputs
+        k = r.num_computed_tokens - r.num_prompt_tokens
+        return outs[k] if 0 <= k < len(outs) else VOCAB_LOW
+
     # ----------------------------------------------------------------- steps
     def schedule(self, now_s: float) -> _Step | None:
         sched = self.scheduler
         self.preempted_now.clear()
+        was_running = {r.request_id for r in sched.running}
         out = sched.schedule()
         scheduled = out.num_scheduled_tokens
-        if not scheduled:
-            sched.update_from_output(out, fake_model_output(sched, out, lambda r: 0))
+        if not scheduled and not self.preempted_now and not self.num_busy_in_flight:
+            # Nothing scheduled, nothing changed and nothing in flight whose output could
+            # change it: every later schedule() would return the same.
+            sched.update_from_output(out, model_runner_output(out, []))
             self.notes.append(f"t={now_s}: vLLM scheduled nothing with {len(sched.running)} "
                               f"running and {len(sched.requests) - len(sched.running)} "
                               "waiting; stopped (the rest is reported unfinished)")
@@ -256,7 +311,7 @@ class VllmCoreEngine:
             r = sched.requests[rid]
             before = r.num_computed_tokens - n
             items.append((before, n))
-            if rid not in self.running_ids:  # admitted this step (new or resumed)
+            if rid not in was_running:  # admitted this step (new or resumed)
                 cached_now[rid] = before
                 lv = self.live[rid]
                 if lv.num_cached_tokens < 0:
@@ -266,20 +321,27 @@ class VllmCoreEngine:
                     counters["prefix_cache_hits"] += before
         for rid in self.preempted_now:
             self.live[rid].num_preemptions += 1
+        if scheduled:
+            self.num_busy_in_flight += 1
         num_running = len(sched.running)
         return _Step(output=out, items=items, cached_now=cached_now,
                      preempted=tuple(self.preempted_now),
                      usage=float(sched.kv_cache_manager.usage), num_running=num_running,
-                     num_waiting=len(sched.requests) - num_running)
+                     num_waiting=len(sched.requests) - num_running,
+                     sampled=sampled_tokens(sched, out, self._next_token))
 
     def batch(self, step: _Step) -> Any:
-        return self._StepBatch.from_requests(step.items)
+        # An empty batch (every running request in flight on its last token, or a
+        # priority request that preempted itself) costs nothing: vLLM's runner returns
+        # at once.
+        return self._StepBatch.from_requests(step.items) if step.items else None
 
     def start(self, step: _Step, start_s: float, duration_s: float) -> None:
         from tuner.records import StepRecord
 
         scheduled = step.output.num_scheduled_tokens
         if self.record_steps:
+            step.record = len(self.steps)
             self.steps.append(StepRecord(
                 step=len(self.steps), start_s=start_s, duration_s=duration_s,
                 num_scheduled_tokens=dict(scheduled), preempted=step.preempted,
@@ -296,14 +358,13 @@ class VllmCoreEngine:
 
     def update(self, step: _Step, end_s: float) -> int:
         sched, live = self.scheduler, self.live
-
-        def next_token(r: Any) -> int:
-            outs = live[r.request_id].outputs
-            k = len(r.output_token_ids)
-            return outs[k] if k < len(outs) else VOCAB_LOW
-
         out = step.output
-        eco = sched.update_from_output(out, fake_model_output(sched, out, next_token))
+        if out.num_scheduled_tokens:
+            self.num_busy_in_flight -= 1
+        eco = sched.update_from_output(out, model_runner_output(out, step.sampled))
+        if step.record >= 0:
+            self.steps[step.record] = replace(self.steps[step.record],
+                                              kv_usage_at_update=_gauge(sched, eco))
         gaps: dict[float, int] = {}
         for rid in out.num_scheduled_tokens:
             r = sched.requests.get(rid)
@@ -324,8 +385,18 @@ class VllmCoreEngine:
                 if o.finish_reason is not None:
                     live[o.request_id].finish_s = end_s
                     finished += 1
-        self.running_ids = {r.request_id for r in sched.running}
         return finished
+
+
+def _gauge(scheduler: Any, engine_core_outputs: dict[int, Any]) -> float:
+    """The KV-usage gauge vLLM emits for this update: ``SchedulerStats.kv_cache_usage``,
+    sampled by ``make_stats`` at the end of ``update_from_output`` (under async
+    scheduling it already includes the next step's allocations)."""
+    for eco in engine_core_outputs.values():
+        stats = getattr(eco, "scheduler_stats", None)
+        if stats is not None:
+            return float(stats.kv_cache_usage)
+    return float(scheduler.kv_cache_manager.usage)
 
 
 class VllmCoreReplay:
@@ -340,12 +411,17 @@ class VllmCoreReplay:
         self.load = job.get("load")
         self.record_steps = bool(job.get("record_steps", True))
         self.num_gpus = int(job.get("num_gpus", 1))
+        #: vLLM's resolved ``async_scheduling``: AsyncScheduler placeholders and the
+        #: engine's batch queue of depth 2 (``max_concurrent_batches`` at PP=1). A plain
+        #: ``Scheduler`` given as ``scheduler_cls`` still gets the queue, as in vLLM.
+        self.async_scheduling = bool(job.get("async_scheduling", False))
         t0 = time.perf_counter()
         self.scheduler = build_scheduler(
             model_dir=job["model_dir"], settings=job["settings"], block_size=self.block_size,
             num_gpu_blocks=int(cache["num_gpu_blocks"]),
             enable_prefix_caching=bool(cache.get("enable_prefix_caching", True)),
-            max_model_len=int(cache["max_model_len"]))
+            max_model_len=int(cache["max_model_len"]), async_scheduling=self.async_scheduling,
+            scheduler_cls=job.get("scheduler_cls"))
         self.build_s = time.perf_counter() - t0
         self.engine = VllmCoreEngine(self.scheduler, TokenFactory(self.block_size),
                                      make_block_hasher(self.block_size),
@@ -362,7 +438,8 @@ class VllmCoreReplay:
         order = sorted(range(len(requests)), key=lambda i: (float(requests[i].arrival_s), i))
         loop = ReplayLoop(engine, ((i, requests[i]) for i in order), self.step_time,
                           AdmissionRules.of(self.job["settings"], self.job["cache"]),
-                          load=self.load or OpenLoop(), num_requests=len(requests))
+                          load=self.load or OpenLoop(), num_requests=len(requests),
+                          batch_queue_depth=2 if self.async_scheduling else 1)
         wall0 = time.perf_counter()
         last_progress = [wall0]
 
@@ -404,8 +481,9 @@ class VllmCoreReplay:
                          "num_finished": float(num_finished),
                          "cache_aware_reorders": float(getattr(
                              self.scheduler, "num_cache_aware_reorders", 0))})
+        mode = "async scheduling" if self.async_scheduling else "no async scheduling"
         notes = [f"vllm {vllm.__version__}; scheduler {type(self.scheduler).__name__}; "
-                 f"built in {self.build_s:.2f}s"] + engine.notes
+                 f"{mode}; built in {self.build_s:.2f}s"] + engine.notes
         first_arrival = min((x.arrival_s for x in results if x.arrival_s == x.arrival_s),
                             default=0.0)
         return ReplayResult(
