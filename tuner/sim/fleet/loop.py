@@ -11,9 +11,10 @@ once on one replay clock. Engines are numbered ``replica * dp + rank``. What is 
 * **Input queues.** As in vLLM's engine core, a request reaches its engine's scheduler
   between steps: it waits in the engine's input queue until the engine's next
   schedule (immediately if the engine is idle).
-* **Units.** A *unit* owns a batch queue and a GPU clock, exactly as ``ReplayLoop``
-  does for its one engine (depth 1: schedule, update, schedule; depth 2: schedule(N+1)
-  before update(N)). A dense model's engines are one unit each: independent engines
+* **Units.** A *unit* owns a batch queue, a CPU and a GPU clock, exactly as
+  ``ReplayLoop`` does for its one engine (depth 1: schedule, update, schedule, one total
+  per step; depth 2: schedule(N+1) before update(N), the CPU part overlapping the GPU's,
+  docs/step-time-model.md §1.1). A dense model's engines are one unit each: independent engines
   (vLLM runs non-MoE DP ranks as separate ``EngineCoreProc``s, v1/engine/core.py:1546).
 * **Lockstep.** A MoE replica's DP ranks are one unit (``DPEngineCoreProc``,
   core.py:2281-2560): while any rank has work every rank steps, a rank with nothing to
@@ -46,7 +47,7 @@ from tuner.sim.fleet.dp_balancer import STATS_INTERVAL_S, DPLoadBalancer
 from tuner.sim.fleet.engines import FleetEngine
 from tuner.sim.fleet.router import Router
 from tuner.sim.load import ClosedLoop, OpenLoop
-from tuner.sim.loop import AdmissionRules, StepTime, price_function
+from tuner.sim.loop import AdmissionRules, StepTime, price_function, split_price_function
 
 __all__ = ["DP_SYNC_INTERVAL", "DUMMY_BATCH", "FleetLoop"]
 
@@ -67,6 +68,7 @@ class _Unit:
     lockstep: bool
     queue: deque = field(default_factory=deque)  # (steps, end_s); steps per engine
     gpu_free_s: float = 0.0
+    cpu_free_s: float = 0.0  # when its CPU launched the last batch (the async clock)
     version: int = 0  # bumps when its pending event changes (stale heap entries)
     active: bool = False  # has a pending event
     wave_running: bool = False  # lockstep: engines_running
@@ -104,6 +106,8 @@ class FleetLoop:
             raise ValueError("a fleet of several replicas needs a router")
         self.engines = list(engines)
         self.price = price_function(step_time)
+        #: depth >= 2: (cpu, gpu) per batch, the overlapped clock of ``ReplayLoop``
+        self.price_parts = split_price_function(step_time) if batch_queue_depth > 1 else None
         self.rules = rules
         self.table = table
         self.dp, self.replicas = dp, replicas
@@ -249,27 +253,34 @@ class FleetLoop:
         runs = any(busy) or (unit.lockstep and unit.wave_running)
         if len(unit.queue) < self.depth and runs:
             steps: list[Any] = []
-            duration = 0.0
+            duration = cpu = 0.0  # a lockstep step: the slowest rank's CPU and GPU parts
+            parts = self.price_parts
             if unit.lockstep:
                 unit.wave_running = True
             for e, has_work in zip(unit.engines, busy):
                 engine = engines[e]
                 if unit.lockstep:
                     engine.align_step_counter(unit.step_counter)
-                if not has_work:
+                batch: StepBatch | None = DUMMY_BATCH
+                if has_work:
+                    step = engine.schedule(now)
+                    if step is None:
+                        self.stopped = True
+                        return
+                    batch = engine.batch(step)
+                    steps.append(step)
+                else:
                     steps.append(None)
-                    duration = max(duration, float(self.price(DUMMY_BATCH)))
-                    continue
-                step = engine.schedule(now)
-                if step is None:
-                    self.stopped = True
-                    return
-                batch = engine.batch(step)
-                cost = float(self.price(batch)) if batch is not None else 0.0
+                if parts is None:
+                    cost = float(self.price(batch)) if batch is not None else 0.0
+                else:
+                    c, cost = parts(batch) if batch is not None else (0.0, 0.0)
+                    cpu = max(cpu, c)
                 duration = max(duration, cost)
-                steps.append(step)
-            start = now if now > unit.gpu_free_s else unit.gpu_free_s
+            launch = now + cpu  # depth 1: cpu stays 0 (the total is in duration)
+            start = launch if launch > unit.gpu_free_s else unit.gpu_free_s
             unit.gpu_free_s = start + duration
+            unit.cpu_free_s = launch
             for e, step in zip(unit.engines, steps):
                 if step is None:
                     engines[e].dummy_step(start, duration)
@@ -278,16 +289,19 @@ class FleetLoop:
             unit.queue.append((steps, unit.gpu_free_s))
             self.num_steps += 1
             if len(unit.queue) < self.depth:
-                self._push(unit, now, _SCHEDULE)
+                self._push(unit, launch, _SCHEDULE)
                 return
         if unit.queue:
-            self._push(unit, unit.queue[0][1], _UPDATE)
+            end = unit.queue[0][1]  # the CPU waits for it once it has launched its last batch
+            self._push(unit, end if end > unit.cpu_free_s else unit.cpu_free_s, _UPDATE)
             return
         for e in unit.engines:  # nothing waiting, running or in flight: idle
             engines[e].idle()
 
     def _update(self, unit: _Unit) -> None:
         steps, end = unit.queue.popleft()
+        if self.price_parts is not None and self.now_s > end:
+            end = self.now_s  # outputs applied when the CPU got to them (ReplayLoop's rule)
         engines, router = self.engines, self.router
         for e, step in zip(unit.engines, steps):
             if step is None:
