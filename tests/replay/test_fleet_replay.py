@@ -135,8 +135,9 @@ def test_cli_prints_the_per_engine_table(chat_path):
      "Error: router block_size=24 must be a multiple of the KV block size 16"),
     (["--enable-expert-parallel"],
      "Error: --enable-expert-parallel: llama-3.1-8b is not a mixture-of-experts model"),
-    (["--dp", "2", "--backend", "vllm-serve"], "Error: --backend vllm-serve replays one "
-                                               "engine"),
+    (["--replicas", "2", "--backend", "vllm-core"],
+     "Error: --backend vllm-core replays one deployment; --replicas and --router run on "
+     "the sim backend"),
 ])
 def test_cli_fleet_errors_are_one_line(chat_path, args, error):
     res = CliRunner().invoke(cli, ["replay", chat_path, *BASE, *args])
