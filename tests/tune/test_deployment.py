@@ -192,3 +192,29 @@ params:
         path.write_text("params:\n" + bad)
         with pytest.raises(ConfigError, match=match):
             load_space(path)
+
+
+def test_a_fleet_profile_warm_starts_a_budget_study_with_its_points_deployments() -> None:
+    fake = FleetFake()
+    target = Target(hardware="mi355x", model="llama-3.1-70b", tp=8)
+    first = tune(evaluator=fake, target=target, space="admission", n_trials=16, seed=4,
+                 n_survivors=4, gpu_budget=8, routers=["prefix-aware"])
+    profile = first.to_profile("warm")
+    assert all("deployment" in p for p in profile.pareto)
+    again = FleetFake()
+    second = tune(evaluator=again, target=target, space="admission", n_trials=4, seed=5,
+                  n_survivors=2, gpu_budget=8, routers=["prefix-aware"], warm_start=profile)
+    assert any("warm start: enqueued" in n for n in second.notes)
+    replayed = [d for d in again.deployments[:1 + len(profile.pareto)]]
+    assert Deployment.from_dict(profile.pareto[0]["deployment"]).to_dict() in replayed
+
+
+def test_profile_pareto_deployments_are_validated() -> None:
+    from tuner.errors import ProfileError
+    from tuner.profile.model import profile_from_dict
+    from tests.profile.test_fleet_export import fleet_profile
+
+    data = fleet_profile().to_dict()
+    data["pareto"] = [{"settings": data["scheduler"], "deployment": {"tp": 0}}]
+    with pytest.raises(ProfileError, match=r"^p.yaml: pareto\[0\].deployment.tp: must be"):
+        profile_from_dict(data, source="p.yaml")
