@@ -78,6 +78,10 @@ class VllmCoreBackend(Backend):
         if getattr(options, "prefill_interval_mode", "local") == "dp":
             raise ConfigError("vllm-core drives one engine; prefill_interval_mode='dp' "
                               "(data-parallel cadence) cannot be replayed through it")
+        deployment = getattr(target, "target", None)
+        if deployment is not None and deployment.replicas > 1:
+            raise ConfigError("vllm-core replays one deployment (its DP ranks included); "
+                              "--replicas > 1 behind a router runs on the sim backend")
         cache = target.cache
         step_time = target.step_time
         self._job = {
@@ -90,6 +94,9 @@ class VllmCoreBackend(Backend):
             "record_steps": bool(getattr(options, "record_steps", True)),
             "num_gpus": int(getattr(target, "num_gpus", 1)),
             "model_dir": self.model_dir,
+            # data parallelism: one Scheduler per rank (tuner.vllm_core.dp_driver)
+            "dp": int(getattr(deployment, "dp", 1)),
+            "moe": bool(getattr(getattr(target, "model", None), "is_moe", False)),
         }
 
     def run(self, progress: ProgressCallback | None = None) -> "ReplayResult":
