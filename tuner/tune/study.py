@@ -130,9 +130,9 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
     the_space, deploy_notes = with_deployment(fixed_space(load_space(space), fixed), target,
                                               gpu_budget=gpu_budget, routers=routers)
     if evaluator is None and backend != "sim" and (the_space.has_deployment
-                                                   or target.num_engines > 1):
-        raise ConfigError(f"--backend {backend} replays one engine; a data-parallel "
-                          "deployment, a fleet or --gpu-budget runs on the sim backend")
+                                                   or target.replicas > 1):
+        raise ConfigError(f"--backend {backend} replays one deployment; --replicas > 1 "
+                          "behind a router and --gpu-budget run on the sim backend")
     slo_ms = parse_slo(slo)
     if evaluator is None:
         if trace is None:
