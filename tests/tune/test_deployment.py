@@ -218,3 +218,17 @@ def test_profile_pareto_deployments_are_validated() -> None:
     data["pareto"] = [{"settings": data["scheduler"], "deployment": {"tp": 0}}]
     with pytest.raises(ProfileError, match=r"^p.yaml: pareto\[0\].deployment.tp: must be"):
         profile_from_dict(data, source="p.yaml")
+
+
+def test_resuming_a_fleet_study_with_another_router_is_refused(tmp_path: pathlib.Path) -> None:
+    from tests.tune.tracegen import write_small_trace
+
+    trace = write_small_trace(tmp_path / "small.parquet")
+    target = Target(hardware="mi355x", model="llama-3.1-70b", tp=4, replicas=2,
+                    num_gpu_blocks=800)
+    journal = str(tmp_path / "s.optuna-journal")
+    common = dict(target=target, n_trials=2, n_survivors=1, storage=journal, study_name="s",
+                  holdout=0.0, stage1_fraction=1.0)
+    tune(trace, router={"policy": "round-robin"}, **common)
+    with pytest.raises(ConfigError, match="a different baseline router"):
+        tune(trace, router={"policy": "session"}, **common)
