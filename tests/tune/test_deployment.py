@@ -232,3 +232,19 @@ def test_resuming_a_fleet_study_with_another_router_is_refused(tmp_path: pathlib
     tune(trace, router={"policy": "round-robin"}, **common)
     with pytest.raises(ConfigError, match="a different baseline router"):
         tune(trace, router={"policy": "session"}, **common)
+
+
+def test_summary_lines_name_the_deployment_change() -> None:
+    import pathlib as _p
+
+    from tuner.profile.recommend import TunedProfile, summary_lines
+
+    fake = FleetFake()
+    result = tune(evaluator=fake, target=Target(hardware="mi355x", model="llama-3.1-70b", tp=8),
+                  space="admission", n_trials=16, seed=2, n_survivors=4, gpu_budget=8,
+                  routers=["prefix-aware"])
+    run = TunedProfile(result, result.to_profile("x"), _p.Path("x.yaml"), "", [])
+    line = next(ln for ln in summary_lines(run) if ln.startswith("deployment: "))
+    dep = Deployment.from_dict(result.to_dict()["recommended"]["deployment"])
+    assert line.endswith(dep.describe()) or line == f"deployment: {dep.describe()} (the baseline's)"
+    assert all("deployment" in f for f in result.to_dict()["front"])
