@@ -28,6 +28,9 @@ requests' prefix hits are memoised (``KVCacheManager.num_hit_blocks``).
 from __future__ import annotations
 
 from tuner.sim._step_rules import blocks_needed, clamp_new_tokens, running_new_tokens
+from collections import deque
+
+from tuner.sim.async_group import AsyncDecodeGroup
 from tuner.sim.async_update import apply_outputs, check_async_invariants, place_outputs
 from tuner.sim.batch import StepBatch
 from tuner.sim.decode_group import DecodeGroup, seq_order
@@ -104,9 +107,14 @@ class Scheduler:
                                   if self.options.fast_forward else None)
         self.group: DecodeGroup | None = None
         if self.options.fast_forward and self.fast_path_refusal is None:
-            self.group = DecodeGroup(self, block_size=cache.block_size,
-                                     caching=cache.enable_prefix_caching,
-                                     max_model_len=cache.max_model_len)
+            group_cls = AsyncDecodeGroup if self.async_scheduling else DecodeGroup
+            self.group = group_cls(self, block_size=cache.block_size,
+                                   caching=cache.enable_prefix_caching,
+                                   max_model_len=cache.max_model_len)
+        # The same group when it is the async one (its join/plain_step/apply calls).
+        self.async_group = self.group if isinstance(self.group, AsyncDecodeGroup) else None
+        # Async: the scheduled steps whose outputs are not applied yet, oldest first.
+        self.in_flight_steps: deque[SchedulerOutput] = deque()
         self._next_seq = 0
         self._last_group_step: GroupStep | None = None  # expired when the next step starts
 
@@ -134,6 +142,10 @@ class Scheduler:
         out.deferred = defer
         group = self.group
         prefill_scheduled = False
+        async_group = self.async_group
+        if async_group is not None:
+            pending = self.in_flight_steps
+            async_group.join(pending[-1] if pending else None)
         if group is not None and group.size:
             plan = group.plan(token_budget, threshold, defer)
             if plan is None:
@@ -142,6 +154,8 @@ class Scheduler:
                 token_budget, prefill_scheduled = group.run(out, token_budget, plan)
         self._last_group_step = out.group
         if out.group is None:
+            if async_group is not None:
+                async_group.plain_step()
             token_budget, prefill_scheduled = self._schedule_running(out, token_budget,
                                                                      threshold, defer)
         prefill_admitted = False
@@ -160,6 +174,8 @@ class Scheduler:
         assert out.total_num_scheduled_tokens <= self.max_num_scheduled_tokens
         assert len(running) <= self.max_num_running_reqs
         self._update_after_schedule(out)
+        if self.async_scheduling:
+            self.in_flight_steps.append(out)
         return out
 
     def _defer_prefills(self) -> bool:
@@ -422,7 +438,12 @@ class Scheduler:
         if gaps is None:
             gaps = {}
         if self.async_scheduling:
-            return apply_outputs(self, out, now_s, gaps)
+            oldest = self.in_flight_steps.popleft()
+            assert oldest is out, "async steps are applied in the order scheduled (tuner bug)"
+            finished = apply_outputs(self, out, now_s, gaps)
+            if self.async_group is not None:
+                self.async_group.apply(out, now_s, gaps, finished)
+            return finished
         finished: list[SimRequest] = []
         group = self.group
         step = out.group
@@ -483,7 +504,7 @@ class Scheduler:
             assert request.status in (_WAITING, _PREEMPTED), f"{request!r} in waiting"
             assert request.num_blocks == 0, f"waiting {request!r} holds blocks"
         if self.async_scheduling:
-            check_async_invariants(self)
+            check_async_invariants(self, group)
         output_tokens = group.output_tokens if group is not None else _num_output_tokens
         for request in self.running:
             assert request.status == _RUNNING, f"{request!r} in running"
