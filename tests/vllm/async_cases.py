@@ -42,6 +42,15 @@ def inflight_victim_requests() -> list[TraceRequest]:
             TraceRequest("r2", 0.0, 40, 40, _blocks(2, 2))]
 
 
+def self_preempt_requests() -> list[TraceRequest]:
+    """r2 needs its 4th block when none is free and preempts itself, while the token of
+    the step that completed its block 2 (position 47) is still in flight: vLLM never
+    registers that block (``allocate_slots`` stopped at ``num_tokens`` = 47, the update
+    at ``num_computed - num_in_flight`` = 47), so r2 resumes with a 32-token hit."""
+    return [TraceRequest("r1", 0.0, 36, 10, _blocks(3, 2)),
+            TraceRequest("r2", 0.0, 40, 20, _blocks(4, 2))]
+
+
 def short_output_requests() -> list[TraceRequest]:
     """max_tokens 1 and 2, staggered so some arrive while others are in flight."""
     out = []
@@ -119,6 +128,7 @@ def cases(version: str) -> list[ParityCase]:
     out: list[ParityCase] = []
     out += _pair("frees-gate", pr_eviction_requests(), small, tgt(5), **kw)
     out += _pair("inflight-victim", inflight_victim_requests(), small, tgt(7), **kw)
+    out += _pair("self-preempt-in-flight", self_preempt_requests(), small, tgt(7), **kw)
     out += _pair("max-tokens-1-2", short_output_requests(), small, tgt(200), **kw)
     out += _pair("max-num-seqs", saturation_requests(), small.replace(max_num_seqs=2),
                  tgt(200), **kw)

@@ -94,6 +94,9 @@ def test_vllm_async_case(version: str, name: str) -> None:
         # last token, which still held its blocks
         assert steps[40] == {} and steps[41] == {"r2": 33}
         assert c["num_finished"] == 2 and c["preemptions"] == 1
+    elif name.startswith("self-preempt-in-flight"):
+        assert vllm.steps[9].preempted == ("r2",) and "r2" not in steps[9]
+        assert steps[11] == {"r2": 17} and vllm.steps[11].cached_tokens == {"r2": 32}
     elif name.startswith("max-tokens-1-2"):
         # no request is scheduled beyond its max_tokens (1 or 2) steps
         for r in vllm.requests:

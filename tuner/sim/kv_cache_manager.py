@@ -236,11 +236,15 @@ class KVCacheManager:
 
         First the hashes of full blocks the decode group left unregistered (generated
         blocks with synthetic ids: no other request can hit them, so registering them
-        now, before they reach the free queue, is indistinguishable from on time).
+        now, before they reach the free queue, is indistinguishable from on time). Only
+        up to ``num_computed - num_in_flight`` (async: vLLM's last ``cache_blocks`` bound,
+        scheduler.py:2402-2415): a block whose last token's KV is still in flight when
+        the request is preempted is never registered in vLLM.
         """
         n = request.num_blocks
         if self.enable_caching:
-            num_full = min(request.num_computed_tokens, request.num_tokens) // self.block_size
+            num_full = min(request.num_computed_tokens - request.num_in_flight_tokens,
+                           request.num_tokens) // self.block_size
             if num_full > request.num_cached_blocks:
                 self.block_pool.cache_full_blocks(request, request.block_buf,
                                                   request.num_cached_blocks, num_full)
