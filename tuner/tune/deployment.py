@@ -169,7 +169,7 @@ class Deployment:
         return dataclasses.replace(
             target, tp=s.tp, dp=s.dp, replicas=s.replicas,
             enable_expert_parallel=s.enable_expert_parallel,
-            num_gpu_blocks=None if blocks is None else int(blocks * s.tp / target.tp))
+            num_gpu_blocks=None if blocks is None else max(2, int(blocks * s.tp / target.tp)))
 
 
 def routes(replicas: int, dp: int, policy: Any) -> bool:
