@@ -102,7 +102,15 @@ def test_gpu_budget_refusals() -> None:
         with_deployment(admission_space(), target, routers=["session"])
     fleet = Target(hardware="mi355x", model="llama-3.1-70b", tp=2, replicas=4)
     space, _ = with_deployment(admission_space(), fleet, routers=["prefix-aware"])
-    assert space.names[-1] == "router.overlap_weight" and ROUTER_POLICY not in space.names
+    assert space.names[-2:] == (ROUTER_POLICY, "router.overlap_weight")
+    assert next(p for p in space.params if p.name == ROUTER_POLICY).choices == ("prefix-aware",)
+    # the baseline behind round-robin is outside that space: a different point
+    base = Deployment.of_target(fleet, {"policy": "round-robin"})
+    assert not space.contains(space.project(SchedulerSettings(), base))
+    point = {**space.project(SchedulerSettings(), base), ROUTER_POLICY: "prefix-aware",
+             "router.overlap_weight": 2.0}
+    assert deployment_for(space, base, point).router == {
+        "policy": "prefix-aware", "overlap_weight": 2.0, "block_size": 0}
 
 
 def test_points_keep_their_deployment_in_one_settings_dict() -> None:
