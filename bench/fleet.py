@@ -2,16 +2,17 @@
 """Cost of a fleet replay against its number of engines (not a test: prints ratios).
 
 The same total traffic (one synthetic chat trace, 20 minutes at 8 requests/s, sessions
-known, which one engine keeps up with) replayed on 1, 2, 4 and 8 engines of Llama-3.1-8B on H200 (TP1): as replicas
-behind a router (round-robin, and prefix-aware, whose cost also scans every engine's
-prefix cache per request) and as DP ranks of one deployment (dense, vLLM's load
-balancer). The total number of steps grows with the engines (each engine steps for
-itself), so about linear cost is the goal: the ratio column is wall time over the
-1-engine wall time, the per-step column says whether one step got dearer.
+known, which one engine keeps up with) replayed on 1, 2, 4 and 8 engines of Llama-3.1-8B
+on H200 (TP1): as replicas behind a router (round-robin, and prefix-aware, whose cost
+also scans every engine's prefix cache per request) and as DP ranks of one deployment
+(dense, vLLM's load balancer). The total number of steps grows with the engines (each
+engine steps for itself), so about linear cost is the goal. Columns: CPU seconds of the
+whole call (trace loading included; CPU, not wall, so a machine shared with other work
+does not inflate them), that over the 1-engine figure, steps, CPU microseconds a step.
 
 The 1-engine row runs the single-engine ``Simulator`` (the path every single-engine replay
-takes); the first fleet row beside it (``fleet loop, 1 engine``, ``FleetSimulator`` with
-one engine) shows what the fleet machinery costs by itself.
+takes); the row below it (``fleet loop, 1 engine``: ``FleetSimulator`` with one engine, the
+trace read into memory) shows what the fleet machinery costs by itself.
 
 Usage:  .venv/bin/python bench/fleet.py [--quick] [--json OUT]
 """

@@ -308,3 +308,21 @@ def test_fleets_finish_every_request_with_invariants(dp, replicas, moe, policy):
     assert sorted(set(result.requests.engine)) == list(range(dp * replicas))
     assert sum(c for _, c in result.itl_samples) == sum(r.output_len - 1
                                                         for r in result.requests)
+
+
+def test_front_end_refusals_and_closed_loop_in_a_fleet():
+    """A request no engine could run is refused before routing (engine -1) and frees its
+    closed-loop slot; the rest are spread and finish."""
+    reqs = _trace(n=60)
+    reqs[5] = Req("too-long", reqs[5].arrival_s, 5000, 10, prompt_hashes(9, 5000))
+    from tuner.sim.load import ClosedLoop
+
+    result = FleetSimulator(reqs, SETTINGS, CacheSettings(num_gpu_blocks=400,
+                                                          max_model_len=4096),
+                            nonlinear_step, dp=2, replicas=2,
+                            router=RouterSettings("least-loaded"),
+                            load=ClosedLoop(6)).run()
+    assert result.requests[5].status == "rejected" and result.requests.engine[5] == -1
+    assert result.counters["rejected"] == 1
+    assert sum(r.status == "finished" for r in result.requests) == 59
+    assert sum(e.num_requests for e in result.engines) == 59
