@@ -425,3 +425,41 @@ def test_step_records_carry_the_gauge_at_update() -> None:
     assert steps[1].kv_usage == pytest.approx(4 / 10)
     assert steps[0].kv_usage_at_update == pytest.approx(2 / 10)
     assert all(s.kv_usage_at_update is not None for s in steps)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_free_registers_nothing(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's ``_free_request`` registers no block (scheduler.py:3031-3062), and in async a
+    block can be full but unregistered at free: a victim of schedule(N+1) whose block was
+    completed by the token update(N-1) applied (registered by its next allocate_slots or
+    update, which never come). So the twin's free registers nothing in async, on both
+    paths (the decode group catches up when a member leaves), and the preempted request
+    recomputes that block, as in vLLM."""
+    from tuner.sim.engine import Simulator
+    from tuner.sim.kv_cache_manager import KVCacheManager
+
+    from sim_helpers import nonlinear_step, random_trace
+
+    original = KVCacheManager.free
+    unregistered_at_free = []
+
+    def free(self, request):
+        before = request.num_cached_blocks
+        full = min(request.num_computed_tokens, request.num_tokens) // self.block_size
+        if request.num_blocks and full > before:
+            unregistered_at_free.append(request.request_id)
+        pool_hashes = int((self.block_pool.block_hash >= 0).sum())
+        original(self, request)
+        assert int((self.block_pool.block_hash >= 0).sum()) == pool_hashes, request
+
+    monkeypatch.setattr(KVCacheManager, "free", free)
+    trace = random_trace(seed, 40, block_size=4, max_output=80, with_output_hashes=True,
+                         rate=50.0)
+    sim = Simulator(trace, SchedulerSettings(max_num_batched_tokens=128, max_num_seqs=16),
+                    CacheSettings(block_size=4, num_gpu_blocks=120), nonlinear_step,
+                    options=SimOptions(async_scheduling=True, check_invariants=True,
+                                       fast_forward=PATH["fast_forward"]))
+    result = sim.run()
+    assert result.counters["preemptions"] > 0
+    if not PATH["fast_forward"]:  # the case exists (the group defers more, on purpose)
+        assert unregistered_at_free

@@ -100,6 +100,7 @@ class Scheduler:
         # ``deferred_waiting``, waiting requests the stale-output gate skipped (1084-1089;
         # never filled at batch queue depth 2, see _schedule_waiting).
         self.async_scheduling = self.options.async_scheduling
+        self.kv_cache_manager.register_on_free = not self.async_scheduling
         self.deferred_waiting: set[SimRequest] = set()
         # Fast path: steady decoders advanced together (tuner.sim.decode_group), unless
         # a setting is outside its contract (tuner.sim.fast_path).
