@@ -234,6 +234,47 @@ def test_priority_victim_already_scheduled_this_step_is_stale() -> None:
     d.drain()
 
 
+def test_priority_victim_skipped_ahead_of_the_loop_shifts_it_back() -> None:
+    """935-947: the victim "l" (lowest priority) sits ahead of the loop's position, not
+    scheduled (its last token is in flight: the max_tokens skip). Removing it shifts the
+    loop back one place, so "c" after the requester "b" is still scheduled; and l's stale
+    token, its last, finishes it from the waiting queue."""
+    s = sched(5, policy="priority")  # 4 usable blocks
+    d = Driver(s)
+    lo = req("l", 4, 2, priority=2)
+    s.add_request(lo)
+    d.schedule()
+    s.add_request(req("b", 4, 8, priority=0))
+    s.add_request(req("c", 2, 8, priority=1))
+    d.schedule()  # l decodes (2nd block), b then c admitted: the pool is full
+    assert d.steps[1] == {"l": 1, "b": 4, "c": 2}
+    d.update()
+    out = d.schedule()  # l skipped; b needs a block: victim l, behind the loop's place
+    assert out.preempted == [lo] and d.steps[2] == {"b": 1, "c": 1}
+    d.update()
+    assert lo.status == RequestStatus.FINISHED and lo.num_output_tokens == 2
+    d.drain()
+
+
+def test_priority_request_preempting_itself_lets_the_next_ones_run() -> None:
+    """0.33.0 (982-992): under priority, the lowest-priority request that preempts itself
+    does not end the running loop (async mode follows 0.33.0): at step 5 "l" needs its
+    third block, preempts itself, and "h", needing a block at the same step, takes one
+    of those l freed."""
+    s = sched(4, policy="priority")  # 3 usable blocks
+    d = Driver(s)
+    lo = req("l", 4, 8, priority=2)
+    s.add_request(lo)
+    d.schedule()
+    s.add_request(req("h", 1, 8, priority=0))
+    for _ in range(5):
+        out = d.step()
+    assert d.steps[:5] == [{"l": 4}] + [{"l": 1, "h": 1}] * 4
+    assert out.preempted == [lo] and d.steps[5] == {"h": 1}
+    d.drain()
+    assert lo.num_output_tokens == 8
+
+
 def test_readmission_gate_skips_a_request_with_stale_output() -> None:
     """1084-1089, modelled although it cannot bind at depth 2 (see the test above): a
     waiting request with stale output still in flight is skipped this step, the next

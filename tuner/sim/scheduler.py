@@ -224,14 +224,18 @@ class Scheduler:
                 req_index += 1
                 continue
             while not kvm.allocate_slots(request, num_new):
-                victim = self.pick_victim()
+                victim_index = self._victim_index()
+                victim = running.pop(victim_index)
                 if victim is not request and self.policy == "priority":
+                    # 935-947: a victim ahead of the loop's position shifts it back, and
+                    # one already scheduled this step gives its tokens back.
+                    if victim_index < req_index:
+                        req_index -= 1
                     for j, (req, n) in enumerate(scheduled):
-                        if req is victim:  # already scheduled this step: give back budget
+                        if req is victim:
                             del scheduled[j]
                             token_budget += n
                             out.total_num_scheduled_tokens -= n
-                            req_index -= 1
                             break
                 self.preempt_request(victim)
                 out.preempted.append(victim)
@@ -245,18 +249,28 @@ class Scheduler:
                     prefill_scheduled = True
                 req_index += 1
                 continue
+            if self.async_scheduling and self.policy == "priority":
+                # 0.33.0 (982-992): the lowest-priority request preempted itself; the
+                # ones after it may still fit, and req_index already points at the next.
+                # The sync twin keeps 0.32.0's break (docs/twin-vs-vllm.md).
+                continue
             break  # the request preempted itself
         return token_budget, prefill_scheduled
 
-    def pick_victim(self) -> SimRequest:
-        """Remove and return the request to preempt (vLLM: the lowest priority, latest
-        arrival under ``priority``; the tail of running under ``fcfs``)."""
+    def _victim_index(self) -> int:
+        """Position in running of the request to preempt (vLLM: the lowest priority,
+        latest arrival under ``priority``; the tail of running under ``fcfs``)."""
         running = self.running
         if self.policy == "priority":
             victim = max(running, key=lambda r: (r.priority, r.arrival_s))
-            running.remove(victim)
-            return victim
-        return running.pop()
+            for i, r in enumerate(running):
+                if r is victim:
+                    return i
+        return len(running) - 1
+
+    def pick_victim(self) -> SimRequest:
+        """Remove and return the request to preempt (``_victim_index``)."""
+        return self.running.pop(self._victim_index())
 
     def preempt_request(self, request: SimRequest) -> None:
         """Recompute preemption (1799-1843): free blocks, back to the queue front.
