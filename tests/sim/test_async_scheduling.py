@@ -407,6 +407,28 @@ def test_cache_aware_window_sees_usage_before_the_frees() -> None:
     assert firsts == {True: "w2", False: "w1"}
 
 
+def test_arrival_during_batch_0_is_first_seen_by_schedule_2() -> None:
+    """step_with_batch_queue: schedule(1) runs at the time batch 0 starts (the queue has
+    room), so "b", arriving while batch 0 runs, first meets schedule(2); in sync it meets
+    schedule(1), which follows update(0)."""
+    from tuner.sim.engine import Simulator
+
+    from sim_helpers import fixed_step
+
+    trace = [Req("a", 0.0, 4, 4, []), Req("b", 0.005, 4, 1, [])]
+    for mode, expected in ((True, [{"a": 4}, {"a": 1}, {"a": 1, "b": 4}]),
+                           (False, [{"a": 4}, {"a": 1, "b": 4}])):
+        sim = Simulator(trace, SchedulerSettings(max_num_batched_tokens=64, max_num_seqs=8),
+                        CacheSettings(block_size=BS, num_gpu_blocks=100), fixed_step,
+                        options=SimOptions(async_scheduling=mode, record_steps=True,
+                                           check_invariants=True,
+                                           fast_forward=PATH["fast_forward"]))
+        result = sim.run()
+        got = [s.num_scheduled_tokens for s in result.steps][:len(expected)]
+        assert got == expected, mode
+        assert result.steps[0].duration_s > 0.005  # b arrives while batch 0 runs
+
+
 def test_closed_loop_next_request_seen_two_schedules_later() -> None:
     """Concurrency 1: the next request is issued when one finishes, at update(N), and
     first scheduled by schedule(N+2) (the loop's depth-2 queue)."""

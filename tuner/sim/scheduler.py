@@ -1,4 +1,4 @@
-"""``Scheduler``: the twin of ``vllm/v1/core/sched/scheduler.py`` @ 0.33.0 (synchronous).
+"""``Scheduler``: the twin of ``vllm/v1/core/sched/scheduler.py`` @ 0.33.0 (sync or async).
 
 NOTE(model): as in vLLM there are no prefill and decode phases. Each request has
 ``num_computed_tokens`` and ``num_tokens``; every step gives tokens to requests so the
@@ -13,10 +13,15 @@ PR #54625; ``_schedule_waiting`` = 1049-1616; the cadence stamp = 1618-1629;
 runner of spec §7.2 (no token while a prefill is partial, one token when the scheduled
 tokens complete the sequence), ``ignore_eos`` and ``max_tokens`` as the only stop.
 
-Deliberate divergences (docs/twin-vs-vllm.md lists them all): no async scheduling (as
-``--no-async-scheduling``), no spec decode, encoders, LoRA, connectors, structured output
-or pause states, so the ``kv_holding_waiting`` queue and the skipped/deferred-waiting set
-are always empty and not modelled (preempted requests have ``num_computed_tokens == 0``).
+Async scheduling (``SimOptions.async_scheduling``: ``AsyncScheduler`` under a batch queue
+of 2): the base-class rules keyed on output placeholders live here (the running loop's
+``max_tokens`` skip and demand, stale output at preemption, the re-admission gate), the
+placeholders and the update in ``tuner.sim.async_update``.
+
+Deliberate divergences (docs/twin-vs-vllm.md lists them all): no spec decode, encoders,
+LoRA, connectors, structured output or pause states, so the ``kv_holding_waiting`` queue
+is always empty and not modelled (preempted requests have ``num_computed_tokens == 0``);
+``deferred_waiting`` exists for the async gate and stays empty at depth 2.
 
 Speed (same decisions): with ``SimOptions.fast_forward`` decode-ready running requests
 form a ``DecodeGroup`` (``tuner.sim.decode_group``, a collaborator the scheduler owns;
