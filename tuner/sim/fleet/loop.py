@@ -14,7 +14,7 @@ once on one replay clock. Engines are numbered ``replica * dp + rank``. What is 
 * **Units.** A *unit* owns a batch queue, a CPU and a GPU clock, exactly as
   ``ReplayLoop`` does for its one engine (depth 1: schedule, update, schedule, one total
   per step; depth 2: schedule(N+1) before update(N), the CPU part overlapping the GPU's,
-  docs/step-time-model.md §1.1). A dense model's engines are one unit each: independent engines
+  docs/step-time-model.md §1.3). A dense model's engines are one unit each: independent engines
   (vLLM runs non-MoE DP ranks as separate ``EngineCoreProc``s, v1/engine/core.py:1546).
 * **Lockstep.** A MoE replica's DP ranks are one unit (``DPEngineCoreProc``,
   core.py:2281-2560): while any rank has work every rank steps, a rank with nothing to
