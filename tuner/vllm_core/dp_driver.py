@@ -104,6 +104,9 @@ class VllmCoreDPReplay:
         self.dp = int(job["dp"])
         self.lockstep = bool(job.get("moe")) and self.dp > 1
         self.record_steps = bool(job.get("record_steps", True))
+        #: vLLM's resolved ``async_scheduling`` (as ``VllmCoreReplay``): every rank an
+        #: ``AsyncScheduler`` under a batch queue of depth 2
+        self.async_scheduling = bool(job.get("async_scheduling", False))
         settings = job["settings"]
         interval = int(settings.get("prefill_schedule_interval", 1) or 1)
         t0 = time.perf_counter()
@@ -113,7 +116,8 @@ class VllmCoreDPReplay:
                             block_size=self.block_size,
                             num_gpu_blocks=int(cache["num_gpu_blocks"]),
                             enable_prefix_caching=bool(cache.get("enable_prefix_caching", True)),
-                            max_model_len=int(cache["max_model_len"])),
+                            max_model_len=int(cache["max_model_len"]),
+                            async_scheduling=self.async_scheduling),
             tokens, make_block_hasher(self.block_size), num_requests=len(self.requests),
             record_steps=self.record_steps, interval=interval, lockstep=self.lockstep)
             for _ in range(self.dp)]
@@ -132,7 +136,8 @@ class VllmCoreDPReplay:
         loop = FleetLoop(engines, ((i, requests[i]) for i in order), job["step_time"],
                          AdmissionRules.of(job["settings"], job["cache"]), table,
                          dp=self.dp, replicas=1, lockstep=self.lockstep,
-                         load=job.get("load") or OpenLoop(), num_requests=len(requests))
+                         load=job.get("load") or OpenLoop(), num_requests=len(requests),
+                         batch_queue_depth=2 if self.async_scheduling else 1)
         wall0 = time.perf_counter()
         loop.run()
         wall = time.perf_counter() - wall0
@@ -177,8 +182,9 @@ class VllmCoreDPReplay:
                          "dummy_steps": float(sum(s.num_dummy_steps for s in summaries))})
         first = min((a for a in table.arrival_s if a == a), default=0.0)
         now = loop.now_s
+        mode = "async scheduling" if self.async_scheduling else "no async scheduling"
         notes = [f"vllm {vllm.__version__}; {self.dp} schedulers "
-                 f"({'lockstep MoE' if self.lockstep else 'independent'} DP ranks); "
+                 f"({'lockstep MoE' if self.lockstep else 'independent'} DP ranks, {mode}); "
                  f"built in {self.build_s:.2f}s"]
         for engine in engines:
             notes.extend(engine.notes)
