@@ -154,3 +154,21 @@ def test_cli_session_router_on_a_trace_without_sessions(tmp_path):
                                    "--router", "session"])
     assert res.exit_code == 2, res.output
     assert res.output.startswith("Error: --router session: the trace has no session ids")
+
+
+def test_per_engine_figures_follow_the_measurement_window(chat):
+    """Under a window the per-engine request counts, hits and preemptions are recounted
+    from the table's engine column; they add up to the deployment's."""
+    result = replay.run(chat, target=Target(**H200_8B, replicas=2),
+                        router=RouterSettings("session"))
+    whole = summarize(result)
+    windowed = summarize(result, measure_from_s=60.0)
+    assert sum(e.num_requests for e in whole.engines) == whole.num_requests == 2256
+    assert sum(e.num_requests for e in windowed.engines) == windowed.num_requests < 2256
+    assert sum(e.prefix_cache_hits for e in windowed.engines) == windowed.prefix_cache_hits
+    assert sum(e.prefix_cache_queries for e in windowed.engines) == \
+        windowed.prefix_cache_queries
+    assert [e.num_steps for e in windowed.engines] == [e.num_steps for e in whole.engines]
+    single = summarize(replay.run(chat, target=Target(**H200_8B)))
+    assert len(single.engines) == 1 and single.engines[0].num_requests == 2256
+    assert single.engines[0].prefix_cache_hit_rate == single.prefix_cache_hit_rate

@@ -6,7 +6,8 @@ pick ranks by vLLM's internal load-balancer rule from the ranks' published count
 divergence in any rank's scheduling would also move later assignments. Compared: every
 rank's step records (engine by engine), the request records and the engine of each
 request. Dense ranks are independent; MoE ranks (a MoE preset) step in lockstep with the
-DP prefill cadence on the group's counter.
+DP prefill cadence on the group's counter. Each case in the scheduling mode vLLM resolves
+for the GPU, two also with ``--no-async-scheduling``.
 """
 
 from __future__ import annotations
@@ -32,20 +33,24 @@ def _trace():
                       think_time_s=1.0)
 
 
-def _target(model: str, dp: int) -> Target:
+def _target(model: str, dp: int, async_scheduling: bool | None) -> Target:
     return Target(hardware="h200", model=model, dp=dp, block_size=BS, num_gpu_blocks=160,
-                  max_model_len=8192)
+                  max_model_len=8192, async_scheduling=async_scheduling)
 
 
+_PLAIN = SchedulerSettings(max_num_batched_tokens=512, max_num_seqs=32)
+#: name -> (model, dp, settings, Target.async_scheduling: None = as vLLM resolves it for
+#: the GPU, False = --no-async-scheduling)
 CASES = {
-    "dense-dp2": ("llama-3.1-8b", 2, SchedulerSettings(max_num_batched_tokens=512,
-                                                        max_num_seqs=32)),
-    "dense-dp3-interval": ("llama-3.1-8b", 3, SchedulerSettings(
-        max_num_batched_tokens=512, max_num_seqs=32, prefill_schedule_interval=3)),
-    "moe-dp2-lockstep": ("gpt-oss-120b", 2, SchedulerSettings(max_num_batched_tokens=512,
-                                                              max_num_seqs=32)),
-    "moe-dp2-interval": ("gpt-oss-120b", 2, SchedulerSettings(
-        max_num_batched_tokens=512, max_num_seqs=32, prefill_schedule_interval=4)),
+    "dense-dp2": ("llama-3.1-8b", 2, _PLAIN, None),
+    "dense-dp3-interval": ("llama-3.1-8b", 3, _PLAIN.replace(prefill_schedule_interval=3),
+                           None),
+    "moe-dp2-lockstep": ("gpt-oss-120b", 2, _PLAIN, None),
+    "moe-dp2-interval": ("gpt-oss-120b", 2, _PLAIN.replace(prefill_schedule_interval=4),
+                         None),
+    "dense-dp2-sync": ("llama-3.1-8b", 2, _PLAIN, False),
+    "moe-dp2-interval-sync": ("gpt-oss-120b", 2,
+                              _PLAIN.replace(prefill_schedule_interval=4), False),
 }
 _RESULTS: dict[str, tuple] = {}
 
@@ -53,9 +58,9 @@ _RESULTS: dict[str, tuple] = {}
 def _results() -> dict[str, tuple]:
     if not _RESULTS:
         trace = _trace()
-        cases = [ParityCase(name, trace, settings, _target(model, dp),
+        cases = [ParityCase(name, trace, settings, _target(model, dp, mode),
                             options=SimOptions(prefill_interval_mode="local"))
-                 for name, (model, dp, settings) in CASES.items()]
+                 for name, (model, dp, settings, mode) in CASES.items()]
         out = run_parity_many(cases, vllm_python=vllm_python("0.33"), timeout_s=1200)
         _RESULTS.update({c.name: r for c, r in zip(cases, out)})
     return _RESULTS

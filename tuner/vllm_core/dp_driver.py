@@ -1,7 +1,9 @@
 """The ``vllm-core`` driver for a data-parallel deployment: one vLLM ``Scheduler`` per rank.
 
-Runs inside the vLLM Python like ``tuner.vllm_core.driver`` (which hands a job with
-``dp > 1`` to :class:`VllmCoreDPReplay`). Each DP rank is a real vLLM ``Scheduler`` with
+Runs inside the vLLM Python like ``tuner.vllm_core.driver``, as a script with the same
+arguments (``VLLM_PYTHON tuner/vllm_core/dp_driver.py JOB.pickle RESULT.pickle``); the
+backend starts it instead of ``driver.py`` when a job has ``dp > 1``, and it replays the
+other jobs of a list with ``driver.VllmCoreReplay``. Each DP rank is a real vLLM ``Scheduler`` with
 its own KV cache (``build_scheduler``); the ranks share the twin's fleet loop
 (``tuner.sim.fleet.loop.FleetLoop``): vLLM's internal load balancer picks the rank of
 each arrival from the ranks' published counts, and a MoE deployment's ranks step in
@@ -20,11 +22,19 @@ One deployment only: a fleet's router (``--replicas``) runs on the twin.
 from __future__ import annotations
 
 import math
+import os
+import pickle
+import sys
 import time
 from typing import Any
 
-from tuner.vllm_core.driver import VllmCoreEngine, build_scheduler, make_block_hasher
-from tuner.vllm_core.tokens import DriverRequest, TokenFactory
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from tuner.vllm_core.driver import (VllmCoreEngine, VllmCoreReplay,  # noqa: E402
+                                    build_scheduler, make_block_hasher)
+from tuner.vllm_core.tokens import DriverRequest, TokenFactory  # noqa: E402
 
 
 class VllmCoreFleetEngine(VllmCoreEngine):
@@ -104,6 +114,9 @@ class VllmCoreDPReplay:
         self.dp = int(job["dp"])
         self.lockstep = bool(job.get("moe")) and self.dp > 1
         self.record_steps = bool(job.get("record_steps", True))
+        #: vLLM's resolved ``async_scheduling`` (as ``VllmCoreReplay``): every rank an
+        #: ``AsyncScheduler`` under a batch queue of depth 2
+        self.async_scheduling = bool(job.get("async_scheduling", False))
         settings = job["settings"]
         interval = int(settings.get("prefill_schedule_interval", 1) or 1)
         t0 = time.perf_counter()
@@ -113,7 +126,8 @@ class VllmCoreDPReplay:
                             block_size=self.block_size,
                             num_gpu_blocks=int(cache["num_gpu_blocks"]),
                             enable_prefix_caching=bool(cache.get("enable_prefix_caching", True)),
-                            max_model_len=int(cache["max_model_len"])),
+                            max_model_len=int(cache["max_model_len"]),
+                            async_scheduling=self.async_scheduling),
             tokens, make_block_hasher(self.block_size), num_requests=len(self.requests),
             record_steps=self.record_steps, interval=interval, lockstep=self.lockstep)
             for _ in range(self.dp)]
@@ -132,7 +146,8 @@ class VllmCoreDPReplay:
         loop = FleetLoop(engines, ((i, requests[i]) for i in order), job["step_time"],
                          AdmissionRules.of(job["settings"], job["cache"]), table,
                          dp=self.dp, replicas=1, lockstep=self.lockstep,
-                         load=job.get("load") or OpenLoop(), num_requests=len(requests))
+                         load=job.get("load") or OpenLoop(), num_requests=len(requests),
+                         batch_queue_depth=2 if self.async_scheduling else 1)
         wall0 = time.perf_counter()
         loop.run()
         wall = time.perf_counter() - wall0
@@ -177,8 +192,9 @@ class VllmCoreDPReplay:
                          "dummy_steps": float(sum(s.num_dummy_steps for s in summaries))})
         first = min((a for a in table.arrival_s if a == a), default=0.0)
         now = loop.now_s
+        mode = "async scheduling" if self.async_scheduling else "no async scheduling"
         notes = [f"vllm {vllm.__version__}; {self.dp} schedulers "
-                 f"({'lockstep MoE' if self.lockstep else 'independent'} DP ranks); "
+                 f"({'lockstep MoE' if self.lockstep else 'independent'} DP ranks, {mode}); "
                  f"built in {self.build_s:.2f}s"]
         for engine in engines:
             notes.extend(engine.notes)
@@ -188,3 +204,29 @@ class VllmCoreDPReplay:
             simulated_s=max(0.0, now - min(first, now)), wall_s=wall,
             num_gpus=int(job.get("num_gpus", 1)), steps=steps if self.record_steps else None,
             notes=notes, engines=summaries)
+
+
+def replay_job(job: dict[str, Any]) -> Any:
+    """One job's ``ReplayResult``: DP ranks here, a single engine by ``VllmCoreReplay``."""
+    if int(job.get("dp", 1)) > 1:
+        return VllmCoreDPReplay(job).run()
+    return VllmCoreReplay(job).run()
+
+
+def main(argv: list[str]) -> int:
+    """``JOB.pickle RESULT.pickle``, as ``tuner.vllm_core.driver.main``: a job dict gives a
+    ``ReplayResult``, a list of jobs a list."""
+    if len(argv) != 3:
+        print("usage: dp_driver.py JOB.pickle RESULT.pickle", file=sys.stderr)
+        return 2
+    with open(argv[1], "rb") as f:
+        job = pickle.load(f)
+    result = [replay_job(j) for j in job] if isinstance(job, list) else replay_job(job)
+    from tuner.outputs import write_bytes  # standard library only, like this driver
+
+    write_bytes(argv[2], pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL), announce=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

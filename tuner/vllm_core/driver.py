@@ -502,17 +502,10 @@ def main(argv: list[str]) -> int:
         return 2
     with open(argv[1], "rb") as f:
         job = pickle.load(f)
-    def replay(j: dict[str, Any]) -> Any:
-        if int(j.get("dp", 1)) > 1:  # one Scheduler per DP rank (tuner.vllm_core.dp_driver)
-            from tuner.vllm_core.dp_driver import VllmCoreDPReplay
-
-            return VllmCoreDPReplay(j).run()
-        return VllmCoreReplay(j).run()
-
     if isinstance(job, list):
-        result: Any = [replay(j) for j in job]
+        result: Any = [VllmCoreReplay(j).run() for j in job]
     else:
-        result = replay(job)
+        result = VllmCoreReplay(job).run()
     from tuner.outputs import write_bytes  # standard library only, like this driver
 
     write_bytes(argv[2], pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL), announce=False)
