@@ -223,14 +223,18 @@ class Scheduler:
                 req_index += 1
                 continue
             while not kvm.allocate_slots(request, num_new):
-                victim = self.pick_victim()
+                victim_index = self._victim_index()
+                victim = running.pop(victim_index)
+                if victim_index < req_index:
+                    # vLLM moves the cursor back with any victim before it, scheduled this
+                    # step or skipped (max_tokens look-ahead, deferred prefill): 810-812
+                    req_index -= 1
                 if victim is not request and self.policy == "priority":
                     for j, (req, n) in enumerate(scheduled):
                         if req is victim:  # already scheduled this step: give back budget
                             del scheduled[j]
                             token_budget += n
                             out.total_num_scheduled_tokens -= n
-                            req_index -= 1
                             break
                 self.preempt_request(victim)
                 out.preempted.append(victim)
@@ -247,15 +251,18 @@ class Scheduler:
             break  # the request preempted itself
         return token_budget, prefill_scheduled
 
-    def pick_victim(self) -> SimRequest:
-        """Remove and return the request to preempt (vLLM: the lowest priority, latest
-        arrival under ``priority``; the tail of running under ``fcfs``)."""
+    def _victim_index(self) -> int:
+        """Where in ``running`` the request to preempt sits (vLLM: the lowest priority,
+        latest arrival under ``priority``, the first such; the tail under ``fcfs``)."""
         running = self.running
         if self.policy == "priority":
-            victim = max(running, key=lambda r: (r.priority, r.arrival_s))
-            running.remove(victim)
-            return victim
-        return running.pop()
+            return max(range(len(running)),
+                       key=lambda i: (running[i].priority, running[i].arrival_s))
+        return len(running) - 1
+
+    def pick_victim(self) -> SimRequest:
+        """Remove and return the request to preempt (:meth:`_victim_index`)."""
+        return self.running.pop(self._victim_index())
 
     def preempt_request(self, request: SimRequest) -> None:
         """Recompute preemption (1799-1843): free blocks, back to the queue front.
