@@ -148,13 +148,23 @@ class AsyncDecodeGroup(DecodeGroup):
         pending.sampled = [sampled for _, sampled in kept]
         self.others = [r for r in self.others if not r.steady]
 
-    def _depart(self, request: SimRequest) -> None:
-        """A member leaves at schedule time: counters up to date, out of the calendar, and
-        its in-flight token handed back to the step in flight (the plain update applies
-        it; ``sort_individual`` keeps that step's entries in running order)."""
+    def _depart(self, request: SimRequest, allocated: bool = False) -> None:
+        """A member leaves at schedule time: counters up to date, registrations caught up
+        with vLLM's, out of the calendar, and its in-flight token handed back to the step
+        in flight (the plain update applies it; ``sort_individual`` keeps that step's
+        entries in running order).
+
+        Registrations: vLLM has registered a member's full blocks up to ``t - 1`` tokens
+        (``t`` applied: the last update registered ``computed - in_flight``), or up to
+        ``t`` once this step's ``allocate_slots`` ran (``allocated``); the group deferred
+        the unshareable ones, registered now (``KVCacheManager.free`` does not in async).
+        """
         pending = self.pending
         assert pending is not None, f"member {request!r} without a step in flight (tuner bug)"
         self.materialize(request)
+        if self.caching:
+            kvm = self.host.kv_cache_manager
+            kvm.cache_blocks(request, request.num_tokens - (0 if allocated else 1))
         bucket = self.calendar.get(request.next_event)
         if bucket is not None and request in bucket:
             bucket.remove(request)
@@ -173,6 +183,10 @@ class AsyncDecodeGroup(DecodeGroup):
         members = [r for r in self.host.running if r.steady]
         super().dissolve()
         pending = self.pending
+        if self.caching:  # as in _depart: vLLM registered up to t - 1 tokens
+            cache_blocks = self.host.kv_cache_manager.cache_blocks
+            for request in members:
+                cache_blocks(request, request.num_tokens - 1)
         if members:
             assert pending is not None, "members without a step in flight (tuner bug)"
             pending.individual.extend((r, 1) for r in members)
@@ -201,7 +215,7 @@ class AsyncDecodeGroup(DecodeGroup):
                               self.output_tokens(member) + 1)
         if finishing:
             for member in finishing:  # still running until the update: back in others
-                self._depart(member)
+                self._depart(member, allocated=True)
                 insort(self.others, member, key=seq_order)
                 out.individual.append((member, 1))
             out.sort_individual = True

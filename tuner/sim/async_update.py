@@ -33,24 +33,37 @@ vLLM 0.33.0 (file:line under ``vllm/v1/``):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
+from tuner.sim.kv_cache_manager import KVCacheManager
 from tuner.sim.request import RequestStatus, SimRequest
+from tuner.sim.scheduler_output import SchedulerOutput
 
 if TYPE_CHECKING:
     from tuner.sim.decode_group import DecodeGroup
-    from tuner.sim.scheduler import Scheduler
-    from tuner.sim.scheduler_output import SchedulerOutput
 
 _RUNNING = RequestStatus.RUNNING
 _FINISHED = RequestStatus.FINISHED
+
+
+class AsyncHost(Protocol):
+    """What the async update needs from its scheduler (``tuner.sim.scheduler.Scheduler``)."""
+
+    running: list[SimRequest]
+    deferred_waiting: set[SimRequest]
+
+    @property
+    def kv_cache_manager(self) -> KVCacheManager: ...
+
+    @property
+    def waiting(self) -> Any: ...  # the request queue (FCFS deque or priority heap)
 
 
 def _entry_seq(entry: tuple[tuple[SimRequest, int], bool]) -> int:
     return entry[0][0].seq
 
 
-def place_outputs(out: "SchedulerOutput") -> None:
+def place_outputs(out: SchedulerOutput) -> None:
     """The async half of ``_update_after_schedule``, after the shared half advanced
     ``num_computed_tokens`` and ``is_prefill_chunk``: tokens in flight, one placeholder
     per request this step samples, and the sampling decision kept for the update."""
@@ -63,7 +76,7 @@ def place_outputs(out: "SchedulerOutput") -> None:
         sampled.append(samples)
 
 
-def check_async_invariants(scheduler: "Scheduler", group: "DecodeGroup | None") -> None:
+def check_async_invariants(scheduler: AsyncHost, group: "DecodeGroup | None") -> None:
     """What holds between any two calls at batch queue depth 2 (no spec decode): at most
     one placeholder (only the step in flight can hold one), a placeholder only with
     tokens in flight, a stale share only inside the in-flight tokens, none in a waiting
@@ -87,7 +100,7 @@ def check_async_invariants(scheduler: "Scheduler", group: "DecodeGroup | None") 
             f"waiting {request!r}: in-flight tokens that are not stale")
 
 
-def apply_outputs(scheduler: "Scheduler", out: "SchedulerOutput", now_s: float,
+def apply_outputs(scheduler: AsyncHost, out: SchedulerOutput, now_s: float,
                   gaps: dict[float, int]) -> list[SimRequest]:
     """``update_from_output`` of an async step at ``now_s`` (see the module doc); the
     requests that finished, in output order."""

@@ -1,4 +1,4 @@
-"""``Scheduler``: the twin of ``vllm/v1/core/sched/scheduler.py`` @ 0.33.0 (synchronous).
+"""``Scheduler``: the twin of ``vllm/v1/core/sched/scheduler.py`` @ 0.33.0 (sync or async).
 
 NOTE(model): as in vLLM there are no prefill and decode phases. Each request has
 ``num_computed_tokens`` and ``num_tokens``; every step gives tokens to requests so the
@@ -13,10 +13,15 @@ PR #54625; ``_schedule_waiting`` = 1049-1616; the cadence stamp = 1618-1629;
 runner of spec §7.2 (no token while a prefill is partial, one token when the scheduled
 tokens complete the sequence), ``ignore_eos`` and ``max_tokens`` as the only stop.
 
-Deliberate divergences (docs/twin-vs-vllm.md lists them all): no async scheduling (as
-``--no-async-scheduling``), no spec decode, encoders, LoRA, connectors, structured output
-or pause states, so the ``kv_holding_waiting`` queue and the skipped/deferred-waiting set
-are always empty and not modelled (preempted requests have ``num_computed_tokens == 0``).
+Async scheduling (``SimOptions.async_scheduling``: ``AsyncScheduler`` under a batch queue
+of 2): the base-class rules keyed on output placeholders live here (the running loop's
+``max_tokens`` skip and demand, stale output at preemption, the re-admission gate), the
+placeholders and the update in ``tuner.sim.async_update``.
+
+Deliberate divergences (docs/twin-vs-vllm.md lists them all): no spec decode, encoders,
+LoRA, connectors, structured output or pause states, so the ``kv_holding_waiting`` queue
+is always empty and not modelled (preempted requests have ``num_computed_tokens == 0``);
+``deferred_waiting`` exists for the async gate and stays empty at depth 2.
 
 Speed (same decisions): with ``SimOptions.fast_forward`` decode-ready running requests
 form a ``DecodeGroup`` (``tuner.sim.decode_group``, a collaborator the scheduler owns;
@@ -100,6 +105,7 @@ class Scheduler:
         # ``deferred_waiting``, waiting requests the stale-output gate skipped (1084-1089;
         # never filled at batch queue depth 2, see _schedule_waiting).
         self.async_scheduling = self.options.async_scheduling
+        self.kv_cache_manager.register_on_free = not self.async_scheduling
         self.deferred_waiting: set[SimRequest] = set()
         # Fast path: steady decoders advanced together (tuner.sim.decode_group), unless
         # a setting is outside its contract (tuner.sim.fast_path).
@@ -225,13 +231,13 @@ class Scheduler:
             while not kvm.allocate_slots(request, num_new):
                 victim_index = self._victim_index()
                 victim = running.pop(victim_index)
-                if victim_index < req_index:
-                    # vLLM moves the cursor back with any victim before it, scheduled this
-                    # step or skipped (max_tokens look-ahead, deferred prefill): 810-812
-                    req_index -= 1
                 if victim is not request and self.policy == "priority":
+                    # 935-947: a victim ahead of the loop's position shifts it back, and
+                    # one already scheduled this step gives its tokens back.
+                    if victim_index < req_index:
+                        req_index -= 1
                     for j, (req, n) in enumerate(scheduled):
-                        if req is victim:  # already scheduled this step: give back budget
+                        if req is victim:
                             del scheduled[j]
                             token_budget += n
                             out.total_num_scheduled_tokens -= n
@@ -248,20 +254,27 @@ class Scheduler:
                     prefill_scheduled = True
                 req_index += 1
                 continue
+            if self.async_scheduling and self.policy == "priority":
+                # 0.33.0 (982-992): the lowest-priority request preempted itself; the
+                # ones after it may still fit, and req_index already points at the next.
+                # The sync twin keeps 0.32.0's break (docs/twin-vs-vllm.md).
+                continue
             break  # the request preempted itself
         return token_budget, prefill_scheduled
 
     def _victim_index(self) -> int:
-        """Where in ``running`` the request to preempt sits (vLLM: the lowest priority,
-        latest arrival under ``priority``, the first such; the tail under ``fcfs``)."""
+        """Position in running of the request to preempt (vLLM: the lowest priority,
+        latest arrival under ``priority``; the tail of running under ``fcfs``)."""
         running = self.running
         if self.policy == "priority":
-            return max(range(len(running)),
-                       key=lambda i: (running[i].priority, running[i].arrival_s))
+            victim = max(running, key=lambda r: (r.priority, r.arrival_s))
+            for i, r in enumerate(running):
+                if r is victim:
+                    return i
         return len(running) - 1
 
     def pick_victim(self) -> SimRequest:
-        """Remove and return the request to preempt (:meth:`_victim_index`)."""
+        """Remove and return the request to preempt (``_victim_index``)."""
         return self.running.pop(self._victim_index())
 
     def preempt_request(self, request: SimRequest) -> None:
