@@ -55,6 +55,17 @@ def test_async_parity(version: str, name: str) -> None:
     report, twin, vllm = results(version)[name]
     if not name.endswith("-sync-w4") and not _twin_models_async(version):
         pytest.skip("the twin does not model async scheduling yet (issue 14 item 1)")
+    if version == "0.33" and name.startswith("priority") and "cursor" not in name:
+        # The known divergence (docs/fidelity.md, "Divergences found"), checked to be that
+        # one: the test fails once the twin models 0.33.0 here, and this branch must go.
+        fd = report.first_divergence
+        assert fd is not None, "the twin now matches 0.33.0's priority self-preemption"
+        cause = [s for s in vllm.steps[fd.step:fd.step + 2]
+                 if s.preempted and s.num_scheduled_tokens
+                 and not set(s.preempted) & set(s.num_scheduled_tokens)]
+        assert cause, report.format_text()
+        pytest.xfail("the twin ends the running loop when a priority request preempts "
+                     "itself, as 0.32.0 does; 0.33.0 goes on (scheduler.py:982-992)")
     assert report.num_compared > 0
     assert report.identical, report.format_text()
     assert report.identical_pct == 100.0
@@ -139,6 +150,11 @@ def test_vllm_async_case(version: str, name: str) -> None:
             assert steps == _scheduled(base)
     elif name.startswith("closed-loop"):
         assert max(s.num_running + s.num_waiting for s in vllm.steps) == 24
+    elif name.startswith("priority-cursor"):
+        assert vllm.steps[11].preempted == ("A",) and steps[11] == {"B": 1, "C": 1}
+    elif name.startswith("priority-self-preempt"):
+        assert vllm.steps[9].preempted == ("low",)
+        assert steps[9] == ({"high": 1} if version == "0.33" else {})
     elif name.startswith("priority"):
         assert c["preemptions"] > 0, c
         assert "cache_aware_reorders" in c and c["cache_aware_reorders"] == 0  # fcfs only
@@ -168,9 +184,11 @@ def test_032_and_033_schedule_async_alike() -> None:
     look-ahead, stale in-flight output; 0.32 caches a delivered token's blocks in
     ``AsyncScheduler._update_request_with_output`` up to ``num_computed -
     num_output_placeholders``, 0.33 in ``update_from_output`` up to ``num_computed -
-    num_in_flight_tokens``: the same bound at PP=1 without drafts): every case but the
-    local prefill cadence (0.33 only) runs step for step alike on both."""
+    num_in_flight_tokens``: the same bound at PP=1 without drafts): every case runs step
+    for step alike on both but those of the two version differences: the local prefill
+    cadence (psi4) and a priority request that preempts itself (0.33 goes on)."""
     new, old = results("0.33"), results("0.32")
+    differ = ("psi4-", "priority-self-preempt-", "priority-w")
     for name in NAMES + ["guard-plain-scheduler"]:
         a, b = new[name][2].steps, old[name][2].steps
         same = len(a) == len(b) and all(
@@ -178,4 +196,4 @@ def test_032_and_033_schedule_async_alike() -> None:
              x.kv_usage_at_update, x.start_s)
             == (y.num_scheduled_tokens, y.preempted, y.cached_tokens, y.kv_usage,
                 y.kv_usage_at_update, y.start_s) for x, y in zip(a, b))
-        assert same == (not name.startswith("psi4")), name
+        assert same == (not name.startswith(differ)), name
