@@ -10,7 +10,7 @@ step alike.
 from __future__ import annotations
 
 from parity_cases import (BS, chat_trace, pr_eviction_requests, priority_requests,
-                          target)
+                          priority_self_preempt_requests, target)
 
 from tuner.fidelity.parity import ParityCase
 from tuner.sim.load import ClosedLoop
@@ -59,15 +59,6 @@ def priority_cursor_requests() -> list[TraceRequest]:
     return [TraceRequest("A", 0.0, 16, 11, _blocks(7, 1), priority=2),
             TraceRequest("B", 0.001, 40, 20, _blocks(8, 2), priority=0),
             TraceRequest("C", 0.001, 40, 20, _blocks(9, 2), priority=1)]
-
-
-def priority_self_preempt_requests() -> list[TraceRequest]:
-    """policy=priority: "low", first in running, needs a block when none is free and is
-    itself the lowest priority: it preempts itself. vLLM 0.33.0 then goes on with the
-    higher-priority requests after it (scheduler.py:982-992, ``continue``); 0.32.0 ends
-    the running loop (``break``), so its step is empty."""
-    return [TraceRequest("low", 0.0, 40, 20, _blocks(5, 2), priority=1),
-            TraceRequest("high", 0.001, 40, 20, _blocks(6, 2), priority=0)]
 
 
 def short_output_requests() -> list[TraceRequest]:

@@ -55,6 +55,32 @@ def priority_requests() -> list[TraceRequest]:
     return [dataclasses.replace(r, priority=(i * 7) % 3) for i, r in enumerate(reqs)]
 
 
+def priority_self_preempt_requests() -> list[TraceRequest]:
+    """policy=priority: "low", first in running, needs a block when none is free and is
+    itself the lowest priority: it preempts itself. vLLM 0.33.0 then goes on with the
+    higher-priority requests after it (scheduler.py:982-992, ``continue``); 0.32.0 ends
+    the running loop (``break``), so its step is empty."""
+    return [TraceRequest("low", 0.0, 40, 20, tuple(range(5000, 5002)), priority=1),
+            TraceRequest("high", 0.001, 40, 20, tuple(range(6000, 6002)), priority=0)]
+
+
+def self_preemption_divergence(report, twin, vllm) -> bool:  # type: ignore[no-untyped-def]
+    """Whether ``report``'s first divergence is the twin's known priority self-preemption
+    rule (docs/fidelity.md, "Divergences found"): at it (or the next step, whose
+    schedule() the gauge of the first already saw) one side preempted a request and went
+    on scheduling others, the other did not."""
+    fd = report.first_divergence
+    if fd is None:
+        return False
+
+    def went_on(steps) -> bool:  # type: ignore[no-untyped-def]
+        return any(s.preempted and s.num_scheduled_tokens
+                   and not set(s.preempted) & set(s.num_scheduled_tokens)
+                   for s in steps[fd.step:fd.step + 2])
+
+    return went_on(twin.steps) != went_on(vllm.steps)
+
+
 def cases(version: str) -> list[ParityCase]:
     """Every parity case for vLLM ``version`` ("0.33" or "0.32")."""
     mode = "local" if version == "0.33" else "off"  # 0.32: no single-engine cadence
@@ -87,5 +113,9 @@ def cases(version: str) -> list[ParityCase]:
                    options=opts),
         ParityCase("priority", priority_requests(), chat.replace(policy="priority"),
                    target(150), options=opts, hash_block_size=BS),
+        ParityCase("priority-self-preempt", priority_self_preempt_requests(),
+                   SchedulerSettings(max_num_batched_tokens=8192, max_num_seqs=16,
+                                     policy="priority"), target(7), options=opts,
+                   hash_block_size=BS),
     ]
     return out

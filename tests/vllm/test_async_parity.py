@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from async_cases import (FOLLOWER_AFTER_S, FOLLOWER_IN_WINDOW_S, THRESHOLD, cases,
                          guard_case)
+from parity_cases import self_preemption_divergence
 from vllm_env import vllm_python
 
 from tuner.fidelity.parity import run_parity_many
@@ -21,6 +22,11 @@ from tuner.fidelity.parity import run_parity_many
 pytestmark = pytest.mark.vllm
 
 NAMES = [c.name for c in cases("0.33")]
+#: The twin's priority self-preemption follows the scheduling mode (async: 0.33.0's
+#: continue, sync: 0.32.0's break) where vLLM's follows the release: async on 0.32.0
+#: diverges.
+KNOWN_DIVERGENCE = {"0.32": "the twin goes on after a priority request preempts itself, "
+                            "as 0.33.0 does; 0.32.0 ends the running loop (break)"}
 _RESULTS: dict[str, dict[str, Any]] = {}
 
 
@@ -55,17 +61,11 @@ def test_async_parity(version: str, name: str) -> None:
     report, twin, vllm = results(version)[name]
     if not name.endswith("-sync-w4") and not _twin_models_async(version):
         pytest.skip("the twin does not model async scheduling yet (issue 14 item 1)")
-    if version == "0.33" and name.startswith("priority") and "cursor" not in name:
-        # The known divergence (docs/fidelity.md, "Divergences found"), checked to be that
-        # one: the test fails once the twin models 0.33.0 here, and this branch must go.
-        fd = report.first_divergence
-        assert fd is not None, "the twin now matches 0.33.0's priority self-preemption"
-        cause = [s for s in vllm.steps[fd.step:fd.step + 2]
-                 if s.preempted and s.num_scheduled_tokens
-                 and not set(s.preempted) & set(s.num_scheduled_tokens)]
-        assert cause, report.format_text()
-        pytest.xfail("the twin ends the running loop when a priority request preempts "
-                     "itself, as 0.32.0 does; 0.33.0 goes on (scheduler.py:982-992)")
+    if KNOWN_DIVERGENCE.get(version, "") and name.startswith(("priority-w", "priority-self")):
+        # The known divergence (docs/fidelity.md), checked to be that one: the test fails
+        # once the twin follows the release here, and this branch must go.
+        assert self_preemption_divergence(report, twin, vllm), report.format_text()
+        pytest.xfail(KNOWN_DIVERGENCE[version])
     assert report.num_compared > 0
     assert report.identical, report.format_text()
     assert report.identical_pct == 100.0

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from parity_cases import cases
+from parity_cases import cases, self_preemption_divergence
 from vllm_env import vllm_python
 
 from tuner.fidelity.parity import run_parity_many
@@ -34,6 +34,12 @@ def results(version: str) -> dict[str, Any]:
 @pytest.mark.parametrize("name", NAMES)
 def test_parity(version: str, name: str) -> None:
     report, twin, vllm = results(version)[name]
+    if version == "0.33" and name == "priority-self-preempt":
+        # Known divergence (docs/fidelity.md): the sync twin ends the running loop after a
+        # priority self-preemption, as 0.32.0 does; 0.33.0 goes on (scheduler.py:982-992).
+        # Checked to be that one, so the test fails once the twin follows the release.
+        assert self_preemption_divergence(report, twin, vllm), report.format_text()
+        pytest.xfail("sync twin: 0.32.0's break after a priority self-preemption")
     assert report.num_compared > 0
     assert report.identical, report.format_text()
     assert report.identical_pct == 100.0
@@ -68,6 +74,10 @@ def test_parity(version: str, name: str) -> None:
         assert c["num_steps"] == base.counters["num_steps"]
     elif name == "priority":
         assert c["preemptions"] > 0, c
+    elif name == "priority-self-preempt":
+        assert vllm.steps[9].preempted == ("low",)
+        # 0.33.0 goes on with "high"; 0.32.0 ends the running loop
+        assert vllm.steps[9].num_scheduled_tokens == ({"high": 1} if version == "0.33" else {})
 
 
 def test_speed_ratio_is_reported() -> None:
