@@ -19,10 +19,14 @@ Formulas (docs/step-time-model.md §1), per kernel:
 * all-reduce: latency + 2(p-1)/p (bytes + half) / (eff link)
 * fused MoE: 2 t0 + moe_layer_overhead + max(touched W b / (eta_mem BW),
   2 W (k T + touched m_half) / (eta_compute P)) per rank
+* all-to-all (expert parallelism): all2all_latency + bytes / all2all_bw (the preset's),
+  against the measured NCCL all-to-all on 8 GPUs
+* Gated DeltaNet layer: tuner/perf/linear_attention.py against the measured GDN kernels
 
 Usage:  .venv/bin/python bench/aic_kernels.py [--gpus h100,h200,b200] [--markdown OUT]
-        .venv/bin/python bench/aic_kernels.py --fit-priors   (the NVIDIA presets' GEMM and
-        all-reduce priors: a log least-squares fit of the formulas to the tables)
+        .venv/bin/python bench/aic_kernels.py --fit-priors   (the NVIDIA presets' GEMM,
+        all-reduce and all-to-all priors and the GDN constants: a log least-squares fit of
+        the formulas to the tables)
 """
 
 from __future__ import annotations
@@ -177,6 +181,84 @@ def moe(system: Path, hw, c) -> list[str]:  # type: ignore[no-untyped-def]
     return out
 
 
+def _alltoall_table(system: Path):  # type: ignore[no-untyped-def]
+    """aiconfigurator-core's newest NCCL all-to-all rows (fp16, 8 GPUs), bytes and s."""
+    import polars as pl
+
+    files = sorted((system / "comm" / "nccl").glob("*/nccl_perf.parquet"))
+    if not files:
+        return None
+    d = pl.read_parquet(files[-1]).filter((pl.col("op_name") == "alltoall")
+                                          & (pl.col("nccl_dtype") == "half")
+                                          & (pl.col("num_gpus") == 8))
+    return (d["message_size"].to_numpy().astype(float) * 2.0,
+            d["latency"].to_numpy().astype(float) * 1e-3)
+
+
+def alltoall(system: Path, hw, c) -> list[str]:  # type: ignore[no-untyped-def]
+    """The expert-parallel all-to-all term (latency + V / bandwidth, the preset's
+    interconnect.all2all_*) against the measured NCCL all-to-all on 8 GPUs."""
+    del c
+    rows = _alltoall_table(system)
+    if rows is None:
+        return []
+    v, t = rows
+    pred = hw.all2all_latency_s + v / hw.all2all_bandwidth
+    out = [f"  all-to-all (NCCL) all        {_stats(pred * 1e3, t * 1e3)}"]
+    for label, sel in (("<=1MiB", v <= 1 << 20), (">1MiB", v > 1 << 20)):
+        out.append(f"  all-to-all (NCCL) {label:10s} {_stats(pred[sel] * 1e3, t[sel] * 1e3)}")
+    return out
+
+
+def _gdn_rows(system: Path):  # type: ignore[no-untyped-def]
+    """Measured GDN layers of the Qwen3.5-27B shapes (6-48 value heads: TP8..TP1; the
+    conv and scan kernels summed per shape), or None."""
+    import polars as pl
+
+    files = sorted((system / "linear_attention" / "vllm").glob("*/gdn_perf.parquet"))
+    if not files:
+        return None
+    return (pl.read_parquet(files[-1]).filter(pl.col("model_name") == "Qwen/Qwen3.5-27B")
+            .group_by(["phase", "batch_size", "seq_len", "num_k_heads", "num_v_heads",
+                       "head_k_dim", "head_v_dim"])
+            .agg(pl.col("latency").sum()))
+
+
+def gdn(system: Path, hw, c) -> list[str]:  # type: ignore[no-untyped-def]
+    """tuner/perf/linear_attention.py against the measured Gated DeltaNet kernels (fp32
+    state, as Qwen3.5/3.6 configure it)."""
+    import dataclasses
+
+    import polars as pl
+
+    from tuner.perf import linear_attention as la
+    from tuner.perf.models import load_model
+    from tuner.sim.batch import StepBatch
+
+    del c
+    d = _gdn_rows(system)
+    if d is None:
+        return []
+    base = load_model(ROOT / "tuner/perf/data/models/Qwen--Qwen3.6-27B.json")
+    out = []
+    for phase in ("generation", "context"):
+        pred, meas = [], []
+        for row in d.filter(pl.col("phase") == phase).iter_rows(named=True):
+            m = dataclasses.replace(base, num_linear_layers=1,
+                                    linear_num_key_heads=row["num_k_heads"],
+                                    linear_num_value_heads=row["num_v_heads"],
+                                    linear_key_head_dim=row["head_k_dim"],
+                                    linear_value_head_dim=row["head_v_dim"])
+            b, s = row["batch_size"], row["seq_len"]
+            batch = (StepBatch(num_decode_reqs=b, decode_ctx_tokens=b)
+                     if phase == "generation" else
+                     StepBatch(num_prefill_reqs=b, num_prefill_tokens=b * s))
+            pred.append(la.linear_attention_s(la.linear_constants(hw, m, 1), batch) * 1e3)
+            meas.append(row["latency"])
+        out.append(f"  gdn {phase:10s}       {_stats(np.asarray(pred), np.asarray(meas))}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", default="h100,h200,b200")
@@ -192,7 +274,7 @@ def main() -> None:
         c = default_coefficients(hw)
         system = data / SYSTEMS[gpu]
         lines.append(f"{gpu} ({system.name}): predicted vs measured kernel latency")
-        for part in (gemm, attention, allreduce, moe):
+        for part in (gemm, attention, allreduce, moe, alltoall, gdn):
             lines += part(system, hw, c)
     print("\n".join(lines))
     if args.markdown:
@@ -240,13 +322,71 @@ def fit_priors(system: Path, hw) -> dict:  # type: ignore[no-untyped-def]
                             Param("allreduce_half_bytes", 1e3, 1e8, 1e6, np.inf)])
     out.update({k2: float(f"{v:.3g}") for k2, v in r.values.items()})
     out["allreduce_median_abs_err_pct"] = float(f"{100 * np.median(np.abs(np.expm1(r.residuals))):.3g}")
+    rows = _alltoall_table(system)
+    if rows is not None:  # the presets' interconnect.all2all_latency_us / all2all_bw_gbps
+        v, t = rows
+
+        def res_a2a(p: dict) -> np.ndarray:
+            return np.log((p["all2all_latency_s"] + v / p["all2all_bw"]) / t)
+
+        r = fit_params(res_a2a, [Param("all2all_latency_s", 1e-7, 1e-4, 8e-6, np.inf),
+                                 Param("all2all_bw", 1e9, 5e12, 3e11, np.inf)])
+        out["all2all_latency_us"] = float(f"{r.values['all2all_latency_s'] * 1e6:.3g}")
+        out["all2all_bw_gbps"] = float(f"{r.values['all2all_bw'] / 1e9:.3g}")
+        out["all2all_median_abs_err_pct"] = float(
+            f"{100 * np.median(np.abs(np.expm1(r.residuals))):.3g}")
+    return out
+
+
+def fit_gdn(system: Path, hw) -> dict:  # type: ignore[no-untyped-def]
+    """The constants of tuner/perf/linear_attention.py: a log least-squares fit to the
+    measured GDN kernels (Qwen3.5-27B shapes; decode: floor, state and conv bandwidth
+    fractions; prefill: floor, state and conv fractions, scan FLOP fraction)."""
+    import polars as pl
+
+    from tuner.perf.fitting import Param, fit_params
+
+    d = _gdn_rows(system)
+    if d is None:
+        return {}
+    d = d.filter(pl.col("num_v_heads") > 0)
+    bw, peak = hw.hbm_bandwidth, hw.peak("bf16")
+    out = {}
+    for phase in ("generation", "context"):
+        sub = d.filter(pl.col("phase") == phase)
+        b, s, nk, nv, dk, dv = (sub[x].to_numpy().astype(float) for x in (
+            "batch_size", "seq_len", "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim"))
+        y = sub["latency"].to_numpy() * 1e-3
+        state = 2 * nv * dk * dv * 4.0
+        conv = 2 * (2 * nk * dk + nv * dv) * 2.0
+        flops = nv * (4 * dk * dv + 2 * 64 * (dk + dv) + 2 * 64 * dk)
+        tok = b * s if phase == "context" else b
+
+        def res(p: dict, b=b, tok=tok, state=state, conv=conv, flops=flops, y=y,
+                phase=phase) -> np.ndarray:
+            t = p["floor_s"] + b * state / (p["state_eff"] * bw) + tok * conv / (p["conv_eff"] * bw)
+            if phase == "context":
+                t = t + tok * flops / (p["flop_eff"] * peak)
+            return np.log(t / y)
+
+        params = [Param("floor_s", 1e-7, 1e-4, 8e-6, np.inf), Param("state_eff", 0.01, 1.0, 0.6, np.inf),
+                  Param("conv_eff", 0.01, 1.0, 0.5, np.inf)]
+        if phase == "context":
+            params.append(Param("flop_eff", 0.01, 1.0, 0.15, np.inf))
+        r = fit_params(res, params)
+        out[phase] = {k: float(f"{v:.3g}") for k, v in r.values.items()}
+        out[phase]["median_abs_err_pct"] = float(
+            f"{100 * np.median(np.abs(np.expm1(r.residuals))):.3g}")
     return out
 
 
 if __name__ == "__main__" and "--fit-priors" in sys.argv:
     _folder = aic_model_dir()
     for _gpu in ("h100", "h200", "b200"):
-        print(_gpu, fit_priors(_folder.parent / "systems" / "data" / SYSTEMS[_gpu], load_hardware(_gpu)))
+        _system = _folder.parent / "systems" / "data" / SYSTEMS[_gpu]
+        print(_gpu, fit_priors(_system, load_hardware(_gpu)))
+        if _gpu == "h200":
+            print(_gpu, "gdn", fit_gdn(_system, load_hardware(_gpu)))
     sys.exit(0)
 
 

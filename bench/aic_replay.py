@@ -57,7 +57,7 @@ def main() -> None:
     print("| batch | term | analytic ms | aic ms |\n|---|---|---:|---:|")
     for label, batch in BATCHES.items():
         parts = {s: models[s].step_time.breakdown(batch) for s in SOURCES}
-        for term in ("gemm", "lm_head", "allreduce", "launch"):
+        for term in ("gemm", "lm_head", "attention", "allreduce", "launch"):
             print(f"| {label} | {term} | {1e3 * parts['analytic'][term]:.2f} | "
                   f"{1e3 * parts['aic'][term]:.2f} |")
         print(f"| {label} | **step** | {1e3 * models['analytic'].step_time.step_time_s(batch):.2f}"

@@ -13,7 +13,10 @@ docs/metrics.md states each one with its formula. In short:
 * ``pXX_interactivity = 1 / pXX over requests of the per-request mean ITL`` (AgentX:
   ``p90_intvty = 1 / p90_itl``), so p90 interactivity is the speed the slowest 10% of
   users get;
-* throughput per GPU divides by ``ReplayResult.num_gpus`` (tp * dp).
+* throughput per GPU divides by ``ReplayResult.num_gpus`` (tp * dp * replicas: every GPU
+  of the deployment);
+* ``engines``: one :class:`~tuner.records.EngineSummary` per engine (a DP rank of a
+  replica), the balance behind the deployment's figures.
 
 This module reads records only, never backend or twin objects.
 """
@@ -31,7 +34,7 @@ import numpy as np
 
 from tuner.errors import ConfigError
 from tuner.outputs import AtomicOutput
-from tuner.records import ReplayResult, RequestResult, StepRecord
+from tuner.records import EngineSummary, ReplayResult, RequestResult, StepRecord
 from tuner.units import duration
 
 if TYPE_CHECKING:
@@ -46,6 +49,7 @@ __all__ = [
     "parse_slo",
     "rejection_warning",
     "summarize",
+    "engine_table",
     "summary_table",
     "weighted_percentile",
     "write_requests_parquet",
@@ -227,10 +231,15 @@ class Summary:
     speed_ratio: float  # simulated_s / wall_s (simulated seconds per wall second)
     #: the engine's scheduling mode (vLLM's resolved ``async_scheduling``; None: unknown)
     async_scheduling: bool | None = None
+    #: Per engine (replica x DP rank), in engine order: requests, hit rate, KV usage,
+    #: preemptions, steps (see ``EngineSummary``; windowed like the request figures).
+    engines: tuple[EngineSummary, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (JSON-ready apart from nan, which the CLI writes as null)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["engines"] = [e.to_dict() for e in self.engines]
+        return out
 
 
 def _in_window(t: float, lo: float | None, hi: float | None) -> bool:
@@ -443,6 +452,8 @@ def summarize(result: ReplayResult, *, measure_from_s: float | None = None,
     load = _load_stats(result, counted)
 
     p = {q: percentile(tpot, q) for q in PERCENTS}
+    engines = _engine_summaries(result, lo, hi, windowed, queries, hits, preemptions, steps,
+                                len(counted), len(finished))
     return Summary(
         backend=result.backend, num_gpus=gpus, measure_from_s=lo, measure_to_s=hi,
         num_requests=len(counted), num_finished=len(finished),
@@ -472,7 +483,45 @@ def summarize(result: ReplayResult, *, measure_from_s: float | None = None,
         simulated_s=float(result.simulated_s), wall_s=float(result.wall_s),
         speed_ratio=_safe_div(result.simulated_s, result.wall_s),
         async_scheduling=result.async_scheduling,
+        engines=engines,
     )
+
+
+def _engine_summaries(result: ReplayResult, lo: float | None, hi: float | None,
+                      windowed: bool, queries: int, hits: int, preemptions: int,
+                      steps: dict[str, Any], num_counted: int,
+                      num_finished: int) -> tuple[EngineSummary, ...]:
+    """Per-engine figures: the backend's ``ReplayResult.engines`` (whole replay), with
+    the request-derived ones (requests, hits, preemptions) recounted over the window
+    from the table's ``engine`` column; KV usage and steps stay whole-replay. A single
+    engine without backend entries gets one entry from the deployment figures."""
+    if not result.engines:
+        return (EngineSummary(
+            engine=0, replica=0, dp_rank=0, num_requests=num_counted,
+            num_finished=num_finished, prefix_cache_queries=queries,
+            prefix_cache_hits=hits, preemptions=preemptions,
+            kv_usage_mean=steps["kv_usage_mean"], kv_usage_max=steps["kv_usage_peak"],
+            num_steps=steps["num_steps"]),)
+    if not windowed:
+        return tuple(result.engines)
+    column = getattr(result.requests, "engine", None)
+    count = {e.engine: [0, 0, 0, 0, 0] for e in result.engines}
+    for i, r in enumerate(result.requests):
+        if not _in_window(r.arrival_s, lo, hi) or column is None:
+            continue
+        acc = count.get(int(column[i]))
+        if acc is None:  # refused before routing (-1)
+            continue
+        acc[0] += 1
+        acc[1] += r.status == "finished"
+        if math.isfinite(r.first_scheduled_s):
+            acc[2] += r.input_len
+            acc[3] += r.num_cached_tokens
+        acc[4] += r.num_preemptions
+    return tuple(dataclasses.replace(
+        e, num_requests=c[0], num_finished=c[1], prefix_cache_queries=c[2],
+        prefix_cache_hits=c[3], preemptions=c[4])
+        for e, c in ((e, count[e.engine]) for e in result.engines))
 
 
 # --------------------------------------------------------------------------- outputs
@@ -480,11 +529,13 @@ def summarize(result: ReplayResult, *, measure_from_s: float | None = None,
 
 def write_requests_parquet(result: ReplayResult, path: str | os.PathLike[str], *,
                            inputs: Iterable[str | os.PathLike[str]] = ()) -> Path:
-    """Write one row per request (``RequestResult`` fields + ttft_s, mean_itl_s).
+    """Write one row per request (``RequestResult`` fields + engine, ttft_s, mean_itl_s).
 
-    Written to a temporary file beside ``path`` and renamed, so a crash never leaves a
-    half-written table. File metadata records the backend, GPU count, simulated and wall
-    seconds and the counters.
+    ``engine`` is the engine the request ran on (``replica * dp + dp_rank``, -1 if a
+    fleet's front end refused it). Written to a temporary file beside ``path`` and
+    renamed, so a crash never leaves a half-written table. File metadata records the
+    backend, GPU count, simulated and wall seconds, the counters and the per-engine
+    summaries (``engines``, JSON).
     """
     import json
 
@@ -494,6 +545,8 @@ def write_requests_parquet(result: ReplayResult, path: str | os.PathLike[str], *
     reqs = result.requests
     cols: dict[str, list[Any]] = {f.name: [getattr(r, f.name) for r in reqs]
                                   for f in dataclasses.fields(RequestResult)}
+    engine = getattr(reqs, "engine", None)
+    cols["engine"] = list(engine) if engine is not None else [0] * len(reqs)
     cols["ttft_s"] = [r.ttft_s for r in reqs]
     cols["mean_itl_s"] = [r.mean_itl_s for r in reqs]
     schema = pa.schema([
@@ -501,13 +554,14 @@ def write_requests_parquet(result: ReplayResult, path: str | os.PathLike[str], *
         ("output_len", pa.int32()), ("first_scheduled_s", pa.float64()),
         ("first_token_s", pa.float64()), ("finish_s", pa.float64()),
         ("num_cached_tokens", pa.int32()), ("num_preemptions", pa.int32()),
-        ("status", pa.string()), ("session_id", pa.string()),
+        ("status", pa.string()), ("session_id", pa.string()), ("engine", pa.int32()),
         ("ttft_s", pa.float64()), ("mean_itl_s", pa.float64()),
     ])
     meta = {"backend": result.backend, "num_gpus": str(result.num_gpus),
             "simulated_s": repr(result.simulated_s), "wall_s": repr(result.wall_s),
             "counters": json.dumps(result.counters), "notes": json.dumps(result.notes),
-            "async_scheduling": json.dumps(result.async_scheduling)}
+            "async_scheduling": json.dumps(result.async_scheduling),
+            "engines": json.dumps([e.to_dict() for e in result.engines])}
     table = pa.table({name: cols[name] for name in schema.names}, schema=schema)
     table = table.replace_schema_metadata({k.encode(): v.encode() for k, v in meta.items()})
     with AtomicOutput(path, inputs=inputs) as out:
@@ -568,4 +622,21 @@ def summary_table(summary: Summary) -> "Table":
     table = Table.grid(padding=(1, 0))
     table.add_row(latency)
     table.add_row(totals)
+    return table
+
+
+def engine_table(summary: Summary) -> "Table":
+    """A rich table of the per-engine balance (what ``tuner replay`` prints for a
+    data-parallel deployment or a fleet)."""
+    from rich.table import Table
+
+    table = Table(title="Per engine (replica x DP rank)", header_style="bold")
+    for name in ("engine", "replica", "rank", "requests", "finished", "hit rate",
+                 "KV mean / max", "preemptions", "steps", "dummy steps"):
+        table.add_column(name, justify="right")
+    for e in summary.engines:
+        table.add_row(str(e.engine), str(e.replica), str(e.dp_rank), f"{e.num_requests:,}",
+                      f"{e.num_finished:,}", _fmt(e.prefix_cache_hit_rate, digits=4),
+                      f"{_fmt(e.kv_usage_mean, digits=3)} / {_fmt(e.kv_usage_max, digits=3)}",
+                      f"{e.preemptions:,}", f"{e.num_steps:,}", f"{e.num_dummy_steps:,}")
     return table

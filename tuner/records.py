@@ -86,6 +86,59 @@ class ReplayResult:
     #: the engine's scheduling mode the replay ran (vLLM's resolved ``async_scheduling``);
     #: None when the backend cannot say (a server attached to, not launched)
     async_scheduling: bool | None = None
+    #: One summary per engine of a data-parallel deployment or a fleet (engine index =
+    #: ``replica * dp + dp_rank``); empty for a single engine (``tuner.metrics`` then
+    #: derives the one entry from the whole result).
+    engines: list["EngineSummary"] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSummary:
+    """What one engine of a deployment did over the whole replay.
+
+    Why per engine: a load balancer or router that splits traffic badly shows up as one
+    engine with a long queue and a cold cache while the others idle; the deployment's
+    averages hide it. ``num_requests`` counts the requests routed to the engine;
+    ``kv_usage_*`` are over its executed steps (vLLM's definition, as ``Summary``);
+    ``num_dummy_steps`` are the steps a data-parallel MoE rank ran with no request of
+    its own, to keep in lockstep with the other ranks (vLLM's ``execute_dummy_batch``).
+    """
+
+    engine: int  # global index: replica * dp + dp_rank
+    replica: int
+    dp_rank: int
+    num_requests: int
+    num_finished: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    preemptions: int
+    kv_usage_mean: float
+    kv_usage_max: float
+    num_steps: int
+    num_dummy_steps: int = 0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        q = self.prefix_cache_queries
+        return self.prefix_cache_hits / q if q > 0 else float("nan")
+
+    def to_dict(self) -> dict[str, float | int]:
+        """Plain dict (the JSON form, with the hit rate)."""
+        out: dict[str, float | int] = {name: getattr(self, name) for name in self.__slots__}
+        out["prefix_cache_hit_rate"] = self.prefix_cache_hit_rate
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, float | int]) -> "EngineSummary":
+        """Inverse of :meth:`to_dict` (the derived hit rate is ignored)."""
+        ints = ("engine", "replica", "dp_rank", "num_requests", "num_finished",
+                "prefix_cache_queries", "prefix_cache_hits", "preemptions", "num_steps",
+                "num_dummy_steps")
+        kwargs: dict[str, float | int] = {}
+        for name in cls.__slots__:
+            if name in raw:
+                kwargs[name] = int(raw[name]) if name in ints else float(raw[name])
+        return cls(**kwargs)  # type: ignore[arg-type]
 
 
 _Item = TypeVar("_Item")
@@ -194,7 +247,7 @@ class RequestTable(_ListStandIn[RequestResult]):
 
     __slots__ = ("request_id", "input_len", "session_id", "arrival_s", "first_scheduled_s",
                  "first_token_s", "finish_s", "output_len", "num_cached_tokens",
-                 "num_preemptions", "status")
+                 "num_preemptions", "status", "engine")
 
     def __init__(self, request_ids: Sequence[str], input_lens: Iterable[int],
                  session_ids: Sequence[str | None] | None = None) -> None:
@@ -212,6 +265,10 @@ class RequestTable(_ListStandIn[RequestResult]):
         self.num_cached_tokens = array("q", bytes(8 * n))
         self.num_preemptions = array("q", bytes(8 * n))
         self.status = bytearray([_STATUS_CODES.index("unfinished")]) * n
+        #: The engine each request ran on (``replica * dp + dp_rank``; 0 on a single
+        #: engine, -1 for a request refused at the front end of a fleet before routing).
+        #: Not part of ``RequestResult`` rows: written by whoever routes (the fleet).
+        self.engine = array("i", bytes(4 * n))
 
     def record(self, index: int, status: RequestStatus, arrival_s: float, *,
                output_len: int = 0, first_scheduled_s: float = _NAN,

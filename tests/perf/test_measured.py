@@ -48,7 +48,7 @@ def test_auto_falls_back_to_analytic(monkeypatch):
 @pytest.mark.parametrize("target, why", [
     (Target(hardware="mi355x", model="llama-3.1-8b"), "no measured tables for mi355x"),
     (Target(hardware="h200", model="llama-3.1-8b", quantization="mxfp4"), "no measured vLLM fp4"),
-    (Target(hardware="h200", model="gpt-oss-120b"), "dense models only"),
+    (Target(hardware="h200", model="deepseek-v3", tp=8), "GQA models only .* uses mla"),
 ])
 def test_aic_refuses_what_the_tables_do_not_cover(target, why):
     import dataclasses
@@ -85,7 +85,7 @@ def test_h200_steps_are_priced_from_the_measured_gemm_table():
     assert r.step_time_source.startswith("aic (h200_sxm vLLM ")
     tables = measured.aic_tables("h200", r.model, 1)
     layers = r.model.num_layers
-    shapes = {name: (n, k) for name, n, k, _ in measured._gemm_shapes(r.model, 1)}
+    shapes = {name: (n, k) for name, n, k, _, _ in measured._gemm_shapes(r.model, 1)}
     checked = 0
     for name in ("qkv", "o"):  # Llama-3.1-8B's attention GEMMs are measured shapes
         n, k = shapes[name]
@@ -139,3 +139,105 @@ def test_profile_records_the_source(tmp_path):
     path.write_text(path.read_text().replace("step_time_source: aic", "step_time_source: x"))
     with pytest.raises(Exception, match="target.step_time_source"):
         load_profile(path)
+
+
+# ------------------------------------------------ attention and MoE from the tables
+def _engine_s(op, *, is_context: bool, b: int, s: int) -> float:
+    from aiconfigurator_core.sdk.engine import build_ops_json
+
+    engine, _ = measured._aic_engine("h200_sxm")
+    return engine.evaluate_ops_json(build_ops_json([op]), is_context=is_context,
+                                    batch_size=b, s=s)[0][1] * 1e-3
+
+
+@needs_aic
+def test_attention_is_a_2d_lookup_that_follows_the_engine():
+    import random
+
+    from aiconfigurator_core.sdk import common
+    from aiconfigurator_core.sdk.operations.attention import (ContextAttention,
+                                                              GenerationAttention)
+
+    r = resolve_target(Target(hardware="h200", model="llama-3.1-70b", tp=8,
+                              step_time_source="aic"))
+    step = r.step_time
+    kv = common.KVCacheQuantMode.bfloat16
+    gen = GenerationAttention("g", 80, 8, 1, kv, head_size=128)
+    ctx = ContextAttention("c", 80, 8, 1, kv, common.FMHAQuantMode.bfloat16, head_size=128)
+    # on a grid point the step's attention is the engine's (plus decode KV writes)
+    b = StepBatch(num_decode_reqs=64, decode_ctx_tokens=64 * 4096)
+    want = _engine_s(gen, is_context=False, b=64, s=4096) + step._kv_write * 64
+    assert step.breakdown(b)["attention"] == pytest.approx(want, rel=1e-9)
+    p = StepBatch(num_prefill_reqs=2, num_prefill_tokens=2 * 2048,
+                  prefill_attn_pairs=2 * 2048 * 2049 / 2)
+    assert step.breakdown(p)["attention"] == pytest.approx(
+        _engine_s(ctx, is_context=True, b=2, s=2048), rel=1e-9)
+    # off the grid: bilinear between points that include the engine's collection grid
+    rng = random.Random(7)
+    errs = []
+    for _ in range(150):
+        n, ctx_len = rng.randint(1, 2048), int(2 ** rng.uniform(1, 17))
+        got = step._gen.at(n, ctx_len)
+        errs.append(abs(got / _engine_s(gen, is_context=False, b=n, s=ctx_len) - 1))
+    errs.sort()
+    assert errs[len(errs) // 2] < 0.01 and errs[int(0.95 * len(errs))] < 0.10
+    # a cached prefix costs the causal-pair share of a prompt of the full length...
+    cached = StepBatch(num_prefill_reqs=1, num_prefill_tokens=1024, prefill_ctx_tokens=3072,
+                       prefill_attn_pairs=1024 * (3072 + 1025 / 2))
+    full = _engine_s(ctx, is_context=True, b=1, s=4096)
+    share = full * cached.prefill_attn_pairs / (4096 * 4097 / 2)
+    assert share > _engine_s(gen, is_context=False, b=1, s=4096)
+    assert step.breakdown(cached)["attention"] == pytest.approx(share, rel=1e-6)
+    # ...but a short chunk over a long prefix at least reads the prefix's KV once
+    short = StepBatch(num_prefill_reqs=4, num_prefill_tokens=4 * 16,
+                      prefill_ctx_tokens=4 * 32768, prefill_attn_pairs=4 * 16 * (32768 + 8.5))
+    read_once = _engine_s(gen, is_context=False, b=4, s=32784)
+    assert step.breakdown(short)["attention"] == pytest.approx(read_once, rel=0.02)
+
+
+@needs_aic
+def test_moe_experts_come_from_the_measured_moe_table():
+    from aiconfigurator_core.sdk import common
+    from aiconfigurator_core.sdk.operations.moe import MoE
+
+    r = resolve_target(Target(hardware="h200", model="gpt-oss-120b", tp=1,
+                              step_time_source="aic"))
+    assert isinstance(r.step_time, measured.MeasuredStepTimeModel)
+    m = r.model
+    op = MoE("moe", m.num_moe_layers, m.hidden_size, m.moe_intermediate_size,
+             m.num_experts_per_tok, m.num_experts, 1, 1, common.MoEQuantMode.w4a16_mxfp4,
+             measured.AIC_MOE_DISTRIBUTION, 1)
+    for n in (1, 32, 256, 2048):
+        batch = StepBatch(num_decode_reqs=n, decode_ctx_tokens=n * 1000)
+        want = _engine_s(op, is_context=True, b=1, s=n)
+        assert r.step_time.breakdown(batch)["experts"] == pytest.approx(want, rel=1e-9)
+        assert sum(r.step_time.breakdown(batch).values()) == pytest.approx(
+            r.step_time.step_time_s(batch), rel=1e-9)
+    big = StepBatch(num_decode_reqs=256, decode_ctx_tokens=256 * 1000)
+    assert pickle.loads(pickle.dumps(r.step_time)).step_time_s(big) == r.step_time.step_time_s(big)
+
+
+@needs_aic
+def test_a_shape_the_tables_lack_falls_back_under_auto_and_is_refused_under_aic():
+    # NVFP4 gpt-oss experts on B200 at TP2: aiconfigurator-core has no such MoE rows
+    target = Target(hardware="b200", model="gpt-oss-120b", tp=2, quantization="modelopt_fp4")
+    assert resolve_target(target).step_time_source == "analytic"
+    import dataclasses
+
+    with pytest.raises(ConfigError, match=r"^--step-time-source aic: aiconfigurator-core "
+                                          r"cannot price nvfp4 MoE") as info:
+        resolve_target(dataclasses.replace(target, step_time_source="aic"))
+    assert "\n" not in str(info.value)
+
+
+@needs_aic
+def test_expert_parallel_lock_step_rank_on_the_tables():
+    r = resolve_target(Target(hardware="h200", model="gpt-oss-120b", tp=1, dp=2,
+                              enable_expert_parallel=True, step_time_source="aic"))
+    step = r.step_time
+    busy, idle = (StepBatch(num_decode_reqs=n, decode_ctx_tokens=n * 1000) for n in (128, 1))
+    assert step.rank_step_time_s(busy, 256) == pytest.approx(step.step_time_s(busy))
+    assert step.breakdown(busy)["all2all"] > 0
+    # the idle rank's experts are priced at the group's mean tokens per rank
+    assert step.rank_step_time_s(idle, 129) > step.step_time_s(idle)
+    assert step.rank_step_time_s(busy, 129) < step.step_time_s(busy)

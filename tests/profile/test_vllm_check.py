@@ -49,3 +49,16 @@ def test_vllm_rejections_are_reported() -> None:
     assert native.status == "failed"
     assert any("unrecognized arguments: --cache-aware-admission-window" in e
                for e in native.errors)
+
+
+@pytest.mark.vllm
+def test_fleet_and_dp_exports_pass_vllms_parser() -> None:
+    """The per-engine layout flags (--tensor-parallel-size, --data-parallel-size,
+    --enable-expert-parallel) parse to the profile's values with vLLM 0.33.0's parser."""
+    from tests.profile.test_fleet_export import fleet_profile, moe_dp_profile
+
+    python = _python("0.33.0")
+    for profile in (fleet_profile(), moe_dp_profile()):
+        result = check_with_vllm(profile, vllm_version="0.33.0", python=python)
+        assert result.status == "ok", result.errors
+        assert "vllm serve flags" in result.checked

@@ -243,3 +243,40 @@ def test_plain_callable_is_gpu_only_under_the_async_clock() -> None:
 
     assert split_price_function(lambda b: 0.01)(StepBatch()) == (0.0, 0.01)
     assert split_price_function(Split(0.1, 0.2))(StepBatch()) == (0.1, 0.2)
+
+
+class SplitModel:
+    """A nonlinear step time with a CPU part: the async clock overlaps it."""
+
+    def step_time_s(self, batch: StepBatch) -> float:
+        return sum(self.step_parts_s(batch))
+
+    def step_parts_s(self, batch: StepBatch) -> tuple[float, float]:
+        cpu = 0.002 + 4e-5 * batch.num_reqs
+        gpu = (0.003 + 3e-6 * batch.num_prefill_tokens + 2e-5 * batch.num_decode_reqs
+               + 1e-8 * batch.decode_ctx_tokens)
+        return cpu, gpu
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_one_engine_fleet_runs_the_async_clock_of_the_replay_loop(seed: int) -> None:
+    """FleetLoop's unit clock is ReplayLoop's at depth 2 (CPU part overlapped): one engine
+    gives byte-identical records, and they differ from the sync clock's."""
+    from sim_helpers import random_trace
+
+    from tuner.sim.engine import Simulator
+    from tuner.sim.fleet.simulator import FleetSimulator
+    from tuner.sim.settings import CacheSettings, SchedulerSettings, SimOptions
+
+    requests = random_trace(seed, n=60, rate=80.0)
+    settings, cache = SchedulerSettings(max_num_seqs=8), CacheSettings(num_gpu_blocks=400)
+    options = SimOptions(async_scheduling=True, record_steps=True)
+    single = Simulator(requests, settings, cache, SplitModel(), options=options).run()
+    fleet = FleetSimulator(requests, settings, cache, SplitModel(), options=options,
+                           batch_queue_depth=2).run()
+    for key in ("requests", "steps", "itl_samples", "timeseries", "simulated_s"):
+        assert repr(getattr(single, key)) == repr(getattr(fleet, key)), key
+    assert {k: fleet.counters[k] for k in single.counters} == single.counters
+    sync = Simulator(requests, settings, cache, SplitModel(),
+                     options=SimOptions(record_steps=True)).run()
+    assert sync.simulated_s > single.simulated_s  # the overlap shortens the replay

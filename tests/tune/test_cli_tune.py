@@ -118,3 +118,52 @@ def test_the_tune_flow_is_a_library_call(small_trace: pathlib.Path,
     lines = summary_lines(run)
     assert any(ln.startswith("recommended: ") for ln in lines)
     assert any(ln.startswith("training window: ") and "tok/s/GPU" in ln for ln in lines)
+
+
+def test_tune_over_a_gpu_budget_shows_and_exports_the_deployment(
+        small_trace: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """The twin replays every sampled split (fleets included); --json names the split and
+    router, the profile records them and exports them."""
+    from tuner.profile import load_profile
+    from tuner.tune.deployment import Deployment, Split
+
+    out = tmp_path / "fleet.yaml"
+    res = CliRunner().invoke(cli, ["tune", str(small_trace), *TARGET, "--gpu-budget", "8",
+                                   "--routers", "round-robin,prefix-aware", "--trials", "10",
+                                   "--survivors", "4", "--stage1-fraction", "0.5", "--json",
+                                   "-o", str(out)], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["space"] == "admission+gpu8"
+    rec, base = data["recommended"], data["baseline"]
+    assert base["deployment"] == Deployment(Split(8)).to_dict()
+    assert "gpu_split" in rec["params"] and "deployment" not in rec["settings"]
+    split = Split.parse(rec["params"]["gpu_split"])
+    assert Deployment.from_dict(rec["deployment"]).split == split
+    assert all("gpu_split" in p["params"] for p in data["front"])
+    profile = load_profile(out)
+    assert (profile.target.tp, profile.target.dp, profile.target.replicas) == (
+        split.tp, split.dp, split.replicas)
+    assert f"--tensor-parallel-size {split.tp}" in data["flags"]
+
+
+def test_tune_with_fixed_replicas_searches_the_routers_weight(
+        small_trace: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "four.yaml"
+    res = CliRunner().invoke(cli, ["tune", str(small_trace), "--hardware", "mi355x",
+                                   "--model", "llama-3.1-70b", "--tp", "2", "--replicas", "4",
+                                   "--num-gpu-blocks", "400", "--router", "prefix-aware",
+                                   "--routers", "prefix-aware", "--trials", "6",
+                                   "--survivors", "3", "--json", "-o", str(out)],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert list(data["recommended"]["params"])[-1] == "router.overlap_weight"
+    assert data["baseline"]["deployment"]["router"]["policy"] == "prefix-aware"
+    res = CliRunner().invoke(cli, ["export", str(out), "--format", "router"])
+    assert res.exit_code == 0 and "python -m dynamo.frontend" in res.output
+    flags = CliRunner().invoke(cli, ["export", str(out)]).output
+    assert flags.count("vllm serve meta-llama") == 4 and "--port 8003 &" in flags
+    one = CliRunner().invoke(cli, ["export", str(out).replace("four", "none"), "--format",
+                                   "router"])
+    assert one.exit_code != 0

@@ -23,8 +23,9 @@ def _stash_dtype(ctx: click.Context, param: click.Parameter, value: str | None) 
         ctx.meta[f"tuner.target.{param.name}"] = value.lower()
 
 
-def _stash_flag(ctx: click.Context, param: click.Parameter, value: bool | None) -> None:
-    """``--async-scheduling/--no-async-scheduling`` to ``ctx.meta`` (see _stash_dtype)."""
+def _stash_value(ctx: click.Context, param: click.Parameter, value: object) -> None:
+    """Like :func:`_stash_dtype` for flags whose value is kept as given (``--replicas``,
+    ``--enable-expert-parallel``, ``--async-scheduling``, the router's flags)."""
     if value is not None:
         ctx.meta[f"tuner.target.{param.name}"] = value
 
@@ -62,9 +63,20 @@ def target_options(func):  # type: ignore[no-untyped-def]
                           "analytic = the roofline model [default: auto = aic where installed "
                           "and covered and no --calibration is given, else analytic]."),
         click.option("--async-scheduling/--no-async-scheduling", "async_scheduling",
-                     default=None, expose_value=False, callback=_stash_flag, help=ASYNC_HELP),
-        click.option("--dp", type=click.IntRange(min=1), default=1, show_default=True,
-                     help="Data-parallel engines."),
+                     default=None, expose_value=False, callback=_stash_value, help=ASYNC_HELP),
+        click.option("--dp", "--data-parallel-size", "dp", type=click.IntRange(min=1),
+                     default=1, show_default=True,
+                     help="vLLM data-parallel ranks in one deployment, each a TP group with "
+                          "its own scheduler and KV cache behind vLLM's internal load "
+                          "balancer (MoE ranks step in lockstep)."),
+        click.option("--replicas", type=click.IntRange(min=1), default=None,
+                     expose_value=False, callback=_stash_value,
+                     help="Copies of the deployment (each TP x DP) behind --router "
+                          "[default: 1]."),
+        click.option("--enable-expert-parallel", is_flag=True, default=None,
+                     expose_value=False, callback=_stash_value,
+                     help="As vLLM's flag: shard a MoE model's experts over the TP x DP "
+                          "ranks (MoE models only)."),
         click.option("--block-size", type=click.IntRange(min=1), default=None,
                      help="KV block size in tokens [default: the hardware's vLLM default]."),
         click.option("--num-gpu-blocks", type=click.IntRange(min=2), default=None,
@@ -95,7 +107,68 @@ def make_target(hardware: str, model: str, tp: int, dp: int, block_size: int | N
                   quantization=meta.get("tuner.target.quantization"),
                   kv_cache_dtype=meta.get("tuner.target.kv_cache_dtype"),
                   step_time_source=meta.get("tuner.target.step_time_source", "auto"),
+                  replicas=int(meta.get("tuner.target.replicas") or 1),
+                  enable_expert_parallel=bool(meta.get("tuner.target.enable_expert_parallel")),
                   async_scheduling=meta.get("tuner.target.async_scheduling"))
+
+
+def router_options(func):  # type: ignore[no-untyped-def]
+    """The router flags (-> ``tuner.sim.fleet.RouterSettings`` via :func:`make_router`)."""
+    from tuner.sim.fleet.router import LOAD_METRICS, ROUTER_POLICIES
+
+    opts = [
+        click.option("--router", type=click.Choice(ROUTER_POLICIES), default=None,
+                     expose_value=False, callback=_stash_value,
+                     help="Router in front of --replicas: round-robin, least-loaded (fewest "
+                          "in-flight requests or tokens), session (affinity by session id) "
+                          "or prefix-aware (cached-prefix overlap against load, from KV "
+                          "events; it also picks the DP rank) [default: round-robin]."),
+        click.option("--router-load-metric", type=click.Choice(LOAD_METRICS), default=None,
+                     expose_value=False, callback=_stash_value,
+                     help="least-loaded/session fallback: count requests or prompt tokens "
+                          "in flight [default: requests]."),
+        click.option("--router-overlap-weight", type=click.FloatRange(min=0), default=None,
+                     expose_value=False, callback=_stash_value,
+                     help="prefix-aware: weight of the prefill blocks in the cost, as "
+                          "Dynamo's --kv-overlap-score-weight [default: 1.0]."),
+        click.option("--router-block-size", type=click.IntRange(min=1), default=None,
+                     expose_value=False, callback=_stash_value,
+                     help="prefix-aware: the router's block size in tokens, a multiple of "
+                          "the KV block size [default: the KV block size]."),
+    ]
+    for opt in reversed(opts):
+        func = opt(func)
+    return func
+
+
+#: router flag -> (RouterSettings field, the policies that read it)
+_ROUTER_FLAGS = {"router_load_metric": ("load_metric", ("least-loaded", "session")),
+                 "router_overlap_weight": ("overlap_weight", ("prefix-aware",)),
+                 "router_block_size": ("block_size", ("prefix-aware",))}
+
+
+def make_router(target: object):  # type: ignore[no-untyped-def]
+    """``RouterSettings`` from the router flags, checked against ``target`` (a router
+    needs replicas, or DP ranks for prefix-aware; a parameter needs its policy)."""
+    from tuner.sim.fleet import RouterSettings
+
+    ctx = click.get_current_context(silent=True)
+    meta = ctx.meta if ctx is not None else {}
+    policy = meta.get("tuner.target.router")
+    fields: dict[str, object] = {}
+    for flag, (name, policies) in _ROUTER_FLAGS.items():
+        value = meta.get(f"tuner.target.{flag}")
+        if value is None:
+            continue
+        option = "--" + flag.replace("_", "-")
+        if policy not in policies:
+            raise ConfigError(f"{option} applies to --router {' or '.join(policies)} only")
+        fields[name] = value
+    replicas, dp = getattr(target, "replicas", 1), getattr(target, "dp", 1)
+    if policy is not None and replicas == 1 and not (policy == "prefix-aware" and dp > 1):
+        raise ConfigError(f"--router {policy} needs --replicas > 1 (one replica has nothing "
+                          "to route; prefix-aware also routes over --dp ranks)")
+    return RouterSettings(policy=policy or "round-robin", **fields)  # type: ignore[arg-type]
 
 
 def make_load(speedup: float | None, concurrency: int | None):  # type: ignore[no-untyped-def]
@@ -114,6 +187,7 @@ def make_load(speedup: float | None, concurrency: int | None):  # type: ignore[n
 @click.option("--backend", default="sim", show_default=True,
               help="Replay backend: sim (the CPU twin), vllm-core, vllm-serve.")
 @target_options
+@router_options
 @click.option("--set", "assignments", multiple=True, metavar="FIELD=VALUE",
               help="Scheduler setting by its SchedulerConfig name (repeatable), e.g. "
                    "--set cache_aware_admission_window=16. Unset fields keep vLLM's defaults "
@@ -149,9 +223,11 @@ def replay_command(trace: str, backend: str, hardware: str, model: str, tp: int,
       tuner replay traces/agentic_1h.parquet --hardware mi355x --model llama-3.1-70b \\
           --tp 8 --block-size 16 --set cache_aware_admission_window=16 \\
           --set cache_aware_admission_threshold=0.5 --measure-from 300 --out results.parquet
+      tuner replay traces/agentic_1h.parquet --model llama-3.1-70b --tp 4 --dp 2 \\
+          --replicas 2 --router prefix-aware --router-overlap-weight 2 --json
     """
     from tuner import replay
-    from tuner.metrics import (rejection_warning, summarize, summary_table,
+    from tuner.metrics import (engine_table, rejection_warning, summarize, summary_table,
                                write_requests_parquet)
     from tuner.outputs import check_output
     from tuner.perf.presets import resolve_target
@@ -165,17 +241,22 @@ def replay_command(trace: str, backend: str, hardware: str, model: str, tp: int,
     target = make_target(hardware, model, tp, dp, block_size, num_gpu_blocks,
                          gpu_memory_utilization, max_model_len, calibration)
     load = make_load(speedup, concurrency)
+    router = make_router(target)
     settings = replay.parse_settings(assignments, resolve_target(target).default_settings)
     resolved = resolve_target(target, scheduler_settings=settings)  # what run() will model
+    if backend != "sim" and (target.replicas > 1 or router.policy != "round-robin"):
+        raise ConfigError(f"--backend {backend} replays one deployment; --replicas and "
+                          "--router run on the sim backend")
+    fleet = {"router": router} if backend == "sim" and target.num_engines > 1 else {}
     with progress_display(progress) as shown:
         result = replay.run(trace, settings, backend=backend, target=target, load=load,
-                            progress=shown)
+                            progress=shown, **fleet)
     summary = summarize(result, measure_from_s=measure_from, measure_to_s=measure_to)
     if out is not None:
         write_requests_parquet(result, out, inputs=[trace])
     if as_json:
         echo_json({**summary.to_dict(), "settings": settings.to_dict(),
-                   "target": resolved.description,
+                   "target": resolved.description, "router": router.to_dict(),
                    "step_time_source": resolved.step_time_source, "notes": result.notes})
         return
     click.echo(resolved.description)
@@ -185,6 +266,8 @@ def replay_command(trace: str, backend: str, hardware: str, model: str, tp: int,
     # A pipe gets a fixed, wide table instead of rich's 80-column fallback.
     console = make_console()
     console.print(summary_table(summary))
+    if len(summary.engines) > 1:
+        console.print(engine_table(summary))
     click.echo(P90_HELP)
     if out is not None:
         click.echo(f"wrote {len(result.requests):,} request rows to {out}")

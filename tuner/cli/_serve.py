@@ -183,7 +183,7 @@ def calibrate_command(hardware: str, model: str, tp: int, dp: int, block_size: i
     if click.get_current_context().meta.get("tuner.target.async_scheduling"):
         raise ConfigError("--async-scheduling: calibrate times whole steps (CPU + GPU), which "
                           "async scheduling overlaps; it probes a --no-async-scheduling server, "
-                          "and the fitted model prices both modes (docs/step-time-model.md §1.1)")
+                          "and the fitted model prices both modes (docs/step-time-model.md §1.3)")
     from_benchmarks, loso = kw.pop("from_benchmarks"), kw.pop("loso")
     if from_benchmarks:
         _calibrate_from_benchmarks(from_benchmarks, kw["output"], loso=loso,

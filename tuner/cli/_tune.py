@@ -11,7 +11,7 @@ import click
 from tuner.cli._common import echo_json, handle_errors
 from tuner.cli._progress import progress_display
 from tuner.cli._serve import server_options
-from tuner.cli._replay import make_target, target_options
+from tuner.cli._replay import make_router, make_target, router_options, target_options
 from tuner.errors import ConfigError
 
 METRICS_HELP = (
@@ -84,6 +84,15 @@ def search_options(func):  # type: ignore[no-untyped-def]
                      help="SLOs for the goodput metric, as vllm bench serve --goodput "
                           "(ttft, tpot, e2el in ms), e.g. --slo ttft:2000,tpot:50 with "
                           "--objective goodput or --constraint goodput>=X."),
+        click.option("--gpu-budget", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="Also search how N GPUs are laid out: every TP x DP x replicas "
+                          "split vLLM would start (TP dividing the attention heads, the "
+                          "model fitting), e.g. 8 = TP8, TP4 x DP2, TP4 x 2 replicas, ... "
+                          "The --tp/--dp/--replicas given are the baseline split."),
+        click.option("--routers", "routers", multiple=True, metavar="POLICY[,POLICY]",
+                     help="Router policies searched where a split has replicas "
+                          "(round-robin, least-loaded, session, prefix-aware) with their "
+                          "parameters [default: all four; one = held fixed]."),
         click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
         click.option("--progress/--no-progress", default=None,
                      help="Progress bars [default: on when stderr is a terminal]."),
@@ -114,16 +123,18 @@ def _run_tune(trace: str, output: str, kw: dict[str, Any], target_kw: dict[str, 
     ttft = kw["ttft_tolerance"]
     rule = PickRule(prefer=kw["prefer"], tolerance=kw["throughput_tolerance"] / 100.0,
                     ttft_tolerance=None if ttft.lower() == "off" else _percent(ttft))
+    target = make_target(**target_kw)
+    router = make_router(target)  # the baseline's router (--router, its parameters)
     with progress_display(kw["progress"]) as shown:
         run = tune_to_profile(
-            trace, output, target=make_target(**target_kw), vllm_version=kw["vllm_version"],
+            trace, output, target=target, vllm_version=kw["vllm_version"], router=router.to_dict(),
             baseline=kw["baseline"], fixed=kw["assignments"], space=kw["space"],
             objectives=_split(kw["objectives"]), constraints=_split(kw["constraints"]) or (),
             n_trials=kw["trials"], storage=kw["storage"], study_name=kw["study_name"],
             workers=kw["workers"], seed=kw["seed"], warm_start=kw["warm_start"],
             holdout=kw["holdout"], prefer=rule, stage1_fraction=kw["stage1_fraction"],
             n_survivors=kw["survivors"], backend=kw["backend"], progress=shown,
-            slo=kw["slo"])
+            slo=kw["slo"], gpu_budget=kw["gpu_budget"], routers=_split(kw["routers"]))
     if kw["as_json"]:
         echo_json({**run.result.to_dict(), "profile": str(run.path), "flags": run.command,
                    "async_scheduling": run.profile.target.async_scheduling})
@@ -183,6 +194,7 @@ def _confirm_top(profile: Any, trace: str, top_k: int, server_kw: dict[str, Any]
 @click.command(name="tune", epilog=METRICS_HELP)
 @click.argument("trace", type=click.Path(exists=True), required=False)
 @target_options
+@router_options
 @search_options
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Profile to write (profiles/NAME.yaml); NAME names the study and profile.")
@@ -216,6 +228,8 @@ def tune_command(trace: str | None, output: str | None, join_study: str | None,
           --baseline "--max-num-batched-tokens 8192 --no-enable-chunked-prefill"
       tuner tune trace.parquet --tp 8 -o p.yaml --objective goodput,output_throughput_per_gpu \\
           --slo ttft:2000,tpot:50
+      tuner tune trace.parquet --model llama-3.1-70b --tp 8 --gpu-budget 8 \\
+          --routers round-robin,prefix-aware -o profiles/fleet.yaml
       tuner tune trace.parquet --model /models/llama --tp 1 -o p.yaml \\
           --confirm-top 3 --launch --vllm-python /opt/vllm/bin/python --load-format dummy
     """
@@ -253,6 +267,7 @@ def tune_command(trace: str | None, output: str | None, join_study: str | None,
 @click.option("--format", "log_format", default="auto", show_default=True,
               help="Log format (as `tuner ingest --format`).")
 @target_options
+@router_options
 @search_options
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
               help="Profile to write; the trace goes beside it as NAME.trace.parquet.")
@@ -283,8 +298,9 @@ def tune_log_command(logfiles: tuple[str, ...], log_format: str, output: str,
 @click.command(name="export")
 @click.argument("profile", type=click.Path(exists=True, dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(["flags", "yaml", "json", "python", "env",
-                                                    "plugin"]),
-              default="flags", show_default=True, help="What to print.")
+                                                    "plugin", "router"]),
+              default="flags", show_default=True,
+              help="What to print; router = a fleet profile's router configuration alone.")
 @click.option("--vllm-version", default="0.33.0", show_default=True,
               help="Target vLLM release; decides flag spelling and the plugin form.")
 @click.option("--native-admission", is_flag=True,
@@ -319,6 +335,7 @@ def export_command(profile: str, fmt: str, vllm_version: str, native_admission: 
       tuner export profiles/agentic.yaml --format yaml > vllm-config.yaml
       vllm serve meta-llama/Llama-3.1-70B-Instruct --config vllm-config.yaml
       tuner export profiles/agentic.yaml --format plugin -o /srv/vllm-plugin
+      tuner export profiles/fleet.yaml --format router > router.sh
     """
     from tuner.cli._plugin import write_export
     from tuner.profile import check_with_vllm, load_profile

@@ -119,12 +119,14 @@ def fit_gpu(runs: Sequence[RecordedRun], base: Coefficients) -> tuple[Coefficien
 def fittable(run: RecordedRun) -> str | None:
     """None if ``run`` enters the fit, else why not (it is still predicted and reported).
 
-    A model with linear-attention layers (Qwen3.5/3.6 Gated DeltaNet) spends time in
-    kernels the step-time model does not price (the recurrent scan): fitting its rows
-    would bend the GEMM efficiencies of every other model on that GPU to absorb it.
+    A model with linear-attention layers (Qwen3.5/3.6 Gated DeltaNet) has its GDN kernels
+    priced from H200 measurements only (tuner/perf/linear_attention.py) and its hybrid
+    state memory is not in the KV capacity; its MI355X rows are still ~1.8x faster than
+    published, so fitting them would bend the GEMM efficiencies of every other model on
+    that GPU to absorb what is missing.
     """
     if run.resolved.model.num_linear_layers:
-        return "linear-attention layers are not priced"
+        return "linear-attention layers are priced from H200 kernel shapes only"
     return None
 
 

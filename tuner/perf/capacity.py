@@ -77,8 +77,11 @@ def activation_bytes(model: ModelSpec, tp: int, *, max_num_batched_tokens: int,
 
 def kv_capacity(hardware: HardwareSpec, model: ModelSpec, tp: int, block_size: int,
                 gpu_memory_utilization: float = 0.92, *, max_num_batched_tokens: int = 8192,
-                max_num_seqs: int = 1024) -> KVCapacity:
+                max_num_seqs: int = 1024, expert_parallel_size: int = 1) -> KVCapacity:
     """The per-GPU memory budget and ``num_gpu_blocks`` (see module docstring).
+
+    ``expert_parallel_size`` > 1 (``--enable-expert-parallel``, ``tp x dp`` ranks) holds
+    ``1/EP`` of the routed experts per GPU instead of a ``1/tp`` slice of each.
 
     Raises:
         ConfigError: bad arguments, or the weights and activations leave no room for
@@ -89,7 +92,10 @@ def kv_capacity(hardware: HardwareSpec, model: ModelSpec, tp: int, block_size: i
     if block_size < 1 or tp < 1:
         raise ConfigError(f"block_size={block_size} and tp={tp} must be >= 1")
     requested = math.ceil(hardware.memory_bytes * gpu_memory_utilization)
-    weights = sum(model.weight_bytes_per_gpu(tp).values())
+    by_group = model.weight_bytes_per_gpu(tp)
+    if expert_parallel_size > 1:
+        by_group["experts"] = by_group["experts"] * tp / expert_parallel_size
+    weights = sum(by_group.values())
     act = activation_bytes(model, tp, max_num_batched_tokens=max_num_batched_tokens,
                            max_num_seqs=max_num_seqs)
     kv_bytes = requested - weights - act - NON_TORCH_BYTES - CUDAGRAPH_BYTES

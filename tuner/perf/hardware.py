@@ -42,6 +42,10 @@ class HardwareSpec:
     interconnect_name: str
     interconnect_bandwidth: float  # per GPU, one direction, all links, bytes/s
     allreduce_latency_s: float  # fixed cost of one all-reduce call (small message)
+    # expert-parallel all-to-all (dispatch or combine) per call: latency floor and the
+    # asymptotic per-rank bandwidth, bytes/s (interconnect.all2all_*; sources in the YAML)
+    all2all_latency_s: float = 10e-6
+    all2all_bandwidth: float = 300e9
     # default attention backend and KV block size by model kind ("gqa", "gqa_sinks", "mla")
     attention_backend: dict[str, str] = field(default_factory=dict)
     default_block_size: dict[str, int] = field(default_factory=dict)
@@ -182,6 +186,12 @@ def hardware_from_dict(data: Any, *, source: str = "hardware") -> HardwareSpec:
         interconnect_name=str(link.get("name", "")),
         interconnect_bandwidth=num(link, "bandwidth_gbps", "interconnect.") * 1e9,
         allreduce_latency_s=num(link, "latency_us", "interconnect.") * 1e-6,
+        # without measured all-to-all figures: the all-reduce latency and 70 % of the link
+        all2all_latency_s=(num(link, "all2all_latency_us", "interconnect.")
+                           if "all2all_latency_us" in link else num(link, "latency_us", "interconnect.")) * 1e-6,
+        all2all_bandwidth=(num(link, "all2all_bw_gbps", "interconnect.")
+                           if "all2all_bw_gbps" in link
+                           else 0.7 * num(link, "bandwidth_gbps", "interconnect.")) * 1e9,
         attention_backend={str(k): str(v) for k, v in (data.get("attention_backend") or {}).items()},
         default_block_size={str(k): int(v) for k, v in block.items()},
         compute_units=int(num(data, "compute_units", "")) if "compute_units" in data else 128,

@@ -106,9 +106,16 @@ class ModelSpec:
     num_sliding_layers: int = 0
     # linear-attention layers (Qwen3.5/3.6 Gated DeltaNet): a fixed-size state per
     # request instead of a KV cache that grows with the context; their projections are
-    # priced like attention projections, their recurrent scan is not modelled
+    # priced like attention projections, their scan in tuner/perf/linear_attention.py
     num_linear_layers: int = 0
     linear_attn_params: int = 0  # projections of one linear-attention layer (split over TP)
+    # Gated DeltaNet heads (split over TP like attention heads) and the recurrent state's
+    # bytes per element (config ``mamba_ssm_dtype``; the model dtype when absent)
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_state_bytes: float = 2.0
     attn_output_gate: bool = False  # Qwen3.5/3.6 gated attention: q_proj also emits a gate
     # dtypes (normalized names, see DTYPE_BYTES)
     act_dtype: str = "bf16"  # torch_dtype: activations, embeddings, norms, router
@@ -461,11 +468,15 @@ def model_from_config(config: dict[str, Any], *, name: str, source: str = "confi
     linear = (sum(1 for t in layer_types[:layers] if t == "linear_attention")
               if isinstance(layer_types, list) else 0)
     linear_params = 0
+    nk = dk = nv = dv = 0
     if linear:  # Gated DeltaNet: in_proj_qkvz, in_proj_ba, out_proj
         nk, dk = opt("linear_num_key_heads"), opt("linear_key_head_dim")
         nv, dv = opt("linear_num_value_heads"), opt("linear_value_head_dim")
         linear_params = hidden * (2 * nk * dk + 2 * nv * dv + 2 * nv) + nv * dv * hidden
     dtypes = _dtypes(config, source)
+    ssm = config.get("mamba_ssm_dtype")
+    state_bytes = DTYPE_BYTES[normalize_dtype(ssm, where=f"{source}: mamba_ssm_dtype")] \
+        if isinstance(ssm, str) else DTYPE_BYTES[dtypes.get("act_dtype", "bf16")]
     max_pos = opt("max_position_embeddings", default=131072)
     return ModelSpec(
         name=name, model_type=model_type, num_layers=layers, hidden_size=hidden,
@@ -475,6 +486,8 @@ def model_from_config(config: dict[str, Any], *, name: str, source: str = "confi
         attention_bias=bool(config.get("attention_bias", False) or model_type in ("qwen2", "qwen2_moe")),
         sliding_window=window, num_sliding_layers=sliding, num_linear_layers=linear,
         linear_attn_params=linear_params, attn_output_gate=bool(config.get("attn_output_gate")),
+        linear_num_key_heads=nk, linear_num_value_heads=nv, linear_key_head_dim=dk,
+        linear_value_head_dim=dv, linear_state_bytes=state_bytes,
         attention_sinks=model_type == "gpt_oss", max_position_embeddings=max_pos, **fields, **dtypes)
 
 

@@ -10,7 +10,11 @@ A per-layer, per-kernel model (docs/step-time-model.md has the formulas). Per TP
            (qkv, o, gate_up, down per layer; router, routed experts over the experts the
             batch touches, shared experts; the LM head once, on one row per request)
          + attention per layer: floor + max(KV bytes / (kv_eff BW), occupancy floor,
-           FLOPs / (eff peak)), prefill and decode apart (GQA, MLA, sliding windows)
+           FLOPs / (eff peak)), prefill and decode apart (GQA, MLA, sliding windows);
+           Gated DeltaNet layers: recurrent state traffic and chunked scan
+           (tuner/perf/linear_attention.py)
+         + expert parallelism: whole experts per rank, dispatch + combine all-to-all
+           (tuner/perf/expert_parallel.py)
          + all-reduce per call: latency + message / bandwidth(message), custom or library
          + sampling: a few passes over each request's logits
 
@@ -34,6 +38,8 @@ from typing import Any, Callable
 
 from tuner.errors import ConfigError
 from tuner.perf.coefficients import Coefficients, GemmCoefficients
+from tuner.perf.expert_parallel import all2all_constants, expert_layout, expert_terms
+from tuner.perf.linear_attention import linear_attention_s, linear_constants
 from tuner.perf.hardware import HardwareSpec
 from tuner.perf.models import DTYPE_BYTES, ModelSpec
 from tuner.sim.batch import StepBatch
@@ -107,7 +113,8 @@ class RooflineStepTimeModel(StepTimeModel):
     """
 
     def __init__(self, hardware: HardwareSpec, model: ModelSpec, tp: int = 1,
-                 coefficients: Coefficients | None = None) -> None:
+                 coefficients: Coefficients | None = None, *, dp: int = 1,
+                 expert_parallel: bool = False) -> None:
         if tp < 1:
             raise ConfigError(f"tp={tp} must be >= 1")
         if model.num_attention_heads % tp:
@@ -130,14 +137,24 @@ class RooflineStepTimeModel(StepTimeModel):
         self._dense = tuple(gemm(fmt, elems) for fmt, elems in sorted(shape["dense"].items()))
         self._lm = gemm(shape["lm_fmt"], shape["lm_elems"])  # M = requests
         self._moe = model.is_moe
+        # experts: TP-split widths, or whole experts over tp x dp ranks with expert
+        # parallelism (tuner/perf/expert_parallel.py), fed by the whole DP group's tokens
+        self.expert_layout = layout = expert_layout(model, tp, dp, expert_parallel)
         if self._moe:
-            e_mem, e_tok, e_zero = gemm(shape["expert_fmt"], shape["expert_elems"])
-            self._e_mem, self._e_tok, self._e_half = e_mem, e_tok * model.num_experts_per_tok, e_zero
-            self._num_experts = float(model.num_experts)
-            self._expert_q = 1.0 - model.num_experts_per_tok / model.num_experts
+            elems = shape["expert_elems"] if layout.ep == 1 else shape["expert_elems"] * tp
+            e_mem, e_tok, e_zero = gemm(shape["expert_fmt"], elems)
+            # pairs routed to this rank per token of the DP group: k, or k / EP
+            self._e_tok_group = e_tok * model.num_experts_per_tok / layout.ep
+            self._e_mem, self._e_half = e_mem, e_zero
+            self._e_tok = self._e_tok_group * layout.group_factor  # per token of this rank
+            self._num_experts = layout.local_experts
+            self._expert_q_one = 1.0 - model.num_experts_per_tok / model.num_experts
+            self._expert_q = self._expert_q_one ** layout.group_factor
         else:
             self._e_mem = self._e_tok = self._e_half = self._num_experts = 0.0
-            self._expert_q = 1.0
+            self._e_tok_group = 0.0
+            self._expert_q = self._expert_q_one = 1.0
+        self._a2a_fixed, self._a2a_tok = all2all_constants(hardware, model, layout)
         # attention (all layers folded in; full and sliding layers apart)
         kv_bw = c.kv_bw_eff * bw
         peak_attn = hardware.peak("bf16")
@@ -152,6 +169,8 @@ class RooflineStepTimeModel(StepTimeModel):
         # than the GPU's compute units leave bandwidth unused -> a per-step floor
         self._occ_floor = (c.attn_chunk_tokens * hardware.compute_units / max(1.0, shape["kv_units"])
                            ) * self._kv_tok
+        # Gated DeltaNet layers: recurrent state per request, chunked scan at prefill
+        self._linear = linear_constants(hardware, model, tp) if model.num_linear_layers else None
         self._window = float(model.sliding_window)
         self._sliding = model.num_sliding_layers > 0
         # all-reduce: calls x (latency + ring share x (msg + half) / (eff x link))
@@ -180,17 +199,17 @@ class RooflineStepTimeModel(StepTimeModel):
         """One tuple of every constant the hot path reads: a single attribute load and
         an unpack cost less than two dozen attribute loads. Per-step and per-token
         constants that are always added together are pre-summed."""
-        fixed = self._cpu_step + self._ar_fixed
+        fixed = self._cpu_step + self._ar_fixed + self._a2a_fixed
         dense = self._dense
         one = dense[0] if len(dense) == 1 else (0.0, 0.0, 0.0)
         self._k = (
             fixed + self._gpu_mixed, fixed + self._gpu_decode,
             self._cpu_req + self._sample,  # per request
-            self._kv_write + self._ar_tok,  # per token
+            self._kv_write + self._ar_tok + self._a2a_tok,  # per token
             one[0], one[1], one[2], dense if len(dense) > 1 else (),
             *self._lm, self._moe, self._e_mem, self._e_tok, self._e_half, self._num_experts,
             self._expert_q, self._kv_tok, self._occ_floor, self._attn_d, self._attn_p,
-            self._sliding, self._ar_lib_tokens, self._ar_lib_extra)
+            self._sliding, self._ar_lib_tokens, self._ar_lib_extra, self._linear)
 
     def step_time_s(self, batch: StepBatch) -> float:
         npt = batch.num_prefill_tokens
@@ -200,7 +219,7 @@ class RooflineStepTimeModel(StepTimeModel):
             return 0.0  # vLLM does not run the model for an empty schedule
         (mixed, decode, per_req, per_tok, d_mem, d_tok, d_zero, more, lm_mem, lm_tok, lm_zero,
          moe, e_mem, e_tok, e_half, num_experts, expert_q, kv_tok, occ, attn_d, attn_p,
-         sliding, lib_tokens, lib_extra) = self._k
+         sliding, lib_tokens, lib_extra, linear) = self._k
         reqs = batch.num_prefill_reqs + ndr
         t = (mixed if npt else decode) + per_req * reqs + per_tok * tokens
         cmp = d_tok * tokens + d_zero
@@ -219,6 +238,8 @@ class RooflineStepTimeModel(StepTimeModel):
         t = add_full_attention(t, batch, ndr, npt, kv_tok, occ, attn_d, attn_p)
         if sliding:
             t += self._sliding_s(batch)
+        if linear:
+            t += linear_attention_s(linear, batch)
         if tokens > lib_tokens:
             t += lib_extra
         return t
@@ -240,6 +261,27 @@ class RooflineStepTimeModel(StepTimeModel):
         mem = self._kv_slide_tok * (sd + sp + npt)
         cmp = self._slide_p * pp + self._slide_d * sd
         return mem if mem > cmp else cmp
+
+    def rank_step_time_s(self, batch: StepBatch, group_tokens: int) -> float:
+        """One DP rank's step in an expert-parallel lock step: ``batch`` is this rank's,
+        ``group_tokens`` the tokens of all DP ranks this step (their experts' work lands
+        on every rank). :meth:`step_time_s` is the balanced case, ``group_tokens =
+        tokens x dp``; the lock step's time is the slowest rank's. A rank with nothing
+        scheduled runs vLLM's dummy batch: pass a one-token decode batch for it.
+        Without expert parallelism the ranks are independent and this equals
+        :meth:`step_time_s`."""
+        t = self.step_time_s(batch)
+        layout = self.expert_layout
+        tokens = batch.num_prefill_tokens + batch.num_decode_reqs
+        if layout.ep == 1 or layout.dp == 1 or tokens <= 0:
+            return t
+        args = (self._e_mem, self._e_tok_group, self._e_half, self._num_experts,
+                self._expert_q_one)
+        balanced = expert_terms(*args, tokens * layout.group_factor)
+        # all-to-all: a rank waits for the larger of what it sends and what it receives
+        recv = group_tokens / layout.dp
+        extra_a2a = self._a2a_tok * (recv - tokens) if recv > tokens else 0.0
+        return t - balanced + expert_terms(*args, float(group_tokens)) + extra_a2a
 
     def cpu_s(self, batch: StepBatch) -> float:
         """The engine-core CPU part of the step (what async scheduling overlaps):
@@ -269,7 +311,8 @@ class RooflineStepTimeModel(StepTimeModel):
         ``maximum=np.maximum, minimum=np.minimum``); the values sum to the step time.
 
         Keys: ``cpu``, ``launch`` (GEMM/attention floors and launch gaps), ``gemm``,
-        ``lm_head``, ``experts``, ``attention``, ``allreduce``, ``sampling``. Steps
+        ``lm_head``, ``experts``, ``all2all`` (expert-parallel dispatch and combine),
+        ``attention``, ``allreduce``, ``sampling``. Steps
         with no token cost 0 in :meth:`step_time_s`; here they are the caller's to drop.
         """
         tokens = npt + ndr
@@ -288,6 +331,7 @@ class RooflineStepTimeModel(StepTimeModel):
                                      self._e_tok * tokens + self._e_half * touched)
         else:
             out["experts"] = 0.0 * tokens
+        out["all2all"] = self._a2a_fixed + self._a2a_tok * tokens
         dec = maximum(maximum(self._kv_tok * dctx, self._occ_floor), self._attn_d * dctx)
         pre = maximum(self._kv_tok * (pctx + npt), self._attn_p * pairs)
         attn = dec * has_d + pre * has_p + self._kv_write * tokens
@@ -298,6 +342,9 @@ class RooflineStepTimeModel(StepTimeModel):
             pp = minimum(pairs, npt * w)
             attn = attn + maximum(self._kv_slide_tok * (sd + sp + npt),
                                   self._slide_p * pp + self._slide_d * sd)
+        if self._linear:
+            d0, d1, p0, p1, p2 = self._linear
+            attn = attn + (d0 + d1 * ndr) * has_d + (p0 + p1 * npr + p2 * npt) * has_p
         out["attention"] = attn
         out["allreduce"] = (self._ar_fixed + self._ar_tok * tokens
                             + self._ar_lib_extra * (tokens > self._ar_lib_tokens))
@@ -307,8 +354,8 @@ class RooflineStepTimeModel(StepTimeModel):
     def breakdown(self, batch: StepBatch) -> dict[str, float]:
         """:meth:`terms` of one batch (all zero for an empty one)."""
         if batch.num_tokens <= 0:
-            return dict.fromkeys(("cpu", "launch", "gemm", "lm_head", "experts", "attention",
-                                  "allreduce", "sampling"), 0.0)
+            return dict.fromkeys(("cpu", "launch", "gemm", "lm_head", "experts", "all2all",
+                                  "attention", "allreduce", "sampling"), 0.0)
         return {k: float(v) for k, v in self.terms(
             batch.num_prefill_reqs, batch.num_decode_reqs, batch.num_prefill_tokens,
             batch.prefill_ctx_tokens, batch.prefill_attn_pairs, batch.decode_ctx_tokens).items()}

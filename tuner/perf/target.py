@@ -15,7 +15,10 @@ class Target:
     hardware: str = "mi355x"  # hardware preset name or path to a hardware YAML
     model: str = "llama-3.1-70b"  # model preset name or path to a HF config.json (or its folder)
     tp: int = 1  # tensor-parallel size (GPUs per engine)
-    dp: int = 1  # data-parallel engines (each replays the whole trace share; see docs)
+    #: vLLM ``--data-parallel-size``: DP ranks inside one deployment (one API server whose
+    #: internal load balancer picks the rank; MoE ranks step in lockstep). Each rank is
+    #: one TP group with its own scheduler and KV cache (tuner.sim.fleet).
+    dp: int = 1
     block_size: int | None = None  # KV block size; None = the hardware/backend default
     num_gpu_blocks: int | None = None  # override the computed KV capacity (vLLM num_gpu_blocks)
     gpu_memory_utilization: float = 0.92  # vLLM 0.33 default
@@ -29,7 +32,18 @@ class Target:
     #: vLLM's ``--async-scheduling/--no-async-scheduling``; None = what vLLM resolves for
     #: this target (``tuner.vllm_compat``: on for GPU targets, off on the CPU platform)
     async_scheduling: bool | None = None
+    #: independent copies of the deployment (each TP x DP) behind a router
+    #: (``tuner.sim.fleet.RouterSettings``)
+    replicas: int = 1
+    #: vLLM ``--enable-expert-parallel``: MoE experts sharded over the TP x DP ranks
+    #: (dispatch + combine all-to-all when dp > 1, tuner/perf/expert_parallel.py); MoE only
+    enable_expert_parallel: bool = False
+
+    @property
+    def num_engines(self) -> int:
+        """Engines (schedulers with their own KV cache) the deployment runs: dp x replicas."""
+        return self.dp * self.replicas
 
     @property
     def num_gpus(self) -> int:
-        return self.tp * self.dp
+        return self.tp * self.dp * self.replicas

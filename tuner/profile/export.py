@@ -19,6 +19,17 @@ Formats (``export_profile(profile, fmt, vllm_version=...)``):
 * ``env``    -- a shell snippet defining a bash array ``VLLM_SCHEDULER_ARGS`` (and, for the
   plugin, the plugin's ``TUNER_CACHE_AWARE_ADMISSION_*`` variables).
 * ``plugin`` -- the scheduler-plugin form as ``vllm serve`` arguments, whatever the version.
+* ``router`` -- a fleet profile's router configuration alone (:mod:`tuner.profile.
+  fleet_export`: the production-stack ``vllm-router`` command, an llm-d
+  ``EndpointPickerConfig`` or Dynamo's ``dynamo.frontend`` command).
+
+Multi-engine profiles (``--data-parallel-size`` > 1, replicas behind a router, or
+``--enable-expert-parallel``; :mod:`tuner.profile.fleet_export`): ``flags`` starts one
+``vllm serve`` per replica (on one node: its own ``CUDA_VISIBLE_DEVICES`` and port) and
+then the router; ``yaml``, ``python``, ``env`` and ``json`` carry the per-engine parallel
+layout (``tensor-parallel-size``, ``data-parallel-size``, ``enable-expert-parallel``)
+beside the scheduler fields, and ``json`` the router's configuration. A profile of one
+engine exports exactly as before.
 
 Version rules (``--vllm-version``; ``docs/vllm-versions.md``, decided in
 :mod:`tuner.vllm_compat`):
@@ -46,10 +57,14 @@ from typing import Any, Literal
 
 from tuner import vllm_compat
 from tuner.errors import ConfigError
+from tuner.profile.fleet_export import (BASE_PORT, RouterExport, backend_urls, engine_args,
+                                        one_node, replica_prefixes, router_export)
 from tuner.profile.model import Profile
 
 ExportFormat = Literal["flags", "yaml", "json", "python", "env", "plugin"]
 FORMATS: tuple[str, ...] = ("flags", "yaml", "json", "python", "env", "plugin")
+#: Every format ``export_profile`` renders: the vLLM ones and a fleet's router config.
+EXPORT_FORMATS: tuple[str, ...] = FORMATS + ("router",)
 
 #: The newest release tuner's twin mirrors and whose flags have been checked.
 CHECKED_VLLM_VERSION = vllm_compat.CHECKED_VERSION
@@ -120,8 +135,14 @@ def _scalar(value: Any) -> str:
 
 def _header(profile: Profile, plan: ExportPlan) -> list[str]:
     t = profile.target
+    layout = f"tp={t.tp}, dp={t.dp}"
+    if t.is_multi_engine:
+        layout += (f", replicas={t.replicas}" + (", expert parallel" if t.enable_expert_parallel
+                                                 else "")
+                   + (f", router={profile.router['policy']}" if profile.router else "")
+                   + f"; {t.num_gpus} GPU")
     lines = [f"tuner profile {profile.name!r} for vLLM {plan.vllm_version} "
-             f"({t.hardware}, {t.model}, tp={t.tp}, dp={t.dp})"]
+             f"({t.hardware}, {t.model}, {layout})"]
     return lines + plan.notes
 
 
@@ -134,8 +155,11 @@ def export_profile(profile: Profile, fmt: str, *, vllm_version: str = CHECKED_VL
         ConfigError: unknown format.
         UnsupportedVllmVersion: see :func:`plan_export`.
     """
-    if fmt not in FORMATS:
-        raise ConfigError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
+    if fmt not in EXPORT_FORMATS:
+        raise ConfigError(f"unknown export format {fmt!r}; use one of "
+                          f"{', '.join(EXPORT_FORMATS)}")
+    if fmt == "router":
+        return _router(profile)
     plan = plan_export(profile, vllm_version=vllm_version, native_admission=native_admission,
                        force_plugin=fmt == "plugin", async_scheduling=async_scheduling,
                        scheduler_cls=scheduler_cls)
@@ -169,16 +193,20 @@ def flag_lines(args: list[str]) -> list[str]:
 
 
 def _flags(profile: Profile, plan: ExportPlan, header: list[str]) -> str:
-    body = " \\\n".join(flag_lines(plan.serve_args()))
+    args = plan.serve_args()
+    if profile.target.is_multi_engine:  # each engine also needs its parallel layout
+        args = engine_args(profile) + args
+        if profile.target.replicas > 1:
+            header = header + [f"the arguments of each of the {profile.target.replicas} "
+                               "replicas; the router: tuner export PROFILE --format router"]
+    body = " \\\n".join(flag_lines(args))
     return "".join(f"# {h}\n" for h in header) + body + "\n"
 
 
 def target_args(profile: Profile) -> list[str]:
     """The deployment flags the prediction depended on (module docstring, ``flags``)."""
     t = profile.target
-    args = ["--tensor-parallel-size", str(t.tp)]
-    if t.dp > 1:
-        args += ["--data-parallel-size", str(t.dp)]
+    args = engine_args(profile)
     if t.gpu_memory_utilization is not None:
         args += ["--gpu-memory-utilization", _scalar(t.gpu_memory_utilization)]
     if t.max_model_len is not None:
@@ -208,16 +236,89 @@ def _command(profile: Profile, plan: ExportPlan, header: list[str], *, use_async
     if missing:
         header = header + [f"the profile does not record {' or '.join(missing)}: vLLM's "
                            "defaults apply; check they match what was tuned"]
-    return "".join(f"# {h}\n" for h in header) + " \\\n".join(lines) + "\n"
+    if profile.target.replicas > 1:
+        return _fleet_command(profile, args, header)
+    text = "".join(f"# {h}\n" for h in header) + " \\\n".join(lines) + "\n"
+    export = router_export(profile, args[2])  # prefix-aware over one deployment's DP ranks
+    return text if export is None else text + "\n".join(router_lines(export)) + "\n"
+
+
+def _fleet_command(profile: Profile, args: list[str], header: list[str]) -> str:
+    """One ``vllm serve`` per replica (background jobs on one node), then the router."""
+    t = profile.target
+    out = [f"# {h}" for h in header]
+    urls = backend_urls(profile)
+    if one_node(profile):
+        out.append(f"# {t.replicas} replicas on one node, {t.tp * t.dp} GPU each; each "
+                   "engine in the background on its own GPUs and port")
+    else:
+        out.append(f"# {t.replicas} replicas of {t.tp * t.dp} GPU: run this on each "
+                   f"replica's host (the router below expects {urls[0]} ... {urls[-1]})")
+    prefixes = replica_prefixes(profile) if one_node(profile) else [""]
+    for i, prefix in enumerate(prefixes):
+        head = " ".join(shlex.quote(a) for a in args[:3])
+        body = [(prefix + " " if prefix else "") + head]
+        port = BASE_PORT + i if one_node(profile) else BASE_PORT
+        body += [f"    {line}" for line in flag_lines(args[3:] + ["--port", str(port)])]
+        out.append(" \\\n".join(body) + (" &" if one_node(profile) else ""))
+    export = router_export(profile, args[2])
+    if export is not None:
+        out += router_lines(export)
+    return "\n".join(out) + "\n"
+
+
+def router_lines(export: RouterExport) -> list[str]:
+    """Shell lines that start the router, or write its config file (a here-document)."""
+    lines = [f"# router: {export.implementation} ({export.source})"]
+    lines += [f"# {n}" for n in export.notes]
+    if export.kind == "command":
+        head, rest = export.args[:3], export.args[3:]
+        body = [" ".join(shlex.quote(a) for a in head)]
+        body += [f"    {line}" for line in flag_lines(list(rest))]
+        lines.append(" \\\n".join(body))
+    else:
+        lines.append(f"cat > {export.filename} <<'EOF'")
+        lines += export.text.rstrip("\n").split("\n")
+        lines.append("EOF")
+    return lines
+
+
+def _router(profile: Profile) -> str:
+    """``--format router``: the fleet's router configuration alone."""
+    export = router_export(profile, serve_model(profile.target.model))
+    if export is None:
+        raise ConfigError(f"--format router: profile {profile.name!r} has no router section "
+                          "(one replica): there is no router to configure")
+    if export.kind == "yaml":
+        return ("".join(f"# {line}\n" for line in (
+            [f"router: {export.implementation} ({export.source})"] + list(export.notes)))
+            + export.text)
+    return "\n".join(router_lines(export)) + "\n"
 
 
 def _yaml(profile: Profile, plan: ExportPlan, header: list[str]) -> str:
     import yaml
 
-    text = yaml.safe_dump(plan.config_mapping(), sort_keys=False, default_flow_style=False,
-                          width=1000)
+    mapping = plan.config_mapping()
+    if profile.target.is_multi_engine:
+        mapping = {**parallel_mapping(profile), **mapping}
+        if profile.target.replicas > 1:
+            header = header + [f"one engine of {profile.target.replicas} replicas; the router: "
+                               "tuner export PROFILE --format router"]
+    text = yaml.safe_dump(mapping, sort_keys=False, default_flow_style=False, width=1000)
     return ("".join(f"# {h}\n" for h in header)
             + "# use: vllm serve MODEL --config THIS_FILE\n" + text)
+
+
+def parallel_mapping(profile: Profile) -> dict[str, Any]:
+    """The per-engine layout as ``--config`` keys (long flag names)."""
+    t = profile.target
+    out: dict[str, Any] = {"tensor-parallel-size": t.tp}
+    if t.dp > 1:
+        out["data-parallel-size"] = t.dp
+    if t.enable_expert_parallel:
+        out["enable-expert-parallel"] = True
+    return out
 
 
 def _json(profile: Profile, plan: ExportPlan, header: list[str]) -> str:
@@ -230,6 +331,14 @@ def _json(profile: Profile, plan: ExportPlan, header: list[str]) -> str:
         "scheduler_config": plan.scheduler_kwargs(),
         "additional_config": plan.additional_config,
     }
+    t = profile.target
+    if t.is_multi_engine:
+        data["engine_args"] = engine_args(profile)
+        data["replicas"] = t.replicas
+        export = router_export(profile, serve_model(t.model))
+        if export is not None:
+            data["router"] = {"policy": dict(profile.router or {}), **export.to_dict(),
+                              "backends": backend_urls(profile)}
     return json.dumps(data, indent=2) + "\n"
 
 
@@ -245,6 +354,17 @@ def _python(profile: Profile, plan: ExportPlan, header: list[str]) -> str:
         lines.append("# The plugin reads these from VllmConfig.additional_config "
                      "(EngineArgs(additional_config=...)):")
         lines.append(f"additional_config = {plan.additional_config!r}")
+    t = profile.target
+    if t.is_multi_engine:
+        lines.append("# the engine's parallel layout (ParallelConfig / EngineArgs fields):")
+        lines.append("parallel_kwargs = dict(")
+        lines.append(f"    tensor_parallel_size={t.tp},")
+        lines.append(f"    data_parallel_size={t.dp},")
+        lines.append(f"    enable_expert_parallel={t.enable_expert_parallel!r},")
+        lines.append(")")
+        if t.replicas > 1:
+            lines.append(f"# {t.replicas} replicas behind the router: tuner export PROFILE "
+                         "--format router")
     lines.append("# max_model_len and is_encoder_decoder come from your model config:")
     lines.append("# scheduler_config = SchedulerConfig(max_model_len=..., is_encoder_decoder=False,"
                  " **scheduler_kwargs)")
@@ -256,6 +376,10 @@ def _env(profile: Profile, plan: ExportPlan, header: list[str]) -> str:
     lines.append('# use: source THIS_FILE && vllm serve MODEL "${VLLM_SCHEDULER_ARGS[@]}"')
     args = " ".join(shlex.quote(a) for a in plan.serve_args())
     lines.append(f"VLLM_SCHEDULER_ARGS=({args})")
+    if profile.target.is_multi_engine:
+        lines.append("# the engine's parallel layout: vllm serve MODEL \"${VLLM_ENGINE_ARGS[@]}\" "
+                     '"${VLLM_SCHEDULER_ARGS[@]}"')
+        lines.append(f"VLLM_ENGINE_ARGS=({' '.join(engine_args(profile))})")
     if plan.additional_config is not None:
         lines.append("# the plugin also reads its values from these variables when "
                      "--additional-config lacks them:")

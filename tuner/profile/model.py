@@ -11,6 +11,9 @@ sections:
   settings, with deltas, on the training and the held-out window;
 * ``pareto`` -- the Pareto set of the study (each point's settings and metrics), which a
   later ``--warm-start`` enqueues;
+* ``router`` -- for a fleet (``target.replicas > 1``, or a prefix-aware router over the
+  DP ranks of one deployment) only: the router in front of the replicas, ``{policy: round-robin|least-loaded|session|prefix-aware, <params>}`` as
+  the replay modelled it (``tuner.sim.fleet.RouterSettings``);
 * ``provenance`` -- trace fingerprint and time range, study name and redacted storage,
   trial number, tuner and twin versions, seed, creation time (UTC);
 * ``name`` / ``description``.
@@ -41,8 +44,8 @@ from tuner.sim.settings import SchedulerSettings
 #: Bumped when the file layout changes incompatibly; load_profile refuses newer files.
 PROFILE_VERSION = 1
 
-_TOP_KEYS = ("profile_version", "name", "description", "scheduler", "target", "predicted",
-             "pareto", "provenance")
+_TOP_KEYS = ("profile_version", "name", "description", "scheduler", "target", "router",
+             "predicted", "pareto", "provenance")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +54,9 @@ class ProfileTarget:
 
     hardware: str  # hardware preset name (e.g. mi355x) or a hardware YAML path
     model: str  # model preset name or HF config path
-    tp: int = 1  # tensor-parallel size
-    dp: int = 1  # data-parallel engines
-    num_gpus: int = 1  # tp * dp
+    tp: int = 1  # tensor-parallel size (GPUs per engine)
+    dp: int = 1  # vLLM data-parallel ranks per deployment (--data-parallel-size)
+    num_gpus: int = 1  # tp * dp * replicas
     block_size: int | None = None  # KV block size the twin used (tokens)
     async_scheduling: bool = True  # vLLM's default (resolved True); picks the plugin class
     # What else the prediction depended on (exported as serve flags; None = not recorded).
@@ -66,6 +69,13 @@ class ProfileTarget:
     kv_cache_dtype: str | None = None  # vLLM --kv-cache-dtype (None: auto)
     #: what priced the twin's steps: "analytic" or "aic" (measured tables); None: not recorded
     step_time_source: str | None = None
+    replicas: int = 1  # copies of the deployment behind the profile's router
+    enable_expert_parallel: bool = False  # vLLM --enable-expert-parallel (MoE models)
+
+    @property
+    def is_multi_engine(self) -> bool:
+        """More than one engine, or experts sharded: the per-engine flags matter."""
+        return self.dp > 1 or self.replicas > 1 or self.enable_expert_parallel
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -73,6 +83,11 @@ class ProfileTarget:
         for key in ("quantization", "kv_cache_dtype", "step_time_source"):  # older readers know none
             if out[key] is None:
                 del out[key]
+        # one engine per deployment, no EP: written as before, so older files stay identical
+        if out["replicas"] == 1:
+            del out["replicas"]
+        if not out["enable_expert_parallel"]:
+            del out["enable_expert_parallel"]
         return out
 
 
@@ -87,18 +102,22 @@ class Profile:
     predicted: dict[str, Any] = field(default_factory=dict)
     pareto: tuple[dict[str, Any], ...] = ()
     provenance: dict[str, Any] = field(default_factory=dict)
+    #: the fleet's router (``{policy, <params>}``); None for one replica
+    router: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "profile_version": PROFILE_VERSION,
             "name": self.name,
             "description": self.description,
             "scheduler": self.scheduler.to_dict(),
             "target": self.target.to_dict(),
-            "predicted": _plain(self.predicted),
-            "pareto": [_plain(p) for p in self.pareto],
-            "provenance": _plain(self.provenance),
         }
+        if self.router is not None:
+            out["router"] = _plain(self.router)
+        out.update(predicted=_plain(self.predicted), pareto=[_plain(p) for p in self.pareto],
+                   provenance=_plain(self.provenance))
+        return out
 
     def to_yaml(self) -> str:
         header = (f"# tuner profile {self.name!r}: written by tuner; regenerate it with the tool "
@@ -171,6 +190,7 @@ def profile_from_dict(data: Any, *, source: str = "<profile>") -> Profile:
         raise fail("description", "must be a string")
     scheduler = _settings(data.get("scheduler"), "scheduler", fail)
     target = _target(data.get("target"), fail)
+    router = _router(data.get("router"), target, fail)
     predicted = data.get("predicted") or {}
     if not isinstance(predicted, dict):
         raise fail("predicted", "must be a mapping")
@@ -183,12 +203,20 @@ def profile_from_dict(data: Any, *, source: str = "<profile>") -> Profile:
         if not isinstance(point, dict):
             raise fail(f"pareto[{i}]", "must be a mapping with a 'settings' key")
         _settings(point.get("settings"), f"pareto[{i}].settings", fail)
+        if point.get("deployment") is not None:
+            from tuner.tune.deployment import Deployment
+
+            try:
+                Deployment.from_dict(point["deployment"], where=f"pareto[{i}].deployment")
+            except ConfigError as exc:
+                raise ProfileError(f"{source}: {exc}") from None
         pareto.append(point)
     provenance = data.get("provenance") or {}
     if not isinstance(provenance, dict):
         raise fail("provenance", "must be a mapping")
     return Profile(name=name, scheduler=scheduler, target=target, description=description,
-                   predicted=predicted, pareto=tuple(pareto), provenance=provenance)
+                   predicted=predicted, pareto=tuple(pareto), provenance=provenance,
+                   router=router)
 
 
 def _settings(raw: Any, where: str, fail: Any) -> SchedulerSettings:
@@ -223,10 +251,17 @@ def _target(raw: Any, fail: Any) -> ProfileTarget:
     for key in ("hardware", "model"):
         if not isinstance(raw.get(key), str) or not raw[key]:
             raise fail(f"target.{key}", "missing or not a non-empty string")
-    for key in ("tp", "dp", "num_gpus"):
+    for key in ("tp", "dp", "replicas", "num_gpus"):
         value = raw.get(key, 1)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise fail(f"target.{key}", f"must be an integer >= 1 (got {value!r})")
+    if not isinstance(raw.get("enable_expert_parallel", False), bool):
+        raise fail("target.enable_expert_parallel", "must be true or false")
+    tp, dp, replicas = raw.get("tp", 1), raw.get("dp", 1), raw.get("replicas", 1)
+    if (replicas > 1 or raw.get("enable_expert_parallel")) and raw.get("num_gpus", 1) != \
+            tp * dp * replicas:
+        raise fail("target.num_gpus", f"{raw.get('num_gpus', 1)} is not tp x dp x replicas = "
+                                      f"{tp} x {dp} x {replicas} = {tp * dp * replicas}")
     block = raw.get("block_size")
     if block is not None and (not isinstance(block, int) or isinstance(block, bool) or block < 1):
         raise fail("target.block_size", f"must be an integer >= 1 or null (got {block!r})")
@@ -267,7 +302,27 @@ def _target(raw: Any, fail: Any) -> ProfileTarget:
                          vllm_versions=tuple(versions), max_model_len=raw.get("max_model_len"),
                          gpu_memory_utilization=None if util is None else float(util),
                          num_gpu_blocks=raw.get("num_gpu_blocks"), step_time_source=source,
+                         replicas=replicas,
+                         enable_expert_parallel=raw.get("enable_expert_parallel", False),
                          **dtypes)
+
+
+def _router(raw: Any, target: ProfileTarget, fail: Any) -> dict[str, Any] | None:
+    """The ``router`` section: only for a fleet, a known policy and the router's own
+    parameters (checked by the replay's ``RouterSettings``, so a profile names nothing
+    the replay did not model)."""
+    from tuner.tune.deployment import check_router, routes
+
+    if raw is None:
+        return None
+    try:
+        router = check_router(raw)
+    except ConfigError as exc:
+        raise fail("router", str(exc)) from None
+    if not routes(target.replicas, target.dp, router["policy"]):
+        raise fail("router", "a router needs target.replicas > 1 (or, for prefix-aware, "
+                             "target.dp > 1: it picks the DP rank)")
+    return router
 
 
 def _is_version(text: str) -> bool:

@@ -17,7 +17,8 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tuner.profile.export import plan_export
+from tuner.profile.export import parallel_mapping, plan_export
+from tuner.profile.fleet_export import engine_args
 from tuner.profile.model import Profile
 
 #: Runs inside a vLLM environment: reads a JSON payload on stdin, prints a JSON verdict.
@@ -116,10 +117,18 @@ def _payload(profile: Profile, *, vllm_version: str, native_admission: bool,
         expect["async_scheduling"] = False
     if plan.additional_config is not None:
         expect["additional_config"] = plan.additional_config
+    serve_args, config = plan.serve_args(), plan.config_mapping()
+    t = profile.target
+    if t.is_multi_engine:
+        # the per-engine layout goes through vLLM's parser too (its flag names)
+        serve_args = engine_args(profile) + serve_args
+        config = {**parallel_mapping(profile), **config}
+        expect.update(tensor_parallel_size=t.tp, data_parallel_size=t.dp,
+                      enable_expert_parallel=t.enable_expert_parallel)
     return {
         "scheduler_kwargs": plan.scheduler_kwargs(),
-        "serve_args": plan.serve_args(),
-        "config_yaml": yaml.safe_dump(plan.config_mapping(), sort_keys=False),
+        "serve_args": serve_args,
+        "config_yaml": yaml.safe_dump(config, sort_keys=False),
         "expect": expect,
         "max_model_len": max_model_len,
     }

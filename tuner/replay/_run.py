@@ -72,7 +72,8 @@ def reblock_request(request: "TraceRequest", from_block_size: int,
 
 
 def _kv_requests(trace: TraceLike, hash_block_size: int | None, block_size: int, *,
-                 arrays: bool, hash_ids: bool = False) -> list["TraceRequest"]:
+                 arrays: bool, hash_ids: bool = False,
+                 stream: bool = True) -> list["TraceRequest"]:
     """The trace's requests in arrival order, hashes re-blocked to ``block_size``.
 
     ``arrays``: hashes as ``uint64`` arrays through the vectorised path (memory-light, for
@@ -92,7 +93,7 @@ def _kv_requests(trace: TraceLike, hash_block_size: int | None, block_size: int,
             from tuner.trace import read_trace
 
             trace = read_trace(trace)
-        if hash_ids and hasattr(trace, "metadata") and hasattr(trace, "stored"):
+        if stream and hash_ids and hasattr(trace, "metadata") and hasattr(trace, "stored"):
             from tuner.replay._stream import TraceArrivals
 
             return TraceArrivals(trace, block_size)  # type: ignore[return-value]
@@ -143,7 +144,8 @@ def prepare(trace: TraceLike, settings: SchedulerSettings | None = None, *,
     try:
         requests = _kv_requests(trace, hash_block_size, resolved.cache.block_size,
                                 arrays=instance.accepts_array_hashes,
-                                hash_ids=instance.accepts_hash_ids)
+                                hash_ids=instance.accepts_hash_ids,
+                                stream=resolved.target.num_engines == 1)
         instance.prepare(requests, settings, resolved, load, options)
     except BaseException:
         instance.close()
@@ -164,7 +166,7 @@ def run(trace: TraceLike, settings: SchedulerSettings | None = None, *, backend:
         settings: scheduler settings; None = vLLM's defaults for the target GPU
             (``resolve_target(target).default_settings``).
         backend: a registered backend name (``tuner.replay.available_backends()``).
-        target: the deployment to model (hardware, model, TP/DP, KV cache).
+        target: the deployment to model (hardware, model, TP, DP, replicas, KV cache).
         load: ``OpenLoop(speedup=...)`` (default ``OpenLoop()``: the trace's own arrival
             times; None means the same) or ``ClosedLoop(concurrency)``.
         options: twin options (``record_steps``, ``check_invariants``, ...).

@@ -3,6 +3,10 @@
 A thin adapter: the twin already speaks ``TraceRequest`` and returns ``ReplayResult``;
 this class only fits it into the :class:`~tuner.replay.Backend` call order and keeps the
 twin's construction (which indexes the requests) out of the timed ``run``.
+
+One engine (``dp = replicas = 1``) runs the single-engine ``Simulator`` (unchanged, and
+not slowed); a data-parallel deployment or a fleet runs ``tuner.sim.fleet``'s
+``FleetSimulator`` with the backend option ``router`` (a ``RouterSettings`` or its dict).
 """
 
 from __future__ import annotations
@@ -19,19 +23,39 @@ if TYPE_CHECKING:
 
 
 class SimBackend(Backend):
-    """Replays on the twin. Takes no backend options."""
+    """Replays on the twin. Option ``router``: the fleet's router (see the module doc)."""
 
     name = "sim"
     accepts_array_hashes = True  # SimRequest takes anything with tolist(), at arrival
     accepts_hash_ids = True  # interned once per trace: the twin's cache indexes arrays
 
-    def __init__(self) -> None:
+    def __init__(self, router: Any = None) -> None:
+        from tuner.sim.fleet import RouterSettings
+
+        if router is None:
+            router = RouterSettings()
+        elif isinstance(router, dict):
+            router = RouterSettings.from_dict(router)
+        elif not isinstance(router, RouterSettings):
+            raise TypeError(f"router {router!r}: expected RouterSettings or a dict")
+        self.router: RouterSettings = router
         self._simulator: Any = None
 
     def prepare(self, requests: Sequence["TraceRequest"], settings: "SchedulerSettings",
                 target: Any, load: Any, options: "SimOptions") -> None:
         from tuner.sim.engine import Simulator
 
+        deployment = target.target
+        if deployment.num_engines > 1:
+            from tuner.sim.fleet.simulator import FleetSimulator
+
+            self._simulator = FleetSimulator(
+                requests, settings, target.cache, target.step_time,
+                dp=deployment.dp, replicas=deployment.replicas, moe=target.model.is_moe,
+                router=self.router, options=options, load=load, num_gpus=target.num_gpus,
+                num_hash_ids=getattr(requests, "num_hash_ids", None),
+                batch_queue_depth=2 if options.async_scheduling else 1)
+            return
         self._simulator = Simulator(
             requests, settings, target.cache, target.step_time,
             options=options, load=load, num_gpus=target.num_gpus,

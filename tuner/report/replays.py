@@ -24,6 +24,7 @@ import numpy as np
 from tuner.records import ReplayResult
 from tuner.report.study_trace import CompactTrace, load_compact
 from tuner.sim.settings import SchedulerSettings
+from tuner.tune.deployment import Deployment, split_settings
 from tuner.tune.evaluate import HOLDOUT_WARMUP, Windows, target_from_dict
 
 #: Time-series bins per chart: enough for the eye, small enough for the page.
@@ -164,14 +165,17 @@ def _trace_stats_apart(trace: Any) -> Any:
 
 
 def replay_windows(spec: dict[str, Any], trace: StudyTrace,
-                   settings: dict[str, SchedulerSettings],
+                   settings: dict[str, SchedulerSettings | dict[str, Any]],
                    *, on_step: Callable[[str], None] | None = None,
                    workers: int | None = None) -> list[WindowReplay]:
     """Replay each ``settings`` (label -> settings) on the training and held-out windows.
 
     ``spec`` is the study's evaluator spec (``tuner tune`` stores target, backend and
-    windows in it). ``workers``: processes for the replays (default: the CPUs this
-    process may use, at most one per replay); the results do not depend on it.
+    windows in it). A label's settings are ``SchedulerSettings`` or a study point's
+    settings dict, whose deployment (a searched GPU split or router,
+    ``tuner.tune.deployment``) then replaces the study target's layout for that label.
+    ``workers``: processes for the replays (default: the CPUs this process may use, at
+    most one per replay); the results do not depend on it.
     """
     from tuner.perf.presets import resolve_target
 
@@ -181,6 +185,12 @@ def replay_windows(spec: dict[str, Any], trace: StudyTrace,
 
     target = target_from_dict(spec["target"])
     backend = spec.get("backend") or "sim"
+    base = Deployment.of_target(target, spec.get("router"))
+    layouts: dict[str, tuple[SchedulerSettings, Deployment]] = {}
+    for label, value in settings.items():
+        sched, own = (value, None) if isinstance(value, SchedulerSettings) else \
+            split_settings(value)
+        layouts[label] = (sched, own or base)
     w = spec["windows"]
     windows = Windows(float(w["t0"]), float(w["t_stage1"]), float(w["t_split"]), float(w["t1"]))
     block_size = int(resolve_target(target).cache.block_size)
@@ -203,21 +213,21 @@ def replay_windows(spec: dict[str, Any], trace: StudyTrace,
         jobs.append(("holdout", window(bisect.bisect_left(arrivals, windows.t_split - warmup),
                                        None), windows.t_split))
     # The twin is deterministic: equal settings on one window run once.
-    runs: list[tuple[str, str, Any, float | None, SchedulerSettings]] = []
+    runs: list[tuple[str, str, Any, float | None, SchedulerSettings, Deployment]] = []
     plan: list[tuple[str, str, int]] = []  # (label, window, index into runs)
     for window_name, reqs, lo in jobs:
         first: dict[str, int] = {}
-        for label, s in settings.items():
-            key = repr(s.to_dict())
+        for label, (s, d) in layouts.items():
+            key = repr((s.to_dict(), d.to_dict()))
             if key not in first:
                 first[key] = len(runs)
-                runs.append((label, window_name, reqs, lo, s))
+                runs.append((label, window_name, reqs, lo, s, d))
             plan.append((label, window_name, first[key]))
     if on_step is not None:
         on_step(f"replaying {', '.join(f'{r[0]} on the {r[1]} window ({len(r[2]):,} requests)' for r in runs)}"
                 f"{f' in {min(workers, len(runs))} processes' if workers > 1 else ''}")
-    results = _replay_all([(reqs, s, lo) for _, _, reqs, lo, s in runs], backend, target,
-                          block_size, workers)
+    results = _replay_all([(reqs, s, lo, d.apply(target), d.router)
+                           for _, _, reqs, lo, s, d in runs], backend, block_size, workers)
     out: list[WindowReplay] = []
     for label, window_name, i in plan:
         result, summary = results[i]
@@ -225,22 +235,24 @@ def replay_windows(spec: dict[str, Any], trace: StudyTrace,
     return out
 
 
-_POOL_JOBS: list[tuple[Any, SchedulerSettings, float | None]] = []  # set before forking
-_POOL_ARGS: tuple[str, Any, int] = ("sim", None, 0)
+#: (requests, settings, measure_from_s, target, router dict or None), set before forking
+_POOL_JOBS: list[tuple[Any, SchedulerSettings, float | None, Any, Any]] = []
+_POOL_ARGS: tuple[str, int] = ("sim", 0)
 
 
 def _replay_one(i: int) -> tuple[ReplayResult, dict[str, Any]]:
     from tuner import metrics, replay
 
-    reqs, settings, lo = _POOL_JOBS[i]
-    backend, target, block_size = _POOL_ARGS
+    reqs, settings, lo, target, router = _POOL_JOBS[i]
+    backend, block_size = _POOL_ARGS
+    extra = {} if router is None else {"router": router}
     result = replay.run(reqs, settings, backend=backend, target=target,
-                        hash_block_size=block_size)
+                        hash_block_size=block_size, **extra)
     return result, metrics.summarize(result, measure_from_s=lo).to_dict()
 
 
-def _replay_all(jobs: list[tuple[Any, SchedulerSettings, float | None]], backend: str,
-                target: Any, block_size: int, workers: int
+def _replay_all(jobs: list[tuple[Any, SchedulerSettings, float | None, Any, Any]],
+                backend: str, block_size: int, workers: int
                 ) -> list[tuple[ReplayResult, dict[str, Any]]]:
     """Each job's replay and summary; in a forked pool when ``workers > 1``.
 
@@ -249,14 +261,14 @@ def _replay_all(jobs: list[tuple[Any, SchedulerSettings, float | None]], backend
     runs in a pool: a live server or a vLLM subprocess is not shared among processes.
     """
     global _POOL_JOBS, _POOL_ARGS
-    _POOL_JOBS, _POOL_ARGS = jobs, (backend, target, block_size)
+    _POOL_JOBS, _POOL_ARGS = jobs, (backend, block_size)
     try:
         if workers <= 1 or len(jobs) <= 1 or backend != "sim":
             return [_replay_one(i) for i in range(len(jobs))]
         with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
             return pool.map(_replay_one, range(len(jobs)), chunksize=1)
     finally:
-        _POOL_JOBS, _POOL_ARGS = [], ("sim", None, 0)
+        _POOL_JOBS, _POOL_ARGS = [], ("sim", 0)
 
 
 def binned_series(result: ReplayResult, column: str, *, bins: int = SERIES_BINS,

@@ -24,6 +24,7 @@ from tuner.errors import ConfigError, StudyNotFound
 from tuner.tune import (Objective, Point, default_journal_path, open_storage, pareto_front,
                         parse_objectives, redact_url, select)
 from tuner.tune.storage import journal_path, quiet_optuna
+from tuner.tune.deployment import DEPLOYMENT_KEY, join_settings, profile_deployment
 from tuner.tune.study_records import StudyRecords, settings_key
 
 if TYPE_CHECKING:
@@ -205,7 +206,9 @@ def _choose(data: ReportData) -> None:
         return
     prof = data.profile
     if prof is not None:
-        want = settings_key(prof.scheduler.to_dict())
+        searched = any(DEPLOYMENT_KEY in p.settings for p in data.stage2)
+        want = settings_key(join_settings(prof.scheduler, profile_deployment(prof))
+                            if searched else prof.scheduler.to_dict())
         match = next((p for p in data.stage2 if settings_key(p.settings) == want), None)
         sel = prof.predicted.get("selection") or {}
         data.rule, data.reason = str(sel.get("rule", "")), str(sel.get("reason", ""))

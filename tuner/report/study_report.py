@@ -19,10 +19,11 @@ from typing import Any, Callable, Sequence
 from tuner.report.charts import (PALETTE, Chart, PointGroup, Series, bar_chart, cdf_chart,
                                  hbar_chart, line_chart, scatter_chart)
 from tuner.report.html import Figures, Note, Page, Section, Table, fmt
+from tuner.report.engines import engine_section
 from tuner.report.replays import WindowReplay, binned_series, replay_windows, trace_for_spec
 from tuner.report.study_data import ReportData, finite, load_report_data
-from tuner.sim.settings import SchedulerSettings
 from tuner.tune import Objective, Point
+from tuner.tune.deployment import DEPLOYMENT_KEY, Deployment, profile_deployment
 
 BASE_COLOR, TUNED_COLOR, FRONT_COLOR, CLOUD_COLOR = "#000000", "#D55E00", "#0072B2", "#9aa4ae"
 #: Below this many completed trials, parameter importances are shown with a warning.
@@ -84,7 +85,9 @@ def _summary_section(data: ReportData) -> Section:
     rows: list[list[str]] = []
     if prof is not None:
         t = prof.target
-        rows += [["profile", prof.name], ["target", f"{t.hardware}, {t.model}, TP{t.tp} x DP{t.dp} "
+        layout = profile_deployment(prof).describe() if t.is_multi_engine or prof.router \
+            else f"TP{t.tp} x DP{t.dp}"
+        rows += [["profile", prof.name], ["target", f"{t.hardware}, {t.model}, {layout} "
                                                     f"({t.num_gpus} GPUs)"]]
     if data.study_name:
         rows.append(["study", f"{data.study_name} ({data.storage or 'storage not found'})"])
@@ -99,7 +102,14 @@ def _summary_section(data: ReportData) -> Section:
     rows.append(["why this point", data.reason or "\u2013"])
     sec.blocks.append(Table(["", ""], rows))
     if data.baseline is not None and data.chosen is not None:
-        keys = sorted(set(data.chosen.settings) | set(data.baseline.settings))
+        deploy = [p.settings.get(DEPLOYMENT_KEY) for p in (data.baseline, data.chosen)]
+        if deploy[0] is not None and deploy[1] is not None:
+            base_d, chosen_d = (Deployment.from_dict(d).describe() for d in deploy)
+            sec.blocks.append(Table(["", "baseline", "recommended"],
+                                    [["deployment (GPU split, router)", base_d, chosen_d]],
+                                    caption="The searched deployment"))
+        keys = sorted((set(data.chosen.settings) | set(data.baseline.settings))
+                      - {DEPLOYMENT_KEY})
         changed = [[k, fmt(data.baseline.settings.get(k)), fmt(data.chosen.settings.get(k))]
                    for k in keys if data.baseline.settings.get(k) != data.chosen.settings.get(k)]
         if changed:
@@ -419,8 +429,8 @@ def study_report(*, profile: str | os.PathLike[str] | None = None, study: str | 
                              "charts are missing (pass --trace)")
     replays: list[WindowReplay] = []
     if replay and the_trace is not None and data.baseline is not None and data.chosen is not None:
-        settings = {"baseline": SchedulerSettings.from_dict(data.baseline.settings),
-                    "tuned": SchedulerSettings.from_dict(data.chosen.settings)}
+        settings = {"baseline": dict(data.baseline.settings),
+                    "tuned": dict(data.chosen.settings)}
         replays = replay_windows(spec, the_trace, settings, on_step=say)
         source = (f"Distributions and the table below come from replaying the baseline and the "
                   f"recommended settings now through tuner.replay.run ({spec.get('backend') or 'sim'}"
@@ -430,6 +440,9 @@ def study_report(*, profile: str | os.PathLike[str] | None = None, study: str | 
         source = (f"Numbers below are the metrics stored by the study/profile; no replay was "
                   f"run ({reason}), so there are no per-request distributions.")
     page.sections.append(_comparison_section(data, replays, source))
+    engines = engine_section(data, replays)
+    if engines is not None:
+        page.sections.append(engines)
     page.sections.append(_timeseries_section(replays))
     if include_trace and the_trace is not None:
         from tuner.report.trace_report import trace_sections

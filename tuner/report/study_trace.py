@@ -52,6 +52,12 @@ class LazyKvIds:
     def tolist(self) -> list[int]:
         return self.array().tolist()
 
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        """``np.asarray(ids)``: the fleet's prefix-aware router reads a request's blocks
+        as an array (``tuner.sim.fleet.router``), as it does the replay's own id arrays."""
+        ids = self.array()
+        return ids if dtype is None else ids.astype(dtype, copy=False)
+
     def __len__(self) -> int:
         return len(self.array())
 

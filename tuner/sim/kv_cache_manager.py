@@ -241,7 +241,9 @@ class KVCacheManager:
 
         First the hashes of full blocks the decode group left unregistered (generated
         blocks with synthetic ids: no other request can hit them, so registering them
-        now, before they reach the free queue, is indistinguishable from on time).
+        now, before they reach the free queue, is indistinguishable from on time). Sync
+        only (``register_on_free``): in async mode vLLM's ``_free_request`` registers
+        nothing, so a block completed by a token still in flight is never registered.
         """
         n = request.num_blocks
         if self.enable_caching and self.register_on_free:

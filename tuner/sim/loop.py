@@ -20,7 +20,7 @@ things happen, the engine *what* happens:
   schedule(N+1). Depth 2 is vLLM's ``step_with_batch_queue`` (v1/engine/core.py @ 0.33.0,
   used by async scheduling): schedule(N+1) runs before update(N), so an arrival during
   batch N is first seen by schedule(N+2).
-* **The step clock** (docs/step-time-model.md §1.1). Depth 1 prices a step as one total
+* **The step clock** (docs/step-time-model.md §1.3). Depth 1 prices a step as one total
   (``step_time_s``: the CPU part, then the GPU part): the batch starts at the engine
   time and its outputs are applied at its end, so the period is CPU + GPU. Deeper queues
   price the two parts apart (:func:`split_price_function`) and keep two clocks: the

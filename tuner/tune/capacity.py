@@ -8,10 +8,11 @@ numbers, and the size of deployment at which the twin keeps up.
 What is modelled (and what not): a larger tensor-parallel size is replayed as such (the
 step-time model and the KV capacity both follow TP, up to :data:`MAX_TP` GPUs, one
 node); more capacity beyond that is *replicas*: independent copies of the deployment
-behind a load balancer with session affinity, each replaying its own share of the
-sessions (:meth:`ReplayEvaluator.evaluate_deployment`). vLLM's data parallelism is not
-searched: the twin models DP only by dividing throughput, which would answer the
-question by assumption.
+(its TP x DP, data-parallel ranks replayed as such) behind a load balancer with session
+affinity, each replaying its own share of the sessions
+(:meth:`ReplayEvaluator.evaluate_deployment`); a fleet target's own replicas are the
+starting count. The DP size is kept: trading DP ranks against TP and replicas is the
+study's ``--gpu-budget`` search (:mod:`tuner.tune.deployment`), not this one.
 
 The search (:func:`find_capacity`), on the baseline settings and the training window:
 for each TP from the current one up to :data:`MAX_TP` (powers of two), the smallest
@@ -87,10 +88,13 @@ class OverloadReport:
     needed: Probe | None = None  # the smallest deployment that keeps up (None: none tried did)
     probes: list[Probe] = field(default_factory=list)
     window: str = "train"  # where the baseline falls behind: "train" or "holdout"
+    replicas: int = 1  # the current deployment's copies behind its router
 
     def message(self) -> str:
         text = (f"OVERLOADED: the deployment ({self.gpus} GPU, TP {self.tp}"
-                + (f", DP {self.dp}" if self.dp > 1 else "") + ") cannot keep up on the "
+                + (f", DP {self.dp}" if self.dp > 1 else "")
+                + (f", {self.replicas} replicas" if self.replicas > 1 else "")
+                + ") cannot keep up on the "
                 + ("training" if self.window == "train" else "held-out") + " window: "
                 + self.verdict + ". No scheduler setting fixes overload; the tuned settings "
                 "only choose which requests wait.")
@@ -106,11 +110,12 @@ class OverloadReport:
                        f"{_s(n.ttft_p50_s)}, p90 {_s(n.ttft_p90_s)}); searched "
                        f"{len(self.probes)} size{'s' if len(self.probes) != 1 else ''}: "
                        f"TP up to {MAX_TP} and replicas with "
-                       "session affinity (data parallelism is not modelled).")
+                       "session affinity" + (f" (DP {self.dp} kept)" if self.dp > 1 else "")
+                       + ".")
 
     def to_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "window": self.window, "tp": self.tp, "dp": self.dp,
-                "gpus": self.gpus,
+                "replicas": self.replicas, "gpus": self.gpus,
                 "needed": None if self.needed is None else _probe_dict(self.needed),
                 "probes": [_probe_dict(p) for p in self.probes], "message": self.message()}
 
@@ -128,11 +133,12 @@ Deploy = Callable[[SchedulerSettings, int, int], list[dict[str, Any]]]
 
 
 def find_capacity(deploy: Deploy, settings: SchedulerSettings, *, tp: int, dp: int = 1,
-                  max_tp: int = MAX_TP, max_replicas: int = MAX_REPLICAS) -> tuple[
-                      Probe | None, list[Probe]]:
+                  replicas: int = 1, max_tp: int = MAX_TP,
+                  max_replicas: int = MAX_REPLICAS) -> tuple[Probe | None, list[Probe]]:
     """The smallest (GPU count, then fewer replicas) deployment that keeps up.
 
-    ``deploy(settings, tp, replicas)`` returns one metrics dict per replica.
+    ``deploy(settings, tp, replicas)`` returns one metrics dict per replica; ``replicas``
+    is the current count at ``tp`` (known to fall behind).
     """
     probes: list[Probe] = []
     cache: dict[tuple[int, int], Probe] = {}
@@ -154,7 +160,7 @@ def find_capacity(deploy: Deploy, settings: SchedulerSettings, *, tp: int, dp: i
         if limit < 1:
             continue
         # lo: a count known to fall behind (the current deployment does); hi: the next try
-        lo = 1 if t == tp else 0
+        lo = replicas if t == tp else 0
         hi = max(1, 2 * lo)
         while True:
             if hi >= limit:
@@ -201,12 +207,15 @@ def overload_report(evaluator: Any, baseline: Any,
     target = getattr(evaluator, "target", None)
     tp = int(getattr(target, "tp", 1))
     dp = int(getattr(target, "dp", 1))
-    report = OverloadReport(verdict=verdict, tp=tp, dp=dp, gpus=tp * dp, window=window)
+    replicas = int(getattr(target, "replicas", 1))
+    report = OverloadReport(verdict=verdict, tp=tp, dp=dp, gpus=tp * dp * replicas,
+                            window=window, replicas=replicas)
     if not hasattr(evaluator, "evaluate_deployment"):
         return report
 
     def deploy(s: SchedulerSettings, t: int, r: int) -> list[dict[str, Any]]:
         return evaluator.evaluate_deployment(s, window, tp=t, replicas=r)
 
-    report.needed, report.probes = find_capacity(deploy, settings, tp=tp, dp=dp)
+    report.needed, report.probes = find_capacity(deploy, settings, tp=tp, dp=dp,
+                                                 replicas=replicas)
     return report

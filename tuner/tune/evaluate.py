@@ -36,8 +36,13 @@ import numpy as np
 from tuner.errors import ConfigError
 from tuner.sim.settings import SchedulerSettings
 from tuner.perf.target import Target
+from tuner.tune.deployment import Deployment, default_router
 
 WindowName = Literal["stage1", "train", "holdout"]
+
+#: The metrics key holding one summary per engine of a multi-engine deployment
+#: (``EngineSummary.to_dict`` forms); absent for one engine.
+ENGINES_KEY = "engines"
 
 #: Warm-up replayed before the held-out window, as a fraction of its length.
 HOLDOUT_WARMUP = 0.5
@@ -111,6 +116,13 @@ def clean_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _engine_dict(engine: Any) -> dict[str, Any]:
+    """One engine's summary as stored: counts stay integers, NaN becomes None."""
+    return {k: (v if isinstance(v, int) or v is None else
+                float(v) if math.isfinite(float(v)) else None)
+            for k, v in engine.to_dict().items()}
+
+
 def target_to_dict(target: Target) -> dict[str, Any]:
     return dataclasses.asdict(target)
 
@@ -134,7 +146,8 @@ class ReplayEvaluator:
                  holdout: float = 0.25, stage1_fraction: float = 0.25,
                  expect_fingerprint: str | None = None,
                  baseline: SchedulerSettings | dict[str, Any] | None = None,
-                 slo_ms: dict[str, float] | None = None) -> None:
+                 slo_ms: dict[str, float] | None = None,
+                 router: dict[str, Any] | None = None) -> None:
         from tuner.perf.presets import resolve_target
         from tuner.trace import read_trace
 
@@ -151,6 +164,9 @@ class ReplayEvaluator:
             else baseline if isinstance(baseline, SchedulerSettings)
             else SchedulerSettings.from_dict(baseline))
         self.slo_ms = dict(slo_ms or {})
+        #: The deployment a point replays unless it carries its own (a searched split or
+        #: router): the target's, with ``router`` (dict form) in front of its replicas.
+        self.default_deployment = Deployment.of_target(target, router or default_router())
         self.max_model_len = int(self.resolved.cache.max_model_len)
         self.num_gpus = int(self.resolved.num_gpus)
         t0, t1 = (float(x) for x in self._trace.time_range())
@@ -185,6 +201,7 @@ class ReplayEvaluator:
             "windows": self.windows.to_dict(),
             "baseline": self.default_settings.to_dict(),
             "slo_ms": self.slo_ms,
+            "router": self.default_deployment.router,
         }
 
     @classmethod
@@ -198,7 +215,8 @@ class ReplayEvaluator:
                    target=target_from_dict(spec["target"]), backend=spec.get("backend", "sim"),
                    holdout=holdout, stage1_fraction=stage1,
                    expect_fingerprint=spec["trace_fingerprint"],
-                   baseline=spec.get("baseline"), slo_ms=spec.get("slo_ms"))
+                   baseline=spec.get("baseline"), slo_ms=spec.get("slo_ms"),
+                   router=spec.get("router"))
 
     def _requests(self, window: WindowName) -> list[Any]:
         """The requests ``window`` replays: a prefix of the whole trace (arrival < end).
@@ -246,29 +264,43 @@ class ReplayEvaluator:
             return self._all.window(start, stop)
         return self._all[start:stop]
 
-    def evaluate(self, settings: SchedulerSettings, window: WindowName) -> dict[str, Any]:
-        """Replay ``window`` under ``settings`` and summarise it.
+    def evaluate(self, settings: SchedulerSettings, window: WindowName, *,
+                 deployment: Deployment | None = None) -> dict[str, Any]:
+        """Replay ``window`` under ``settings`` (on ``deployment``'s split and router, else
+        the target's) and summarise it.
 
         ``stage1``/``train`` replay the requests arriving before their end and are measured
         whole; ``holdout`` replays from its warm-up start and measures from ``t_split``.
         """
-        return self._replay(self._requests(window), settings, window, self.target)
+        use = deployment or self.default_deployment
+        return self._replay(self._requests(window), settings, window, use.apply(self.target),
+                            router=use.router)
 
     def _replay(self, requests: list[Any], settings: SchedulerSettings, window: WindowName,
-                target: Target) -> dict[str, Any]:
+                target: Target, *, router: dict[str, Any] | None = None) -> dict[str, Any]:
         from tuner import metrics, replay
 
+        extra: dict[str, Any] = {}
+        if router is not None:
+            from tuner.sim.fleet import RouterSettings
+
+            extra["router"] = RouterSettings.from_dict(router)
         result = replay.run(requests, settings, backend=self.backend, target=target,
-                            hash_block_size=self.block_size)
+                            hash_block_size=self.block_size, **extra)
         measure_from = self.windows.t_split if window == "holdout" else None
         summary = metrics.summarize(result, measure_from_s=measure_from,
                                     slo_ms=self.slo_ms or None)
-        return clean_metrics(summary.to_dict())
+        out = clean_metrics(summary.to_dict())
+        if len(summary.engines) > 1:
+            # Per-engine balance for the report and the profile: who got how much of the
+            # window's traffic, and how each engine's cache and queue fared.
+            out[ENGINES_KEY] = [_engine_dict(e) for e in summary.engines]
+        return out
 
     def evaluate_deployment(self, settings: SchedulerSettings, window: WindowName, *,
                             tp: int, replicas: int) -> list[dict[str, Any]]:
-        """Replay ``window`` on ``replicas`` copies of the target at tensor-parallel size
-        ``tp``, each given whole sessions (a stable hash of the session id, else the
+        """Replay ``window`` on ``replicas`` copies of the target's deployment (TP x DP,
+        one replica) at tensor-parallel size ``tp``, each given whole sessions (a stable hash of the session id, else the
         request id, picks the copy: session affinity, as a prefix-aware load balancer
         does). One summary per copy; the capacity search asks whether each keeps up.
 
@@ -277,8 +309,9 @@ class ReplayEvaluator:
         """
         requests = self._requests(window)
         blocks = self.target.num_gpu_blocks
+        # one copy = one deployment of the target's TP x DP (its replicas are the copies)
         target = dataclasses.replace(
-            self.target, tp=tp,
+            self.target, tp=tp, replicas=1,
             num_gpu_blocks=None if blocks is None else int(blocks * tp / self.target.tp))
         if replicas == 1:
             return [self._replay(requests, settings, window, target)]

@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from tuner import VLLM_TWIN_VERSION, __version__
 from tuner.sim.settings import SchedulerSettings
-from tuner.tune.evaluate import Windows
+from tuner.tune.deployment import DEPLOYMENT_KEY
+from tuner.tune.evaluate import ENGINES_KEY, Windows
 from tuner.tune.objectives import Constraint, Objective
 from tuner.tune.capacity import OverloadReport
 from tuner.tune.select import (TTFT_KEYS, PickRule, Point, Selection, check, trade_off,
                                ttft_guard_applies)
-from tuner.tune.space import SearchSpace
+from tuner.tune.space import GPU_SPLIT, SearchSpace, is_deployment_param
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -138,9 +139,12 @@ class TuneResult:
             "recommended": {"trial": self.recommended.number,
                             "is_baseline": self.recommended.is_baseline,
                             "params": self.recommended.params,
-                            "settings": self.recommended.settings,
+                            "settings": _scheduler_part(self.recommended.settings),
+                            "deployment": self.deployment_of(self.recommended),
                             "rule": self.selection.rule, "reason": self.selection.reason},
-            "baseline": {"trial": self.baseline.number, "settings": self.baseline.settings},
+            "baseline": {"trial": self.baseline.number,
+                         "settings": _scheduler_part(self.baseline.settings),
+                         "deployment": self.deployment_of(self.baseline)},
             "train": self.comparison("train"),
             "holdout": self.comparison("holdout") if self.windows.has_holdout else None,
             "confirms": self.confirms(),
@@ -156,6 +160,18 @@ class TuneResult:
             "notes": self.notes, "wall_s": round(self.wall_s, 3), "seed": self.seed,
             "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
         }
+
+    def deployment_of(self, point: Point) -> dict[str, Any]:
+        """The deployment ``point`` ran on (Deployment.to_dict form): its own when the
+        study searched one, else the target's."""
+        own = point.settings.get(DEPLOYMENT_KEY)
+        if own is not None:
+            return dict(own)
+        target = self.evaluator_spec.get("target", {})
+        return {"tp": int(target.get("tp", 1)), "dp": int(target.get("dp", 1)),
+                "replicas": int(target.get("replicas", 1)),
+                "enable_expert_parallel": bool(target.get("enable_expert_parallel", False)),
+                "router": self.evaluator_spec.get("router")}
 
     def front_table(self) -> "Table":
         """The Pareto front (training window, held-out beside it) as a rich table."""
@@ -176,7 +192,7 @@ class TuneResult:
         for p in rows:
             mark = ("baseline" if p.is_baseline else "") + (
                 " <- recommended" if p is self.recommended else "")
-            cells = [str(p.number)] + [_fmt(p.settings.get(n)) for n in self.space.names]
+            cells = [str(p.number)] + [_fmt(_coordinate(p, n)) for n in self.space.names]
             for key in [o.key for o in self.objectives] + extra:
                 held = (p.holdout or {}).get(key)
                 cells.append(f"{_fmt(p.metrics.get(key))} [{_fmt(held)}]")
@@ -209,10 +225,18 @@ class TuneResult:
         predicted["confirms"] = self.confirms()
         if self.overload is not None:
             predicted["overload"] = self.overload.to_dict()
-        pareto = [{"trial": p.number, "params": p.params, "settings": p.settings,
+        pareto = [{"trial": p.number, "params": p.params,
+                   "settings": _scheduler_part(p.settings),
+                   **({"deployment": p.settings[DEPLOYMENT_KEY]}
+                      if DEPLOYMENT_KEY in p.settings else {}),
                    "train": {o.key: p.metrics.get(o.key) for o in self.objectives},
                    "holdout": ({o.key: p.holdout.get(o.key) for o in self.objectives}
                                if p.holdout else None)} for p in self.front]
+        for window in ("train", "holdout"):
+            engines = {role: _engines(p, window) for role, p in (("baseline", self.baseline),
+                                                                  ("tuned", point))}
+            if any(engines.values()) and window in predicted:
+                predicted[window][ENGINES_KEY] = {k: v for k, v in engines.items() if v}
         provenance = {
             "trace": {"path": spec.get("trace_path"),
                       "resolved": spec.get("trace_resolved"),
@@ -231,13 +255,22 @@ class TuneResult:
             "seed": self.seed,
             "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
+        deployment = self.deployment_of(point)
+        replicas = int(deployment["replicas"])
         return Profile(
             name=name, description=description,
-            scheduler=SchedulerSettings.from_dict(point.settings),
+            scheduler=SchedulerSettings.from_dict(_scheduler_part(point.settings)),
+            router=deployment["router"],
             target=ProfileTarget(hardware=str(target.get("hardware", "?")),
                                  model=str(target.get("model", "?")),
-                                 tp=int(target.get("tp", 1)), dp=int(target.get("dp", 1)),
-                                 num_gpus=self.num_gpus, block_size=self.block_size,
+                                 tp=int(deployment["tp"]), dp=int(deployment["dp"]),
+                                 replicas=replicas,
+                                 enable_expert_parallel=bool(
+                                     deployment["enable_expert_parallel"]),
+                                 num_gpus=(self.num_gpus if DEPLOYMENT_KEY not in point.settings
+                                           else int(deployment["tp"]) * int(deployment["dp"])
+                                           * replicas),
+                                 block_size=self.block_size,
                                  async_scheduling=_replayed_mode(point.metrics, target),
                                  vllm_versions=(VLLM_TWIN_VERSION,),
                                  quantization=target.get("quantization"),
@@ -263,8 +296,35 @@ _COLUMN = {"cache_aware_admission_window": "window", "cache_aware_admission_thre
            "prefill_schedule_interval": "prefill every", "max_num_batched_tokens": "tokens/step",
            "max_num_seqs": "max seqs", "long_prefill_token_threshold": "long prefill",
            "scheduler_reserve_full_isl": "full ISL", "p90_interactivity": "p90 tok/s/user",
+           "gpu_split": "GPU split", "router.policy": "router",
+           "router.overlap_weight": "overlap weight", "router.load_metric": "load metric",
            "output_throughput_per_gpu": "out tok/s/GPU", "ttft_p50_s": "TTFT p50 s",
            "ttft_p90_s": "TTFT p90 s", "goodput": "goodput req/s"}
+
+
+def _scheduler_part(settings: dict[str, Any]) -> dict[str, Any]:
+    """A point's settings without its deployment: the SchedulerSettings fields."""
+    return {k: v for k, v in settings.items() if k != DEPLOYMENT_KEY}
+
+
+def _coordinate(p: Point, name: str) -> Any:
+    """A point's value of space parameter ``name`` (scheduler field or deployment); a
+    split in the table's short form (``TP2/DP1/R4``, ``+EP``) so the row fits."""
+    if name == GPU_SPLIT:
+        own = p.settings.get(DEPLOYMENT_KEY)
+        if own is None:
+            return p.params.get(name)
+        return (f"TP{own['tp']}/DP{own['dp']}/R{own['replicas']}"
+                + ("+EP" if own.get("enable_expert_parallel") else ""))
+    if is_deployment_param(name):
+        return p.params.get(name)
+    return p.settings.get(name)
+
+
+def _engines(point: Point, window: str) -> list[dict[str, Any]]:
+    """The point's per-engine summaries on ``window`` (empty for one engine)."""
+    metrics = point.metrics if window == "train" else (point.holdout or {})
+    return list(metrics.get(ENGINES_KEY) or [])
 
 
 def _fmt(value: Any) -> str:
@@ -278,6 +338,7 @@ def _fmt(value: Any) -> str:
 
 
 def _point_dict(p: Point, objectives: Sequence[Objective]) -> dict[str, Any]:
-    return {"trial": p.number, "baseline": p.is_baseline, "params": p.params,
+    own = {"deployment": p.settings[DEPLOYMENT_KEY]} if DEPLOYMENT_KEY in p.settings else {}
+    return {"trial": p.number, "baseline": p.is_baseline, "params": p.params, **own,
             "train": {o.key: p.metrics.get(o.key) for o in objectives},
             "holdout": {o.key: p.holdout.get(o.key) for o in objectives} if p.holdout else None}

@@ -20,6 +20,15 @@ Built-in spaces (``docs/tuning.md`` explains the choices):
 A YAML file defines any other space (format in ``docs/tuning.md``); a bad file raises
 :class:`tuner.errors.ConfigError` naming the file and the key.
 
+Deployment dimensions (:mod:`tuner.tune.deployment`) are parameters of the same space
+under names that are not ``SchedulerSettings`` fields: ``gpu_split`` (categorical over
+``tp=T,dp=D,replicas=R[,ep]`` labels of one GPU budget), ``router.policy`` and
+``router.<param>`` (the router's own numeric parameters). A parameter may be
+*conditional* (``when``): it is drawn, and part of a point, only when the parameters it
+names took one of the listed values (the router only for splits with replicas, a
+prefix-aware router's weights only under that policy), so a point never carries a
+value that could not have mattered.
+
 Combinations that vLLM rejects (``max_num_batched_tokens < max_num_seqs``, ...) are not
 excluded from the space -- Optuna's distributions are independent boxes -- but
 :meth:`SearchSpace.settings_for` raises ``ConfigError`` for them and the study records the
@@ -31,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import pathlib
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -61,6 +71,13 @@ _FIELD_TYPES: dict[str, type] = {
 assert set(_FIELD_TYPES) == {f.name for f in dataclasses.fields(SchedulerSettings)}, (
     "tuner.tune.space._FIELD_TYPES is out of date with SchedulerSettings")
 
+#: The parameter naming a GPU split (``Split.label`` values) and the router parameters.
+GPU_SPLIT = "gpu_split"
+#: A ``gpu_split`` value (``tuner.tune.deployment.Split.label``).
+SPLIT_LABEL = re.compile(r"^tp=(\d+),dp=(\d+),replicas=(\d+)(,ep)?$")
+ROUTER_POLICY = "router.policy"
+ROUTER_PREFIX = "router."
+
 #: A base on which any single field value passes the cross-field checks
 #: (``max_num_batched_tokens >= max_num_seqs``), so one value can be range-checked alone.
 _PERMISSIVE_BASE = SchedulerSettings(max_num_batched_tokens=1 << 30, max_num_seqs=1)
@@ -72,15 +89,23 @@ class Param:
 
     ``int``/``float`` draw from ``[low, high]`` (inclusive), optionally on a ``log`` scale or
     on a ``step`` grid (not both, as in Optuna). ``categorical`` draws from ``choices``.
+    ``when`` makes it conditional: ``((other, (values...)), ...)``, active only where every
+    named parameter took one of its values.
     """
 
-    name: str  # a SchedulerSettings field name
+    name: str  # a SchedulerSettings field name, gpu_split or router.<name>
     kind: ParamKind
     low: float | None = None
     high: float | None = None
     log: bool = False
     step: float | None = None
     choices: tuple[Scalar, ...] = ()
+    when: tuple[tuple[str, tuple[Scalar, ...]], ...] = ()
+
+    def active(self, drawn: dict[str, Any]) -> bool:
+        """Whether this parameter applies given the values ``drawn`` so far."""
+        return all(name in drawn and any(type(drawn[name]) is type(v) and drawn[name] == v
+                                         for v in values) for name, values in self.when)
 
     def distribution(self) -> "BaseDistribution":
         """The Optuna distribution this parameter is drawn from."""
@@ -127,6 +152,8 @@ class Param:
                 out["log"] = True
             if self.step is not None:
                 out["step"] = self.step
+        if self.when:
+            out["when"] = {name: list(values) for name, values in self.when}
         return out
 
 
@@ -143,41 +170,93 @@ class SearchSpace:
             raise ConfigError(f"search space {self.name!r} names a field twice: {names}")
         if not names:
             raise ConfigError(f"search space {self.name!r} has no parameters")
+        for i, p in enumerate(self.params):
+            for other, _ in p.when:
+                if other not in names[:i]:
+                    raise ConfigError(f"search space {self.name!r}: {p.name} depends on "
+                                      f"{other!r}, which is not a parameter before it")
 
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.params)
 
+    @property
+    def has_deployment(self) -> bool:
+        """Whether the space varies the GPU split or the router (not only the scheduler)."""
+        return any(is_deployment_param(p.name) for p in self.params)
+
     def suggest(self, trial: "optuna.Trial") -> dict[str, Scalar]:
-        """Draw one point: ``{field: value}`` in space order."""
-        return {p.name: p.suggest(trial) for p in self.params}
+        """Draw one point: ``{field: value}`` in space order, conditional ones if active."""
+        drawn: dict[str, Scalar] = {}
+        for p in self.params:
+            if p.active(drawn):
+                drawn[p.name] = p.suggest(trial)
+        return drawn
 
     def distributions(self) -> dict[str, "BaseDistribution"]:
         return {p.name: p.distribution() for p in self.params}
 
-    def project(self, settings: SchedulerSettings) -> dict[str, Scalar]:
-        """The space's coordinates of ``settings`` (may lie outside the space)."""
-        return {p.name: getattr(settings, p.name) for p in self.params}
+    def project(self, settings: SchedulerSettings,
+                deployment: Any = None) -> dict[str, Scalar]:
+        """The space's coordinates of ``settings`` and ``deployment`` (a
+        ``tuner.tune.deployment.Deployment``, which imports this module; may lie outside
+        the space). Deployment parameters need ``deployment``; conditional ones appear
+        where active."""
+        out: dict[str, Scalar] = {}
+        for p in self.params:
+            if is_deployment_param(p.name):
+                if deployment is None:
+                    raise ConfigError(f"search space {self.name!r} varies {p.name}: the "
+                                      "point needs its deployment")
+                value = deployment_value(deployment, p.name)
+            else:
+                value = getattr(settings, p.name)
+            if value is not None and p.active(out):
+                out[p.name] = value
+        return out
 
     def contains(self, params: dict[str, Any]) -> bool:
-        """Whether ``params`` names exactly this space's fields, each inside its range."""
-        return set(params) == set(self.names) and all(
-            p.contains(params[p.name]) for p in self.params)
+        """Whether ``params`` names exactly this space's active fields, each inside its
+        range."""
+        active: dict[str, Any] = {}
+        for p in self.params:
+            if p.active(active):
+                if p.name not in params or not p.contains(params[p.name]):
+                    return False
+                active[p.name] = params[p.name]
+        return set(params) == set(active)
 
     def settings_for(self, base: SchedulerSettings, params: dict[str, Any], *,
                      max_model_len: int | None = None) -> SchedulerSettings:
-        """``base`` with ``params`` applied, validated as vLLM's ``SchedulerConfig`` would.
+        """``base`` with the scheduler ``params`` applied, validated as vLLM's
+        ``SchedulerConfig`` would (deployment parameters are :meth:`deployment_for`'s).
 
         Raises:
             ConfigError: the combination is one vLLM rejects (the message says why).
         """
-        settings = base.replace(**params)
+        settings = base.replace(**{k: v for k, v in params.items()
+                                   if not is_deployment_param(k)})
         settings.validate(max_model_len=max_model_len)
         return settings
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON/YAML-safe form; :func:`space_from_dict` reads it back."""
         return {"name": self.name, "params": {p.name: p.to_dict() for p in self.params}}
+
+
+def is_deployment_param(name: str) -> bool:
+    """``gpu_split`` and ``router.*``: parameters of the deployment, not the scheduler."""
+    return name == GPU_SPLIT or name.startswith(ROUTER_PREFIX)
+
+
+def deployment_value(deployment: Any, name: str) -> Scalar | None:
+    """``deployment``'s coordinate ``name`` (None: the deployment has no router)."""
+    if name == GPU_SPLIT:
+        return deployment.split.label
+    if deployment.router is None:
+        return None
+    key = "policy" if name == ROUTER_POLICY else name[len(ROUTER_PREFIX):]
+    return deployment.router.get(key)
 
 
 def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
@@ -261,17 +340,50 @@ def space_from_dict(data: Any, *, source: str = "<space>",
 
 def _param_from_dict(name: Any, spec: Any, source: str) -> Param:
     where = f"{source}: params.{name}"
-    if name not in _FIELD_TYPES:
-        raise ConfigError(f"{where}: not a SchedulerSettings field; known: "
-                          f"{', '.join(_FIELD_TYPES)}")
+    ftype = _param_type(name, where)
     if not isinstance(spec, dict):
         raise ConfigError(f"{where}: must be a mapping with a 'type' key")
-    unknown = set(spec) - {"type", "low", "high", "log", "step", "choices"}
+    unknown = set(spec) - {"type", "low", "high", "log", "step", "choices", "when"}
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: "
-                          "type, low, high, log, step, choices")
+                          "type, low, high, log, step, choices, when")
+    when = _when_from_dict(spec.get("when"), f"{where}.when")
+    spec = {k: v for k, v in spec.items() if k != "when"}
+    return dataclasses.replace(_param_body(name, spec, ftype, where), when=when)
+
+
+def _param_type(name: Any, where: str) -> type:
+    """The value type of a parameter name: a SchedulerSettings field's, or a deployment
+    parameter's (``gpu_split`` and ``router.policy`` are strings, other ``router.*``
+    numbers, checked against the router's settings when a point is built)."""
+    if name in _FIELD_TYPES:
+        return _FIELD_TYPES[name]
+    if name in (GPU_SPLIT, ROUTER_POLICY):
+        return str
+    if isinstance(name, str) and name.startswith(ROUTER_PREFIX) and len(name) > len(ROUTER_PREFIX):
+        from tuner.sim.fleet import ROUTER_PARAMS
+
+        known = {p.name: p for p in ROUTER_PARAMS}
+        rp = known.get(name[len(ROUTER_PREFIX):])
+        if rp is None:
+            raise ConfigError(f"{where}: not a router parameter; known: "
+                              f"{', '.join(ROUTER_PREFIX + k for k in known)}")
+        return str if rp.choices else int if rp.integer else float
+    raise ConfigError(f"{where}: not a SchedulerSettings field, {GPU_SPLIT} or "
+                      f"{ROUTER_PREFIX}<param>; known fields: {', '.join(_FIELD_TYPES)}")
+
+
+def _when_from_dict(raw: Any, where: str) -> tuple[tuple[str, tuple[Scalar, ...]], ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or not raw or not all(
+            isinstance(v, list) and v for v in raw.values()):
+        raise ConfigError(f"{where}: must map a parameter name to a non-empty list of values")
+    return tuple((str(k), tuple(v)) for k, v in raw.items())
+
+
+def _param_body(name: str, spec: dict[str, Any], ftype: type, where: str) -> Param:
     kind = spec.get("type")
-    ftype = _FIELD_TYPES[name]
     if kind == "categorical":
         choices = spec.get("choices")
         if set(spec) - {"type", "choices"}:
@@ -288,6 +400,8 @@ def _param_from_dict(name: Any, spec: Any, source: str) -> Param:
         raise ConfigError(f"{where}.type: must be int, float or categorical (got {kind!r})")
     if ftype in (bool, str):
         raise ConfigError(f"{where}.type: {name} is a {ftype.__name__}; use categorical")
+    if kind == "int" and ftype is float and is_deployment_param(name):
+        ftype = int  # a router parameter takes the kind its space gives it
     if kind == "float" and ftype is int:
         raise ConfigError(f"{where}.type: {name} is an integer field; use int or categorical")
     if "low" not in spec or "high" not in spec:
@@ -332,8 +446,18 @@ def _coerce(value: Any, ftype: type, where: str) -> Scalar:
 
 
 def _check_value(name: str, value: Scalar, where: str) -> None:
-    """Range-check one value alone (vLLM's per-field limits)."""
+    """Range-check one value alone (vLLM's per-field limits; a split label must parse, a
+    router policy must be a known one)."""
+    from tuner.sim.fleet import ROUTER_POLICIES
+
     try:
-        _PERMISSIVE_BASE.replace(**{name: value})
+        if name == GPU_SPLIT:
+            if not SPLIT_LABEL.match(str(value)):
+                raise ConfigError(f"gpu_split {value!r}: expected tp=T,dp=D,replicas=R[,ep]")
+        elif name == ROUTER_POLICY:
+            if value not in ROUTER_POLICIES:
+                raise ConfigError(f"{value!r} is not one of {', '.join(ROUTER_POLICIES)}")
+        elif not is_deployment_param(name):
+            _PERMISSIVE_BASE.replace(**{name: value})
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None

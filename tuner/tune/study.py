@@ -45,6 +45,9 @@ from tuner.sim.settings import SchedulerSettings
 from tuner.tune._progress import StudyProgress, best_so_far
 from tuner.tune.baseline import baseline_settings
 from tuner.tune.capacity import overload_report
+from tuner.tune.deployment import (Deployment, base_deployment_of, deployment_for,
+                                   evaluate_point, join_settings, profile_deployment,
+                                   with_deployment)
 from tuner.tune.evaluate import Evaluator, ReplayEvaluator, evaluator_from_spec
 from tuner.tune.inputs import check_window_sizes, fixed_space, input_warnings
 from tuner.tune.objectives import parse_constraints, parse_objectives
@@ -73,7 +76,9 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
          output: "str | os.PathLike[str] | None" = None, evaluator: Evaluator | None = None,
          progress: "Progress | None" = None, baseline: "SchedulerSettings | None" = None,
          fixed: dict[str, Any] | None = None,
-         slo: "str | dict[str, float] | None" = None) -> TuneResult:
+         slo: "str | dict[str, float] | None" = None, gpu_budget: int | None = None,
+         routers: Sequence[str] | None = None,
+         router: dict[str, Any] | None = None) -> TuneResult:
     """Search scheduler settings for ``trace`` on ``target`` and pick a recommended point.
 
     Args:
@@ -105,6 +110,11 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
             and taken out of the search space.
         slo: ``"ttft:2000,tpot:50"`` (ms, ``vllm bench serve --goodput``): defines the
             ``goodput`` metric for objectives and constraints.
+        gpu_budget: search the ``tp x dp x replicas`` splits of this many GPUs
+            (``gpu_split``, :mod:`tuner.tune.deployment`); ``target`` is the baseline split.
+        routers: router policies searched where a split has replicas (None: all four;
+            one: held fixed).
+        router: the baseline router's settings (dict form) for a target with replicas.
 
     Raises:
         ConfigError: bad space/objectives/constraints, an existing study with another
@@ -117,13 +127,19 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
     if workers < 1:
         raise ConfigError(f"workers={workers}: must be >= 1")
     rule = prefer if isinstance(prefer, PickRule) else PickRule(prefer=prefer)  # type: ignore[arg-type]
-    the_space = fixed_space(load_space(space), fixed)
+    the_space, deploy_notes = with_deployment(fixed_space(load_space(space), fixed), target,
+                                              gpu_budget=gpu_budget, routers=routers)
+    if evaluator is None and backend != "sim" and (the_space.has_deployment
+                                                   or target.replicas > 1):
+        raise ConfigError(f"--backend {backend} replays one deployment; --replicas > 1 "
+                          "behind a router and --gpu-budget run on the sim backend")
     slo_ms = parse_slo(slo)
     if evaluator is None:
         if trace is None:
             raise ConfigError("tune() needs a trace (or an evaluator)")
         evaluator = ReplayEvaluator(trace, target=target, backend=backend, holdout=holdout,
-                                    stage1_fraction=stage1_fraction, slo_ms=slo_ms)
+                                    stage1_fraction=stage1_fraction, slo_ms=slo_ms,
+                                    router=router)
     if baseline is not None or fixed:
         evaluator.default_settings = baseline_settings(
             evaluator.default_settings, profile=baseline, fixed=fixed)
@@ -157,7 +173,9 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
             _run_stage1(study, storage_url, config, evaluator, workers, bar)
             timings["stage1_s"] = time.perf_counter() - t
             stage1 = _stage1_points(study)
-            baseline_key = settings_key(evaluator.default_settings)
+            baseline_key = settings_key(join_settings(
+                evaluator.default_settings,
+                base_deployment_of(evaluator) if the_space.has_deployment else None))
             survivors = pick_survivors(stage1, objs,
                                        n_survivors or min(32, max(8, n_trials // 10)),
                                        baseline_key)
@@ -178,7 +196,7 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
         t = time.perf_counter()
         overload = overload_report(evaluator, baseline, evaluator.default_settings)
         timings["capacity_s"] = time.perf_counter() - t
-        notes = input_warnings(baseline, evaluator) + size_notes + notes
+        notes = input_warnings(baseline, evaluator) + size_notes + deploy_notes + notes
         counts = _counts(study)
         return TuneResult(
             study_name=study_name, storage=redact_url(storage_url), config_attrs=config.to_attrs(),
@@ -252,12 +270,22 @@ def _check_goodput(objectives: Any, constraints: Sequence[str], slo_ms: dict[str
 # --------------------------------------------------------------------------- study set-up
 
 
-def _sampler(seed: int) -> "optuna.samplers.BaseSampler":
+def _sampler(seed: int, space: SearchSpace | None = None) -> "optuna.samplers.BaseSampler":
     import optuna
 
     # TPE is Optuna 5's default multi-objective sampler; it reads trial.constraints itself.
-    # constant_liar keeps parallel workers from proposing the same point.
-    return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+    # constant_liar keeps parallel workers from proposing the same point. A space with
+    # conditional parameters (the router only for splits with replicas) samples by group,
+    # so the joint model covers each sub-space instead of falling back to independent
+    # draws for every parameter that is not always present.
+    import warnings
+
+    if space is None or not any(p.when for p in space.params):
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+    with warnings.catch_warnings():  # ``group`` is marked experimental since Optuna 2.8
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
+                                          group=True)
 
 
 def _load(storage: Any, name: str) -> "optuna.Study":
@@ -277,7 +305,7 @@ def _create_or_load(storage: Any, name: str, config: StudyConfig) -> "optuna.Stu
 
     study = optuna.create_study(storage=storage, study_name=name, load_if_exists=True,
                                 directions=[o.direction for o in config.objectives],
-                                sampler=_sampler(config.seed))
+                                sampler=_sampler(config.seed, config.space))
     stored = StudyRecords.config_attrs(study)
     if stored is None:
         StudyRecords.write_config(study, config.to_attrs())
@@ -336,7 +364,8 @@ def _enqueue_start_points(study: "optuna.Study", config: StudyConfig, evaluator:
     """Enqueue vLLM's defaults (trial 0 of a new study) and the warm-start points."""
     notes: list[str] = []
     space = config.space
-    base = space.project(evaluator.default_settings)
+    base_deployment = base_deployment_of(evaluator)
+    base = space.project(evaluator.default_settings, base_deployment)
     if space.contains(base):
         study.enqueue_trial(base, user_attrs=StudyRecords.start_attrs(StudyRecords.BASELINE),
                             skip_if_exists=True)
@@ -348,11 +377,14 @@ def _enqueue_start_points(study: "optuna.Study", config: StudyConfig, evaluator:
     from tuner.profile import Profile, load_profile
 
     profile = warm_start if isinstance(warm_start, Profile) else load_profile(warm_start)
-    candidates = [("profile", profile.scheduler)] + [
-        ("pareto", s) for s in profile.pareto_settings()]
+    deployment = profile_deployment(profile) if space.has_deployment else None
+    candidates = [("profile", profile.scheduler, deployment)] + [
+        ("pareto", s, Deployment.from_dict(p["deployment"]) if space.has_deployment
+         and p.get("deployment") else deployment)
+        for s, p in zip(profile.pareto_settings(), profile.pareto)]
     n = 0
-    for role, settings in candidates:
-        params = space.project(settings)
+    for role, settings, own in candidates:
+        params = space.project(settings, own or base_deployment)
         if not space.contains(params):
             notes.append(f"warm start: {role} point {params} is outside space {space.name!r}; "
                          "skipped")
@@ -396,6 +428,7 @@ def _make_objective(config: StudyConfig, evaluator: Evaluator, window: str
 
     host, pid = socket.gethostname(), os.getpid()
     base = evaluator.default_settings
+    base_deployment = base_deployment_of(evaluator)
 
     def objective(trial: "optuna.Trial") -> Sequence[float]:
         StudyRecords.mark_worker(trial, host, pid)
@@ -403,12 +436,21 @@ def _make_objective(config: StudyConfig, evaluator: Evaluator, window: str
         try:
             settings = config.space.settings_for(base, params,
                                                  max_model_len=evaluator.max_model_len)
+            deployment = deployment_for(config.space, base_deployment, params)
         except ConfigError as exc:
             # Refused before anything runs: vLLM itself would reject this combination.
             StudyRecords.refuse(trial, str(exc))
             raise optuna.TrialPruned(f"refused: {exc}") from None
-        metrics = evaluator.evaluate(settings, window)  # type: ignore[arg-type]
-        StudyRecords.record_replay(trial, settings.to_dict(), metrics)
+        try:
+            metrics = evaluate_point(evaluator, join_settings(settings, deployment), window)
+        except ConfigError as exc:
+            if deployment is None:
+                raise
+            # The replay can refuse a deployment it cannot model for this trace (a
+            # session router over a trace without session ids): recorded, not fatal.
+            StudyRecords.refuse(trial, str(exc))
+            raise optuna.TrialPruned(f"refused: {exc}") from None
+        StudyRecords.record_replay(trial, join_settings(settings, deployment), metrics)
         for con in config.constraints:
             trial.set_constraint(str(con), con.violation(metrics))
         values = []
@@ -433,7 +475,7 @@ def _optimize(study: "optuna.Study", config: StudyConfig, evaluator: Evaluator, 
     (COMPLETE + PRUNED, all workers together) or this process ran ``worker_cap``."""
     import optuna
 
-    study.sampler = _sampler(seed)
+    study.sampler = _sampler(seed, config.space)
     window = "stage1" if evaluator.windows.staged else "train"
     objective = _make_objective(config, evaluator, window)
     ran = 0

@@ -7,7 +7,10 @@ A tuning run keeps two studies in one storage (journal file or database):
   (``baseline`` / ``warm-start-profile`` / ``warm-start-pareto``; absent for a sampled
   point), ``warm_start`` (the warm-start profile's name), ``host`` and ``pid`` (the worker
   running it, so a rerun can fail a dead worker's trial), ``refused`` (why vLLM would
-  reject the point; the trial is PRUNED), ``settings`` and ``metrics`` (the replay).
+  reject the point; the trial is PRUNED), ``settings`` and ``metrics`` (the replay; a
+  study that searches the deployment keeps it in ``settings["deployment"]``, see
+  :func:`tuner.tune.deployment.join_settings`, and per-engine summaries in
+  ``metrics["engines"]``).
 * ``NAME.full`` (stage 2): one trial per survivor replayed on the whole training window.
   Trial user attrs: ``key`` (:func:`settings_key`), ``settings``, ``params``, ``metrics``,
   ``stage1_trial``, ``role`` (``baseline`` / ``survivor``). Study user attrs
@@ -82,7 +85,8 @@ class StudyConfig:
         if self.evaluator.get("windows") != other.evaluator.get("windows"):
             return "different windows (--holdout / stage1 fraction)"
         for key, what in (("baseline", "a different baseline (--baseline / --set)"),
-                          ("slo_ms", "different SLOs (--slo)")):
+                          ("slo_ms", "different SLOs (--slo)"),
+                          ("router", "a different baseline router (--router)")):
             # studies made before these keys existed ran vLLM's defaults and no SLO
             if key in self.evaluator and key in other.evaluator \
                     and self.evaluator[key] != other.evaluator[key]:

@@ -14,8 +14,8 @@ import math
 import multiprocessing
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from tuner.sim.settings import SchedulerSettings
 from tuner.tune._progress import StudyProgress
+from tuner.tune.deployment import base_deployment_of, evaluate_point, join_settings
 from tuner.tune.evaluate import Evaluator
 from tuner.tune.objectives import Objective
 from tuner.tune.select import Point, pareto_front
@@ -53,7 +53,7 @@ _POOL_EVALUATOR: Evaluator | None = None  # set in the parent before forking a P
 def _pool_eval(args: tuple[dict[str, Any], str]) -> dict[str, Any]:
     settings, window = args
     assert _POOL_EVALUATOR is not None, "tuner bug: pool evaluator not set before fork"
-    return _POOL_EVALUATOR.evaluate(SchedulerSettings.from_dict(settings), window)  # type: ignore[arg-type]
+    return evaluate_point(_POOL_EVALUATOR, settings, window)
 
 
 def _evaluate_many(evaluator: Evaluator, jobs: list[tuple[dict[str, Any], str]], workers: int,
@@ -63,7 +63,7 @@ def _evaluate_many(evaluator: Evaluator, jobs: list[tuple[dict[str, Any], str]],
     global _POOL_EVALUATOR
     if workers <= 1 or len(jobs) <= 1:
         for i, (settings, window) in enumerate(jobs):
-            on_done(i, evaluator.evaluate(SchedulerSettings.from_dict(settings), window))  # type: ignore[arg-type]
+            on_done(i, evaluate_point(evaluator, settings, window))
         return
     _POOL_EVALUATOR = evaluator
     try:
@@ -91,11 +91,13 @@ def run_stage2(storage: Any, study_name: str, config: StudyConfig, evaluator: Ev
                                  directions=[o.direction for o in config.objectives])
     done = {StudyRecords.stage2_key(t): t
             for t in study2.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
-    base_settings = evaluator.default_settings.to_dict()
+    base_deployment = base_deployment_of(evaluator) if config.space.has_deployment else None
+    base_settings = join_settings(evaluator.default_settings, base_deployment)
     by_key = {settings_key(p.settings): p for p in stage1}
     base_stage1 = by_key.get(settings_key(base_settings))
     todo: list[Point] = [Point(number=base_stage1.number if base_stage1 else -1,
-                               params=config.space.project(evaluator.default_settings),
+                               params=config.space.project(evaluator.default_settings,
+                                                           base_deployment),
                                settings=base_settings, metrics={}, is_baseline=True)]
     todo += survivors
     results: list[Point | None] = [None] * len(todo)

@@ -42,7 +42,7 @@ class ResolvedTarget:
     model: ModelSpec  # with Target's dtype overrides applied
     step_time: StepTimeModel  # per engine (one TP group)
     cache: CacheSettings  # per engine: block size, num_gpu_blocks, prefix caching, max_model_len
-    num_gpus: int  # tp x dp
+    num_gpus: int  # tp x dp x replicas
     default_settings: SchedulerSettings  # ``vllm serve`` defaults on this GPU
     description: str  # one line for logs and reports
     capacity: KVCapacity | None = None  # the memory budget behind cache (None if overridden)
@@ -63,6 +63,8 @@ class ResolvedTarget:
         on this GPU's platform (``tuner.vllm_compat.resolve_async_scheduling``)."""
         return resolve_async_scheduling(self.target.async_scheduling,
                                         platform=self.hardware.vllm_platform)
+    def replicas(self) -> int:
+        return self.target.replicas
 
 
 def default_scheduler_settings(hardware: str | HardwareSpec) -> SchedulerSettings:
@@ -84,7 +86,7 @@ def resolve_target(target: Target, *,
             target, a model that does not fit, or a KV cache smaller than one
             ``max_model_len`` sequence (vLLM refuses to start then, too).
     """
-    for name in ("tp", "dp"):
+    for name in ("tp", "dp", "replicas"):
         value = getattr(target, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{name}={value!r} must be a positive integer")
@@ -92,6 +94,9 @@ def resolve_target(target: Target, *,
     model = load_model(target.model).with_dtypes(weight_dtype=target.weight_dtype,
                                                  kv_cache_dtype=target.kv_cache_dtype,
                                                  quantization=target.quantization)
+    if target.enable_expert_parallel and not model.is_moe:
+        raise ConfigError(f"--enable-expert-parallel: {model.name} is not a mixture-of-experts "
+                          "model (it has no experts to shard)")
     coefficients = default_coefficients(hardware)
     if target.calibration:
         calibration = load_calibration(target.calibration)
@@ -112,7 +117,9 @@ def resolve_target(target: Target, *,
         capacity = kv_capacity(hardware, model, target.tp, block_size,
                                target.gpu_memory_utilization,
                                max_num_batched_tokens=sched.max_num_batched_tokens,
-                               max_num_seqs=sched.max_num_seqs)
+                               max_num_seqs=sched.max_num_seqs,
+                               expert_parallel_size=step_time.expert_layout.ep
+                               if isinstance(step_time, RooflineStepTimeModel) else 1)
         blocks = capacity.num_gpu_blocks
         if capacity.num_tokens < max_model_len:
             raise ConfigError(
@@ -126,7 +133,9 @@ def resolve_target(target: Target, *,
     tokens = (blocks - 1) * block_size
     description = (
         f"{model.name} ({_weights(model)} weights, {model.kv_dtype} KV) on "
-        f"{target.num_gpus}x {hardware.display_name} (TP{target.tp} x DP{target.dp}), "
+        f"{target.num_gpus}x {hardware.display_name} (TP{target.tp} x DP{target.dp}"
+        + (f" x {target.replicas} replicas" if target.replicas > 1 else "")
+        + (", EP" if target.enable_expert_parallel and model.is_moe else "") + "), "
         f"{hardware.backend_for(model.backend_kind)} block {block_size}, {blocks:,} blocks = {tokens / 1e6:.2f}M tokens/engine"
         + (" (override)" if capacity is None else "")
         + (", calibrated" if target.calibration else "")
@@ -160,13 +169,20 @@ def _step_time_model(target: Target, hardware: HardwareSpec, model: ModelSpec,
         if why is None and target.calibration and wanted == "auto":
             why = "a calibration file prices the analytic model"
         if why is None:
-            tables = measured.aic_tables(hardware.name, model, target.tp)
-            step = measured.MeasuredStepTimeModel(hardware, model, target.tp, coefficients,
-                                                  tables)
-            return step, f"aic ({step.tables_source})"
+            try:  # a shape the tables lack surfaces only when the engine is asked
+                tables = measured.aic_tables(hardware.name, model, target.tp, dp=target.dp,
+                                             expert_parallel=target.enable_expert_parallel)
+            except ConfigError as exc:
+                why = str(exc)
+            else:
+                step = measured.MeasuredStepTimeModel(
+                    hardware, model, target.tp, coefficients, tables, dp=target.dp,
+                    expert_parallel=target.enable_expert_parallel)
+                return step, f"aic ({step.tables_source})"
         if wanted == "aic":
             raise ConfigError(f"--step-time-source aic: {why}")
-    return RooflineStepTimeModel(hardware, model, target.tp, coefficients), "analytic"
+    return RooflineStepTimeModel(hardware, model, target.tp, coefficients, dp=target.dp,
+                                 expert_parallel=target.enable_expert_parallel), "analytic"
 
 
 def _same_name(a: str, b: str) -> bool:

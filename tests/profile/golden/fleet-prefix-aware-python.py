@@ -1,0 +1,26 @@
+# tuner profile 'fleet' for vLLM 0.33.0 (mi355x, llama-3.1-70b, tp=2, dp=1, replicas=4, router=prefix-aware; 8 GPU)
+# cache-aware admission runs in tuner's scheduler plugin tuner.vllm_plugin.CacheAwareAsyncScheduler (vLLM 0.33.0 has no --cache-aware-admission-* flags (PR #54625 is unmerged)); install vllm-sched-tuner in vLLM's environment
+from vllm.config import SchedulerConfig
+
+scheduler_kwargs = dict(
+    max_num_batched_tokens=16384,
+    max_num_seqs=1024,
+    long_prefill_token_threshold=0,
+    enable_chunked_prefill=True,
+    policy='fcfs',
+    scheduler_reserve_full_isl=True,
+    watermark=0.0,
+    prefill_schedule_interval=1,
+    scheduler_cls='tuner.vllm_plugin.CacheAwareAsyncScheduler',
+)
+# The plugin reads these from VllmConfig.additional_config (EngineArgs(additional_config=...)):
+additional_config = {'cache_aware_admission_window': 16, 'cache_aware_admission_threshold': 0.35}
+# the engine's parallel layout (ParallelConfig / EngineArgs fields):
+parallel_kwargs = dict(
+    tensor_parallel_size=2,
+    data_parallel_size=1,
+    enable_expert_parallel=False,
+)
+# 4 replicas behind the router: tuner export PROFILE --format router
+# max_model_len and is_encoder_decoder come from your model config:
+# scheduler_config = SchedulerConfig(max_model_len=..., is_encoder_decoder=False, **scheduler_kwargs)
