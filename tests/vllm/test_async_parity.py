@@ -47,20 +47,10 @@ def _hit(vllm: Any, rid: str) -> int:
     return next(r.num_cached_tokens for r in vllm.requests if r.request_id == rid)
 
 
-def _twin_models_async(version: str) -> bool:
-    """Whether the twin runs the async engine (issue 14 item 1): on the smallest case it
-    then also schedules the empty batch vLLM queues while warm0's only token is in
-    flight."""
-    _, twin, _ = results(version)["frees-gate-w0"]
-    return bool(twin.steps) and len(twin.steps) > 1 and not twin.steps[1].num_scheduled_tokens
-
-
 @pytest.mark.parametrize("version", ["0.33", "0.32"])
 @pytest.mark.parametrize("name", NAMES)
 def test_async_parity(version: str, name: str) -> None:
     report, twin, vllm = results(version)[name]
-    if not name.endswith("-sync-w4") and not _twin_models_async(version):
-        pytest.skip("the twin does not model async scheduling yet (issue 14 item 1)")
     if KNOWN_DIVERGENCE.get(version, "") and name.startswith(("priority-w", "priority-self")):
         # The known divergence (docs/fidelity.md), checked to be that one: the test fails
         # once the twin follows the release here, and this branch must go.
@@ -69,9 +59,7 @@ def test_async_parity(version: str, name: str) -> None:
     assert report.num_compared > 0
     assert report.identical, report.format_text()
     assert report.identical_pct == 100.0
-    if not name.endswith("-sync-w4") or any(s.kv_usage_at_update is not None
-                                            for s in twin.steps):
-        assert report.num_gauge_compared == report.num_compared  # both sample the gauge
+    assert report.num_gauge_compared == report.num_compared  # both sides sample the gauge
 
 
 @pytest.mark.parametrize("version", ["0.33", "0.32"])

@@ -43,6 +43,7 @@ def test_parity(version: str, name: str) -> None:
     assert report.num_compared > 0
     assert report.identical, report.format_text()
     assert report.identical_pct == 100.0
+    assert report.num_gauge_compared == report.num_compared  # both sides sample the gauge
     c = vllm.counters
     if name.startswith("pr-eviction"):
         first_step_of = {rid: s.num_scheduled_tokens for s in vllm.steps
