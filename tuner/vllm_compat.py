@@ -47,6 +47,9 @@ OLDEST_SUPPORTED: Version = (0, 30, 0)
 LAST_WITHOUT_ADMISSION: Version = (0, 33, 0)
 #: From this release a single engine applies ``prefill_schedule_interval`` (PR #54627).
 FIRST_SINGLE_ENGINE_INTERVAL: Version = (0, 33, 0)
+#: From this release a priority request that preempts itself no longer ends the running
+#: loop: the higher-priority requests after it are still scheduled (scheduler.py:982-992).
+FIRST_SELF_PREEMPTION_CONTINUE: Version = (0, 33, 0)
 
 #: The ``SchedulerConfig`` fields tuner tunes that 0.30-0.33 all have (class order).
 BASE_FIELDS: tuple[str, ...] = (
@@ -157,6 +160,12 @@ def features(version: str, *, native_admission: bool = False,
 #: The supported rows, for docs/vllm-versions.md and its test.
 SUPPORTED: tuple[VllmFeatures, ...] = (
     features("0.32.0"), features("0.33.0"), features("0.34.0.dev0", native_admission=True))
+
+
+def self_preemption_continues(version: str) -> bool:
+    """The twin's ``SimOptions.self_preemption_continues`` for ``version``: 0.33.0 goes on
+    after a priority self-preemption, 0.32.0 ends the running loop."""
+    return parse_version(version) >= FIRST_SELF_PREEMPTION_CONTINUE
 
 
 def prefill_interval_mode(version: str) -> PrefillIntervalMode:
@@ -474,5 +483,6 @@ __all__ = [
     "PLUGIN_MINORS", "PLUGIN_MODULE", "PLUGIN_SYNC_CLS", "PYTHON_ENV_VARS", "SUPPORTED",
     "SchedulerArgsPlan", "VllmFeatures", "detect", "features", "find_vllm_python",
     "flag_name", "flag_value", "installed_version", "minor", "parse_version",
-    "plan_scheduler_args", "prefill_interval_mode", "vllm_python_from_env",
+    "plan_scheduler_args", "prefill_interval_mode", "self_preemption_continues",
+    "vllm_python_from_env",
 ]

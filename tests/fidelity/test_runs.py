@@ -109,8 +109,14 @@ def _python_with_vllm_metadata(root: Path, version: str) -> str:
 def test_twin_options_read_the_installed_version(tmp_path: Path, version: str,
                                                  mode: str) -> None:
     python = _python_with_vllm_metadata(tmp_path, version)
-    assert runs.twin_options_for(python).prefill_interval_mode == mode
+    options = runs.twin_options_for(python)
+    assert options.prefill_interval_mode == mode
+    # 0.33.0 goes on after a priority self-preemption (scheduler.py:982-992); 0.32.0 breaks
+    assert options.self_preemption_continues is (version == "0.33.0")
 
 
-def test_an_explicit_mode_wins_without_asking_the_python() -> None:
-    assert runs.twin_options_for("/nonexistent/python", "dp").prefill_interval_mode == "dp"
+def test_an_explicit_mode_wins_over_the_version(tmp_path: Path) -> None:
+    python = _python_with_vllm_metadata(tmp_path, "0.32.0")
+    options = runs.twin_options_for(python, "dp")
+    assert options.prefill_interval_mode == "dp"
+    assert options.self_preemption_continues is False

@@ -44,6 +44,7 @@ FIELD_VALUES: dict[str, st.SearchStrategy] = {
     "SimOptions.prefill_interval_mode": st.sampled_from(["local", "dp", "off"]),
     "SimOptions.record_steps": st.just(True),  # the step records are compared
     "SimOptions.async_scheduling": st.booleans(),
+    "SimOptions.self_preemption_continues": st.booleans(),
     "SimOptions.extra": st.sampled_from([{}] * 7 + [{"unmodelled": 1}]),
 }
 

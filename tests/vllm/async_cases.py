@@ -10,7 +10,7 @@ step alike.
 from __future__ import annotations
 
 from parity_cases import (BS, chat_trace, pr_eviction_requests, priority_requests,
-                          target)
+                          priority_self_preempt_requests, target)
 
 from tuner.fidelity.parity import ParityCase
 from tuner.sim.load import ClosedLoop
@@ -59,15 +59,6 @@ def priority_cursor_requests() -> list[TraceRequest]:
     return [TraceRequest("A", 0.0, 16, 11, _blocks(7, 1), priority=2),
             TraceRequest("B", 0.001, 40, 20, _blocks(8, 2), priority=0),
             TraceRequest("C", 0.001, 40, 20, _blocks(9, 2), priority=1)]
-
-
-def priority_self_preempt_requests() -> list[TraceRequest]:
-    """policy=priority: "low", first in running, needs a block when none is free and is
-    itself the lowest priority: it preempts itself. vLLM 0.33.0 then goes on with the
-    higher-priority requests after it (scheduler.py:982-992, ``continue``); 0.32.0 ends
-    the running loop (``break``), so its step is empty."""
-    return [TraceRequest("low", 0.0, 40, 20, _blocks(5, 2), priority=1),
-            TraceRequest("high", 0.001, 40, 20, _blocks(6, 2), priority=0)]
 
 
 def short_output_requests() -> list[TraceRequest]:
@@ -131,7 +122,9 @@ def cases(version: str) -> list[ParityCase]:
     """Every async parity case for vLLM ``version`` ("0.33" or "0.32"), window off and on,
     plus ``threshold-near-usage-sync-w4`` (the same case without async scheduling)."""
     mode = "local" if version == "0.33" else "off"  # 0.32: no single-engine cadence
-    opts = SimOptions(prefill_interval_mode=mode, async_scheduling=True)
+    continues = version == "0.33"  # 0.32 ends the running loop after a self-preemption
+    opts = SimOptions(prefill_interval_mode=mode, self_preemption_continues=continues,
+                      async_scheduling=True)
     small = SchedulerSettings(max_num_batched_tokens=8192, max_num_seqs=16)
     pressure = SchedulerSettings(max_num_batched_tokens=512, max_num_seqs=64)
     chat = SchedulerSettings(max_num_batched_tokens=256, max_num_seqs=32,
@@ -159,7 +152,8 @@ def cases(version: str) -> list[ParityCase]:
     out += _pair("threshold-near-usage", threshold_trace, small, tgt(9), on=near, **kw)
     out.append(ParityCase("threshold-near-usage-sync-w4", threshold_trace,
                           small.replace(**near), target(9), hash_block_size=BS,
-                          options=SimOptions(prefill_interval_mode=mode)))
+                          options=SimOptions(prefill_interval_mode=mode,
+                                             self_preemption_continues=continues)))
     out += _pair("long-prefill", chat_trace(), chat, tgt(600), options=opts)
     out += _pair("agentic", agentic, pressure, tgt(200), on=big_window, options=opts)
     out += _pair("psi4", agentic, pressure.replace(prefill_schedule_interval=4), tgt(200),
@@ -179,8 +173,11 @@ def guard_case(version: str) -> ParityCase:
     """vLLM's plain ``Scheduler`` (no output placeholders) under async scheduling's batch
     queue: what a ``--scheduler-cls`` subclassing ``Scheduler`` gets on a GPU."""
     mode = "local" if version == "0.33" else "off"
+    continues = version == "0.33"
     return ParityCase("guard-plain-scheduler", saturation_requests()[:2],
                       SchedulerSettings(max_num_batched_tokens=8192, max_num_seqs=16),
                       target(200, async_scheduling=True), hash_block_size=BS,
-                      options=SimOptions(prefill_interval_mode=mode, async_scheduling=True),
+                      options=SimOptions(prefill_interval_mode=mode,
+                                         self_preemption_continues=continues,
+                                         async_scheduling=True),
                       scheduler_cls=PLAIN_SCHEDULER)

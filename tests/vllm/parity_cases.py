@@ -55,10 +55,20 @@ def priority_requests() -> list[TraceRequest]:
     return [dataclasses.replace(r, priority=(i * 7) % 3) for i, r in enumerate(reqs)]
 
 
+def priority_self_preempt_requests() -> list[TraceRequest]:
+    """policy=priority: "low", first in running, needs a block when none is free and is
+    itself the lowest priority: it preempts itself. vLLM 0.33.0 then goes on with the
+    higher-priority requests after it (scheduler.py:982-992, ``continue``); 0.32.0 ends
+    the running loop (``break``), so its step is empty."""
+    return [TraceRequest("low", 0.0, 40, 20, tuple(range(5000, 5002)), priority=1),
+            TraceRequest("high", 0.001, 40, 20, tuple(range(6000, 6002)), priority=0)]
+
+
 def cases(version: str) -> list[ParityCase]:
     """Every parity case for vLLM ``version`` ("0.33" or "0.32")."""
     mode = "local" if version == "0.33" else "off"  # 0.32: no single-engine cadence
-    opts = SimOptions(prefill_interval_mode=mode)
+    continues = version == "0.33"  # 0.32 ends the running loop after a self-preemption
+    opts = SimOptions(prefill_interval_mode=mode, self_preemption_continues=continues)
     pressure = SchedulerSettings(max_num_batched_tokens=512, max_num_seqs=64)
     chat = SchedulerSettings(max_num_batched_tokens=256, max_num_seqs=32,
                              long_prefill_token_threshold=64)
@@ -87,5 +97,9 @@ def cases(version: str) -> list[ParityCase]:
                    options=opts),
         ParityCase("priority", priority_requests(), chat.replace(policy="priority"),
                    target(150), options=opts, hash_block_size=BS),
+        ParityCase("priority-self-preempt", priority_self_preempt_requests(),
+                   SchedulerSettings(max_num_batched_tokens=8192, max_num_seqs=16,
+                                     policy="priority"), target(7), options=opts,
+                   hash_block_size=BS),
     ]
     return out

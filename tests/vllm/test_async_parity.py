@@ -41,39 +41,14 @@ def _hit(vllm: Any, rid: str) -> int:
     return next(r.num_cached_tokens for r in vllm.requests if r.request_id == rid)
 
 
-def _twin_models_async(version: str) -> bool:
-    """Whether the twin runs the async engine (issue 14 item 1): on the smallest case it
-    then also schedules the empty batch vLLM queues while warm0's only token is in
-    flight."""
-    _, twin, _ = results(version)["frees-gate-w0"]
-    return bool(twin.steps) and len(twin.steps) > 1 and not twin.steps[1].num_scheduled_tokens
-
-
 @pytest.mark.parametrize("version", ["0.33", "0.32"])
 @pytest.mark.parametrize("name", NAMES)
 def test_async_parity(version: str, name: str) -> None:
     report, twin, vllm = results(version)[name]
-    if not name.endswith("-sync-w4") and not _twin_models_async(version):
-        pytest.skip("the twin does not model async scheduling yet (issue 14 item 1)")
-    if version == "0.32" and name.startswith("priority") and "cursor" not in name:
-        # The one release difference the async twin does not follow (docs/fidelity.md,
-        # "Divergences found"), checked to be that one: after a priority request preempts
-        # itself the twin goes on with the next running request, as 0.33.0 does
-        # (scheduler.py:982-992); 0.32.0 ends the running loop.
-        fd = report.first_divergence
-        assert fd is not None, "0.32.0 now goes on after a priority self-preemption"
-        cause = [s for s in twin.steps[fd.step:fd.step + 2]
-                 if s.preempted and s.num_scheduled_tokens
-                 and not set(s.preempted) & set(s.num_scheduled_tokens)]
-        assert cause, report.format_text()
-        pytest.xfail("0.32.0 ends the running loop when a priority request preempts "
-                     "itself; the async twin models 0.33.0, which goes on")
     assert report.num_compared > 0
     assert report.identical, report.format_text()
     assert report.identical_pct == 100.0
-    if not name.endswith("-sync-w4") or any(s.kv_usage_at_update is not None
-                                            for s in twin.steps):
-        assert report.num_gauge_compared == report.num_compared  # both sample the gauge
+    assert report.num_gauge_compared == report.num_compared  # both sides sample the gauge
 
 
 @pytest.mark.parametrize("version", ["0.33", "0.32"])

@@ -37,6 +37,7 @@ def test_parity(version: str, name: str) -> None:
     assert report.num_compared > 0
     assert report.identical, report.format_text()
     assert report.identical_pct == 100.0
+    assert report.num_gauge_compared == report.num_compared  # both sides sample the gauge
     c = vllm.counters
     if name.startswith("pr-eviction"):
         first_step_of = {rid: s.num_scheduled_tokens for s in vllm.steps
@@ -68,6 +69,10 @@ def test_parity(version: str, name: str) -> None:
         assert c["num_steps"] == base.counters["num_steps"]
     elif name == "priority":
         assert c["preemptions"] > 0, c
+    elif name == "priority-self-preempt":
+        assert vllm.steps[9].preempted == ("low",)
+        # 0.33.0 goes on with "high"; 0.32.0 ends the running loop
+        assert vllm.steps[9].num_scheduled_tokens == ({"high": 1} if version == "0.33" else {})
 
 
 def test_speed_ratio_is_reported() -> None:

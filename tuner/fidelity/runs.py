@@ -85,12 +85,15 @@ def twin_options_for(vllm_python: str,
     """The twin's options for a parity run against the vLLM installed for ``vllm_python``.
 
     ``prefill_interval_mode`` overrides the version rule
-    (:func:`tuner.vllm_compat.prefill_interval_mode`); the version is read from the
+    (:func:`tuner.vllm_compat.prefill_interval_mode`); the priority self-preemption rule
+    follows the version (:func:`tuner.vllm_compat.self_preemption_continues`); the
+    version is read from the
     distribution metadata, without importing vLLM.
     """
-    if prefill_interval_mode is None:
-        from tuner import vllm_compat
+    from tuner import vllm_compat
 
-        prefill_interval_mode = vllm_compat.prefill_interval_mode(
-            vllm_compat.installed_version(vllm_python))
-    return SimOptions(prefill_interval_mode=prefill_interval_mode)
+    version = vllm_compat.installed_version(vllm_python)
+    if prefill_interval_mode is None:
+        prefill_interval_mode = vllm_compat.prefill_interval_mode(version)
+    return SimOptions(prefill_interval_mode=prefill_interval_mode,
+                      self_preemption_continues=vllm_compat.self_preemption_continues(version))

@@ -92,6 +92,9 @@ FAST_PATH_FIELDS: dict[str, FieldContract] = {
         "both modes: async runs AsyncDecodeGroup (tuner.sim.async_group), whose members "
         "keep one token in flight, leave at the schedule of their last token and hand "
         "in-flight tokens to the plain update when they join or leave"),
+    "SimOptions.self_preemption_continues": FieldContract(
+        "priority only, and a priority step that would run out of blocks is a plain step, "
+        "so only the plain running loop reads it"),
     "SimOptions.extra": FieldContract(
         "free-form: the fast path cannot know what an entry means, so any is refused",
         refuses=bool),

@@ -105,6 +105,7 @@ class Scheduler:
         # ``deferred_waiting``, waiting requests the stale-output gate skipped (1084-1089;
         # never filled at batch queue depth 2, see _schedule_waiting).
         self.async_scheduling = self.options.async_scheduling
+        self.self_preemption_continues = self.options.self_preemption_continues
         self.kv_cache_manager.register_on_free = not self.async_scheduling
         self.deferred_waiting: set[SimRequest] = set()
         # Fast path: steady decoders advanced together (tuner.sim.decode_group), unless
@@ -254,10 +255,10 @@ class Scheduler:
                     prefill_scheduled = True
                 req_index += 1
                 continue
-            if self.async_scheduling and self.policy == "priority":
-                # 0.33.0 (982-992): the lowest-priority request preempted itself; the
-                # ones after it may still fit, and req_index already points at the next.
-                # The sync twin keeps 0.32.0's break (docs/twin-vs-vllm.md).
+            if self.self_preemption_continues and self.policy == "priority":
+                # 0.33.0 (982-992), both modes: the lowest-priority request preempted
+                # itself; the ones after it may still fit, and req_index already points
+                # at the next. 0.32.0 breaks (SimOptions.self_preemption_continues).
                 continue
             break  # the request preempted itself
         return token_budget, prefill_scheduled

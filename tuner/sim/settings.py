@@ -140,4 +140,10 @@ class SimOptions:
     #: depth 2, output placeholders). The target decides the default
     #: (``tuner.vllm_compat``); the sim layer only executes the resolved mode.
     async_scheduling: bool = False
+    #: After a ``priority`` request preempts itself (the lowest priority, nothing left to
+    #: free), the running loop goes on with the higher-priority requests after it, as
+    #: vLLM 0.33.0 does in both modes (scheduler.py:982-992, ``continue``), or ends it,
+    #: as 0.32.0 does (``break``). ``tuner.vllm_compat.self_preemption_continues`` picks
+    #: it per release for parity runs.
+    self_preemption_continues: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
