@@ -5,7 +5,11 @@ Measures simulated seconds per wall second on one core for:
 
 * traces/agentic_1h.parquet and the Mooncake-format sample (traces/mooncake_synthetic.jsonl,
   ingested to Parquet), Llama-3.1-70B on 8x MI355X with 16-token blocks, cache-aware
-  admission window 0 (off) and 16 (threshold 0.5). Target: >= 300x real time.
+  admission window 0 (off) and 16 (threshold 0.5), each replayed twice, with
+  ``--no-async-scheduling`` (sync) and with async scheduling (the twin's
+  ``SimOptions.async_scheduling``: AsyncScheduler under a batch queue of 2), side by side;
+  the async column is its speed over the sync run's (target >= 0.9x). Target: >= 300x
+  real time in both modes.
 * Peak memory of each replay (max RSS of a child process that does only that replay).
 * The prefix-hit check: with an effectively unbounded KV cache the twin's hit rate on the
   Mooncake sample against the trace's ideal rate (tuner.trace stats), with every
@@ -15,7 +19,7 @@ Measures simulated seconds per wall second on one core for:
   prefix caching; ../shared/spec/landscape.md §7): our speed ratio over it and both
   tools' TTFT p50/p99, ITL p99 and prefix-hit rate.
 
-Usage:  .venv/bin/python bench/replay.py [--quick] [--no-aisim] [--json OUT]
+Usage:  .venv/bin/python bench/replay.py [--speed-only] [--no-aisim] [--json OUT]
 Each replay runs in its own child process pinned to one CPU, so peak RSS is its own.
 """
 
@@ -52,12 +56,16 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     from tuner.perf.presets import resolve_target
     from tuner.perf.target import Target
 
-    target = Target(**spec["target"])
+    from tuner.sim.settings import SimOptions
+
+    async_scheduling = bool(spec.get("async_scheduling", False))
+    target = Target(**spec["target"], async_scheduling=async_scheduling)
     resolved = resolve_target(target)
     settings = replay.parse_settings(spec.get("set", []), resolved.default_settings)
     load = ClosedLoop(spec["concurrency"]) if spec.get("concurrency") else OpenLoop()
     t0, c0 = time.perf_counter(), time.process_time()
-    result = replay.run(spec["trace"], settings, target=target, load=load)
+    result = replay.run(spec["trace"], settings, target=target, load=load,
+                        options=SimOptions(async_scheduling=async_scheduling))
     total_wall, total_cpu = time.perf_counter() - t0, time.process_time() - c0
     s = summarize(result)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB (Linux)
@@ -223,6 +231,45 @@ def _fmt_ratio(x: float) -> str:
     return f"{x:,.0f}x"
 
 
+def _speed_row(name: str, path: Path, window: int, target: dict[str, Any],
+               sync_row: dict[str, Any] | None) -> dict[str, Any]:
+    """Replay one trace in a child, sync when ``sync_row`` is None, else async (its speed
+    then also relative to ``sync_row``'s, in CPU seconds: steadier than wall time on a
+    shared machine); print its two lines and return its figures."""
+    mode = "sync" if sync_row is None else "async"
+    out = _run_child({"trace": str(path), "target": target,
+                      "async_scheduling": sync_row is not None,
+                      "set": [f"cache_aware_admission_window={window}",
+                              "cache_aware_admission_threshold=0.5"]})
+    s = out["summary"]
+    row = {"trace": name, "window": window, "mode": mode, "requests": s["num_requests"],
+           "simulated_s": s["simulated_s"], "wall_s": s["wall_s"],
+           "speed_ratio": s["speed_ratio"],
+           "vs_target": s["speed_ratio"] / TARGET_RATIO,
+           "cpu_s": out["total_cpu_s"],
+           "cpu_speed_ratio": s["simulated_s"] / out["total_cpu_s"],
+           "peak_rss_mib": out["peak_rss_mib"],
+           "p90_interactivity": s["p90_interactivity"],
+           "output_throughput_per_gpu": s["output_throughput_per_gpu"],
+           "prefix_cache_hit_rate": s["prefix_cache_hit_rate"],
+           "preemptions": s["preemptions"], "kv_usage_peak": s["kv_usage_peak"]}
+    versus = ""
+    if sync_row is not None:
+        row["async_over_sync_cpu"] = row["cpu_speed_ratio"] / sync_row["cpu_speed_ratio"]
+        row["async_over_sync_wall"] = row["speed_ratio"] / sync_row["speed_ratio"]
+        versus = f"{row['async_over_sync_cpu']:.2f}x"
+    print(f"{name:<20} {window:>6} {mode:>5} {row['requests']:>9,} "
+          f"{row['simulated_s']:>12,.1f} {row['wall_s']:>8.2f} "
+          f"{_fmt_ratio(row['speed_ratio']):>13} {row['vs_target']:>7.2f}x "
+          f"{_fmt_ratio(row['cpu_speed_ratio']):>12} {row['peak_rss_mib']:>7.0f} MiB "
+          f"{versus:>10}")
+    print(f"{'':<20} {'':>6} {'':>5}   p90 interactivity {row['p90_interactivity']:.1f} tok/s, "
+          f"output {row['output_throughput_per_gpu']:.0f} tok/s/GPU, hit rate "
+          f"{row['prefix_cache_hit_rate']:.4f}, preemptions {row['preemptions']}, "
+          f"peak KV {row['kv_usage_peak']:.3f}")
+    return row
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -230,6 +277,8 @@ def main() -> int:
     ap.add_argument("--install-aisim", action="store_true",
                     help="create .venv-aisim when no aisimulate venv is found")
     ap.add_argument("--skip-agentic", action="store_true", help="only the Mooncake sample")
+    ap.add_argument("--speed-only", action="store_true",
+                    help="stop after the speed table (sync and async side by side)")
     ap.add_argument("--json", help="also write all figures to this JSON file")
     ap.add_argument("--agentic", default=str(ROOT / "traces" / "agentic_1h.parquet"),
                     help="the agentic trace (default: the bundled one)")
@@ -251,36 +300,19 @@ def main() -> int:
         big = {"hardware": "mi355x", "model": "llama-3.1-70b", "tp": 8, "block_size": 16}
 
         print("== Speed: Llama-3.1-70B on 8x MI355X, 16-token blocks, one core ==")
-        print(f"{'trace':<20} {'window':>6} {'requests':>9} {'simulated s':>12} {'wall s':>8} "
-              f"{'sim s/wall s':>13} {'vs 300x':>8} {'sim s/CPU s':>12} {'peak RSS':>10}")
+        print(f"{'trace':<20} {'window':>6} {'mode':>5} {'requests':>9} {'simulated s':>12} "
+              f"{'wall s':>8} {'sim s/wall s':>13} {'vs 300x':>8} {'sim s/CPU s':>12} "
+              f"{'peak RSS':>10} {'async/sync':>10}")
         for name, path in traces:
             for window in (0, 16):
-                spec = {"trace": str(path), "target": big,
-                        "set": [f"cache_aware_admission_window={window}",
-                                "cache_aware_admission_threshold=0.5"]}
-                out = _run_child(spec)
-                s = out["summary"]
-                row = {"trace": name, "window": window, "requests": s["num_requests"],
-                       "simulated_s": s["simulated_s"], "wall_s": s["wall_s"],
-                       "speed_ratio": s["speed_ratio"],
-                       "vs_target": s["speed_ratio"] / TARGET_RATIO,
-                       "cpu_s": out["total_cpu_s"],
-                       "cpu_speed_ratio": s["simulated_s"] / out["total_cpu_s"],
-                       "peak_rss_mib": out["peak_rss_mib"],
-                       "p90_interactivity": s["p90_interactivity"],
-                       "output_throughput_per_gpu": s["output_throughput_per_gpu"],
-                       "prefix_cache_hit_rate": s["prefix_cache_hit_rate"],
-                       "preemptions": s["preemptions"], "kv_usage_peak": s["kv_usage_peak"]}
-                figures["speed"].append(row)
-                print(f"{name:<20} {window:>6} {row['requests']:>9,} {row['simulated_s']:>12,.1f} "
-                      f"{row['wall_s']:>8.2f} {_fmt_ratio(row['speed_ratio']):>13} "
-                      f"{row['vs_target']:>7.2f}x {_fmt_ratio(row['cpu_speed_ratio']):>12} "
-                      f"{row['peak_rss_mib']:>7.0f} MiB")
-                print(f"{'':<20} {'':>6}   p90 interactivity {row['p90_interactivity']:.1f} tok/s, "
-                      f"output {row['output_throughput_per_gpu']:.0f} tok/s/GPU, hit rate "
-                      f"{row['prefix_cache_hit_rate']:.4f}, preemptions {row['preemptions']}, "
-                      f"peak KV {row['kv_usage_peak']:.3f}")
+                sync_row = _speed_row(name, path, window, big, None)
+                figures["speed"].append(sync_row)
+                figures["speed"].append(_speed_row(name, path, window, big, sync_row))
 
+        if args.speed_only:
+            if args.json:
+                Path(args.json).write_text(json.dumps(figures, indent=2, default=str))
+            return 0
         # --- the aisimulate configuration on our side -----------------------------------
         small = {"hardware": "h200", "model": "llama-3.1-8b", "tp": 4, "block_size": 16}
         small_set = ["max_num_batched_tokens=8192", "max_num_seqs=256"]

@@ -159,3 +159,34 @@ def test_fleet_fields_are_validated_with_one_line_errors(edit, field: str) -> No
         profile_from_dict(data, source="p.yaml")
     message = str(info.value)
     assert message.startswith(f"p.yaml: {field}: ") and "\n" not in message
+
+
+def test_a_fleet_larger_than_a_node_gets_one_command_per_host() -> None:
+    import dataclasses
+
+    prof = fleet_profile("round-robin")
+    big = dataclasses.replace(prof, target=dataclasses.replace(prof.target, tp=4, num_gpus=16))
+    text = export_profile(big, "flags")
+    cmds = _commands(text)
+    engines = [c for c in cmds if "serve" in c]
+    assert len(engines) == 1 and not engines[0][0].startswith("CUDA_VISIBLE_DEVICES")
+    assert engines[0][engines[0].index("--port") + 1] == "8000"
+    assert "run this on each replica's host" in text
+    router = cmds[-1]
+    assert router[router.index("--static-backends") + 1].split(",") == [
+        f"http://replica-{i}:8000" for i in range(4)]
+
+
+def test_prefix_aware_router_over_the_dp_ranks_of_one_deployment() -> None:
+    import dataclasses
+
+    prof = dataclasses.replace(moe_dp_profile(), router={"policy": "prefix-aware",
+                                                         "overlap_weight": 2.0,
+                                                         "block_size": 64})
+    text = export_profile(prof, "flags")
+    cmds = _commands(text)
+    assert len([c for c in cmds if "serve" in c]) == 1
+    assert cmds[-1][cmds[-1].index("--kv-cache-block-size") + 1] == "64"
+    assert cmds[-1][cmds[-1].index("--kv-overlap-score-weight") + 1] == "2"
+    back = profile_from_dict(prof.to_dict(), source="p.yaml")
+    assert back.router == prof.router

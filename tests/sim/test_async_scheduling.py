@@ -234,6 +234,47 @@ def test_priority_victim_already_scheduled_this_step_is_stale() -> None:
     d.drain()
 
 
+def test_priority_victim_skipped_ahead_of_the_loop_shifts_it_back() -> None:
+    """935-947: the victim "l" (lowest priority) sits ahead of the loop's position, not
+    scheduled (its last token is in flight: the max_tokens skip). Removing it shifts the
+    loop back one place, so "c" after the requester "b" is still scheduled; and l's stale
+    token, its last, finishes it from the waiting queue."""
+    s = sched(5, policy="priority")  # 4 usable blocks
+    d = Driver(s)
+    lo = req("l", 4, 2, priority=2)
+    s.add_request(lo)
+    d.schedule()
+    s.add_request(req("b", 4, 8, priority=0))
+    s.add_request(req("c", 2, 8, priority=1))
+    d.schedule()  # l decodes (2nd block), b then c admitted: the pool is full
+    assert d.steps[1] == {"l": 1, "b": 4, "c": 2}
+    d.update()
+    out = d.schedule()  # l skipped; b needs a block: victim l, behind the loop's place
+    assert out.preempted == [lo] and d.steps[2] == {"b": 1, "c": 1}
+    d.update()
+    assert lo.status == RequestStatus.FINISHED and lo.num_output_tokens == 2
+    d.drain()
+
+
+def test_priority_request_preempting_itself_lets_the_next_ones_run() -> None:
+    """0.33.0 (982-992): under priority, the lowest-priority request that preempts itself
+    does not end the running loop (async mode follows 0.33.0): at step 5 "l" needs its
+    third block, preempts itself, and "h", needing a block at the same step, takes one
+    of those l freed."""
+    s = sched(4, policy="priority")  # 3 usable blocks
+    d = Driver(s)
+    lo = req("l", 4, 8, priority=2)
+    s.add_request(lo)
+    d.schedule()
+    s.add_request(req("h", 1, 8, priority=0))
+    for _ in range(5):
+        out = d.step()
+    assert d.steps[:5] == [{"l": 4}] + [{"l": 1, "h": 1}] * 4
+    assert out.preempted == [lo] and d.steps[5] == {"h": 1}
+    d.drain()
+    assert lo.num_output_tokens == 8
+
+
 def test_readmission_gate_skips_a_request_with_stale_output() -> None:
     """1084-1089, modelled although it cannot bind at depth 2 (see the test above): a
     waiting request with stale output still in flight is skipped this step, the next
@@ -366,6 +407,28 @@ def test_cache_aware_window_sees_usage_before_the_frees() -> None:
     assert firsts == {True: "w2", False: "w1"}
 
 
+def test_arrival_during_batch_0_is_first_seen_by_schedule_2() -> None:
+    """step_with_batch_queue: schedule(1) runs at the time batch 0 starts (the queue has
+    room), so "b", arriving while batch 0 runs, first meets schedule(2); in sync it meets
+    schedule(1), which follows update(0)."""
+    from tuner.sim.engine import Simulator
+
+    from sim_helpers import fixed_step
+
+    trace = [Req("a", 0.0, 4, 4, []), Req("b", 0.005, 4, 1, [])]
+    for mode, expected in ((True, [{"a": 4}, {"a": 1}, {"a": 1, "b": 4}]),
+                           (False, [{"a": 4}, {"a": 1, "b": 4}])):
+        sim = Simulator(trace, SchedulerSettings(max_num_batched_tokens=64, max_num_seqs=8),
+                        CacheSettings(block_size=BS, num_gpu_blocks=100), fixed_step,
+                        options=SimOptions(async_scheduling=mode, record_steps=True,
+                                           check_invariants=True,
+                                           fast_forward=PATH["fast_forward"]))
+        result = sim.run()
+        got = [s.num_scheduled_tokens for s in result.steps][:len(expected)]
+        assert got == expected, mode
+        assert result.steps[0].duration_s > 0.005  # b arrives while batch 0 runs
+
+
 def test_closed_loop_next_request_seen_two_schedules_later() -> None:
     """Concurrency 1: the next request is issued when one finishes, at update(N), and
     first scheduled by schedule(N+2) (the loop's depth-2 queue)."""
@@ -425,3 +488,41 @@ def test_step_records_carry_the_gauge_at_update() -> None:
     assert steps[1].kv_usage == pytest.approx(4 / 10)
     assert steps[0].kv_usage_at_update == pytest.approx(2 / 10)
     assert all(s.kv_usage_at_update is not None for s in steps)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_free_registers_nothing(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's ``_free_request`` registers no block (scheduler.py:3031-3062), and in async a
+    block can be full but unregistered at free: a victim of schedule(N+1) whose block was
+    completed by the token update(N-1) applied (registered by its next allocate_slots or
+    update, which never come). So the twin's free registers nothing in async, on both
+    paths (the decode group catches up when a member leaves), and the preempted request
+    recomputes that block, as in vLLM."""
+    from tuner.sim.engine import Simulator
+    from tuner.sim.kv_cache_manager import KVCacheManager
+
+    from sim_helpers import nonlinear_step, random_trace
+
+    original = KVCacheManager.free
+    unregistered_at_free = []
+
+    def free(self, request):
+        before = request.num_cached_blocks
+        full = min(request.num_computed_tokens, request.num_tokens) // self.block_size
+        if request.num_blocks and full > before:
+            unregistered_at_free.append(request.request_id)
+        pool_hashes = int((self.block_pool.block_hash >= 0).sum())
+        original(self, request)
+        assert int((self.block_pool.block_hash >= 0).sum()) == pool_hashes, request
+
+    monkeypatch.setattr(KVCacheManager, "free", free)
+    trace = random_trace(seed, 40, block_size=4, max_output=80, with_output_hashes=True,
+                         rate=50.0)
+    sim = Simulator(trace, SchedulerSettings(max_num_batched_tokens=128, max_num_seqs=16),
+                    CacheSettings(block_size=4, num_gpu_blocks=120), nonlinear_step,
+                    options=SimOptions(async_scheduling=True, check_invariants=True,
+                                       fast_forward=PATH["fast_forward"]))
+    result = sim.run()
+    assert result.counters["preemptions"] > 0
+    if not PATH["fast_forward"]:  # the case exists (the group defers more, on purpose)
+        assert unregistered_at_free

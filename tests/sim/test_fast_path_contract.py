@@ -158,6 +158,23 @@ def test_generated_settings_take_group_steps() -> None:
     assert sum(group for group, _ in path) > len(path) // 2
 
 
+def test_generated_async_settings_take_group_steps() -> None:
+    """...and so do its async examples: the async decode group runs, joins and leaves
+    (finishing members, preemptions under a small pool) while identical to the plain path."""
+    trace = random_trace(5, 30, max_output=200, rate=30.0)
+    for blocks in (300, 60):
+        path: list = []
+        settings = SchedulerSettings(max_num_batched_tokens=512, max_num_seqs=16)
+        cache = CacheSettings(num_gpu_blocks=blocks)
+        options = {"record_steps": True, "async_scheduling": True}
+        fast = _run(trace, settings, cache, options, OpenLoop(), fast=True, check=True,
+                    spy=path)
+        assert sum(group for group, _ in path) > len(path) // 2
+        plain = _run(trace, settings, cache, options, OpenLoop(), fast=False, check=True)
+        assert_identical(plain, fast)
+        assert (plain.counters["preemptions"] > 0) == (blocks == 60)
+
+
 def test_group_step_items_expire_when_the_scheduler_moves_on() -> None:
     """``items()`` of a group step reads live membership: after the step is applied, or
     the next one is scheduled, it raises instead of listing another step's members."""

@@ -102,7 +102,15 @@ def test_gpu_budget_refusals() -> None:
         with_deployment(admission_space(), target, routers=["session"])
     fleet = Target(hardware="mi355x", model="llama-3.1-70b", tp=2, replicas=4)
     space, _ = with_deployment(admission_space(), fleet, routers=["prefix-aware"])
-    assert space.names[-1] == "router.overlap_weight" and ROUTER_POLICY not in space.names
+    assert space.names[-2:] == (ROUTER_POLICY, "router.overlap_weight")
+    assert next(p for p in space.params if p.name == ROUTER_POLICY).choices == ("prefix-aware",)
+    # the baseline behind round-robin is outside that space: a different point
+    base = Deployment.of_target(fleet, {"policy": "round-robin"})
+    assert not space.contains(space.project(SchedulerSettings(), base))
+    point = {**space.project(SchedulerSettings(), base), ROUTER_POLICY: "prefix-aware",
+             "router.overlap_weight": 2.0}
+    assert deployment_for(space, base, point).router == {
+        "policy": "prefix-aware", "overlap_weight": 2.0, "block_size": 0}
 
 
 def test_points_keep_their_deployment_in_one_settings_dict() -> None:
@@ -192,3 +200,59 @@ params:
         path.write_text("params:\n" + bad)
         with pytest.raises(ConfigError, match=match):
             load_space(path)
+
+
+def test_a_fleet_profile_warm_starts_a_budget_study_with_its_points_deployments() -> None:
+    fake = FleetFake()
+    target = Target(hardware="mi355x", model="llama-3.1-70b", tp=8)
+    first = tune(evaluator=fake, target=target, space="admission", n_trials=16, seed=4,
+                 n_survivors=4, gpu_budget=8, routers=["prefix-aware"])
+    profile = first.to_profile("warm")
+    assert all("deployment" in p for p in profile.pareto)
+    again = FleetFake()
+    second = tune(evaluator=again, target=target, space="admission", n_trials=4, seed=5,
+                  n_survivors=2, gpu_budget=8, routers=["prefix-aware"], warm_start=profile)
+    assert any("warm start: enqueued" in n for n in second.notes)
+    replayed = [d for d in again.deployments[:1 + len(profile.pareto)]]
+    assert Deployment.from_dict(profile.pareto[0]["deployment"]).to_dict() in replayed
+
+
+def test_profile_pareto_deployments_are_validated() -> None:
+    from tuner.errors import ProfileError
+    from tuner.profile.model import profile_from_dict
+    from tests.profile.test_fleet_export import fleet_profile
+
+    data = fleet_profile().to_dict()
+    data["pareto"] = [{"settings": data["scheduler"], "deployment": {"tp": 0}}]
+    with pytest.raises(ProfileError, match=r"^p.yaml: pareto\[0\].deployment.tp: must be"):
+        profile_from_dict(data, source="p.yaml")
+
+
+def test_resuming_a_fleet_study_with_another_router_is_refused(tmp_path: pathlib.Path) -> None:
+    from tests.tune.tracegen import write_small_trace
+
+    trace = write_small_trace(tmp_path / "small.parquet")
+    target = Target(hardware="mi355x", model="llama-3.1-70b", tp=4, replicas=2,
+                    num_gpu_blocks=800)
+    journal = str(tmp_path / "s.optuna-journal")
+    common = dict(target=target, n_trials=2, n_survivors=1, storage=journal, study_name="s",
+                  holdout=0.0, stage1_fraction=1.0)
+    tune(trace, router={"policy": "round-robin"}, **common)
+    with pytest.raises(ConfigError, match="a different baseline router"):
+        tune(trace, router={"policy": "session"}, **common)
+
+
+def test_summary_lines_name_the_deployment_change() -> None:
+    import pathlib as _p
+
+    from tuner.profile.recommend import TunedProfile, summary_lines
+
+    fake = FleetFake()
+    result = tune(evaluator=fake, target=Target(hardware="mi355x", model="llama-3.1-70b", tp=8),
+                  space="admission", n_trials=16, seed=2, n_survivors=4, gpu_budget=8,
+                  routers=["prefix-aware"])
+    run = TunedProfile(result, result.to_profile("x"), _p.Path("x.yaml"), "", [])
+    line = next(ln for ln in summary_lines(run) if ln.startswith("deployment: "))
+    dep = Deployment.from_dict(result.to_dict()["recommended"]["deployment"])
+    assert line.endswith(dep.describe()) or line == f"deployment: {dep.describe()} (the baseline's)"
+    assert all("deployment" in f for f in result.to_dict()["front"])

@@ -42,6 +42,34 @@ def inflight_victim_requests() -> list[TraceRequest]:
             TraceRequest("r2", 0.0, 40, 40, _blocks(2, 2))]
 
 
+def self_preempt_requests() -> list[TraceRequest]:
+    """r2 needs its 4th block when none is free and preempts itself, while the token of
+    the step that completed its block 2 (position 47) is still in flight: vLLM never
+    registers that block (``allocate_slots`` stopped at ``num_tokens`` = 47, the update
+    at ``num_computed - num_in_flight`` = 47), so r2 resumes with a 32-token hit."""
+    return [TraceRequest("r1", 0.0, 36, 10, _blocks(3, 2)),
+            TraceRequest("r2", 0.0, 40, 20, _blocks(4, 2))]
+
+
+def priority_cursor_requests() -> list[TraceRequest]:
+    """policy=priority: A (lowest priority, first in running) has its last token in flight
+    and is skipped by the max_tokens look-ahead when B needs a block; A is the victim,
+    from before the scheduling cursor, so the cursor moves back and C is still scheduled
+    in that step (scheduler.py:808-812)."""
+    return [TraceRequest("A", 0.0, 16, 11, _blocks(7, 1), priority=2),
+            TraceRequest("B", 0.001, 40, 20, _blocks(8, 2), priority=0),
+            TraceRequest("C", 0.001, 40, 20, _blocks(9, 2), priority=1)]
+
+
+def priority_self_preempt_requests() -> list[TraceRequest]:
+    """policy=priority: "low", first in running, needs a block when none is free and is
+    itself the lowest priority: it preempts itself. vLLM 0.33.0 then goes on with the
+    higher-priority requests after it (scheduler.py:982-992, ``continue``); 0.32.0 ends
+    the running loop (``break``), so its step is empty."""
+    return [TraceRequest("low", 0.0, 40, 20, _blocks(5, 2), priority=1),
+            TraceRequest("high", 0.001, 40, 20, _blocks(6, 2), priority=0)]
+
+
 def short_output_requests() -> list[TraceRequest]:
     """max_tokens 1 and 2, staggered so some arrive while others are in flight."""
     out = []
@@ -119,6 +147,7 @@ def cases(version: str) -> list[ParityCase]:
     out: list[ParityCase] = []
     out += _pair("frees-gate", pr_eviction_requests(), small, tgt(5), **kw)
     out += _pair("inflight-victim", inflight_victim_requests(), small, tgt(7), **kw)
+    out += _pair("self-preempt-in-flight", self_preempt_requests(), small, tgt(7), **kw)
     out += _pair("max-tokens-1-2", short_output_requests(), small, tgt(200), **kw)
     out += _pair("max-num-seqs", saturation_requests(), small.replace(max_num_seqs=2),
                  tgt(200), **kw)
@@ -139,6 +168,10 @@ def cases(version: str) -> list[ParityCase]:
                  load=ClosedLoop(24), options=opts)
     out += _pair("priority", priority_requests(), chat.replace(policy="priority"),
                  tgt(150), **kw)
+    out += _pair("priority-cursor", priority_cursor_requests(),
+                 small.replace(policy="priority"), tgt(9), **kw)
+    out += _pair("priority-self-preempt", priority_self_preempt_requests(),
+                 small.replace(policy="priority"), tgt(7), **kw)
     return out
 
 

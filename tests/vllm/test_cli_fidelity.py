@@ -13,9 +13,11 @@ from tuner.cli import cli
 pytestmark = pytest.mark.vllm
 
 
-def test_fidelity_command_json(any_vllm: tuple[str, str], tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """PSI=4 with window 16: parity on 0.33 (local cadence) and on 0.32, where the
-    command picks the twin's prefill_interval_mode='off' from the installed version."""
+@pytest.mark.parametrize("flag", ["--async-scheduling", "--no-async-scheduling"])
+def test_fidelity_command_json(any_vllm: tuple[str, str], flag: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """PSI=4 with window 16, in both scheduling modes: parity on 0.33 (local cadence) and
+    on 0.32, where the command picks the twin's prefill_interval_mode='off' from the
+    installed version."""
     version, python = any_vllm
     path = tmp_path / "agentic.parquet"
     agentic_trace().write(path)
@@ -25,10 +27,14 @@ def test_fidelity_command_json(any_vllm: tuple[str, str], tmp_path) -> None:  # 
         "--max-model-len", "8192", "--set", "max_num_batched_tokens=512",
         "--set", "max_num_seqs=64", "--set", "prefill_schedule_interval=4",
         "--set", "cache_aware_admission_window=16", "--set", "cache_aware_admission_threshold=0.5",
-        "--json"], catch_exceptions=False)
+        flag, "--json"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     report = json.loads(res.output)
-    assert report["identical"] is True and report["identical_pct"] == 100.0
+    assert report["async_scheduling"] is (flag == "--async-scheduling")
+    mode = "async scheduling (batch queue of depth 2)" if flag == "--async-scheduling" else \
+        "no async scheduling"
+    assert mode in report["notes"], report["notes"]
+    assert report["identical"] is True and report["identical_pct"] == 100.0, report
     assert report["num_compared"] > 1000
     assert report["speed_ratio"] > 0
     mode_note = [n for n in report["notes"] if "prefill_interval_mode" in n]

@@ -88,6 +88,9 @@ def test_gauge_at_update_is_compared_where_both_sides_record_it() -> None:
 
 
 def test_vllm_core_job_carries_the_scheduling_mode(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The mode prepare resolved from the target (whatever the options said) reaches the
+    driver's job."""
+    from tuner.perf.target import Target
     from tuner.replay._run import prepare
     from tuner.sim.settings import SimOptions
     from tuner.trace.request import TraceRequest
@@ -95,9 +98,9 @@ def test_vllm_core_job_carries_the_scheduling_mode(tmp_path) -> None:  # type: i
     (tmp_path / "config.json").write_text("{}")
     reqs = [TraceRequest("a", 0.0, 32, 2, (1, 2))]
     for mode in (False, True):
-        backend = prepare(reqs, backend="vllm-core", options=SimOptions(async_scheduling=mode),
-                          hash_block_size=16, vllm_python=sys.executable,
-                          model_dir=str(tmp_path))
+        backend = prepare(reqs, backend="vllm-core", target=Target(async_scheduling=mode),
+                          options=SimOptions(async_scheduling=not mode), hash_block_size=16,
+                          vllm_python=sys.executable, model_dir=str(tmp_path))
         assert backend.job["async_scheduling"] is mode
         backend.close()
 

@@ -244,10 +244,10 @@ def replay_command(trace: str, backend: str, hardware: str, model: str, tp: int,
     router = make_router(target)
     settings = replay.parse_settings(assignments, resolve_target(target).default_settings)
     resolved = resolve_target(target, scheduler_settings=settings)  # what run() will model
-    fleet = {"router": router} if target.num_engines > 1 else {}
-    if fleet and backend != "sim":
-        raise ConfigError(f"--backend {backend} replays one engine; --dp/--replicas > 1 "
-                          "run on the sim backend")
+    if backend != "sim" and (target.replicas > 1 or router.policy != "round-robin"):
+        raise ConfigError(f"--backend {backend} replays one deployment; --replicas and "
+                          "--router run on the sim backend")
+    fleet = {"router": router} if backend == "sim" and target.num_engines > 1 else {}
     with progress_display(progress) as shown:
         result = replay.run(trace, settings, backend=backend, target=target, load=load,
                             progress=shown, **fleet)

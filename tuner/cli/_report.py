@@ -43,7 +43,7 @@ def _count_charts(html: str) -> int:
 
 
 @click.command("report")
-@click.argument("target", metavar="(STUDY | PROFILE)")
+@click.argument("target", metavar="(STUDY | PROFILE | REPLAY.parquet)")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="HTML file to write (self-contained: no script, nothing fetched).")
 @click.option("--storage", default=None,
@@ -58,7 +58,9 @@ def _count_charts(html: str) -> int:
 @handle_errors
 def report_cmd(target: str, output: str, storage: str | None, trace_path: str | None,
                no_replay: bool, no_trace_section: bool, as_json: bool) -> None:
-    """Write an HTML report of a tuning study or profile.
+    """Write an HTML report of a tuning study or profile, or of one replay's records
+    (`tuner replay --out FILE.parquet`: the deployment's figures and, for --dp/--replicas,
+    the per-engine balance).
 
     It shows the Pareto front (p90 interactivity against output throughput per GPU) with
     the baseline and the recommended point, trial history, parameter importance, baseline
@@ -71,6 +73,8 @@ def report_cmd(target: str, output: str, storage: str | None, trace_path: str | 
     Example:
       tuner report profiles/agentic-mi355x.yaml -o report.html
       tuner report agentic --storage postgresql://tuner@db/tuner -o report.html
+      tuner replay trace.parquet --tp 2 --replicas 4 --router prefix-aware --out r.parquet
+      tuner report r.parquet -o replay.html
     """
     from tuner.errors import ConfigError
     from tuner.outputs import check_output
@@ -78,6 +82,13 @@ def report_cmd(target: str, output: str, storage: str | None, trace_path: str | 
 
     inputs = [target] + ([trace_path] if trace_path else [])
     check_output(output, inputs=inputs)  # before the replays, not after
+    if target.endswith(".parquet"):
+        from tuner.report.replay_report import replay_report
+
+        page = replay_report(target)
+        _write(page, output, as_json, inputs, title=page.title,
+               sections=[s.title for s in page.sections])
+        return
     if _is_profile(target):
         kwargs: dict[str, Any] = {"profile": target, "storage": storage}
     else:

@@ -302,8 +302,8 @@ def run_parity_many(cases: "list[ParityCase]", *, vllm_python: str | None = None
     """:func:`run_parity` for several cases with one vLLM driver process (one vLLM import).
 
     Both sides of a case come through ``tuner.replay.prepare`` (trace loading, target
-    resolution, settings defaults and validation, re-blocking): the twin runs at once, the
-    vLLM-side jobs run together in one driver.
+    resolution, the scheduling mode, settings defaults and validation, re-blocking): the
+    twin runs at once, the vLLM-side jobs run together in one driver.
 
     Returns:
         One (report, twin result, vllm-core result) per case, in order.
@@ -316,7 +316,7 @@ def run_parity_many(cases: "list[ParityCase]", *, vllm_python: str | None = None
     backend_kw: dict[str, Any] = {"vllm_python": vllm_python}
     if model_dir is not None:
         backend_kw["model_dir"] = model_dir
-    twins, jobs = [], []
+    twins, jobs, modes = [], [], []
     python = ""
     for case in cases:
         options = replace(case.options or SimOptions(), record_steps=True)
@@ -334,19 +334,20 @@ def run_parity_many(cases: "list[ParityCase]", *, vllm_python: str | None = None
         jobs.append(vllm.job)
         python = vllm.vllm_python
         vllm.close()
+        modes.append(bool(vllm.job["async_scheduling"]))  # resolved by prepare
     t0 = time.perf_counter()
     results = run_driver(jobs, python, timeout_s=timeout_s) if jobs else []
     total = time.perf_counter() - t0
     reports = []
-    for case, twin_result, vllm_result in zip(cases, twins, results):
+    for case, twin_result, vllm_result, mode in zip(cases, twins, results, modes):
         report = compare_steps(twin_result, vllm_result, context=context)
         report.vllm_total_s = total / len(jobs)
         note = vllm_result.notes[0] if vllm_result.notes else ""
         report.notes.append(f"case {case.name}; {note}" if case.name else note)
         report.notes.append(_activity(vllm_result))
         options = case.options or SimOptions()
-        report.notes.append("async scheduling (batch queue of depth 2)"
-                            if options.async_scheduling else "no async scheduling")
+        report.notes.append("async scheduling (batch queue of depth 2)" if mode
+                            else "no async scheduling")
         if options.prefill_interval_mode != "local":
             report.notes.append(
                 f"twin ran with prefill_interval_mode={options.prefill_interval_mode!r}")

@@ -299,10 +299,15 @@ class MeasuredStepTimeModel(RooflineStepTimeModel):
         if npt:
             length = (npt + pctx) / npr
             pre = self._ctx.at(npr, length) * pairs / (npr * length * (length + 1.0) * 0.5)
-            # a short chunk over a long cached prefix still streams the prefix's KV once:
-            # at least what decode attention over that length measures
-            floor = self._gen.at(npr, length)
-            t += pre if pre > floor else floor
+            if pctx > npt:
+                # a short chunk over a longer cached prefix still streams the prefix's KV
+                # once: at least what decode attention over that length measures (with
+                # less cached than new the pair share is >= 3/4 of a whole prompt's,
+                # far above one KV read, so the lookup is skipped)
+                floor = self._gen.at(npr, length)
+                if floor > pre:
+                    pre = floor
+            t += pre
         return t
 
     def step_time_s(self, batch: StepBatch) -> float:

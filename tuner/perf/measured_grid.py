@@ -37,7 +37,7 @@ CTX_LEN = (1, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 30
 class Grid2D:
     """Bilinear interpolation on a rectangular grid; values in seconds, row-major."""
 
-    __slots__ = ("xs", "ys", "values", "_ny", "_x_last", "_y_last")
+    __slots__ = ("xs", "ys", "values", "_p")
 
     def __init__(self, xs: list[float], ys: list[float], values: list[float]) -> None:
         if len(xs) < 2 or len(ys) < 2 or len(values) != len(xs) * len(ys):
@@ -48,9 +48,9 @@ class Grid2D:
         self.xs = tuple(float(x) for x in xs)
         self.ys = tuple(float(y) for y in ys)
         self.values = tuple(float(v) for v in values)
-        self._ny = len(ys)
-        self._x_last = len(xs) - 2
-        self._y_last = len(ys) - 2
+        # everything at() reads, in one tuple: one attribute load and an unpack
+        self._p = (self.xs, self.ys, self.values, len(ys), len(xs) - 2, len(ys) - 2,
+                   self.xs[-1], self.ys[0])
 
     def __getstate__(self) -> dict[str, Any]:
         return {"xs": list(self.xs), "ys": list(self.ys), "values": list(self.values)}
@@ -60,29 +60,31 @@ class Grid2D:
 
     def at(self, x: float, y: float) -> float:
         """Seconds at ``x`` (requests) and ``y`` (tokens per request)."""
-        xs, ys, v = self.xs, self.ys, self.values
-        scale = 1.0
-        if x >= xs[-1]:
-            scale = x / xs[-1]
-            i = self._x_last
+        xs, ys, v, ny, x_last, y_last, x_max, y_min = self._p
+        if x >= x_max:
+            i = x_last
             fx = 1.0
+            scale = x / x_max
         else:
             i = bisect_right(xs, x) - 1
             if i < 0:
                 i, fx = 0, 0.0
             else:
                 fx = (x - xs[i]) / (xs[i + 1] - xs[i])
-        j = bisect_right(ys, y) - 1
-        if j < 0:
+            scale = 1.0
+        if y <= y_min:
             j, fy = 0, 0.0
         else:
-            if j > self._y_last:
-                j = self._y_last
+            j = bisect_right(ys, y) - 1
+            if j > y_last:
+                j = y_last
             fy = (y - ys[j]) / (ys[j + 1] - ys[j])
-        r0 = i * self._ny + j
-        r1 = r0 + self._ny
-        a = v[r0] + (v[r0 + 1] - v[r0]) * fy
-        b = v[r1] + (v[r1 + 1] - v[r1]) * fy
+        r0 = i * ny + j
+        a = v[r0]
+        a += (v[r0 + 1] - a) * fy
+        r1 = r0 + ny
+        b = v[r1]
+        b += (v[r1 + 1] - b) * fy
         return (a + (b - a) * fx) * scale
 
 

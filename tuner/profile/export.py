@@ -193,7 +193,13 @@ def flag_lines(args: list[str]) -> list[str]:
 
 
 def _flags(profile: Profile, plan: ExportPlan, header: list[str]) -> str:
-    body = " \\\n".join(flag_lines(plan.serve_args()))
+    args = plan.serve_args()
+    if profile.target.is_multi_engine:  # each engine also needs its parallel layout
+        args = engine_args(profile) + args
+        if profile.target.replicas > 1:
+            header = header + [f"the arguments of each of the {profile.target.replicas} "
+                               "replicas; the router: tuner export PROFILE --format router"]
+    body = " \\\n".join(flag_lines(args))
     return "".join(f"# {h}\n" for h in header) + body + "\n"
 
 

@@ -203,6 +203,13 @@ def profile_from_dict(data: Any, *, source: str = "<profile>") -> Profile:
         if not isinstance(point, dict):
             raise fail(f"pareto[{i}]", "must be a mapping with a 'settings' key")
         _settings(point.get("settings"), f"pareto[{i}].settings", fail)
+        if point.get("deployment") is not None:
+            from tuner.tune.deployment import Deployment
+
+            try:
+                Deployment.from_dict(point["deployment"], where=f"pareto[{i}].deployment")
+            except ConfigError as exc:
+                raise ProfileError(f"{source}: {exc}") from None
         pareto.append(point)
     provenance = data.get("provenance") or {}
     if not isinstance(provenance, dict):

@@ -25,6 +25,7 @@ from tuner.sim.settings import SchedulerSettings
 from tuner.perf.target import Target
 from tuner.tune.baseline import (ServeFlags, check_target_agrees, parse_assignments,
                                  parse_serve_flags)
+from tuner.tune.deployment import Deployment
 from tuner.tune.result import TuneResult
 from tuner.tune.select import fmt_metric, metric_name, trade_off
 
@@ -144,6 +145,11 @@ def summary_lines(run: TunedProfile) -> list[str]:
                  "(the engine every trial replayed and the profile deploys)")
     sel = result.selection
     lines.append(f"recommended: {sel.point.label} -- {sel.reason}")
+    if result.space.has_deployment:
+        before, after = (Deployment.from_dict(result.deployment_of(p)).describe()
+                         for p in (result.baseline, sel.point))
+        lines.append(f"deployment: {before} -> {after}" if before != after
+                     else f"deployment: {after} (the baseline's)")
     lines.append(f"rule: {sel.rule}")
     for skipped in sel.skipped:
         lines.append(f"  not picked: {skipped}")

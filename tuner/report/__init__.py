@@ -5,6 +5,7 @@ trace, a study or a profile. Public API::
 
     page = tuner.report.trace_report("trace.parquet")
     page = tuner.report.study_report(profile="profiles/p.yaml")     # or study=, storage=
+    page = tuner.report.replay_report("replay.parquet")   # tuner replay --out
     tuner.report.write_page(page, "report.html")
 
 Charts are pure SVG builders in :mod:`tuner.report.charts`; ``docs/reports.md`` says what
@@ -18,11 +19,12 @@ from tuner.report.charts import (Chart, PointGroup, Series, bar_chart, cdf_chart
                                  line_chart, scatter_chart)
 from tuner.report.html import Figures, Note, Page, Section, Table, write_page
 from tuner.report.study_data import ReportData, find_study_storage, load_report_data
+from tuner.report.replay_report import replay_report
 from tuner.report.study_report import study_report
 from tuner.report.trace_report import trace_report, trace_sections
 
 __all__ = [
     "Chart", "Figures", "Note", "Page", "PointGroup", "ReportData", "Section", "Series", "Table",
     "bar_chart", "cdf_chart", "find_study_storage", "hbar_chart", "histogram_chart", "line_chart", "load_report_data",
-    "scatter_chart", "study_report", "trace_report", "trace_sections", "write_page",
+    "replay_report", "scatter_chart", "study_report", "trace_report", "trace_sections", "write_page",
 ]

@@ -33,19 +33,37 @@ vLLM 0.33.0 (file:line under ``vllm/v1/``):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
+from tuner.sim.kv_cache_manager import KVCacheManager
 from tuner.sim.request import RequestStatus, SimRequest
+from tuner.sim.scheduler_output import SchedulerOutput
 
 if TYPE_CHECKING:
-    from tuner.sim.scheduler import Scheduler
-    from tuner.sim.scheduler_output import SchedulerOutput
+    from tuner.sim.decode_group import DecodeGroup
 
 _RUNNING = RequestStatus.RUNNING
 _FINISHED = RequestStatus.FINISHED
 
 
-def place_outputs(out: "SchedulerOutput") -> None:
+class AsyncHost(Protocol):
+    """What the async update needs from its scheduler (``tuner.sim.scheduler.Scheduler``)."""
+
+    running: list[SimRequest]
+    deferred_waiting: set[SimRequest]
+
+    @property
+    def kv_cache_manager(self) -> KVCacheManager: ...
+
+    @property
+    def waiting(self) -> Any: ...  # the request queue (FCFS deque or priority heap)
+
+
+def _entry_seq(entry: tuple[tuple[SimRequest, int], bool]) -> int:
+    return entry[0][0].seq
+
+
+def place_outputs(out: SchedulerOutput) -> None:
     """The async half of ``_update_after_schedule``, after the shared half advanced
     ``num_computed_tokens`` and ``is_prefill_chunk``: tokens in flight, one placeholder
     per request this step samples, and the sampling decision kept for the update."""
@@ -58,33 +76,42 @@ def place_outputs(out: "SchedulerOutput") -> None:
         sampled.append(samples)
 
 
-def check_async_invariants(scheduler: "Scheduler") -> None:
+def check_async_invariants(scheduler: AsyncHost, group: "DecodeGroup | None") -> None:
     """What holds between any two calls at batch queue depth 2 (no spec decode): at most
     one placeholder (only the step in flight can hold one), a placeholder only with
     tokens in flight, a stale share only inside the in-flight tokens, none in a waiting
-    request's placeholders, and no request skipped by the re-admission gate."""
+    request's placeholders, and no request skipped by the re-admission gate. Decode
+    group members are read through the group's accessors (nothing is materialised)."""
     assert not scheduler.deferred_waiting, "the re-admission gate bound at depth 2"
     for request in scheduler.running:
-        p = request.num_output_placeholders
+        if group is not None and request.steady:
+            p, in_flight = group.placeholders(request), group.in_flight(request)
+            computed, tokens = group.computed(request), group.tokens(request)
+        else:
+            p, in_flight = request.num_output_placeholders, request.num_in_flight_tokens
+            computed, tokens = request.num_computed_tokens, request.num_tokens
         assert 0 <= p <= 1, f"{request!r}: {p} placeholders"
-        assert request.num_in_flight_tokens >= p, f"{request!r}: placeholder not in flight"
-        assert 0 <= request.num_stale_output_tokens <= request.num_in_flight_tokens, request
-        assert request.num_computed_tokens <= request.num_tokens + p, request
+        assert in_flight >= p, f"{request!r}: placeholder not in flight"
+        assert 0 <= request.num_stale_output_tokens <= in_flight, request
+        assert computed <= tokens + p, request
     for request in scheduler.waiting:
         assert request.num_output_placeholders == 0, f"waiting {request!r} has placeholders"
         assert request.num_stale_output_tokens == request.num_in_flight_tokens, (
             f"waiting {request!r}: in-flight tokens that are not stale")
 
 
-def apply_outputs(scheduler: "Scheduler", out: "SchedulerOutput", now_s: float,
+def apply_outputs(scheduler: AsyncHost, out: SchedulerOutput, now_s: float,
                   gaps: dict[float, int]) -> list[SimRequest]:
     """``update_from_output`` of an async step at ``now_s`` (see the module doc); the
     requests that finished, in output order."""
     kvm = scheduler.kv_cache_manager
     finished: list[SimRequest] = []
     stopped_waiting: list[SimRequest] = []
-    stopped_running = False
-    for (request, n), samples in zip(out.individual, out.sampled):
+    stopped_running: list[SimRequest] = []
+    entries = zip(out.individual, out.sampled)
+    if out.sort_individual:  # decode-group members left mid-flight: back to running order
+        entries = sorted(entries, key=_entry_seq)  # type: ignore[assignment]
+    for (request, n), samples in entries:
         request.num_in_flight_tokens -= n
         stale = False
         if request.num_stale_output_tokens > 0:
@@ -114,11 +141,16 @@ def apply_outputs(scheduler: "Scheduler", out: "SchedulerOutput", now_s: float,
             kvm.free(request)
             finished.append(request)
             if status_before == _RUNNING:
-                stopped_running = True
+                stopped_running.append(request)
             else:
                 stopped_waiting.append(request)
     if stopped_running:
-        scheduler.running = [r for r in scheduler.running if r.status == _RUNNING]
+        if len(stopped_running) <= 4:  # list.remove keeps the order, without a rebuild
+            running = scheduler.running
+            for request in stopped_running:
+                running.remove(request)
+        else:
+            scheduler.running = [r for r in scheduler.running if r.status == _RUNNING]
     if stopped_waiting:
         for request in stopped_waiting:
             kvm.unwatch(request)

@@ -28,16 +28,12 @@ A generated block whose hash is synthetic (no trace output hash: no other reques
 look it up) is registered when its request frees its blocks, not when it fills, so such
 blocks cost no event (``SimRequest.num_shared_hash_blocks``; ``KVCacheManager.free``).
 
-Async scheduling (issue 14) is meant to extend this class, not to fork a second fast
-path. The group would count scheduled steps beside applied ones (``G``); the difference
-is the tokens in flight (vLLM's placeholders), so ``computed`` runs that many steps
-ahead of ``tokens`` and ``output_tokens``, which only these accessors know. A member
-whose in-flight step yields its last token is skipped by the next plan (vLLM's
-``max_tokens`` look-ahead) yet keeps its seq slot and blocks until ``apply_tokens``
-finishes it; a member preempted while in flight drops that token at apply; a block
-completed by a not yet sampled token is registered a step later (one more event kind).
-Until that is modelled, the async setting is to be declared refused in
-``tuner.sim.fast_path.FAST_PATH_FIELDS``, which sends async replays to the plain path.
+Async scheduling runs the subclass ``tuner.sim.async_group.AsyncDecodeGroup``, not a
+second fast path: the same plan (its non-member rules read the output placeholders, 0 in
+sync mode) and pool work, plus a second clock ``S`` (steps scheduled; the calendar's key)
+beside ``G`` (steps applied): in sync both move together at each apply, in async ``S``
+moves at each schedule, so ``computed`` (and the placeholders) run one step ahead of
+``tokens``, which only the accessors know.
 """
 
 from __future__ import annotations
@@ -103,7 +99,7 @@ class DecodeGroup:
     that took part in it received its token.
     """
 
-    __slots__ = ("host", "block_size", "caching", "max_model_len", "G", "size",
+    __slots__ = ("host", "block_size", "caching", "max_model_len", "G", "S", "size",
                  "sum_tokens", "calendar", "odd", "last_end_s", "others")
 
     def __init__(self, host: SchedulerHost, *, block_size: int, caching: bool,
@@ -113,6 +109,10 @@ class DecodeGroup:
         self.caching = caching
         self.max_model_len = max_model_len
         self.G = 0  # group steps applied so far
+        # Group steps scheduled so far: the calendar's clock. Sync: advanced with G at each
+        # apply (schedule and apply alternate). Async (tuner.sim.async_group): advanced at
+        # each schedule, one step ahead of G while a step is in flight.
+        self.S = 0
         self.size = 0
         self.sum_tokens = 0
         self.calendar: dict[int, list[SimRequest]] = {}
@@ -131,6 +131,11 @@ class DecodeGroup:
         """Tokens a request's stored counters lag behind its true ones (0: not a member)."""
         return self.G - request.g0 if request.steady else 0
 
+    def computed_lag(self, request: SimRequest) -> int:
+        """Computed tokens its stored counter lags behind (steps scheduled since ``s0``;
+        equal to ``lag`` in sync mode)."""
+        return self.S - request.s0 if request.steady else 0
+
     def tokens(self, request: SimRequest) -> int:
         """True ``num_tokens``."""
         return request.num_tokens + self.lag(request)
@@ -141,7 +146,15 @@ class DecodeGroup:
 
     def computed(self, request: SimRequest) -> int:
         """True ``num_computed_tokens``."""
-        return request.num_computed_tokens + self.lag(request)
+        return request.num_computed_tokens + self.computed_lag(request)
+
+    def placeholders(self, request: SimRequest) -> int:
+        """True ``num_output_placeholders`` (async: one per scheduled, unapplied step)."""
+        return request.num_output_placeholders + self.computed_lag(request) - self.lag(request)
+
+    def in_flight(self, request: SimRequest) -> int:
+        """True ``num_in_flight_tokens`` (members schedule one token per step)."""
+        return request.num_in_flight_tokens + self.computed_lag(request) - self.lag(request)
 
     def block_events(self, request: SimRequest, num_tokens: int) -> int:
         """The block rules, in one place: ``OPENS_BLOCK | FILLS_BLOCK`` bits of what a
@@ -172,12 +185,17 @@ class DecodeGroup:
     def materialize(self, request: SimRequest) -> None:
         """Bring a member's stored counters to group step ``G`` (no observable change)."""
         d = self.G - request.g0
-        if d:
+        dc = self.S - request.s0  # == d in sync mode
+        if d or dc:
             request.num_tokens += d
             request.num_output_tokens += d
-            request.num_computed_tokens += d
-            request.last_token_s = self.last_end_s
+            request.num_computed_tokens += dc
+            request.num_output_placeholders += dc - d
+            request.num_in_flight_tokens += dc - d
+            if d:
+                request.last_token_s = self.last_end_s
             request.g0 = self.G
+            request.s0 = self.S
 
     def materialize_all(self) -> None:
         """Bring every member's stored counters up to date (before results are read)."""
@@ -194,6 +212,7 @@ class DecodeGroup:
             request.lay_out_hashes()  # registrations read hash_array directly
         request.steady = True
         request.g0 = self.G
+        request.s0 = self.S
         self.size += 1
         self.sum_tokens += request.num_tokens
         if request.last_token_s != now_s:
@@ -223,7 +242,7 @@ class DecodeGroup:
             k = k_fin
             kinds = FINISHES
         kinds |= self.block_events(request, t + k)
-        event = self.G + k
+        event = self.S + k
         request.next_event = event
         request.event_kinds = kinds
         bucket = self.calendar.get(event)
@@ -265,10 +284,10 @@ class DecodeGroup:
     def _due_events(self) -> list[SimRequest]:
         """Members with an event at step ``G``, in running order (the calendar is read,
         not changed: a plan that fails leaves it as it was)."""
-        bucket = self.calendar.get(self.G)
+        bucket = self.calendar.get(self.S)
         if not bucket:
             return []
-        g = self.G
+        g = self.S
         events = [r for r in bucket if r.steady and r.next_event == g]
         events.sort(key=seq_order)
         return events
@@ -302,11 +321,15 @@ class DecodeGroup:
                 if members_before < num_members:
                     return None  # the running loop stops before a member
                 break
+            placeholders = request.num_output_placeholders  # 0 in sync mode
+            if placeholders and (request.num_computed_tokens + 2 - placeholders
+                                 >= request.num_prompt_tokens + request.max_tokens):
+                continue  # async: its last token is in flight (scheduler.py:800-814)
             if defer and request.is_prefill_chunk:
                 continue
             computed = request.num_computed_tokens
-            n = running_new_tokens(request.num_tokens, computed, threshold, budget_here,
-                                   max_model_len)
+            n = running_new_tokens(request.num_tokens + placeholders, computed, threshold,
+                                   budget_here, max_model_len)
             if n <= 0:
                 continue
             individual.append((request, n))
@@ -338,7 +361,7 @@ class DecodeGroup:
         batch (``_member_events``); the other requests call ``allocate_slots`` as on the
         plain path, in running order.
         """
-        self.calendar.pop(self.G, None)
+        self.calendar.pop(self.S, None)
         if plan.short:
             return self._run_preempting(out, token_budget, plan)
         kvm = self.host.kv_cache_manager
@@ -466,6 +489,7 @@ class DecodeGroup:
             gap = now_s - self.last_end_s
             gaps[gap] = gaps.get(gap, 0) + n_main
         self.G += 1
+        self.S += 1
         self.sum_tokens += step.num_members
         self.last_end_s = now_s
         for member in step.events:
@@ -517,9 +541,9 @@ class DecodeGroup:
             kinds = self.block_events(r, self.tokens(r))
             if self.output_tokens(r) == r.max_tokens - 1:
                 kinds |= FINISHES
-            due = r.event_kinds if r.next_event == self.G else 0
+            due = r.event_kinds if r.next_event == self.S else 0
             assert kinds == due, f"member {r!r}: event kinds {kinds}, filed {due}"
             assert r.num_blocks == cdiv(self.computed(r), bs), f"member {r!r}: blocks"
             assert self.output_tokens(r) < r.max_tokens, f"member {r!r} past max_tokens"
-            assert r.next_event >= self.G and r in self.calendar.get(r.next_event, ()), (
+            assert r.next_event >= self.S and r in self.calendar.get(r.next_event, ()), (
                 f"member {r!r} not filed under its next event")

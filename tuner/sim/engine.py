@@ -187,8 +187,10 @@ class TwinEngine:
 
     def batch(self, step: tuple[SchedulerOutput, float, float]) -> StepBatch | None:
         # A step can schedule nothing: the first running request that needed a block
-        # preempted itself (priority policy), which ends the running loop and, having
-        # preempted, admits nobody. vLLM's runner returns at once on an empty batch.
+        # preempted itself (priority policy; the sync twin then ends the running loop)
+        # and, having preempted, admits nobody; or, in async mode, every running request
+        # waits for its last token (the max_tokens skip). vLLM's runner returns at once
+        # on an empty batch.
         out = step[0]
         return out.batch if out.total_num_scheduled_tokens else None
 

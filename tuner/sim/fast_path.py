@@ -89,8 +89,9 @@ FAST_PATH_FIELDS: dict[str, FieldContract] = {
         "the checks read members through the lag accessors and change no state"),
     "SimOptions.fast_forward": FieldContract("the switch itself"),
     "SimOptions.async_scheduling": FieldContract(
-        "sync (False) is the group's model; async (True) is not modelled yet: plain path",
-        refuses=bool),
+        "both modes: async runs AsyncDecodeGroup (tuner.sim.async_group), whose members "
+        "keep one token in flight, leave at the schedule of their last token and hand "
+        "in-flight tokens to the plain update when they join or leave"),
     "SimOptions.extra": FieldContract(
         "free-form: the fast path cannot know what an entry means, so any is refused",
         refuses=bool),

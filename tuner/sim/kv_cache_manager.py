@@ -34,7 +34,7 @@ class KVCacheManager:
     """Per-request block lists on top of a ``BlockPool``; the scheduler's only cache API."""
 
     __slots__ = ("block_pool", "block_size", "enable_caching", "max_model_len",
-                 "watermark_blocks", "num_trace_hash_ids")
+                 "watermark_blocks", "num_trace_hash_ids", "register_on_free")
 
     def __init__(self, *, num_gpu_blocks: int, block_size: int, enable_caching: bool = True,
                  max_model_len: int = 1 << 30, watermark: float = 0.0,
@@ -48,6 +48,11 @@ class KVCacheManager:
         self.max_model_len = max_model_len
         # vLLM: int(watermark * num_gpu_blocks), kept free when admitting while busy.
         self.watermark_blocks = int(watermark * num_gpu_blocks)
+        # Sync: free first registers the full blocks the decode group left unregistered.
+        # Async: it registers nothing (vLLM's _free_request, scheduler.py:3031-3062): there
+        # a full block can be unregistered at free, completed by a token the update just
+        # applied, and the group catches up when a member leaves instead.
+        self.register_on_free = True
 
     @property
     def usage(self) -> float:
@@ -236,10 +241,12 @@ class KVCacheManager:
 
         First the hashes of full blocks the decode group left unregistered (generated
         blocks with synthetic ids: no other request can hit them, so registering them
-        now, before they reach the free queue, is indistinguishable from on time).
+        now, before they reach the free queue, is indistinguishable from on time). Sync
+        only (``register_on_free``): in async mode vLLM's ``_free_request`` registers
+        nothing, so a block completed by a token still in flight is never registered.
         """
         n = request.num_blocks
-        if self.enable_caching:
+        if self.enable_caching and self.register_on_free:
             num_full = min(request.num_computed_tokens, request.num_tokens) // self.block_size
             if num_full > request.num_cached_blocks:
                 self.block_pool.cache_full_blocks(request, request.block_buf,

@@ -65,7 +65,8 @@ class SimRequest:
         "is_prefill_chunk", "block_buf", "num_blocks", "num_cached_blocks",
         "_output_hashes", "repeated_blocks",
         "_block_size", "first_scheduled_s", "first_token_s", "last_token_s", "finish_s",
-        "num_cached_tokens", "session_id", "seq", "steady", "g0", "next_event",
+        "num_cached_tokens", "session_id", "seq", "steady", "g0", "s0",
+        "next_event",
         "event_kinds",
         "hit_memo", "hit_epoch", "hit_watched", "hash_array", "synthetic_base",
         "_num_known", "num_shared_hash_blocks",
@@ -135,6 +136,7 @@ class SimRequest:
         self.seq = 0
         self.steady = False
         self.g0 = 0
+        self.s0 = 0  # the group's scheduled-step count when computed was last stored
         self.next_event = -1
         self.event_kinds = 0
         # Memoised prefix hit of a waiting request, in blocks (-1: not watched), valid

@@ -1,4 +1,4 @@
-"""``Scheduler``: the twin of ``vllm/v1/core/sched/scheduler.py`` @ 0.33.0 (synchronous).
+"""``Scheduler``: the twin of ``vllm/v1/core/sched/scheduler.py`` @ 0.33.0 (sync or async).
 
 NOTE(model): as in vLLM there are no prefill and decode phases. Each request has
 ``num_computed_tokens`` and ``num_tokens``; every step gives tokens to requests so the
@@ -13,10 +13,15 @@ PR #54625; ``_schedule_waiting`` = 1049-1616; the cadence stamp = 1618-1629;
 runner of spec §7.2 (no token while a prefill is partial, one token when the scheduled
 tokens complete the sequence), ``ignore_eos`` and ``max_tokens`` as the only stop.
 
-Deliberate divergences (docs/twin-vs-vllm.md lists them all): no async scheduling (as
-``--no-async-scheduling``), no spec decode, encoders, LoRA, connectors, structured output
-or pause states, so the ``kv_holding_waiting`` queue and the skipped/deferred-waiting set
-are always empty and not modelled (preempted requests have ``num_computed_tokens == 0``).
+Async scheduling (``SimOptions.async_scheduling``: ``AsyncScheduler`` under a batch queue
+of 2): the base-class rules keyed on output placeholders live here (the running loop's
+``max_tokens`` skip and demand, stale output at preemption, the re-admission gate), the
+placeholders and the update in ``tuner.sim.async_update``.
+
+Deliberate divergences (docs/twin-vs-vllm.md lists them all): no spec decode, encoders,
+LoRA, connectors, structured output or pause states, so the ``kv_holding_waiting`` queue
+is always empty and not modelled (preempted requests have ``num_computed_tokens == 0``);
+``deferred_waiting`` exists for the async gate and stays empty at depth 2.
 
 Speed (same decisions): with ``SimOptions.fast_forward`` decode-ready running requests
 form a ``DecodeGroup`` (``tuner.sim.decode_group``, a collaborator the scheduler owns;
@@ -28,6 +33,9 @@ requests' prefix hits are memoised (``KVCacheManager.num_hit_blocks``).
 from __future__ import annotations
 
 from tuner.sim._step_rules import blocks_needed, clamp_new_tokens, running_new_tokens
+from collections import deque
+
+from tuner.sim.async_group import AsyncDecodeGroup
 from tuner.sim.async_update import apply_outputs, check_async_invariants, place_outputs
 from tuner.sim.batch import StepBatch
 from tuner.sim.decode_group import DecodeGroup, seq_order
@@ -97,6 +105,7 @@ class Scheduler:
         # ``deferred_waiting``, waiting requests the stale-output gate skipped (1084-1089;
         # never filled at batch queue depth 2, see _schedule_waiting).
         self.async_scheduling = self.options.async_scheduling
+        self.kv_cache_manager.register_on_free = not self.async_scheduling
         self.deferred_waiting: set[SimRequest] = set()
         # Fast path: steady decoders advanced together (tuner.sim.decode_group), unless
         # a setting is outside its contract (tuner.sim.fast_path).
@@ -104,9 +113,14 @@ class Scheduler:
                                   if self.options.fast_forward else None)
         self.group: DecodeGroup | None = None
         if self.options.fast_forward and self.fast_path_refusal is None:
-            self.group = DecodeGroup(self, block_size=cache.block_size,
-                                     caching=cache.enable_prefix_caching,
-                                     max_model_len=cache.max_model_len)
+            group_cls = AsyncDecodeGroup if self.async_scheduling else DecodeGroup
+            self.group = group_cls(self, block_size=cache.block_size,
+                                   caching=cache.enable_prefix_caching,
+                                   max_model_len=cache.max_model_len)
+        # The same group when it is the async one (its join/plain_step/apply calls).
+        self.async_group = self.group if isinstance(self.group, AsyncDecodeGroup) else None
+        # Async: the scheduled steps whose outputs are not applied yet, oldest first.
+        self.in_flight_steps: deque[SchedulerOutput] = deque()
         self._next_seq = 0
         self._last_group_step: GroupStep | None = None  # expired when the next step starts
 
@@ -134,6 +148,10 @@ class Scheduler:
         out.deferred = defer
         group = self.group
         prefill_scheduled = False
+        async_group = self.async_group
+        if async_group is not None:
+            pending = self.in_flight_steps
+            async_group.join(pending[-1] if pending else None)
         if group is not None and group.size:
             plan = group.plan(token_budget, threshold, defer)
             if plan is None:
@@ -142,6 +160,8 @@ class Scheduler:
                 token_budget, prefill_scheduled = group.run(out, token_budget, plan)
         self._last_group_step = out.group
         if out.group is None:
+            if async_group is not None:
+                async_group.plain_step()
             token_budget, prefill_scheduled = self._schedule_running(out, token_budget,
                                                                      threshold, defer)
         prefill_admitted = False
@@ -160,6 +180,8 @@ class Scheduler:
         assert out.total_num_scheduled_tokens <= self.max_num_scheduled_tokens
         assert len(running) <= self.max_num_running_reqs
         self._update_after_schedule(out)
+        if self.async_scheduling:
+            self.in_flight_steps.append(out)
         return out
 
     def _defer_prefills(self) -> bool:
@@ -207,14 +229,18 @@ class Scheduler:
                 req_index += 1
                 continue
             while not kvm.allocate_slots(request, num_new):
-                victim = self.pick_victim()
+                victim_index = self._victim_index()
+                victim = running.pop(victim_index)
                 if victim is not request and self.policy == "priority":
+                    # 935-947: a victim ahead of the loop's position shifts it back, and
+                    # one already scheduled this step gives its tokens back.
+                    if victim_index < req_index:
+                        req_index -= 1
                     for j, (req, n) in enumerate(scheduled):
-                        if req is victim:  # already scheduled this step: give back budget
+                        if req is victim:
                             del scheduled[j]
                             token_budget += n
                             out.total_num_scheduled_tokens -= n
-                            req_index -= 1
                             break
                 self.preempt_request(victim)
                 out.preempted.append(victim)
@@ -228,18 +254,28 @@ class Scheduler:
                     prefill_scheduled = True
                 req_index += 1
                 continue
+            if self.async_scheduling and self.policy == "priority":
+                # 0.33.0 (982-992): the lowest-priority request preempted itself; the
+                # ones after it may still fit, and req_index already points at the next.
+                # The sync twin keeps 0.32.0's break (docs/twin-vs-vllm.md).
+                continue
             break  # the request preempted itself
         return token_budget, prefill_scheduled
 
-    def pick_victim(self) -> SimRequest:
-        """Remove and return the request to preempt (vLLM: the lowest priority, latest
-        arrival under ``priority``; the tail of running under ``fcfs``)."""
+    def _victim_index(self) -> int:
+        """Position in running of the request to preempt (vLLM: the lowest priority,
+        latest arrival under ``priority``; the tail of running under ``fcfs``)."""
         running = self.running
         if self.policy == "priority":
             victim = max(running, key=lambda r: (r.priority, r.arrival_s))
-            running.remove(victim)
-            return victim
-        return running.pop()
+            for i, r in enumerate(running):
+                if r is victim:
+                    return i
+        return len(running) - 1
+
+    def pick_victim(self) -> SimRequest:
+        """Remove and return the request to preempt (``_victim_index``)."""
+        return self.running.pop(self._victim_index())
 
     def preempt_request(self, request: SimRequest) -> None:
         """Recompute preemption (1799-1843): free blocks, back to the queue front.
@@ -422,7 +458,12 @@ class Scheduler:
         if gaps is None:
             gaps = {}
         if self.async_scheduling:
-            return apply_outputs(self, out, now_s, gaps)
+            oldest = self.in_flight_steps.popleft()
+            assert oldest is out, "async steps are applied in the order scheduled (tuner bug)"
+            finished = apply_outputs(self, out, now_s, gaps)
+            if self.async_group is not None:
+                self.async_group.apply(out, now_s, gaps, finished)
+            return finished
         finished: list[SimRequest] = []
         group = self.group
         step = out.group
@@ -483,7 +524,7 @@ class Scheduler:
             assert request.status in (_WAITING, _PREEMPTED), f"{request!r} in waiting"
             assert request.num_blocks == 0, f"waiting {request!r} holds blocks"
         if self.async_scheduling:
-            check_async_invariants(self)
+            check_async_invariants(self, group)
         output_tokens = group.output_tokens if group is not None else _num_output_tokens
         for request in self.running:
             assert request.status == _RUNNING, f"{request!r} in running"

@@ -61,6 +61,9 @@ class SchedulerOutput:
     # Async scheduling: per ``individual`` entry, whether the step samples a token for
     # it (decided at schedule time, tuner.sim.async_update.place_outputs); empty in sync.
     sampled: list[bool] = field(default_factory=list)
+    # Async fast path: entries were added to ``individual`` out of running order (a decode
+    # group member left while the step was in flight); the update applies them in order.
+    sort_individual: bool = False
 
     def items(self) -> Iterator[tuple[SimRequest, int]]:
         """Every scheduled (request, tokens), in vLLM's order, whichever path ran.

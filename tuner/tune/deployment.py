@@ -169,7 +169,7 @@ class Deployment:
         return dataclasses.replace(
             target, tp=s.tp, dp=s.dp, replicas=s.replicas,
             enable_expert_parallel=s.enable_expert_parallel,
-            num_gpu_blocks=None if blocks is None else int(blocks * s.tp / target.tp))
+            num_gpu_blocks=None if blocks is None else max(2, int(blocks * s.tp / target.tp)))
 
 
 def routes(replicas: int, dp: int, policy: Any) -> bool:
@@ -377,8 +377,8 @@ def deployment_params(splits: Sequence[Split], *, routers: Sequence[str] | None 
     """The search-space parameters of a deployment (:mod:`tuner.tune.space` names).
 
     ``splits``: the candidate splits (more than one adds ``gpu_split``). ``routers``: the
-    policies to search (None: all of :data:`ROUTER_POLICIES`; one: held fixed, not
-    searched). The router is searched only where a split has replicas: conditional on
+    policies to search (None: all of :data:`ROUTER_POLICIES`; one: held fixed, a
+    one-choice ``router.policy``, and only its parameters searched). The router is searched only where a split has replicas: conditional on
     those splits' labels when ``gpu_split`` is searched, unconditional when the one
     deployment has ``fixed_replicas > 1``.
     """
@@ -396,8 +396,9 @@ def deployment_params(splits: Sequence[Split], *, routers: Sequence[str] | None 
         when = ((GPU_SPLIT, fleets),)
     elif (splits[0].replicas if splits else fixed_replicas) == 1:
         return tuple(params)
-    if len(policies) > 1:
-        params.append(Param(ROUTER_POLICY, "categorical", choices=policies, when=when))
+    # One policy is a one-choice categorical: held fixed, but part of every point, so a
+    # baseline behind another router is a different point (evaluated in stage 2).
+    params.append(Param(ROUTER_POLICY, "categorical", choices=policies, when=when))
     return tuple(params) + router_params(policies, when)
 
 

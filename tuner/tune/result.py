@@ -338,6 +338,7 @@ def _fmt(value: Any) -> str:
 
 
 def _point_dict(p: Point, objectives: Sequence[Objective]) -> dict[str, Any]:
-    return {"trial": p.number, "baseline": p.is_baseline, "params": p.params,
+    own = {"deployment": p.settings[DEPLOYMENT_KEY]} if DEPLOYMENT_KEY in p.settings else {}
+    return {"trial": p.number, "baseline": p.is_baseline, "params": p.params, **own,
             "train": {o.key: p.metrics.get(o.key) for o in objectives},
             "holdout": {o.key: p.holdout.get(o.key) for o in objectives} if p.holdout else None}

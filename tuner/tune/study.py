@@ -45,8 +45,9 @@ from tuner.sim.settings import SchedulerSettings
 from tuner.tune._progress import StudyProgress, best_so_far
 from tuner.tune.baseline import baseline_settings
 from tuner.tune.capacity import overload_report
-from tuner.tune.deployment import (base_deployment_of, deployment_for, evaluate_point,
-                                   join_settings, profile_deployment, with_deployment)
+from tuner.tune.deployment import (Deployment, base_deployment_of, deployment_for,
+                                   evaluate_point, join_settings, profile_deployment,
+                                   with_deployment)
 from tuner.tune.evaluate import Evaluator, ReplayEvaluator, evaluator_from_spec
 from tuner.tune.inputs import check_window_sizes, fixed_space, input_warnings
 from tuner.tune.objectives import parse_constraints, parse_objectives
@@ -129,9 +130,9 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
     the_space, deploy_notes = with_deployment(fixed_space(load_space(space), fixed), target,
                                               gpu_budget=gpu_budget, routers=routers)
     if evaluator is None and backend != "sim" and (the_space.has_deployment
-                                                   or target.num_engines > 1):
-        raise ConfigError(f"--backend {backend} replays one engine; a data-parallel "
-                          "deployment, a fleet or --gpu-budget runs on the sim backend")
+                                                   or target.replicas > 1):
+        raise ConfigError(f"--backend {backend} replays one deployment; --replicas > 1 "
+                          "behind a router and --gpu-budget run on the sim backend")
     slo_ms = parse_slo(slo)
     if evaluator is None:
         if trace is None:
@@ -377,11 +378,13 @@ def _enqueue_start_points(study: "optuna.Study", config: StudyConfig, evaluator:
 
     profile = warm_start if isinstance(warm_start, Profile) else load_profile(warm_start)
     deployment = profile_deployment(profile) if space.has_deployment else None
-    candidates = [("profile", profile.scheduler)] + [
-        ("pareto", s) for s in profile.pareto_settings()]
+    candidates = [("profile", profile.scheduler, deployment)] + [
+        ("pareto", s, Deployment.from_dict(p["deployment"]) if space.has_deployment
+         and p.get("deployment") else deployment)
+        for s, p in zip(profile.pareto_settings(), profile.pareto)]
     n = 0
-    for role, settings in candidates:
-        params = space.project(settings, deployment or base_deployment)
+    for role, settings, own in candidates:
+        params = space.project(settings, own or base_deployment)
         if not space.contains(params):
             notes.append(f"warm start: {role} point {params} is outside space {space.name!r}; "
                          "skipped")

@@ -85,7 +85,8 @@ class StudyConfig:
         if self.evaluator.get("windows") != other.evaluator.get("windows"):
             return "different windows (--holdout / stage1 fraction)"
         for key, what in (("baseline", "a different baseline (--baseline / --set)"),
-                          ("slo_ms", "different SLOs (--slo)")):
+                          ("slo_ms", "different SLOs (--slo)"),
+                          ("router", "a different baseline router (--router)")):
             # studies made before these keys existed ran vLLM's defaults and no SLO
             if key in self.evaluator and key in other.evaluator \
                     and self.evaluator[key] != other.evaluator[key]:

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DRIVER = pathlib.Path(__file__).with_name("driver.py")
+#: the driver for jobs with DP ranks (one vLLM Scheduler per rank; it runs the others too)
+DP_DRIVER = pathlib.Path(__file__).with_name("dp_driver.py")
 #: A ``config.json``-only Llama: vLLM's ``ModelConfig`` needs a model folder; the scheduler
 #: never looks at the weights (there are none).
 DEFAULT_MODEL_DIR = ROOT / "tests" / "data" / "tiny-llama"
@@ -84,6 +86,10 @@ class VllmCoreBackend(Backend):
         if getattr(options, "prefill_interval_mode", "local") == "dp":
             raise ConfigError("vllm-core drives one engine; prefill_interval_mode='dp' "
                               "(data-parallel cadence) cannot be replayed through it")
+        deployment = getattr(target, "target", None)
+        if deployment is not None and deployment.replicas > 1:
+            raise ConfigError("vllm-core replays one deployment (its DP ranks included); "
+                              "--replicas > 1 behind a router runs on the sim backend")
         cache = target.cache
         step_time = target.step_time
         self._job = {
@@ -99,6 +105,9 @@ class VllmCoreBackend(Backend):
             "num_gpus": int(getattr(target, "num_gpus", 1)),
             "model_dir": self.model_dir,
             "scheduler_cls": self.scheduler_cls,
+            # data parallelism: one Scheduler per rank (tuner.vllm_core.dp_driver)
+            "dp": int(getattr(deployment, "dp", 1)),
+            "moe": bool(getattr(getattr(target, "model", None), "is_moe", False)),
         }
 
     def run(self, progress: ProgressCallback | None = None) -> "ReplayResult":
@@ -132,7 +141,9 @@ def run_driver(job: Any, vllm_python: str, *, progress: ProgressCallback | None 
         env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_TARGET_DEVICE="cpu",
                    PYTHONPATH=str(ROOT), VLLM_LOGGING_LEVEL="WARNING")
         with open(err_path, "w") as err:
-            proc = subprocess.Popen([vllm_python, str(DRIVER), job_path, out_path],
+            jobs = job if isinstance(job, list) else [job]
+            script = DP_DRIVER if any(int(j.get("dp", 1)) > 1 for j in jobs) else DRIVER
+            proc = subprocess.Popen([vllm_python, str(script), job_path, out_path],
                                     stdout=subprocess.PIPE, stderr=err, text=True, env=env,
                                     cwd=str(ROOT))
             try:

@@ -10,8 +10,8 @@ With ``--data-parallel-size N`` one API server fronts N engine cores. Its client
 scanning from a start index that rotates by one per request (ties go to the first rank
 scanned), then adds ``client_count`` to the chosen rank's *local copy* of its waiting
 count. ``inflight`` is exact: the client's own count of its unfinished requests per rank
-(+1 on routing, core_client.py:1811; -1 when the rank reports it finished, 1825). ``waiting``, ``running`` and
-``kv_cache_usage`` are stale: each engine publishes its counts to the DP coordinator
+(+1 on routing, core_client.py:1811; -1 when the rank reports it finished, :1825).
+``waiting``, ``running`` and ``kv_cache_usage`` are stale: each engine publishes its counts to the DP coordinator
 when they change (``_maybe_publish_request_counts``, core.py:1634-1645), and the
 coordinator forwards a snapshot of all ranks at most every
 ``min_stats_update_interval_ms = 100`` ms (v1/engine/coordinator.py:152, 264-290); the
