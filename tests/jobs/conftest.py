@@ -29,7 +29,11 @@ BASE_CONFIG: dict[str, Any] = {
     "profile": "prod",
     "profiles_dir": "profiles",
     "window": "1h",
-    "target": {"hardware": "mi355x", "model": "llama-3.1-8b", "tp": 1, "num_gpu_blocks": 600},
+    # The synchronous engine (retune key target.async_scheduling): these tests need runs
+    # that publish; on 600 blocks the sync search beats the defaults by the margin, while
+    # under the async default three of them kept the defaults (test_retune.py).
+    "target": {"hardware": "mi355x", "model": "llama-3.1-8b", "tp": 1, "num_gpu_blocks": 600,
+               "async_scheduling": False},
     "space": "scheduler",
     "trials": 6,
     "decide_on": ["output_throughput_per_gpu"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import sys
 from typing import Any
@@ -174,7 +175,11 @@ def _confirm_top(profile: Any, trace: str, top_k: int, server_kw: dict[str, Any]
                                   block_size=target_kw["block_size"],
                                   num_gpu_blocks=target_kw["num_gpu_blocks"],
                                   max_model_len=target_kw["max_model_len"], **server_kw)
-    rows = confirm_on_server(profile, trace, options, target=make_target(**target_kw),
+    # The engine the profile was tuned on and deploys: the twin and every server run it.
+    mode = profile.target.async_scheduling
+    options = options.replace(async_scheduling=mode)
+    target = dataclasses.replace(make_target(**target_kw), async_scheduling=mode)
+    rows = confirm_on_server(profile, trace, options, target=target,
                              summarize=summarize, top_k=top_k,
                              progress=lambda msg: click.echo(msg, err=True))
     if as_json:
