@@ -130,6 +130,38 @@ def test_moe_lockstep_matches_a_hand_computed_two_rank_case():
     assert list(result.requests.engine) == [0, 1]
 
 
+class _ExpertParallelStep:
+    """10 ms + 1 ms a token of the rank's own batch, plus 1 ms a token of the whole DP
+    group's (the experts each rank hosts serve every rank's tokens under EP)."""
+
+    expert_layout = type("Layout", (), {"ep": 2, "dp": 2})()
+
+    def step_time_s(self, batch) -> float:
+        return _linear_step(batch)
+
+    def rank_step_time_s(self, batch, group_tokens: int) -> float:
+        return _linear_step(batch) + 1e-3 * group_tokens
+
+
+def test_expert_parallel_lockstep_prices_each_rank_by_the_group_tokens():
+    """The two requests with expert parallelism: a rank's step also pays 1 ms per token
+    of the whole group (rank_step_time_s), the lockstep takes the slowest rank.
+
+    step 1: a prefills 100 on rank 0 (110 + 101 ms), rank 1 a dummy (11 + 101) -> 211 ms.
+    step 2: a decodes (11 + 21), b prefills 20 (30 + 21) -> 51 ms, ends at 262 ms.
+    step 3: both decode (11 + 2 each) -> 13 ms: both finish at 275 ms.
+    13 idle dummy steps of 13 ms close the wave.
+    """
+    sim = FleetSimulator(_two_requests(), SchedulerSettings(max_num_batched_tokens=2048),
+                         CacheSettings(num_gpu_blocks=200), _ExpertParallelStep(), dp=2,
+                         moe=True, options=SimOptions(check_invariants=True))
+    result = sim.run()
+    a, b = result.requests[0], result.requests[1]
+    assert (a.first_token_s, a.finish_s) == pytest.approx((0.211, 0.275))
+    assert (b.first_token_s, b.finish_s) == pytest.approx((0.262, 0.275))
+    assert result.simulated_s == pytest.approx(0.275 + 13 * 0.013)
+
+
 def test_dense_ranks_are_independent_engines():
     """The same two requests on a dense model: rank 1 starts b at its arrival."""
     result = _run(moe=False)

@@ -108,6 +108,12 @@ class FleetLoop:
         self.price = price_function(step_time)
         #: depth >= 2: (cpu, gpu) per batch, the overlapped clock of ``ReplayLoop``
         self.price_parts = split_price_function(step_time) if batch_queue_depth > 1 else None
+        #: expert parallelism over DP ranks (a ``StepTimeModel`` whose layout has ep > 1 and
+        #: dp > 1): each rank's experts serve the whole group's tokens, so a lockstep rank
+        #: is priced by ``rank_step_time_s(batch, group_tokens)``, not as a balanced step
+        layout = getattr(step_time, "expert_layout", None)
+        self.rank_price = (step_time.rank_step_time_s if lockstep and layout is not None
+                           and layout.ep > 1 and layout.dp > 1 else None)
         self.rules = rules
         self.table = table
         self.dp, self.replicas = dp, replicas
@@ -253,6 +259,7 @@ class FleetLoop:
         runs = any(busy) or (unit.lockstep and unit.wave_running)
         if len(unit.queue) < self.depth and runs:
             steps: list[Any] = []
+            batches: list[StepBatch | None] = []
             duration = cpu = 0.0  # a lockstep step: the slowest rank's CPU and GPU parts
             parts = self.price_parts
             if unit.lockstep:
@@ -271,11 +278,20 @@ class FleetLoop:
                     steps.append(step)
                 else:
                     steps.append(None)
+                batches.append(batch)
+            group_tokens = 0
+            if self.rank_price is not None:
+                group_tokens = sum(b.num_prefill_tokens + b.num_decode_reqs
+                                   for b in batches if b is not None)
+            for batch in batches:
                 if parts is None:
                     cost = float(self.price(batch)) if batch is not None else 0.0
                 else:
                     c, cost = parts(batch) if batch is not None else (0.0, 0.0)
                     cpu = max(cpu, c)
+                if group_tokens and batch is not None:
+                    # the experts' work of the whole group, not of a balanced step
+                    cost += self.rank_price(batch, group_tokens) - self.price(batch)
                 duration = max(duration, cost)
             launch = now + cpu  # depth 1: cpu stays 0 (the total is in duration)
             start = launch if launch > unit.gpu_free_s else unit.gpu_free_s
