@@ -122,14 +122,7 @@ def apply_outputs(scheduler: AsyncHost, out: SchedulerOutput, now_s: float,
             continue
         status_before = request.status
         had_placeholders = request.num_output_placeholders > 0
-        request.append_output_token()
-        last = request.last_token_s
-        if last != last:  # nan: the first token
-            request.first_token_s = now_s
-        else:
-            gap = now_s - last
-            gaps[gap] = gaps.get(gap, 0) + 1
-        request.last_token_s = now_s
+        request.deliver_output_token(now_s, gaps)
         if not stale and had_placeholders:
             request.num_output_placeholders -= 1
             if status_before == _RUNNING:

@@ -274,6 +274,21 @@ class SimRequest:
         self.num_output_tokens += 1
         self.num_tokens += 1
 
+    def deliver_output_token(self, now_s: float, gaps: dict[float, int]) -> None:
+        """One sampled token delivered at ``now_s``: appended, and its time recorded as
+        the first token's or as an inter-token gap pooled into ``gaps`` (gap_s -> count).
+        The one copy both update paths (sync ``Scheduler.update_from_output`` and
+        ``tuner.sim.async_update``) use."""
+        self.num_output_tokens += 1
+        self.num_tokens += 1
+        last = self.last_token_s
+        if last != last:  # nan: the first token
+            self.first_token_s = now_s
+        else:
+            gap = now_s - last
+            gaps[gap] = gaps.get(gap, 0) + 1
+        self.last_token_s = now_s
+
     @property
     def is_finished(self) -> bool:
         return self.status >= RequestStatus.FINISHED

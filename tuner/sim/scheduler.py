@@ -474,14 +474,7 @@ class Scheduler:
         for request, _ in out.individual:
             if request.num_computed_tokens < request.num_tokens:
                 continue
-            request.append_output_token()
-            last = request.last_token_s
-            if last != last:  # nan: the first token
-                request.first_token_s = now_s
-            else:
-                gap = now_s - last
-                gaps[gap] = gaps.get(gap, 0) + 1
-            request.last_token_s = now_s
+            request.deliver_output_token(now_s, gaps)
             if request.num_output_tokens >= request.max_tokens:
                 request.status = RequestStatus.FINISHED
                 request.finish_s = now_s
