@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tuner.perf.dtypes import FORMAT_BYTES  # noqa: E402
-from tuner.perf.fitted import default_coefficients  # noqa: E402
+from tuner.perf.fit.published import default_coefficients  # noqa: E402
 from tuner.perf.hardware import load_hardware  # noqa: E402
 from tuner.perf.models import aic_model_dir  # noqa: E402
 
@@ -287,7 +287,7 @@ def fit_priors(system: Path, hw) -> dict:  # type: ignore[no-untyped-def]
     the numbers the NVIDIA presets' ``step_time`` priors quote (``--fit-priors``)."""
     import polars as pl
 
-    from tuner.perf.fitting import Param, fit_params
+    from tuner.perf.fit.least_squares import Param, fit_params
 
     out: dict = {"gemm": {}}
     d = _table(system, "gemm", "gemm_perf.parquet").group_by(
@@ -344,7 +344,7 @@ def fit_gdn(system: Path, hw) -> dict:  # type: ignore[no-untyped-def]
     fractions; prefill: floor, state and conv fractions, scan FLOP fraction)."""
     import polars as pl
 
-    from tuner.perf.fitting import Param, fit_params
+    from tuner.perf.fit.least_squares import Param, fit_params
 
     d = _gdn_rows(system)
     if d is None:

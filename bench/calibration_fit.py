@@ -2,7 +2,7 @@
 """How well the step-time model predicts published serving results (not a test: prints).
 
 Replays every usable row of tuner/perf/data/benchmarks/published-train.csv through the
-twin (tuner.perf.benchmarks), fits the per-GPU coefficients (tuner.perf.benchmark_fit,
+twin (tuner.perf.fit.benchmark_rows), fits the per-GPU coefficients (tuner.perf.fit.to_benchmarks,
 the same code as `tuner calibrate --from-benchmarks`) and prints, per row and figure:
 published, predicted in sample, and predicted by a fit that never saw the row's series
 (leave-one-series-out). Then the median absolute errors (targets: in sample <= 15 %,
@@ -24,9 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tuner.perf.benchmark_fit import fit_benchmarks, median_abs_error, table  # noqa: E402
-from tuner.perf.benchmarks import PUBLISHED_CSV  # noqa: E402
-from tuner.perf.fitted import load_fitted  # noqa: E402
+from tuner.perf.fit.benchmark_rows import PUBLISHED_CSV  # noqa: E402
+from tuner.perf.fit.to_benchmarks import fit_benchmarks, median_abs_error, table  # noqa: E402
+from tuner.perf.fit.published import load_fitted  # noqa: E402
 
 
 def _reproduces(doc: dict, shipped: dict) -> tuple[bool, float]:

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from tuner.perf.benchmark_fit import changed, fit_all, fittable
-from tuner.perf.benchmarks import PUBLISHED_CSV, load_rows, record
-from tuner.perf.fitted import load_fitted
+from tuner.perf.fit.benchmark_rows import PUBLISHED_CSV, load_rows, record
+from tuner.perf.fit.published import load_fitted
+from tuner.perf.fit.to_benchmarks import changed, fit_all, fittable
 from tuner.perf.hardware import load_hardware
 from tuner.perf.presets import resolve_target
 from tuner.perf.step_time import RooflineStepTimeModel
@@ -84,7 +84,7 @@ def test_unit_clock_recording_matches_a_timed_replay():
     res = run.resolved
     model = RooflineStepTimeModel(res.hardware, res.model, small.tp, res.step_time.coefficients)
     fig = run.figures(model)
-    from tuner.perf.benchmarks import SEED, _Req
+    from tuner.perf.fit.benchmark_rows import SEED, _Req
     rng = np.random.default_rng(SEED)
     isl = rng.integers(int(0.8 * small.isl), small.isl + 1, small.num_prompts)
     osl = rng.integers(int(0.8 * small.osl), small.osl + 1, small.num_prompts)
@@ -144,7 +144,7 @@ def test_calibrate_from_benchmarks_cli(tmp_path):
     from click.testing import CliRunner
 
     from tuner.cli import cli
-    from tuner.perf.fitted import default_coefficients
+    from tuner.perf.fit.published import default_coefficients
 
     lines = PUBLISHED_CSV.read_text().splitlines()
     keep = [lines[0]] + [ln for ln in lines[1:] if ln.startswith(("ORA-L405-MI300X-bs1,",

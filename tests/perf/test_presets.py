@@ -12,7 +12,7 @@ import yaml
 
 from tuner.errors import ConfigError
 from tuner.sim.batch import StepBatch
-from tuner.perf.calibration import Calibration, load_calibration, save_calibration
+from tuner.perf.fit.calibration_file import Calibration, load_calibration, save_calibration
 from tuner.perf.capacity import CUDAGRAPH_BYTES, NON_TORCH_BYTES, kv_capacity, num_gpu_blocks
 from tuner.perf.hardware import list_hardware, load_hardware
 from tuner.perf.models import PRESET_DIR, list_models, load_model

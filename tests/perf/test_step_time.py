@@ -17,8 +17,8 @@ from tuner.errors import ConfigError
 from tuner.sim.batch import StepBatch
 from tuner.perf.hardware import load_hardware
 from tuner.perf.models import list_models, load_model
-from tuner.perf.calibration_fit import batch_arrays, step_times
-from tuner.perf.coefficients import Coefficients, GemmCoefficients
+from tuner.perf.fit.coefficients import Coefficients, GemmCoefficients
+from tuner.perf.fit.parameters import batch_arrays, step_times
 from tuner.perf.step_time import RooflineStepTimeModel, StepTimeModel
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "step-time-model.md"
@@ -224,7 +224,7 @@ def worked_example_markdown() -> str:
     """The block between the markers in docs/step-time-model.md, computed now."""
     from tuner.perf.capacity import kv_capacity
 
-    from tuner.perf.fitted import default_coefficients
+    from tuner.perf.fit.published import default_coefficients
 
     model = RooflineStepTimeModel(MI355X, L70, 8, default_coefficients(MI355X))
     block = MI355X.block_size_for(L70.backend_kind)

@@ -16,11 +16,12 @@ from tuner.serve.prometheus import (CACHE_CONFIG_INFO, ExpositionError, counter_
 from tuner.serve.server import settings_args
 from tuner.vllm_core.tokens import TokenFactory
 from tuner.sim.batch import StepBatch
-from tuner.perf.calibration_fit import fit_step_time, nnls
+from tuner.perf.fit.least_squares import nnls
+from tuner.perf.fit.to_probes import fit_step_time
 from tuner.perf.hardware import load_hardware
 from tuner.perf.models import load_model
 from tuner.sim.settings import SchedulerSettings
-from tuner.perf.coefficients import Coefficients
+from tuner.perf.fit.coefficients import Coefficients
 from tuner.perf.step_time import RooflineStepTimeModel
 from tuner.trace import TraceRequest
 

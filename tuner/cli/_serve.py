@@ -109,7 +109,7 @@ def _mixed(text: str) -> tuple[tuple[int, int, int], ...]:
 
 def _calibrate_from_benchmarks(csv_path: str, output: str, *, loso: bool, as_json: bool) -> None:
     """``tuner calibrate --from-benchmarks``: fit, write the presets file, print errors."""
-    from tuner.perf.benchmark_fit import fit_benchmarks, median_abs_error, save_document
+    from tuner.perf.fit.to_benchmarks import fit_benchmarks, median_abs_error, save_document
 
     fit = fit_benchmarks(csv_path, loso=loso)
     doc = fit.document()
@@ -191,7 +191,7 @@ def calibrate_command(hardware: str, model: str, tp: int, dp: int, block_size: i
         return
     from tuner.fidelity.calibrate import ProbePlan
     from tuner.fidelity.runs import calibrate_server
-    from tuner.perf.calibration import save_calibration
+    from tuner.perf.fit.calibration_file import save_calibration
 
     from tuner.outputs import check_output
 

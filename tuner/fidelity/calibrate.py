@@ -23,7 +23,7 @@ several steps' tokens in one burst, which distorts gaps and spans (measured on t
 2-core CI machine: a decode probe read 0.13 ms for a 5 ms step). The replay itself still
 stamps tokens client-side: that is the user-visible latency it reports.
 
-Each probe becomes a ``StepBatch``; :func:`tuner.perf.calibration_fit.fit_step_time` fits
+Each probe becomes a ``StepBatch``; :func:`tuner.perf.fit.to_probes.fit_step_time` fits
 the roofline's coefficients by non-negative least squares over its feature vector and the
 result is written with ``save_calibration`` (``--calibration FILE`` in the twin).
 Prompts are fresh random tokens every run, so the prefix cache never shortens a probe.
@@ -45,8 +45,8 @@ import tuner.serve.http as http
 from tuner.errors import BackendError, ConfigError
 from tuner.serve.server import VllmServer
 from tuner.sim.batch import StepBatch
-from tuner.perf.calibration import Calibration
-from tuner.perf.calibration_fit import StepTimeFit, fit_step_time
+from tuner.perf.fit.calibration_file import Calibration
+from tuner.perf.fit.to_probes import StepTimeFit, fit_step_time
 from tuner.perf.hardware import load_hardware
 from tuner.perf.models import load_model
 

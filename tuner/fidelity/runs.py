@@ -64,8 +64,8 @@ def calibrate_server(options: ServerOptions, *, hardware: str, model: str, tp: i
             server, so the fit prices the kernel formats it runs.
 
     Returns:
-        The probes, the fit and the :class:`~tuner.perf.calibration.Calibration` to save
-        (``tuner.perf.calibration.save_calibration``).
+        The probes, the fit and the :class:`~tuner.perf.fit.calibration_file.Calibration` to save
+        (``tuner.perf.fit.calibration_file.save_calibration``).
     """
     if options.launches:
         options = options.replace(async_scheduling=False)

@@ -19,7 +19,7 @@ from typing import Any
 
 from tuner.errors import ConfigError
 from tuner.loaders import load_yaml
-from tuner.perf.coefficients import Coefficients, coefficients_from_preset
+from tuner.perf.fit.coefficients import Coefficients, coefficients_from_preset
 from tuner.sim.settings import SchedulerSettings
 
 PRESET_DIR = Path(__file__).parent / "presets" / "hardware"

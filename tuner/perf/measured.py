@@ -33,7 +33,7 @@ from array import array
 from typing import Any, Callable
 
 from tuner.errors import ConfigError
-from tuner.perf.coefficients import Coefficients
+from tuner.perf.fit.coefficients import Coefficients
 from tuner.perf.hardware import HardwareSpec
 from tuner.perf.models import ModelSpec
 from tuner.perf.expert_parallel import expert_layout

@@ -37,7 +37,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Callable
 
 from tuner.errors import ConfigError
-from tuner.perf.coefficients import Coefficients, GemmCoefficients
+from tuner.perf.fit.coefficients import Coefficients, GemmCoefficients
 from tuner.perf.expert_parallel import all2all_constants, expert_layout, expert_terms
 from tuner.perf.linear_attention import linear_attention_s, linear_constants
 from tuner.perf.hardware import HardwareSpec

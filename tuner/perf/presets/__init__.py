@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.errors import ConfigError
-from tuner.perf.calibration import Calibration, load_calibration, save_calibration
+from tuner.perf.fit.calibration_file import Calibration, load_calibration, save_calibration
 from tuner.perf.capacity import KVCapacity, kv_capacity, num_gpu_blocks
 from tuner.perf.hardware import HardwareSpec, list_hardware, load_hardware
 from tuner.perf.models import ModelSpec, list_models, load_model
 from tuner.sim.settings import CacheSettings, SchedulerSettings
-from tuner.perf.coefficients import Coefficients
-from tuner.perf.fitted import default_coefficients
+from tuner.perf.fit.coefficients import Coefficients
+from tuner.perf.fit.published import default_coefficients
 from tuner.perf.step_time import RooflineStepTimeModel, StepTimeModel
 from tuner.perf.target import Target
 from tuner.vllm_compat import resolve_async_scheduling

@@ -16,10 +16,10 @@ from typing import Any
 import yaml
 
 from tuner.errors import ConfigError
-from tuner.perf.coefficients import Coefficients
+from tuner.perf.fit.coefficients import Coefficients
 from tuner.perf.hardware import HardwareSpec
 
-FITTED_PATH = Path(__file__).parent / "presets" / "fitted" / "published.yaml"
+FITTED_PATH = Path(__file__).parents[1] / "presets" / "fitted" / "published.yaml"
 
 
 @functools.lru_cache(maxsize=4)

@@ -30,11 +30,11 @@ from typing import Any
 import numpy as np
 
 from tuner.errors import ConfigError
-from tuner.perf.calibration_fit import step_times
+from tuner.perf.fit.parameters import step_times
 from tuner.perf.step_time import RooflineStepTimeModel
 from tuner.perf.target import Target
 
-DATA_DIR = Path(__file__).parent / "data"
+DATA_DIR = Path(__file__).parents[1] / "data"
 PUBLISHED_CSV = DATA_DIR / "benchmarks" / "published-train.csv"
 MODEL_DIR = DATA_DIR / "models"
 

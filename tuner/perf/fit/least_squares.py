@@ -1,9 +1,9 @@
 """Bounded, prior-regularised least squares over named physical parameters.
 
 Both fits of the step-time model use it: ``tuner calibrate --launch/--endpoint``
-(measured step times of one server, :mod:`tuner.perf.calibration_fit`) and
-``tuner calibrate --from-benchmarks`` (published serving results,
-:mod:`tuner.perf.benchmarks`). Every parameter is physical and bounded (an efficiency in
+(measured step times of one server, :mod:`tuner.perf.fit.to_probes`) and
+``tuner calibrate --from-benchmarks`` (serving benchmark rows,
+:mod:`tuner.perf.fit.to_benchmarks`); :func:`nnls` solves the linear, non-negative case. Every parameter is physical and bounded (an efficiency in
 (0, 1], a floor in seconds), so the fit runs in a squashed log space: ``v = lo *
 (hi/lo) ** sigmoid(z)`` keeps every iterate inside its bounds, and a Gaussian prior on
 ``log v`` (width ``sigma``, in e-folds) keeps parameters the data barely touch near
@@ -116,3 +116,60 @@ def fit_params(residual: Callable[[Mapping[str, float]], np.ndarray], params: Se
                       < 0.01 * math.log(p.hi / p.lo))
     return FitResult(values=v, residuals=data, iterations=it, converged=converged,
                      at_bounds=at_bounds)
+
+
+def nnls(a: np.ndarray, b: np.ndarray, *, max_iter: int | None = None
+         ) -> tuple[np.ndarray, float]:
+    """Lawson-Hanson active-set NNLS: ``argmin ||a x - b||_2`` subject to ``x >= 0``.
+
+    Lawson & Hanson, *Solving Least Squares Problems* (1974), ch. 23. The passive set P
+    grows by the variable with the largest positive gradient ``w = a^T (b - a x)``; the
+    inner loop steps back along the segment to the unconstrained solution on P until
+    every passive variable is positive. Finite: each outer step strictly lowers the
+    residual, and there are finitely many passive sets.
+
+    Args:
+        a: (m, n) matrix.
+        b: (m,) right-hand side.
+        max_iter: cap on inner iterations (default 3 n).
+
+    Returns:
+        ``(x, ||a x - b||)``.
+    """
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    m, n = a.shape
+    if b.shape != (m,):
+        raise ValueError(f"b has shape {b.shape}, expected ({m},)")
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    tol = 10 * np.finfo(np.float64).eps * max(m, n) * max(float(np.abs(a).sum(axis=0).max(initial=0.0)), 1.0)
+    max_iter = 3 * n if max_iter is None else max_iter
+    w = a.T @ (b - a @ x)
+    iterations = 0
+    while (~passive).any() and (w[~passive] > tol).any():
+        j = int(np.argmax(np.where(passive, -np.inf, w)))
+        passive[j] = True
+        s = _lstsq_on(a, b, passive)
+        while (s[passive] <= tol).any():
+            iterations += 1
+            if iterations > max_iter:
+                break
+            neg = passive & (s <= tol)
+            alpha = float(np.min(x[neg] / (x[neg] - s[neg])))
+            x = x + alpha * (s - x)
+            passive &= x > tol
+            x[~passive] = 0.0
+            s = _lstsq_on(a, b, passive)
+        x = s
+        w = a.T @ (b - a @ x)
+        if iterations > max_iter:
+            break
+    return x, float(np.linalg.norm(a @ x - b))
+
+
+def _lstsq_on(a: np.ndarray, b: np.ndarray, passive: np.ndarray) -> np.ndarray:
+    s = np.zeros(a.shape[1])
+    if passive.any():
+        s[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+    return s

@@ -4,7 +4,7 @@
 GPU, the fitted quantities are physical and few: for each GEMM kernel format the rows
 use, its bandwidth and compute efficiencies and its kernel floor; the KV bandwidth,
 attention efficiencies, all-reduce latency and bandwidth, and the CPU overheads. Each
-is bounded (:data:`tuner.perf.calibration_fit.BOUNDS`) and pulled towards the hardware
+is bounded (:data:`tuner.perf.fit.parameters.BOUNDS`) and pulled towards the hardware
 preset's prior (whose source the preset cites) by a log-normal prior, so a parameter
 the rows barely constrain stays physical instead of absorbing a row's noise.
 
@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 
 from tuner.errors import ConfigError
-from tuner.perf.benchmarks import BenchmarkRow, RecordedRun
-from tuner.perf.calibration_fit import bounds_of, used_formats
-from tuner.perf.coefficients import Coefficients
-from tuner.perf.fitting import Param, fit_params
+from tuner.perf.fit.benchmark_rows import BenchmarkRow, RecordedRun
+from tuner.perf.fit.coefficients import Coefficients
+from tuner.perf.fit.least_squares import Param, fit_params
+from tuner.perf.fit.parameters import bounds_of, used_formats
 from tuner.perf.step_time import RooflineStepTimeModel
 
 #: Relative scatter of a published figure around what its setup "should" give.
@@ -214,7 +214,7 @@ class BenchmarkFit:
             "method": ("per-GPU bounded log-space Levenberg-Marquardt over the step-time "
                        "model's physical coefficients, log-normal priors from the hardware "
                        f"presets, figure noise {FIGURE_NOISE:g}; each row replayed by the "
-                       "twin (tuner.perf.benchmarks)"),
+                       "twin (tuner.perf.fit.benchmark_rows)"),
             "command": "tuner calibrate --from-benchmarks <csv> -o <this file>",
             "median_abs_error_pct": {
                 "in_sample": round(100 * median_abs_error(self.in_sample), 2),
@@ -227,7 +227,7 @@ class BenchmarkFit:
 
 def fit_benchmarks(csv_path: str | Path, *, loso: bool = False) -> BenchmarkFit:
     """Replay every usable row, fit per GPU, predict in sample (and leave-one-series-out)."""
-    from tuner.perf.benchmarks import load_rows, record
+    from tuner.perf.fit.benchmark_rows import load_rows, record
     from tuner.perf.hardware import load_hardware
 
     rows, skipped = load_rows(csv_path)

@@ -31,7 +31,7 @@ import yaml
 from tuner.errors import ConfigError
 from tuner.loaders import load_yaml
 from tuner.outputs import write_text
-from tuner.perf.coefficients import Coefficients
+from tuner.perf.fit.coefficients import Coefficients
 
 
 @dataclass(frozen=True, slots=True)
