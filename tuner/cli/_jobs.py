@@ -11,7 +11,7 @@ import click
 from tuner.cli._common import echo_json, handle_errors, make_console
 from tuner.cli._progress import progress_display
 from tuner.errors import ConfigError
-from tuner.units import number
+from tuner.units import DIFF, cell
 
 
 @click.command(name="retune")
@@ -230,7 +230,7 @@ def diff_command(a: str, b: str, name: str | None, profiles_dir: str, show_all: 
 
 
 def _fmt(value: Any) -> str:
-    return number(value) if isinstance(value, float) else str(value)
+    return cell(value, DIFF)
 
 
 @click.group(name="cluster")

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from tuner.metrics.percentiles import PERCENTS
 from tuner.metrics.summary import Summary
-from tuner.units import duration
+from tuner.units import FIXED, cell, duration
 
 if TYPE_CHECKING:
     from rich.table import Table
 
 
-def _fmt(value: float, unit: str = "", scale: float = 1.0, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    return f"{value * scale:,.{digits}f}{unit}"
+def _fixed(value: float, decimals: int, unit: str = "") -> str:
+    """The summary's cells: fixed decimals, ``-`` when missing (:data:`tuner.units.FIXED`)."""
+    return cell(value, FIXED.with_(digits=decimals, unit=unit))
 
 
 def summary_table(summary: Summary) -> "Table":
@@ -42,24 +40,24 @@ def summary_table(summary: Summary) -> "Table":
     latency.add_row(itl_label, *(duration(getattr(s, f"itl_p{p}_s")) for p in PERCENTS))
     latency.add_row("E2E latency", *(duration(getattr(s, f"e2e_p{p}_s")) for p in PERCENTS))
     latency.add_row("interactivity (tok/s/user)",
-                    *(_fmt(getattr(s, f"p{p}_interactivity"), digits=1) for p in PERCENTS))
+                    *(_fixed(getattr(s, f"p{p}_interactivity"), 1) for p in PERCENTS))
     totals = Table(header_style="bold")
     totals.add_column("throughput, cache and state")
     totals.add_column("value", justify="right")
     rows = [
         ("async_scheduling", "-" if s.async_scheduling is None
          else str(s.async_scheduling).lower()),
-        ("output throughput (tok/s/GPU)", _fmt(s.output_throughput_per_gpu, digits=1)),
-        ("total throughput, input+output (tok/s/GPU)", _fmt(s.total_throughput_per_gpu, digits=1)),
-        ("request throughput (req/s)", _fmt(s.request_throughput, digits=3)),
-        ("prefix-cache hit rate", _fmt(s.prefix_cache_hit_rate, digits=4)),
+        ("output throughput (tok/s/GPU)", _fixed(s.output_throughput_per_gpu, 1)),
+        ("total throughput, input+output (tok/s/GPU)", _fixed(s.total_throughput_per_gpu, 1)),
+        ("request throughput (req/s)", _fixed(s.request_throughput, 3)),
+        ("prefix-cache hit rate", _fixed(s.prefix_cache_hit_rate, 4)),
         ("preemptions", f"{s.preemptions:,}"),
-        ("KV usage mean / peak", f"{_fmt(s.kv_usage_mean, digits=3)} / {_fmt(s.kv_usage_peak, digits=3)}"),
-        ("queue depth mean / peak", f"{_fmt(s.queue_depth_mean, digits=1)} / {s.queue_depth_peak}"),
+        ("KV usage mean / peak", f"{_fixed(s.kv_usage_mean, 3)} / {_fixed(s.kv_usage_peak, 3)}"),
+        ("queue depth mean / peak", f"{_fixed(s.queue_depth_mean, 1)} / {s.queue_depth_peak}"),
         ("requests counted / finished / rejected / unfinished",
          f"{s.num_requests:,} / {s.num_finished:,} / {s.num_rejected:,} / {s.num_unfinished:,}"),
-        ("simulated / wall (s)", f"{_fmt(s.simulated_s, digits=1)} / {_fmt(s.wall_s, digits=2)}"),
-        ("speed (simulated s per wall s)", _fmt(s.speed_ratio, "x", digits=0)),
+        ("simulated / wall (s)", f"{_fixed(s.simulated_s, 1)} / {_fixed(s.wall_s, 2)}"),
+        ("speed (simulated s per wall s)", _fixed(s.speed_ratio, 0, "x")),
     ]
     for name, value in rows:
         totals.add_row(name, value)
@@ -80,7 +78,7 @@ def engine_table(summary: Summary) -> "Table":
         table.add_column(name, justify="right")
     for e in summary.engines:
         table.add_row(str(e.engine), str(e.replica), str(e.dp_rank), f"{e.num_requests:,}",
-                      f"{e.num_finished:,}", _fmt(e.prefix_cache_hit_rate, digits=4),
-                      f"{_fmt(e.kv_usage_mean, digits=3)} / {_fmt(e.kv_usage_max, digits=3)}",
+                      f"{e.num_finished:,}", _fixed(e.prefix_cache_hit_rate, 4),
+                      f"{_fixed(e.kv_usage_mean, 3)} / {_fixed(e.kv_usage_max, 3)}",
                       f"{e.preemptions:,}", f"{e.num_steps:,}", f"{e.num_dummy_steps:,}")
     return table

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence
 from xml.sax.saxutils import escape
 
+from tuner.units import TICK, cell
+
 #: Chart geometry in SVG user units (the SVG scales to its container's width).
 WIDTH, HEIGHT = 640, 360
 _M_LEFT, _M_RIGHT, _M_TOP, _M_BOTTOM = 70, 20, 16, 62
@@ -100,16 +102,7 @@ def log_ticks(lo: float, hi: float) -> list[float]:
 
 def fmt_num(v: float) -> str:
     """Compact tick label: 0.25, 12, 1.5k, 2M, 1e-05."""
-    if v == 0:
-        return "0"
-    a = abs(v)
-    if a >= 1e6:
-        return f"{v / 1e6:g}M"
-    if a >= 1e4:
-        return f"{v / 1e3:g}k"
-    if a >= 0.01:
-        return f"{v:.4g}"
-    return f"{v:.0e}"
+    return cell(float(v), TICK)
 
 
 def tick_texts(ticks: Sequence[float], log: bool = False) -> list[str]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import html
-import math
 import os
 import pathlib
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from typing import Any, Sequence, Union
 from tuner import __version__
 from tuner.outputs import write_text
 from tuner.report.charts import Chart
+from tuner.units import REPORT, cell
 
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;
@@ -128,19 +128,7 @@ def _text(value: Any) -> str:
 
 def fmt(value: Any, digits: int = 4) -> str:
     """A table cell: numbers to ``digits`` significant digits, None/NaN as an en dash."""
-    if value is None:
-        return "\u2013"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return "\u2013"
-        if abs(value) >= 1e4 or (value == int(value) and abs(value) >= 1000):
-            return f"{value:,.0f}"
-        return f"{value:.{digits}g}"
-    return str(value)
+    return cell(value, REPORT if digits == REPORT.digits else REPORT.with_(digits=digits))
 
 
 def figure(chart: Chart) -> str:

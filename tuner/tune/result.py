@@ -21,6 +21,7 @@ from tuner.tune.capacity import OverloadReport
 from tuner.tune.select import (TTFT_KEYS, PickRule, Point, Selection, check, trade_off,
                                ttft_guard_applies)
 from tuner.tune.space import GPU_SPLIT, SearchSpace, is_deployment_param
+from tuner.units import FRONT, cell
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -328,13 +329,7 @@ def _engines(point: Point, window: str) -> list[dict[str, Any]]:
 
 
 def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+    return cell(value, FRONT)
 
 
 def _point_dict(p: Point, objectives: Sequence[Objective]) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from typing import Any, Callable, Literal, Sequence
 
 from tuner.errors import ConfigError
 from tuner.tune.objectives import Constraint, Objective
+from tuner.units import METRIC, cell
 
 Prefer = Literal["throughput", "interactivity", "balanced"]
 PREFER_CHOICES: tuple[str, ...] = ("throughput", "interactivity", "balanced")
@@ -396,13 +397,5 @@ def metric_name(key: str) -> str:
 
 def fmt_metric(key: str, value: Any) -> str:
     """A metric value with its unit, for people (``21.3 tok/s/user``, ``1.46 s``)."""
-    v = _num(value)
-    if not math.isfinite(v):
-        return "-"
-    if key.endswith("_s"):
-        if abs(v) >= 100:
-            return f"{v:,.0f} s"
-        return f"{v:,.2f} s" if abs(v) >= 1 else f"{v * 1e3:,.0f} ms"
-    unit = _NAMES.get(key, ("", ""))[1]
-    text = f"{v:,.3g}" if abs(v) < 100 else f"{v:,.1f}"
-    return f"{text} {unit}".strip()
+    unit = "s" if key.endswith("_s") else _NAMES.get(key, ("", ""))[1]
+    return cell(_num(value), METRIC.with_(unit=unit))

@@ -1,15 +1,16 @@
 """Bounded, prior-regularised least squares over named physical parameters.
 
 Both fits of the step-time model use it: ``tuner calibrate --launch/--endpoint``
-(measured step times of one server, :mod:`tuner.perf.fit.to_probes`) and
-``tuner calibrate --from-benchmarks`` (serving benchmark rows,
-:mod:`tuner.perf.fit.to_benchmarks`); :func:`nnls` solves the linear, non-negative case. Every parameter is physical and bounded (an efficiency in
-(0, 1], a floor in seconds), so the fit runs in a squashed log space: ``v = lo *
-(hi/lo) ** sigmoid(z)`` keeps every iterate inside its bounds, and a Gaussian prior on
-``log v`` (width ``sigma``, in e-folds) keeps parameters the data barely touch near
-their physical priors instead of letting them absorb noise. The solver is
-Levenberg-Marquardt with a forward-difference Jacobian: the models are cheap to evaluate
-vectorised, and a handful of parameters needs no analytic gradient.
+(measured step times of one server, :mod:`tuner.perf.fit.to_probes`) and ``tuner
+calibrate --from-benchmarks`` (serving benchmark rows,
+:mod:`tuner.perf.fit.to_benchmarks`); :func:`nnls` solves the linear, non-negative case.
+Every parameter is physical and bounded (an efficiency in (0, 1], a floor in seconds),
+so the fit runs in a squashed log space: ``v = lo * (hi/lo) ** sigmoid(z)`` keeps every
+iterate inside its bounds, and a Gaussian prior on ``log v`` (width ``sigma``, in
+e-folds) keeps parameters the data barely touch near their physical priors instead of
+letting them absorb noise. The solver is Levenberg-Marquardt with a forward-difference
+Jacobian: the models are cheap to evaluate vectorised, and a handful of parameters needs
+no analytic gradient.
 """
 
 from __future__ import annotations
