@@ -22,8 +22,8 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from tuner.perf.target import Target  # noqa: E402
+from tuner.progress import Reporter  # noqa: E402
 from tuner.tune import ReplayEvaluator, StudyConfig, load_space, parse_objectives  # noqa: E402
-from tuner.tune._progress import StudyProgress  # noqa: E402
 from tuner.tune.storage import open_storage  # noqa: E402
 from tuner.tune.study import _create_or_load, _enqueue_start_points, _run_stage1  # noqa: E402
 
@@ -64,7 +64,7 @@ def main() -> None:
             study = _create_or_load(open_storage(url), f"bench-{workers}", config)
             _enqueue_start_points(study, config, evaluator, None)
             t = time.perf_counter()
-            _run_stage1(study, url, config, evaluator, workers, StudyProgress(None))
+            _run_stage1(study, url, config, evaluator, workers, Reporter(None, unit="trials"))
             walls[workers] = time.perf_counter() - t
             done = len(study.get_trials(deepcopy=False))
         print(f"workers={workers}: {done} trials in {walls[workers]:.1f} s "

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tuner.progress import Progress, check_progress, fraction_callback
+from tuner.progress import Progress, Reporter, check_progress, fraction_callback
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -81,10 +81,10 @@ def test_tune_reports_stages_and_best(tmp_path: pathlib.Path) -> None:
 
 
 def test_plain_display_prints_lines() -> None:
-    from tuner.cli._progress import PlainProgress, progress_display
+    from tuner.cli._progress import ProgressDrawer, progress_display
 
     out = io.StringIO()
-    p = PlainProgress(out, every_s=1e9)
+    p = ProgressDrawer(out, rich=False, every_s=1e9)
     p.stage("stage 1", 10, unit="trials")
     for i in range(1, 11):
         p.update(i, "best: x")
@@ -94,7 +94,39 @@ def test_plain_display_prints_lines() -> None:
     with progress_display(None, stream=io.StringIO()) as shown:  # not a terminal: silent
         assert shown is None
     with progress_display(True, stream=out) as shown:  # asked for, not a terminal: lines
-        assert isinstance(shown, PlainProgress)
+        assert isinstance(shown, ProgressDrawer) and not shown.rich
+
+
+def test_one_drawer_writes_the_same_amount_as_a_bar_and_as_lines() -> None:
+    """The bar and the lines are one drawer: the same stage state and amount text."""
+    from tuner.cli._progress import ProgressDrawer, amount
+
+    bar = ProgressDrawer(io.StringIO(), rich=True)
+    try:
+        bar.stage("ingest", 10 * 2**20, unit="bytes")
+        bar.update(4 * 2**20)
+        assert bar._bar.tasks[-1].fields["amount"] == "4.0/10.0 MiB"
+        bar.stage("replay", 1.0)
+        bar.update(0.25)
+        assert bar._bar.tasks[-1].fields["amount"] == "25%"
+    finally:
+        bar.close()
+    out = io.StringIO()
+    lines = ProgressDrawer(out, rich=False)
+    lines.stage("ingest", 10 * 2**20, unit="bytes")
+    lines.update(4 * 2**20)
+    assert out.getvalue().splitlines() == ["ingest: 0% (0.0/10.0 MiB)", "ingest: 40% (4.0/10.0 MiB)"]
+    assert amount(3, 8, "trials") == "3/8 trials" and amount(0.5, 1.0, "") == ""
+
+
+def test_reporter_forwards_or_does_nothing() -> None:
+    rec = Recorder()
+    with Reporter(rec, unit="trials") as bar:
+        bar.stage("stage 1", 8, 2)
+        bar.update(3, "best: x")
+    assert rec.calls == [("stage", "stage 1", 8, 2, "trials"), ("update", 3, "best: x")]
+    Reporter(None).stage("x", 1)  # no sink: nothing to call, nothing raised
+    Reporter(None).update(1)
 
 
 def test_no_display_outside_the_cli() -> None:

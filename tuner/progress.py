@@ -3,8 +3,9 @@
 ``ingest``, ``replay.run``, ``tune``/``join`` and ``retune`` take ``progress=`` a
 :class:`Progress` (or None for silence) and tell it which stage runs and how far it got.
 How that looks -- a rich bar on a terminal, one plain line per step in a log -- is decided
-by the caller: the CLI's displays are in ``tuner/cli/_progress.py``; a notebook can pass its
-own object with these three methods. So the library never imports rich and never guesses
+by the caller: the CLI's display is ``tuner/cli/_progress.py``; a notebook can pass its
+own object with these two methods. :class:`Reporter` lets library code report without
+checking for a sink. So the library never imports rich and never guesses
 whether stderr is a terminal.
 
 Standard library only (the replay backends call it from inside vLLM environments too).
@@ -34,6 +35,31 @@ class Progress(Protocol):
     def update(self, completed: float, detail: str = "") -> None: ...
 
 
+class Reporter:
+    """A :class:`Progress` sink or nothing: calls forward to the sink, or do nothing
+    without one, so library code reports unconditionally. ``unit`` is every stage's
+    unit (``"trials"`` for a study)."""
+
+    def __init__(self, sink: Progress | None, *, unit: str = "") -> None:
+        self.sink = sink
+        self.unit = unit
+
+    def __enter__(self) -> Reporter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Ends nothing: the sink is its caller's (see :class:`Progress`)."""
+
+    def stage(self, name: str, total: float, completed: float = 0.0) -> None:
+        """Start a new stage (a display keeps the previous one, finished)."""
+        if self.sink is not None:
+            self.sink.stage(name, total, completed, unit=self.unit)
+
+    def update(self, completed: float, detail: str = "") -> None:
+        if self.sink is not None:
+            self.sink.update(completed, detail)
+
+
 def fraction_callback(progress: Progress | None, name: str) -> ProgressCallback | None:
     """Start stage ``name`` (total 1.0) on ``progress`` and return a fraction callback for
     it, or None when there is no sink."""
@@ -58,8 +84,8 @@ def check_progress(progress: object) -> Progress | None:
         return None
     if progress is True or not isinstance(progress, Progress):
         raise TypeError("progress= takes a tuner.progress.Progress (an object with stage() "
-                        "and update(); the CLI's are in tuner/cli/_progress.py), or None")
+                        "and update(); the CLI's is in tuner/cli/_progress.py), or None")
     return progress
 
 
-__all__ = ["Progress", "ProgressCallback", "check_progress", "fraction_callback"]
+__all__ = ["Progress", "ProgressCallback", "Reporter", "check_progress", "fraction_callback"]

@@ -1,10 +1,11 @@
-"""The CLI's progress displays (the library only reports, through ``tuner.progress``).
+"""The CLI's progress display (the library only reports, through ``tuner.progress``).
 
-``--progress`` (or a terminal on stderr by default) shows a rich bar per stage; a stderr
-that is not a terminal gets plain lines instead (one per stage start, then at most one
-per 10 % or 30 s), so CI logs and ``2> file`` stay readable. ``tune``, ``tune-log`` and
-``retune`` print those lines by default off a terminal (under cron, systemd or CI they
-used to print nothing for minutes).
+One drawer, :class:`ProgressDrawer`: it keeps the stage (name, total, unit) and writes
+how far it got, as a rich bar per stage on a terminal, or as plain lines on a stream that
+is not one (one per stage start, then at most one per 10 % or 30 s), so CI logs and
+``2> file`` stay readable. ``--progress`` (or a terminal on stderr by default) turns it
+on; ``tune``, ``tune-log`` and ``retune`` print the lines by default off a terminal
+(under cron, systemd or CI they used to print nothing for minutes).
 """
 
 from __future__ import annotations
@@ -18,74 +19,78 @@ from typing import Any, TextIO
 from tuner.progress import Progress
 
 
-class RichProgress:
-    """A rich bar per stage on stderr; finished bars stay on screen."""
+def amount(completed: float, total: float, unit: str) -> str:
+    """``4.0/10.0 MiB`` (bytes), ``4/10 trials``, or ``""`` for a bare fraction."""
+    if unit == "bytes":
+        return f"{completed / 2**20:.1f}/{total / 2**20:.1f} MiB"
+    if unit:
+        return f"{completed:.0f}/{total:.0f} {unit}"
+    return ""
 
-    def __init__(self) -> None:
+
+class ProgressDrawer:
+    """A :class:`tuner.progress.Progress` sink that draws on ``stream`` (stderr): a rich bar
+    per stage when ``rich`` (default: the stream is a terminal; finished bars stay on
+    screen), else a plain line ``name: 40% (4/10 trials) best: ...`` per stage start and
+    then at most one per 10 % or ``every_s`` seconds."""
+
+    def __init__(self, stream: TextIO | None = None, *, rich: bool | None = None,
+                 every_s: float = 30.0) -> None:
+        self.stream = stream or sys.stderr
+        self.rich = self.stream.isatty() if rich is None else rich
+        self.every_s = every_s
+        self._name, self._total, self._unit = "", 0.0, ""
+        self._last_tenth, self._last_t = -1, 0.0
+        self._bar: Any = self._start_bar() if self.rich else None
+        self._task: Any = None
+
+    def _start_bar(self) -> Any:
         from rich.console import Console
         from rich.progress import (BarColumn, Progress, TextColumn, TimeElapsedColumn,
                                    TimeRemainingColumn)
 
-        self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(bar_width=20),
-                             TextColumn("{task.fields[amount]}"), TimeElapsedColumn(),
-                             TextColumn("left"), TimeRemainingColumn(),
-                             TextColumn("{task.fields[detail]}"), console=Console(stderr=True))
-        self._bar.start()
-        self._task: Any = None
-        self._unit = ""
-
-    def stage(self, name: str, total: float, completed: float = 0.0, unit: str = "") -> None:
-        self._unit = unit
-        self._task = self._bar.add_task(name, total=total, completed=completed, detail="",
-                                        amount=self._amount(completed, total))
-
-    def update(self, completed: float, detail: str = "") -> None:
-        if self._task is not None:
-            total = self._bar.tasks[-1].total or 0.0
-            self._bar.update(self._task, completed=completed, detail=detail,
-                             amount=self._amount(completed, total))
-
-    def close(self) -> None:
-        self._bar.stop()
-
-    def _amount(self, completed: float, total: float) -> str:
-        if self._unit == "bytes":
-            return f"{completed / 2**20:.1f}/{total / 2**20:.1f} MiB"
-        if self._unit:
-            return f"{completed:.0f}/{total:.0f} {self._unit}"
-        return f"{100 * completed / total:.0f}%" if total else ""
-
-
-class PlainProgress:
-    """Plain lines on a stream: ``name: 40% (4/10 trials) best: ...``."""
-
-    def __init__(self, stream: TextIO | None = None, *, every_s: float = 30.0) -> None:
-        self.stream = stream or sys.stderr
-        self.every_s = every_s
-        self._name, self._total, self._unit = "", 0.0, ""
-        self._last_tenth, self._last_t = -1, 0.0
+        bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(bar_width=20),
+                       TextColumn("{task.fields[amount]}"), TimeElapsedColumn(),
+                       TextColumn("left"), TimeRemainingColumn(),
+                       TextColumn("{task.fields[detail]}"), console=Console(stderr=True))
+        bar.start()
+        return bar
 
     def stage(self, name: str, total: float, completed: float = 0.0, unit: str = "") -> None:
         self._name, self._total, self._unit = name, float(total), unit
         self._last_tenth, self._last_t = -1, 0.0
-        self.update(completed)
+        if self._bar is not None:
+            self._task = self._bar.add_task(name, total=total, completed=completed, detail="",
+                                            amount=self._bar_amount(completed))
+        else:
+            self.update(completed)
 
     def update(self, completed: float, detail: str = "") -> None:
+        if self._bar is not None:
+            if self._task is not None:
+                self._bar.update(self._task, completed=completed, detail=detail,
+                                 amount=self._bar_amount(completed))
+            return
         share = completed / self._total if self._total else 1.0
         tenth, now = int(share * 10), time.monotonic()
         if tenth == self._last_tenth and now - self._last_t < self.every_s:
             return
         self._last_tenth, self._last_t = tenth, now
-        amount = ""
-        if self._unit == "bytes":
-            amount = f" ({completed / 2**20:.1f}/{self._total / 2**20:.1f} MiB)"
-        elif self._unit:
-            amount = f" ({completed:.0f}/{self._total:.0f} {self._unit})"
+        done = amount(completed, self._total, self._unit)
+        text = f" ({done})" if done else ""
         tail = f" {detail}" if detail else ""
-        print(f"{self._name}: {100 * share:.0f}%{amount}{tail}", file=self.stream, flush=True)
+        print(f"{self._name}: {100 * share:.0f}%{text}{tail}", file=self.stream, flush=True)
 
     def close(self) -> None:
-        self.stream.flush()
+        if self._bar is not None:
+            self._bar.stop()
+        else:
+            self.stream.flush()
+
+    def _bar_amount(self, completed: float) -> str:
+        total = self._total
+        return amount(completed, total, self._unit) or (
+            f"{100 * completed / total:.0f}%" if total else "")
 
 
 #: Commands that run for minutes: off a terminal (cron, systemd, CI) they print plain
@@ -116,7 +121,7 @@ def progress_display(flag: bool | None, *, stream: TextIO | None = None
     if flag is False or (flag is None and not tty and not _plain_by_default()):
         yield None
         return
-    display = RichProgress() if tty else PlainProgress(out)
+    display = ProgressDrawer(out, rich=tty)
     try:
         yield display
     finally:

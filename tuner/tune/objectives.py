@@ -13,9 +13,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Literal, Sequence
 
 from tuner.errors import ConfigError
+from tuner.units import FRONT, cell
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
 
 Direction = Literal["maximize", "minimize"]
 
@@ -145,3 +149,27 @@ def _check_known(keys: Sequence[str], known: Sequence[str] | None, what: str) ->
         if key not in known:
             raise ConfigError(f"{what} {key!r} is not a replay metric; known: "
                               f"{', '.join(sorted(known))}")
+
+
+#: Short labels for the progress line (full names are in the table and the JSON).
+_SHORT = {"p90_interactivity": "p90 tok/s/user", "output_throughput_per_gpu": "out tok/s/GPU",
+          "total_throughput_per_gpu": "tok/s/GPU", "prefix_cache_hit_rate": "hit rate"}
+
+
+def best_so_far(trials: Sequence["FrozenTrial"], objectives: Sequence[Objective]) -> str:
+    """``"best p90_interactivity 12.80 (#4), output_throughput_per_gpu 8339 (#9)"`` over
+    finished, feasible trials; empty when none finished yet."""
+    from optuna.trial import TrialState
+
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.values
+            and all(v <= 0 for v in t.constraints.values())]
+    if not done:
+        return ""
+    parts = []
+    for i, obj in enumerate(objectives):
+        pick = max if obj.direction == "maximize" else min
+        best = pick(done, key=lambda t: t.values[i])
+        value = best.values[i]
+        text = cell(value, FRONT)
+        parts.append(f"{_SHORT.get(obj.key, obj.key)} {text} (#{best.number})")
+    return "best: " + ", ".join(parts)

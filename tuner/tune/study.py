@@ -40,9 +40,8 @@ from tuner.errors import ConfigError, StudyNotFound
 from tuner.metrics import parse_slo
 from tuner.perf.target import Target
 from tuner.processes import pid_alive
-from tuner.progress import Progress, check_progress
+from tuner.progress import Progress, Reporter, check_progress
 from tuner.sim.settings import SchedulerSettings
-from tuner.tune._progress import StudyProgress, best_so_far
 from tuner.tune.baseline import baseline_settings
 from tuner.tune.capacity import overload_report
 from tuner.tune.deployment import (Deployment, base_deployment_of, deployment_for,
@@ -50,7 +49,7 @@ from tuner.tune.deployment import (Deployment, base_deployment_of, deployment_fo
                                    with_deployment)
 from tuner.tune.evaluate import Evaluator, ReplayEvaluator, evaluator_from_spec
 from tuner.tune.inputs import check_window_sizes, fixed_space, input_warnings
-from tuner.tune.objectives import parse_constraints, parse_objectives
+from tuner.tune.objectives import best_so_far, parse_constraints, parse_objectives
 from tuner.tune.result import TuneResult
 from tuner.tune.select import PickRule, Point, pareto_front, rank, select
 from tuner.tune.space import SearchSpace, load_space
@@ -168,7 +167,7 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
         notes += _fail_dead_local_trials(study)
         notes += _enqueue_start_points(study, config, evaluator, warm_start)
         timings: dict[str, float] = {}
-        with StudyProgress(check_progress(progress)) as bar:
+        with Reporter(check_progress(progress), unit="trials") as bar:
             t = time.perf_counter()
             _run_stage1(study, storage_url, config, evaluator, workers, bar)
             timings["stage1_s"] = time.perf_counter() - t
@@ -249,7 +248,7 @@ def join(study_name: str, storage: str, n_trials: int | None = None, *, trace: A
                               f"{str(config.evaluator.get('trace_fingerprint'))[:16]}; "
                               "use the same trace file")
         before = _finished(study)
-        with StudyProgress(check_progress(progress)) as bar:
+        with Reporter(check_progress(progress), unit="trials") as bar:
             bar.stage(f"join {study_name}", config.n_trials, before)
             _optimize(study, config, evaluator, worker_cap=n_trials,
                       seed=config.seed + 1000 + os.getpid() % 1000, bar=bar)
@@ -470,7 +469,7 @@ def _make_objective(config: StudyConfig, evaluator: Evaluator, window: str
 
 
 def _optimize(study: "optuna.Study", config: StudyConfig, evaluator: Evaluator, *,
-              worker_cap: int | None, seed: int, bar: StudyProgress | None = None) -> None:
+              worker_cap: int | None, seed: int, bar: Reporter | None = None) -> None:
     """Run stage-1 trials in this process until the study has ``config.n_trials``
     (COMPLETE + PRUNED, all workers together) or this process ran ``worker_cap``."""
     import optuna
@@ -507,7 +506,7 @@ def _worker_main(storage_url: str, study_name: str, config: StudyConfig, evaluat
 
 
 def _run_stage1(study: "optuna.Study", storage_url: str | None, config: StudyConfig,
-                evaluator: Evaluator, workers: int, bar: StudyProgress) -> None:
+                evaluator: Evaluator, workers: int, bar: Reporter) -> None:
     label = "stage 1" if evaluator.windows.staged else "search"
     bar.stage(label, config.n_trials, min(_finished(study), config.n_trials))
     if workers == 1 or storage_url is None:

@@ -14,7 +14,7 @@ import math
 import multiprocessing
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from tuner.tune._progress import StudyProgress
+from tuner.progress import Reporter
 from tuner.tune.deployment import base_deployment_of, evaluate_point, join_settings
 from tuner.tune.evaluate import Evaluator
 from tuner.tune.objectives import Objective
@@ -76,7 +76,7 @@ def _evaluate_many(evaluator: Evaluator, jobs: list[tuple[dict[str, Any], str]],
 
 def run_stage2(storage: Any, study_name: str, config: StudyConfig, evaluator: Evaluator,
                 survivors: list[Point], stage1: list[Point], workers: int,
-                bar: StudyProgress) -> list[Point]:
+                bar: Reporter) -> list[Point]:
     """Replay the survivors and the baseline on the whole training window (stage 2).
 
     Results are trials of ``<study>.full`` (no params; settings and metrics in user attrs),
