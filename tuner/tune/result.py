@@ -17,7 +17,7 @@ from tuner.sim.settings import SchedulerSettings
 from tuner.tune.deployment import DEPLOYMENT_KEY
 from tuner.tune.evaluate import ENGINES_KEY, Windows
 from tuner.tune.objectives import Constraint, Objective
-from tuner.tune.capacity import OverloadReport
+from tuner.tune.overload import OverloadReport
 from tuner.tune.select import (TTFT_KEYS, PickRule, Point, Selection, check, trade_off,
                                ttft_guard_applies)
 from tuner.tune.space import GPU_SPLIT, SearchSpace, is_deployment_param

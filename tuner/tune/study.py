@@ -44,7 +44,7 @@ from tuner.progress import Progress, check_progress
 from tuner.sim.settings import SchedulerSettings
 from tuner.tune._progress import StudyProgress, best_so_far
 from tuner.tune.baseline import baseline_settings
-from tuner.tune.capacity import overload_report
+from tuner.tune.overload import overload_report
 from tuner.tune.deployment import (Deployment, base_deployment_of, deployment_for,
                                    evaluate_point, join_settings, profile_deployment,
                                    with_deployment)
