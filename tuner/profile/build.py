@@ -29,9 +29,19 @@ from tuner.tune.select import Point, trade_off
 def profile_of(result: TuneResult, name: str, *, description: str = "") -> Profile:
     """The recommended point of ``result`` as a :class:`Profile`: its settings and
     deployment, the predictions on both windows, the Pareto front and the provenance."""
-    spec = result.evaluator_spec
-    target = spec.get("target", {})
     point = result.recommended
+    deployment = result.deployment_of(point)
+    return Profile(
+        name=name, description=description,
+        scheduler=SchedulerSettings.from_dict(scheduler_part(point.settings)),
+        router=deployment["router"], target=_target(result, point, deployment),
+        predicted=_predicted(result, point), pareto=_pareto(result),
+        provenance=_provenance(result, point))
+
+
+def _predicted(result: TuneResult, point: Point) -> dict[str, Any]:
+    """The ``predicted`` section: objectives, the selection, baseline against the pick on
+    each window (with the per-engine summaries of a multi-engine deployment), verdicts."""
     predicted: dict[str, Any] = {
         "objectives": [str(o) for o in result.objectives],
         "constraints": [str(c) for c in result.constraints],
@@ -51,19 +61,30 @@ def profile_of(result: TuneResult, name: str, *, description: str = "") -> Profi
     predicted["confirms"] = result.confirms()
     if result.overload is not None:
         predicted["overload"] = result.overload.to_dict()
-    pareto = [{"trial": p.number, "params": p.params,
-               "settings": scheduler_part(p.settings),
-               **({"deployment": p.settings[DEPLOYMENT_KEY]}
-                  if DEPLOYMENT_KEY in p.settings else {}),
-               "train": {o.key: p.metrics.get(o.key) for o in result.objectives},
-               "holdout": ({o.key: p.holdout.get(o.key) for o in result.objectives}
-                           if p.holdout else None)} for p in result.front]
     for window in ("train", "holdout"):
         engines = {role: _engines(p, window) for role, p in (("baseline", result.baseline),
                                                               ("tuned", point))}
         if any(engines.values()) and window in predicted:
             predicted[window][ENGINES_KEY] = {k: v for k, v in engines.items() if v}
-    provenance = {
+    return predicted
+
+
+def _pareto(result: TuneResult) -> tuple[dict[str, Any], ...]:
+    """The stage-2 front: each point's settings (and deployment when searched) and its
+    objectives on both windows."""
+    return tuple({"trial": p.number, "params": p.params,
+                  "settings": scheduler_part(p.settings),
+                  **({"deployment": p.settings[DEPLOYMENT_KEY]}
+                     if DEPLOYMENT_KEY in p.settings else {}),
+                  "train": {o.key: p.metrics.get(o.key) for o in result.objectives},
+                  "holdout": ({o.key: p.holdout.get(o.key) for o in result.objectives}
+                              if p.holdout else None)} for p in result.front)
+
+
+def _provenance(result: TuneResult, point: Point) -> dict[str, Any]:
+    """Where the profile came from: trace, windows, study, search, versions, seed, time."""
+    spec = result.evaluator_spec
+    return {
         "trace": {"path": spec.get("trace_path"),
                   "resolved": spec.get("trace_resolved"),
                   "fingerprint": spec.get("trace_fingerprint"),
@@ -81,28 +102,27 @@ def profile_of(result: TuneResult, name: str, *, description: str = "") -> Profi
         "seed": result.seed,
         "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
-    deployment = result.deployment_of(point)
+
+
+def _target(result: TuneResult, point: Point, deployment: dict[str, Any]) -> ProfileTarget:
+    """The deployment the pick ran on (``TuneResult.deployment_of``'s dict form) on the
+    study's hardware and model, in the mode its replays ran."""
+    target = result.evaluator_spec.get("target", {})
     replicas = int(deployment["replicas"])
-    return Profile(
-        name=name, description=description,
-        scheduler=SchedulerSettings.from_dict(scheduler_part(point.settings)),
-        router=deployment["router"],
-        target=ProfileTarget(hardware=str(target.get("hardware", "?")),
-                             model=str(target.get("model", "?")),
-                             tp=int(deployment["tp"]), dp=int(deployment["dp"]),
-                             replicas=replicas,
-                             enable_expert_parallel=bool(
-                                 deployment["enable_expert_parallel"]),
-                             num_gpus=(result.num_gpus if DEPLOYMENT_KEY not in point.settings
-                                       else int(deployment["tp"]) * int(deployment["dp"])
-                                       * replicas),
-                             block_size=result.block_size,
-                             async_scheduling=_replayed_mode(point.metrics, target),
-                             vllm_versions=(VLLM_TWIN_VERSION,),
-                             quantization=target.get("quantization"),
-                             kv_cache_dtype=target.get("kv_cache_dtype"),
-                             step_time_source=target.get("step_time_source")),
-        predicted=predicted, pareto=tuple(pareto), provenance=provenance)
+    return ProfileTarget(hardware=str(target.get("hardware", "?")),
+                         model=str(target.get("model", "?")),
+                         tp=int(deployment["tp"]), dp=int(deployment["dp"]),
+                         replicas=replicas,
+                         enable_expert_parallel=bool(deployment["enable_expert_parallel"]),
+                         num_gpus=(result.num_gpus if DEPLOYMENT_KEY not in point.settings
+                                   else int(deployment["tp"]) * int(deployment["dp"])
+                                   * replicas),
+                         block_size=result.block_size,
+                         async_scheduling=_replayed_mode(point.metrics, target),
+                         vllm_versions=(VLLM_TWIN_VERSION,),
+                         quantization=target.get("quantization"),
+                         kv_cache_dtype=target.get("kv_cache_dtype"),
+                         step_time_source=target.get("step_time_source"))
 
 
 def _replayed_mode(metrics: dict[str, Any], target: dict[str, Any]) -> bool:
