@@ -18,7 +18,7 @@ import dataclasses
 import os
 import pathlib
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 from tuner.errors import ConfigError
 from tuner.perf.deployment import Deployment

@@ -146,7 +146,7 @@ class ReplayEvaluator:
     def __init__(self, trace: Any, *, target: Target, backend: str = "sim",
                  holdout: float = 0.25, stage1_fraction: float = 0.25,
                  expect_fingerprint: str | None = None,
-                 baseline: SchedulerSettings | dict[str, Any] | None = None,
+                 baseline: SchedulerSettings | None = None,
                  slo_ms: dict[str, float] | None = None,
                  router: RouterSettings | None = None) -> None:
         from tuner.perf.presets import resolve_target
@@ -161,9 +161,7 @@ class ReplayEvaluator:
         #: The baseline and trial 0: vLLM's defaults, or what the operator runs (--baseline,
         #: --set), so every comparison is against the deployment being replaced.
         self.default_settings: SchedulerSettings = (
-            self.resolved.default_settings if baseline is None
-            else baseline if isinstance(baseline, SchedulerSettings)
-            else SchedulerSettings.from_dict(baseline))
+            self.resolved.default_settings if baseline is None else baseline)
         self.slo_ms = dict(slo_ms or {})
         #: The deployment a point replays unless it carries its own (a searched split or
         #: router): the target's, with ``router`` in front of its replicas.
@@ -210,7 +208,9 @@ class ReplayEvaluator:
     def from_spec(cls, spec: dict[str, Any], *, trace: Any = None) -> "ReplayEvaluator":
         """Rebuild from a study's stored spec; ``trace`` overrides the stored path."""
         w = spec["windows"]
+        # the study's record forms, read once into the objects the evaluator holds
         router = None if spec.get("router") is None else router_settings(spec["router"])
+        baseline = spec.get("baseline")
         span = w["t1"] - w["t0"]
         holdout = (w["t1"] - w["t_split"]) / span
         stage1 = (w["t_stage1"] - w["t0"]) / (w["t_split"] - w["t0"])
@@ -218,7 +218,8 @@ class ReplayEvaluator:
                    target=target_from_dict(spec["target"]), backend=spec.get("backend", "sim"),
                    holdout=holdout, stage1_fraction=stage1,
                    expect_fingerprint=spec["trace_fingerprint"],
-                   baseline=spec.get("baseline"), slo_ms=spec.get("slo_ms"),
+                   baseline=None if baseline is None else SchedulerSettings.from_dict(baseline),
+                   slo_ms=spec.get("slo_ms"),
                    router=router)
 
     def _requests(self, window: WindowName) -> list[Any]:
