@@ -84,12 +84,13 @@ def test_retune_with_globs_matching_nothing_is_a_config_error(tmp_path: pathlib.
 def test_rerunning_tune_says_it_resumes(tmp_path: pathlib.Path) -> None:
     sys.path.insert(0, str(REPO))
     from tests.tune.fake import FakeEvaluator
-    from tuner.tune import tune
+    from tuner.tune import SearchOptions, StudyOutput, TuneInputs, tune
 
     journal = str(tmp_path / "s.optuna-journal")
-    first = tune(evaluator=FakeEvaluator(), n_trials=10, seed=1, storage=journal, study_name="s")
+    first = tune(TuneInputs(evaluator=FakeEvaluator()), SearchOptions(n_trials=10, seed=1),
+                 output=StudyOutput(storage=journal, study_name="s"))
     assert not any("resumed study" in n for n in first.notes)
-    second = tune(evaluator=FakeEvaluator(), n_trials=12, seed=1, storage=journal,
-                  study_name="s")
+    second = tune(TuneInputs(evaluator=FakeEvaluator()), SearchOptions(n_trials=12, seed=1),
+                  output=StudyOutput(storage=journal, study_name="s"))
     assert any(n.startswith("resumed study 's'") and "were already finished" in n
                for n in second.notes), second.notes

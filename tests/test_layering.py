@@ -36,11 +36,7 @@ ORDER = ["trace", "sim", "perf", "replay", "vllm_core", "serve", "metrics", "fid
 SHARED = ("__init__", "_lazy", "errors", "records", "vllm_compat", "loaders", "durations",
           "progress", "vllm_plugin", "outputs", "units", "processes")
 #: Allowed downstream imports, each with its reason.
-EXCEPTIONS = {
-    # tune saves the recommended profile and reads the profile model (profile -> tune would
-    # be the natural order, but the profile records the tuning result's provenance).
-    ("tune", "profile"): "tune writes profiles",
-}
+EXCEPTIONS: dict[tuple[str, str], str] = {}
 #: Circles that exist only through function-level (lazy) imports, each with why it is
 #: tolerated. Every other circle -- lazy or not -- fails test_no_lazy_import_circles, and an
 #: entry that no longer forms a circle fails too, so the list cannot go stale.

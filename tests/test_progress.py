@@ -69,11 +69,11 @@ def test_replay_reports_fractions(tmp_path: pathlib.Path) -> None:
 
 def test_tune_reports_stages_and_best(tmp_path: pathlib.Path) -> None:
     from tests.tune.fake import FakeEvaluator
-    from tuner.tune import tune
+    from tuner.tune import SearchOptions, StudyOutput, TuneInputs, tune
 
     rec = Recorder()
-    tune(evaluator=FakeEvaluator(), n_trials=6, seed=0, storage=str(tmp_path / "j.journal"),
-         study_name="p", progress=rec)
+    tune(TuneInputs(evaluator=FakeEvaluator()), SearchOptions(n_trials=6, seed=0),
+         output=StudyOutput(storage=str(tmp_path / "j.journal"), study_name="p", progress=rec))
     stages = [c[1] for c in rec.calls if c[0] == "stage"]
     assert stages[0].startswith("stage 1") and "stage 2" in stages
     assert all(c[4] == "trials" for c in rec.calls if c[0] == "stage")

@@ -172,3 +172,16 @@ def test_per_engine_figures_follow_the_measurement_window(chat):
     single = summarize(replay.run(chat, target=Target(**H200_8B)))
     assert len(single.engines) == 1 and single.engines[0].num_requests == 2256
     assert single.engines[0].prefix_cache_hit_rate == single.prefix_cache_hit_rate
+
+
+def test_the_sim_backend_takes_router_settings_only() -> None:
+    """One typed router from the CLI to the fleet: a dict form is read where it is loaded
+    (a profile, a study's record), never repacked by the backend."""
+    from tuner.errors import ConfigError
+
+    trace = synthesize("chat", duration_s=5, rate=2, seed=1)
+    with pytest.raises(ConfigError, match="expected RouterSettings"):
+        replay.run(trace, target=Target(**H200_8B, replicas=2), router={"policy": "session"})
+    result = replay.run(trace, target=Target(**H200_8B, replicas=2),
+                        router=RouterSettings("session"))
+    assert len(result.requests) == len(trace)

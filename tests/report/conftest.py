@@ -32,9 +32,11 @@ def small_trace(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 def small_study(tmp_path_factory: pytest.TempPathFactory,
                 small_trace: pathlib.Path) -> pathlib.Path:
     """The profile path; its journal (``small.optuna-journal``) lies next to it."""
-    from tuner.tune import tune
+    from tuner.profile import profile_of
+    from tuner.tune import SearchOptions, StudyOutput, TuneInputs, tune
 
     out = tmp_path_factory.mktemp("report-study") / "small.yaml"
-    result = tune(small_trace, target=TARGET, n_trials=8, seed=0, output=out, n_survivors=4)
-    save_profile(result.to_profile("small"), out)
+    result = tune(TuneInputs(small_trace, target=TARGET),
+                  SearchOptions(n_trials=8, seed=0, n_survivors=4), output=StudyOutput(output=out))
+    save_profile(profile_of(result, "small"), out)
     return out

@@ -74,13 +74,16 @@ def test_fleet_study_report_replays_every_engine(tmp_path: pathlib.Path) -> None
     from tests.tune.tracegen import write_small_trace
     from tuner.perf.target import Target
     from tuner.profile.recommend import tune_to_profile
+    from tuner.sim.fleet import RouterSettings
+    from tuner.tune import DeploymentSearch, SearchOptions, TuneInputs
 
     trace = write_small_trace(tmp_path / "small.parquet")
-    run = tune_to_profile(str(trace), tmp_path / "two.yaml",
-                          target=Target(hardware="mi355x", model="llama-3.1-70b", tp=4,
-                                        replicas=2, num_gpu_blocks=800),
-                          router={"policy": "session", "load_metric": "requests"},
-                          n_trials=3, n_survivors=2, routers=["session"])
+    target = Target(hardware="mi355x", model="llama-3.1-70b", tp=4, replicas=2,
+                    num_gpu_blocks=800)
+    run = tune_to_profile(tmp_path / "two.yaml", TuneInputs(str(trace), target=target),
+                          SearchOptions(n_trials=3, n_survivors=2),
+                          DeploymentSearch(router=RouterSettings("session", load_metric="requests"),
+                                           routers=["session"]))
     assert run.profile.router is not None and run.profile.router["policy"] == "session"
     html = study_report(profile=run.path, include_trace=False).render()
     m = re.search(r'<section id="per-engine-balance">(.*?)</section>', html, re.S)

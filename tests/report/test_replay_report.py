@@ -13,12 +13,13 @@ from tuner.cli import cli
 from tuner.metrics import summarize, write_requests_parquet
 from tuner.perf.target import Target
 from tuner.report.replay_report import engine_summaries, load_records, replay_report
+from tuner.sim.fleet import RouterSettings
 
 
 def _records(tmp_path: pathlib.Path, **target: object) -> tuple[pathlib.Path, object]:
     trace = write_small_trace(tmp_path / "small.parquet")
     t = Target(hardware="mi355x", model="llama-3.1-70b", num_gpu_blocks=800, **target)
-    extra = {"router": {"policy": "session"}} if t.replicas > 1 else {}
+    extra = {"router": RouterSettings("session")} if t.replicas > 1 else {}
     result = replay.run(trace, target=t, **extra)
     return write_requests_parquet(result, tmp_path / "records.parquet"), result
 

@@ -23,7 +23,8 @@ from tuner.sim.settings import SchedulerSettings  # noqa: E402
 @pytest.fixture(scope="module")
 def relative_study(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     """A study tuned from its own folder on ``traces/t.parquet`` (a relative path)."""
-    from tuner.tune import tune
+    from tuner.profile import profile_of
+    from tuner.tune import SearchOptions, StudyOutput, TuneInputs, tune
 
     root = tmp_path_factory.mktemp("relative")
     (root / "traces").mkdir()
@@ -31,9 +32,10 @@ def relative_study(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     cwd = os.getcwd()
     os.chdir(root)
     try:
-        result = tune("traces/t.parquet", target=TARGET, n_trials=6, seed=0,
-                      output="profiles/rel.yaml", n_survivors=3)
-        save_profile(result.to_profile("rel"), "profiles/rel.yaml")
+        result = tune(TuneInputs("traces/t.parquet", target=TARGET),
+                      SearchOptions(n_trials=6, seed=0, n_survivors=3),
+                      output=StudyOutput(output="profiles/rel.yaml"))
+        save_profile(profile_of(result, "rel"), "profiles/rel.yaml")
     finally:
         os.chdir(cwd)
     return root / "profiles" / "rel.yaml"

@@ -12,6 +12,7 @@ import math
 import time
 from typing import Any
 
+from tuner.perf.deployment import Deployment, Split
 from tuner.sim.settings import SchedulerSettings
 from tuner.tune.evaluate import Windows
 
@@ -59,3 +60,30 @@ class FakeEvaluator:
             "prefix_cache_hit_rate": round(0.9 + 0.01 * gain, 6),
             "preemptions": 0.0,
         }
+
+
+class FleetFake(FakeEvaluator):
+    """The fake surface, plus a deployment effect: smaller TP with more replicas gives
+    more throughput per GPU and less interactivity; prefix-aware routing helps both."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.default_deployment = Deployment(Split(8))
+        self.deployments: list[dict[str, Any] | None] = []
+
+    def evaluate(self, settings: SchedulerSettings, window: str, *,
+                 deployment: Deployment | None = None) -> dict[str, Any]:
+        out = super().evaluate(settings, window)
+        d = deployment or self.default_deployment
+        self.deployments.append(d.to_dict())
+        engines = d.split.engines
+        prefix = d.router is not None and d.router.policy == "prefix-aware"
+        out["output_throughput_per_gpu"] *= 1 + 0.1 * math.log2(engines) + 0.05 * prefix
+        out["p90_interactivity"] *= 1 - 0.02 * math.log2(engines) + 0.03 * prefix
+        if engines > 1:
+            out["engines"] = [{"engine": i, "replica": i // d.split.dp,
+                               "dp_rank": i % d.split.dp, "num_requests": 10 + i,
+                               "prefix_cache_hit_rate": 0.5, "kv_usage_mean": 0.4,
+                               "kv_usage_max": 0.9, "preemptions": 0, "num_steps": 100}
+                              for i in range(engines)]
+        return out

@@ -14,7 +14,7 @@ from tuner.errors import ConfigError
 from tuner.metrics import good_requests, parse_slo
 from tuner.sim.settings import SchedulerSettings
 from tuner.records import RequestResult
-from tuner.tune import tune
+from tuner.tune import SearchOptions, TuneInputs, tune
 from tuner.tune.baseline import parse_assignments, parse_serve_flags
 from tuner.metrics import rejection_warning
 
@@ -50,8 +50,9 @@ def test_serve_flags_parse_with_export_rules() -> None:
 def test_baseline_and_fixed_settings_are_trial_zero_and_out_of_the_space() -> None:
     fake = FakeEvaluator()
     base = fake.default_settings.replace(max_num_seqs=256, cache_aware_admission_window=4)
-    result = tune(evaluator=fake, n_trials=8, seed=1, space="scheduler", baseline=base,
-                  fixed={"max_num_batched_tokens": 4096})
+    result = tune(TuneInputs(evaluator=fake, baseline=base,
+                             fixed={"max_num_batched_tokens": 4096}),
+                  SearchOptions(n_trials=8, seed=1, space="scheduler"))
     first = fake.calls[0][0]
     assert first["max_num_seqs"] == 256 and first["cache_aware_admission_window"] == 4
     assert first["max_num_batched_tokens"] == 4096

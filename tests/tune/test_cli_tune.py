@@ -107,10 +107,11 @@ def test_the_tune_flow_is_a_library_call(small_trace: pathlib.Path,
     from tuner.profile import load_profile
     from tuner.profile.recommend import summary_lines, tune_to_profile
     from tuner.perf.target import Target
+    from tuner.tune import SearchOptions, TuneInputs
 
-    run = tune_to_profile(str(small_trace), tmp_path / "lib.yaml",
-                          target=Target(tp=8, num_gpu_blocks=1500), n_trials=3,
-                          fixed=["max_num_seqs=256"])
+    run = tune_to_profile(tmp_path / "lib.yaml",
+                          TuneInputs(str(small_trace), target=Target(tp=8, num_gpu_blocks=1500)),
+                          SearchOptions(n_trials=3), fixed=["max_num_seqs=256"])
     saved = load_profile(run.path)
     assert saved.scheduler.max_num_seqs == 256 and saved.target.max_model_len == 131072
     assert saved.target.gpu_memory_utilization == 0.92 and saved.target.num_gpu_blocks == 1500
@@ -125,7 +126,7 @@ def test_tune_over_a_gpu_budget_shows_and_exports_the_deployment(
     """The twin replays every sampled split (fleets included); --json names the split and
     router, the profile records them and exports them."""
     from tuner.profile import load_profile
-    from tuner.tune.deployment import Deployment, Split
+    from tuner.perf.deployment import Deployment, Split
 
     out = tmp_path / "fleet.yaml"
     res = CliRunner().invoke(cli, ["tune", str(small_trace), *TARGET, "--gpu-budget", "8",

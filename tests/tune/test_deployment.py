@@ -4,20 +4,21 @@ as a conditional dimension, and a study that records, ranks and exports them."""
 from __future__ import annotations
 
 import json
-import math
 import pathlib
-from typing import Any
 
 import optuna
 import pytest
 
-from tests.tune.fake import FakeEvaluator
+from tests.tune.fake import FleetFake
 from tuner.errors import ConfigError
+from tuner.perf.deployment import Deployment, Split, gpu_splits
 from tuner.perf.target import Target
+from tuner.profile import profile_of, warm_start_of
+from tuner.sim.fleet import RouterSettings
 from tuner.sim.settings import SchedulerSettings
-from tuner.tune import tune
-from tuner.tune.deployment import (Deployment, Split, deployment_for, gpu_splits,
-                                   join_settings, split_settings, with_deployment)
+from tuner.tune import DeploymentSearch, SearchOptions, StudyOutput, TuneInputs, tune
+from tuner.tune.deployment_space import (deployment_for, evaluate_point, join_settings,
+                                         split_settings, with_deployment)
 from tuner.tune.space import GPU_SPLIT, ROUTER_POLICY, admission_space, space_from_dict
 
 
@@ -84,9 +85,9 @@ def test_gpu_budget_space_makes_the_router_conditional_on_replicas() -> None:
         assert deployment.split == split
         if split.replicas > 1:
             seen_router = True
-            assert ROUTER_POLICY in params and deployment.router["policy"] == params[ROUTER_POLICY]
+            assert ROUTER_POLICY in params and deployment.router.policy == params[ROUTER_POLICY]
             if params[ROUTER_POLICY] == "prefix-aware":
-                assert deployment.router["overlap_weight"] == params["router.overlap_weight"]
+                assert deployment.router.overlap_weight == params["router.overlap_weight"]
         else:
             seen_single = True
             assert ROUTER_POLICY not in params and deployment.router is None
@@ -105,56 +106,53 @@ def test_gpu_budget_refusals() -> None:
     assert space.names[-2:] == (ROUTER_POLICY, "router.overlap_weight")
     assert next(p for p in space.params if p.name == ROUTER_POLICY).choices == ("prefix-aware",)
     # the baseline behind round-robin is outside that space: a different point
-    base = Deployment.of_target(fleet, {"policy": "round-robin"})
+    base = Deployment.of_target(fleet, RouterSettings("round-robin"))
     assert not space.contains(space.project(SchedulerSettings(), base))
     point = {**space.project(SchedulerSettings(), base), ROUTER_POLICY: "prefix-aware",
              "router.overlap_weight": 2.0}
-    assert deployment_for(space, base, point).router == {
-        "policy": "prefix-aware", "overlap_weight": 2.0, "block_size": 0}
+    assert deployment_for(space, base, point).router == RouterSettings(
+        "prefix-aware", overlap_weight=2.0)
 
 
 def test_points_keep_their_deployment_in_one_settings_dict() -> None:
-    d = Deployment(Split(2, 1, 4), {"policy": "session", "load_metric": "requests"})
+    d = Deployment(Split(2, 1, 4), RouterSettings("session", load_metric="requests"))
     joined = join_settings(SchedulerSettings(), d)
     settings, back = split_settings(joined)
     assert settings == SchedulerSettings() and back == d
     assert split_settings(SchedulerSettings().to_dict())[1] is None
     with pytest.raises(ConfigError, match="router: a router needs replicas > 1"):
-        Deployment(Split(8), {"policy": "round-robin"})
+        Deployment(Split(8), RouterSettings("round-robin"))
+    with pytest.raises(TypeError, match="expected RouterSettings"):
+        Deployment(Split(2, 1, 4), {"policy": "round-robin"})  # type: ignore[arg-type]
+    # fields its policy does not read are reset: two deployments that route alike are equal
+    assert Deployment(Split(2, 1, 4), RouterSettings("round-robin", overlap_weight=3.0)) == \
+        Deployment(Split(2, 1, 4), RouterSettings("round-robin"))
 
 
-class FleetFake(FakeEvaluator):
-    """The fake surface, plus a deployment effect: smaller TP with more replicas gives
-    more throughput per GPU and less interactivity; prefix-aware routing helps both."""
+def test_a_trial_replays_its_settings_and_deployment_as_given() -> None:
+    """No dict in between: the evaluator gets the very objects the trial built."""
+    fake = FleetFake()
+    seen: list[tuple[SchedulerSettings, Deployment | None]] = []
+    evaluate = fake.evaluate
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.default_deployment = Deployment(Split(8))
-        self.deployments: list[dict[str, Any] | None] = []
+    def spy(settings, window, *, deployment=None):  # type: ignore[no-untyped-def]
+        seen.append((settings, deployment))
+        return evaluate(settings, window, deployment=deployment)
 
-    def evaluate(self, settings: SchedulerSettings, window: str, *,
-                 deployment: Deployment | None = None) -> dict[str, Any]:
-        out = super().evaluate(settings, window)
-        d = deployment or self.default_deployment
-        self.deployments.append(d.to_dict())
-        engines = d.split.engines
-        prefix = d.router is not None and d.router["policy"] == "prefix-aware"
-        out["output_throughput_per_gpu"] *= 1 + 0.1 * math.log2(engines) + 0.05 * prefix
-        out["p90_interactivity"] *= 1 - 0.02 * math.log2(engines) + 0.03 * prefix
-        if engines > 1:
-            out["engines"] = [{"engine": i, "replica": i // d.split.dp,
-                               "dp_rank": i % d.split.dp, "num_requests": 10 + i,
-                               "prefix_cache_hit_rate": 0.5, "kv_usage_mean": 0.4,
-                               "kv_usage_max": 0.9, "preemptions": 0, "num_steps": 100}
-                              for i in range(engines)]
-        return out
+    fake.evaluate = spy  # type: ignore[method-assign]
+    settings = SchedulerSettings(max_num_seqs=64)
+    d = Deployment(Split(2, 1, 4), RouterSettings("prefix-aware", overlap_weight=1.5))
+    evaluate_point(fake, settings, d, "train")
+    evaluate_point(fake, settings, None, "train")
+    assert seen[0][0] is settings and seen[0][1] is d and seen[1] == (settings, None)
 
 
 def test_a_study_over_a_gpu_budget_records_and_exports_the_deployment() -> None:
     fake = FleetFake()
-    result = tune(evaluator=fake, target=Target(hardware="mi355x", model="llama-3.1-70b", tp=8),
-                  space="admission", n_trials=24, seed=2, n_survivors=6, gpu_budget=8,
-                  routers=["round-robin", "prefix-aware"])
+    result = tune(TuneInputs(evaluator=fake,
+                             target=Target(hardware="mi355x", model="llama-3.1-70b", tp=8)),
+                  SearchOptions(space="admission", n_trials=24, seed=2, n_survivors=6),
+                  DeploymentSearch(gpu_budget=8, routers=["round-robin", "prefix-aware"]))
     assert result.space.has_deployment
     assert any(d["replicas"] > 1 for d in fake.deployments if d)
     baseline = result.to_dict()["baseline"]
@@ -162,11 +160,11 @@ def test_a_study_over_a_gpu_budget_records_and_exports_the_deployment() -> None:
     rec = result.to_dict()["recommended"]
     assert "deployment" not in rec["settings"] and GPU_SPLIT in rec["params"]
     assert Split.parse(rec["params"][GPU_SPLIT]) == Deployment.from_dict(rec["deployment"]).split
-    profile = result.to_profile("fleet")
+    profile = profile_of(result, "fleet")
     dep = Deployment.from_dict(rec["deployment"])
     assert (profile.target.tp, profile.target.dp, profile.target.replicas) == (
         dep.split.tp, dep.split.dp, dep.split.replicas)
-    assert profile.target.num_gpus == 8 and profile.router == dep.router
+    assert profile.target.num_gpus == 8 and profile.deployment() == dep
     if dep.split.engines > 1:
         assert len(profile.predicted["train"]["engines"]["tuned"]) == dep.split.engines
     table = result.front_table()
@@ -205,13 +203,16 @@ params:
 def test_a_fleet_profile_warm_starts_a_budget_study_with_its_points_deployments() -> None:
     fake = FleetFake()
     target = Target(hardware="mi355x", model="llama-3.1-70b", tp=8)
-    first = tune(evaluator=fake, target=target, space="admission", n_trials=16, seed=4,
-                 n_survivors=4, gpu_budget=8, routers=["prefix-aware"])
-    profile = first.to_profile("warm")
+    first = tune(TuneInputs(evaluator=fake, target=target),
+                 SearchOptions(space="admission", n_trials=16, seed=4, n_survivors=4),
+                 DeploymentSearch(gpu_budget=8, routers=["prefix-aware"]))
+    profile = profile_of(first, "warm")
     assert all("deployment" in p for p in profile.pareto)
     again = FleetFake()
-    second = tune(evaluator=again, target=target, space="admission", n_trials=4, seed=5,
-                  n_survivors=2, gpu_budget=8, routers=["prefix-aware"], warm_start=profile)
+    second = tune(TuneInputs(evaluator=again, target=target),
+                  SearchOptions(space="admission", n_trials=4, seed=5, n_survivors=2,
+                                warm_start=warm_start_of(profile)),
+                  DeploymentSearch(gpu_budget=8, routers=["prefix-aware"]))
     assert any("warm start: enqueued" in n for n in second.notes)
     replayed = [d for d in again.deployments[:1 + len(profile.pareto)]]
     assert Deployment.from_dict(profile.pareto[0]["deployment"]).to_dict() in replayed
@@ -235,11 +236,12 @@ def test_resuming_a_fleet_study_with_another_router_is_refused(tmp_path: pathlib
     target = Target(hardware="mi355x", model="llama-3.1-70b", tp=4, replicas=2,
                     num_gpu_blocks=800)
     journal = str(tmp_path / "s.optuna-journal")
-    common = dict(target=target, n_trials=2, n_survivors=1, storage=journal, study_name="s",
-                  holdout=0.0, stage1_fraction=1.0)
-    tune(trace, router={"policy": "round-robin"}, **common)
+    inputs = TuneInputs(trace, target=target, holdout=0.0, stage1_fraction=1.0)
+    search = SearchOptions(n_trials=2, n_survivors=1)
+    study = StudyOutput(storage=journal, study_name="s")
+    tune(inputs, search, DeploymentSearch(router=RouterSettings("round-robin")), study)
     with pytest.raises(ConfigError, match="a different baseline router"):
-        tune(trace, router={"policy": "session"}, **common)
+        tune(inputs, search, DeploymentSearch(router=RouterSettings("session")), study)
 
 
 def test_summary_lines_name_the_deployment_change() -> None:
@@ -248,10 +250,11 @@ def test_summary_lines_name_the_deployment_change() -> None:
     from tuner.profile.recommend import TunedProfile, summary_lines
 
     fake = FleetFake()
-    result = tune(evaluator=fake, target=Target(hardware="mi355x", model="llama-3.1-70b", tp=8),
-                  space="admission", n_trials=16, seed=2, n_survivors=4, gpu_budget=8,
-                  routers=["prefix-aware"])
-    run = TunedProfile(result, result.to_profile("x"), _p.Path("x.yaml"), "", [])
+    result = tune(TuneInputs(evaluator=fake,
+                             target=Target(hardware="mi355x", model="llama-3.1-70b", tp=8)),
+                  SearchOptions(space="admission", n_trials=16, seed=2, n_survivors=4),
+                  DeploymentSearch(gpu_budget=8, routers=["prefix-aware"]))
+    run = TunedProfile(result, profile_of(result, "x"), _p.Path("x.yaml"), "", [])
     line = next(ln for ln in summary_lines(run) if ln.startswith("deployment: "))
     dep = Deployment.from_dict(result.to_dict()["recommended"]["deployment"])
     assert line.endswith(dep.describe()) or line == f"deployment: {dep.describe()} (the baseline's)"

@@ -18,7 +18,8 @@ from optuna.trial import TrialState
 from tests.envs import missing_env
 from tuner.profile import save_profile
 from tuner.perf.target import Target
-from tuner.tune import open_storage, tune
+from tuner.profile import profile_of
+from tuner.tune import SearchOptions, StudyOutput, TuneInputs, open_storage, tune
 
 URL = os.environ.get("TUNER_TEST_POSTGRES_URL")
 pytestmark = pytest.mark.postgres
@@ -46,8 +47,8 @@ def study_name() -> str:
 
 def test_two_workers_on_postgres(small_trace: pathlib.Path, tmp_path: pathlib.Path,
                                  study_name: str) -> None:
-    result = tune(small_trace, target=TARGET, n_trials=10, workers=2, storage=URL,
-                  study_name=study_name, seed=3)
+    result = tune(TuneInputs(small_trace, target=TARGET), SearchOptions(n_trials=10, seed=3),
+                  output=StudyOutput(workers=2, storage=URL, study_name=study_name))
     study = optuna.load_study(study_name=study_name, storage=open_storage(URL))  # type: ignore[arg-type]
     done = study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
     assert 10 <= len(done) <= 11
@@ -56,12 +57,13 @@ def test_two_workers_on_postgres(small_trace: pathlib.Path, tmp_path: pathlib.Pa
     assert done[0].user_attrs["role"] == "baseline"
     stage2 = optuna.load_study(study_name=study_name + ".full", storage=open_storage(URL))  # type: ignore[arg-type]
     assert stage2.trials and any(t.user_attrs["role"] == "baseline" for t in stage2.trials)
-    path = save_profile(result.to_profile("pg"), tmp_path / "pg.yaml")
+    path = save_profile(profile_of(result, "pg"), tmp_path / "pg.yaml")
     assert "postgresql://" in path.read_text()
 
 
 def test_join_from_another_process(small_trace: pathlib.Path, study_name: str) -> None:
-    tune(small_trace, target=TARGET, n_trials=3, storage=URL, study_name=study_name)
+    tune(TuneInputs(small_trace, target=TARGET), SearchOptions(n_trials=3),
+         output=StudyOutput(storage=URL, study_name=study_name))
     study = optuna.load_study(study_name=study_name, storage=open_storage(URL))  # type: ignore[arg-type]
     study.set_user_attr("tuner", {**study.user_attrs["tuner"], "n_trials": 6})
     proc = subprocess.run([sys.executable, "-c", "from tuner.cli import main; main()",
@@ -79,8 +81,9 @@ def test_password_in_url_is_redacted(small_trace: pathlib.Path, tmp_path: pathli
     if not password:
         missing_env("PGPASSWORD is unset (the URL from .ci/postgres.sh needs it)")
     with_pw = URL.replace("://tuner@", f"://tuner:{password}@")  # type: ignore[union-attr]
-    result = tune(small_trace, target=TARGET, n_trials=2, storage=with_pw, study_name=study_name)
+    result = tune(TuneInputs(small_trace, target=TARGET), SearchOptions(n_trials=2),
+                  output=StudyOutput(storage=with_pw, study_name=study_name))
     assert result.storage is not None and password not in result.storage
     assert "tuner:***@" in result.storage
-    text = save_profile(result.to_profile("r"), tmp_path / "r.yaml").read_text()
+    text = save_profile(profile_of(result, "r"), tmp_path / "r.yaml").read_text()
     assert password not in text

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from tests.tune.fake import FakeEvaluator
-from tuner.tune.capacity import overload_verdict
+from tuner.tune.overload import overload_verdict
 from tuner.sim.settings import SchedulerSettings
-from tuner.tune import tune
-from tuner.tune.capacity import find_capacity
+from tuner.tune import SearchOptions, TuneInputs, tune
+from tuner.tune.overload import find_capacity
 from tuner.tune.objectives import parse_constraints, parse_objectives
 from tuner.tune.select import Point, select, trade_off
 
@@ -56,8 +56,8 @@ class HeldOutBlowUp(FakeEvaluator):
 
 
 def test_tune_verdict_checks_every_constraint_on_held_out() -> None:
-    result = tune(evaluator=HeldOutBlowUp(), n_trials=30, seed=1,
-                  constraints=["ttft_p90_s<=2.0"])
+    result = tune(TuneInputs(evaluator=HeldOutBlowUp()),
+                  SearchOptions(n_trials=30, seed=1, constraints=["ttft_p90_s<=2.0"]))
     rec = result.recommended
     assert rec.holdout is not None and rec.holdout["ttft_p90_s"] <= 2.0
     assert rec.settings["cache_aware_admission_window"] < 8
@@ -159,7 +159,7 @@ def test_capacity_search_finds_the_smallest_deployment() -> None:
 
 
 def test_overload_is_reported_first_with_what_is_needed() -> None:
-    from tuner.tune.capacity import OverloadReport, Probe
+    from tuner.tune.overload import OverloadReport, Probe
 
     report = OverloadReport(verdict="demand 3.34 req/s ...", tp=8, dp=1, gpus=8,
                             needed=Probe(8, 3, 24, True, 1.2, 3.4),

@@ -8,9 +8,9 @@ import pytest
 
 from tests.tune.tracegen import write_small_trace
 from tuner.errors import ConfigError
-from tuner.profile import export_profile, load_profile, save_profile
+from tuner.profile import export_profile, load_profile, profile_of, save_profile
 from tuner.perf.target import Target
-from tuner.tune import ReplayEvaluator, join, tune
+from tuner.tune import ReplayEvaluator, SearchOptions, StudyOutput, TuneInputs, join, tune
 
 TARGET = Target(hardware="mi355x", model="llama-3.1-70b", tp=8, num_gpu_blocks=1500)
 
@@ -34,9 +34,10 @@ def test_windows_and_evaluation(small_trace: pathlib.Path) -> None:
 def test_tune_on_the_twin_writes_a_loadable_profile(small_trace: pathlib.Path,
                                                     tmp_path: pathlib.Path) -> None:
     out = tmp_path / "small.yaml"
-    result = tune(small_trace, target=TARGET, n_trials=6, seed=0, output=out)
+    result = tune(TuneInputs(small_trace, target=TARGET), SearchOptions(n_trials=6, seed=0),
+                  output=StudyOutput(output=out))
     assert result.storage == str(tmp_path / "small.optuna-journal")
-    prof = result.to_profile("small")
+    prof = profile_of(result, "small")
     save_profile(prof, out)
     again = load_profile(out)
     assert again.provenance["trace"]["fingerprint"] == ReplayEvaluator(
@@ -55,7 +56,8 @@ def test_tune_on_the_twin_writes_a_loadable_profile(small_trace: pathlib.Path,
 def test_join_rebuilds_the_evaluator_and_checks_the_trace(small_trace: pathlib.Path,
                                                           tmp_path: pathlib.Path) -> None:
     journal = str(tmp_path / "j.optuna-journal")
-    tune(small_trace, target=TARGET, n_trials=3, storage=journal, study_name="j")
+    tune(TuneInputs(small_trace, target=TARGET), SearchOptions(n_trials=3),
+         output=StudyOutput(storage=journal, study_name="j"))
     other = write_small_trace(tmp_path / "other.parquet", seed=7)
     with pytest.raises(ConfigError, match="fingerprint"):
         join("j", journal, trace=other)

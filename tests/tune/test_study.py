@@ -16,9 +16,10 @@ from optuna.trial import TrialState
 
 from tests.tune.fake import FakeEvaluator
 from tuner.errors import ConfigError, StudyNotFound
-from tuner.profile import Profile, ProfileTarget, save_profile
+from tuner.profile import Profile, ProfileTarget, load_profile, save_profile, warm_start_of
 from tuner.sim.settings import SchedulerSettings
-from tuner.tune import join, open_storage, redact_url, tune
+from tuner.tune import (SearchOptions, StudyOutput, TuneInputs, join, open_storage, redact_url,
+                        tune)
 
 
 def _study(path: pathlib.Path, name: str) -> optuna.Study:
@@ -26,7 +27,7 @@ def _study(path: pathlib.Path, name: str) -> optuna.Study:
 
 
 def test_baseline_is_trial_zero_and_the_pick_beats_it(fake: FakeEvaluator) -> None:
-    result = tune(evaluator=fake, n_trials=30, seed=1)
+    result = tune(TuneInputs(evaluator=fake), SearchOptions(n_trials=30, seed=1))
     assert result.front, "a Pareto front"
     stage1 = [c for c in fake.calls if c[1] == "stage1"]
     assert stage1[0][0] == fake.default_settings.to_dict()  # trial 0 = vLLM's defaults
@@ -45,7 +46,8 @@ def test_baseline_is_trial_zero_and_the_pick_beats_it(fake: FakeEvaluator) -> No
 
 def test_refused_combinations_are_pruned_and_never_replayed() -> None:
     fake = FakeEvaluator()
-    result = tune(evaluator=fake, space="scheduler", n_trials=40, seed=2)
+    result = tune(TuneInputs(evaluator=fake),
+                  SearchOptions(space="scheduler", n_trials=40, seed=2))
     assert result.n_refused > 0
     for settings, _ in fake.calls:
         assert settings["max_num_batched_tokens"] >= settings["max_num_seqs"]
@@ -55,8 +57,9 @@ def test_refused_combinations_are_pruned_and_never_replayed() -> None:
 
 def test_refused_trial_states_reason(tmp_path: pathlib.Path) -> None:
     journal = tmp_path / "s.optuna-journal"
-    tune(evaluator=FakeEvaluator(), space="scheduler", n_trials=40, seed=2, storage=str(journal),
-         study_name="s")
+    tune(TuneInputs(evaluator=FakeEvaluator()),
+         SearchOptions(space="scheduler", n_trials=40, seed=2),
+         output=StudyOutput(storage=str(journal), study_name="s"))
     pruned = _study(journal, "s").get_trials(states=(TrialState.PRUNED,))
     assert pruned and all("must be greater than or equal to max_num_seqs" in t.user_attrs["refused"]
                           for t in pruned)
@@ -64,8 +67,9 @@ def test_refused_trial_states_reason(tmp_path: pathlib.Path) -> None:
 
 def test_constraints_reach_optuna_and_the_pick_is_feasible(tmp_path: pathlib.Path) -> None:
     journal = tmp_path / "c.optuna-journal"
-    result = tune(evaluator=FakeEvaluator(), n_trials=30, seed=1, storage=str(journal),
-                  study_name="c", constraints=["ttft_p90_s<=1.3"])
+    result = tune(TuneInputs(evaluator=FakeEvaluator()),
+                  SearchOptions(n_trials=30, seed=1, constraints=["ttft_p90_s<=1.3"]),
+                  output=StudyOutput(storage=str(journal), study_name="c"))
     trials = _study(journal, "c").get_trials(states=(TrialState.COMPLETE,))
     assert all("ttft_p90_s<=1.3" in t.constraints for t in trials)
     assert any(t.constraints["ttft_p90_s<=1.3"] > 0 for t in trials)
@@ -78,29 +82,32 @@ def test_constraints_reach_optuna_and_the_pick_is_feasible(tmp_path: pathlib.Pat
 def test_resume_continues_to_n_and_refuses_a_different_search(tmp_path: pathlib.Path) -> None:
     journal = tmp_path / "r.optuna-journal"
     first = FakeEvaluator()
-    tune(evaluator=first, n_trials=6, seed=0, storage=str(journal), study_name="r")
+    tune(TuneInputs(evaluator=first), SearchOptions(n_trials=6, seed=0),
+         output=StudyOutput(storage=str(journal), study_name="r"))
     assert len([c for c in first.calls if c[1] == "stage1"]) == 6
     second = FakeEvaluator()
-    result = tune(evaluator=second, n_trials=14, seed=0, storage=str(journal), study_name="r")
+    result = tune(TuneInputs(evaluator=second), SearchOptions(n_trials=14, seed=0),
+                  output=StudyOutput(storage=str(journal), study_name="r"))
     assert len([c for c in second.calls if c[1] == "stage1"]) == 8
     assert result.n_complete == 14
     # a third run of the finished study replays nothing: stage-1, stage-2 and held-out
     # results are all read back from the study
     third = FakeEvaluator()
-    again = tune(evaluator=third, n_trials=14, seed=0, storage=str(journal), study_name="r")
+    again = tune(TuneInputs(evaluator=third), SearchOptions(n_trials=14, seed=0),
+                 output=StudyOutput(storage=str(journal), study_name="r"))
     assert third.calls == []
     assert again.recommended.settings == result.recommended.settings
     with pytest.raises(ConfigError, match="already exists with a different search space"):
-        tune(evaluator=FakeEvaluator(), space="scheduler", n_trials=14, storage=str(journal),
-             study_name="r")
+        tune(TuneInputs(evaluator=FakeEvaluator()), SearchOptions(space="scheduler", n_trials=14),
+             output=StudyOutput(storage=str(journal), study_name="r"))
     with pytest.raises(ConfigError, match=r"a different trace \(fingerprint\)"):
-        tune(evaluator=FakeEvaluator(fingerprint="other"), n_trials=14, storage=str(journal),
-             study_name="r")
+        tune(TuneInputs(evaluator=FakeEvaluator(fingerprint="other")), SearchOptions(n_trials=14),
+             output=StudyOutput(storage=str(journal), study_name="r"))
 
 
 def _run_slow(journal: str) -> None:
-    tune(evaluator=FakeEvaluator(delay_s=0.05), n_trials=200, seed=0, storage=journal,
-         study_name="k")
+    tune(TuneInputs(evaluator=FakeEvaluator(delay_s=0.05)), SearchOptions(n_trials=200, seed=0),
+         output=StudyOutput(storage=journal, study_name="k"))
 
 
 def test_killed_run_resumes(tmp_path: pathlib.Path) -> None:
@@ -139,8 +146,8 @@ def _check_resume(journal: pathlib.Path, killed: "optuna.Study") -> None:
     assert 5 <= done_before < 200
     assert killed.get_trials(states=(TrialState.RUNNING,)), "the kill left a trial running"
     fresh = FakeEvaluator()
-    result = tune(evaluator=fresh, n_trials=done_before + 4, seed=0, storage=str(journal),
-                  study_name="k")
+    result = tune(TuneInputs(evaluator=fresh), SearchOptions(n_trials=done_before + 4, seed=0),
+                  output=StudyOutput(storage=str(journal), study_name="k"))
     assert any("left running by a dead process" in n for n in result.notes)
     after = _study(journal, "k")
     assert not after.get_trials(states=(TrialState.RUNNING,))
@@ -153,14 +160,15 @@ def test_orphan_running_trial_without_a_worker_is_failed(tmp_path, monkeypatch) 
     from tuner.tune import study as study_module
 
     journal = tmp_path / "o.optuna-journal"
-    tune(evaluator=FakeEvaluator(), n_trials=3, seed=0, storage=str(journal), study_name="o")
+    tune(TuneInputs(evaluator=FakeEvaluator()), SearchOptions(n_trials=3, seed=0),
+         output=StudyOutput(storage=str(journal), study_name="o"))
     orphan = _study(journal, "o").ask()  # RUNNING, no host/pid recorded
-    result = tune(evaluator=FakeEvaluator(), n_trials=4, seed=0, storage=str(journal),
-                  study_name="o")
+    result = tune(TuneInputs(evaluator=FakeEvaluator()), SearchOptions(n_trials=4, seed=0),
+                  output=StudyOutput(storage=str(journal), study_name="o"))
     assert not any("no worker recorded" in n for n in result.notes)  # too young to judge
     monkeypatch.setattr(study_module, "ORPHAN_AFTER_S", 0.0)
-    result = tune(evaluator=FakeEvaluator(), n_trials=5, seed=0, storage=str(journal),
-                  study_name="o")
+    result = tune(TuneInputs(evaluator=FakeEvaluator()), SearchOptions(n_trials=5, seed=0),
+                  output=StudyOutput(storage=str(journal), study_name="o"))
     assert any(f"trial {orphan.number} has been running" in n for n in result.notes)
     assert not _study(journal, "o").get_trials(states=(TrialState.RUNNING,))
 
@@ -175,8 +183,9 @@ def test_warm_start_enqueues_the_profile_and_its_pareto_set(tmp_path: pathlib.Pa
                                                      ).to_dict()}))
     path = save_profile(prof, tmp_path / "prev.yaml")
     journal = tmp_path / "w.optuna-journal"
-    result = tune(evaluator=FakeEvaluator(), n_trials=8, storage=str(journal), study_name="w",
-                  warm_start=path)
+    result = tune(TuneInputs(evaluator=FakeEvaluator()),
+                  SearchOptions(n_trials=8, warm_start=warm_start_of(load_profile(path))),
+                  output=StudyOutput(storage=str(journal), study_name="w"))
     trials = _study(journal, "w").trials
     assert trials[0].user_attrs["role"] == "baseline"
     assert trials[1].user_attrs["role"] == "warm-start-profile"
@@ -191,8 +200,8 @@ def test_warm_start_enqueues_the_profile_and_its_pareto_set(tmp_path: pathlib.Pa
 
 def test_two_workers_share_a_journal(tmp_path: pathlib.Path) -> None:
     journal = tmp_path / "p.optuna-journal"
-    result = tune(evaluator=FakeEvaluator(delay_s=0.1), n_trials=16, workers=2,
-                  storage=str(journal), study_name="p")
+    result = tune(TuneInputs(evaluator=FakeEvaluator(delay_s=0.1)), SearchOptions(n_trials=16),
+                  output=StudyOutput(workers=2, storage=str(journal), study_name="p"))
     trials = _study(journal, "p").get_trials(states=(TrialState.COMPLETE,))
     assert 16 <= len(trials) <= 17  # a worker may start one more while the other finishes
     assert len({t.user_attrs["pid"] for t in trials}) == 2
@@ -201,7 +210,8 @@ def test_two_workers_share_a_journal(tmp_path: pathlib.Path) -> None:
 
 def test_join_checks_the_trace_and_runs_up_to_the_budget(tmp_path: pathlib.Path) -> None:
     journal = str(tmp_path / "j.optuna-journal")
-    tune(evaluator=FakeEvaluator(), n_trials=4, storage=journal, study_name="j")
+    tune(TuneInputs(evaluator=FakeEvaluator()), SearchOptions(n_trials=4),
+         output=StudyOutput(storage=journal, study_name="j"))
     with pytest.raises(ConfigError, match="trace fingerprint"):
         join("j", journal, evaluator=FakeEvaluator(fingerprint="another-trace"))
     with pytest.raises(StudyNotFound, match="no study 'nope'.*existing: j"):
@@ -215,7 +225,8 @@ def test_join_checks_the_trace_and_runs_up_to_the_budget(tmp_path: pathlib.Path)
 
 def test_join_refuses_studies_it_cannot_rebuild(tmp_path: pathlib.Path) -> None:
     journal = str(tmp_path / "f.optuna-journal")
-    tune(evaluator=FakeEvaluator(), n_trials=2, storage=journal, study_name="f")
+    tune(TuneInputs(evaluator=FakeEvaluator()), SearchOptions(n_trials=2),
+         output=StudyOutput(storage=journal, study_name="f"))
     with pytest.raises(ConfigError, match="cannot be rebuilt by a joiner"):
         join("f", journal)
 
@@ -230,6 +241,7 @@ def test_redact_url() -> None:
 
 def test_host_attr_is_recorded(tmp_path: pathlib.Path) -> None:
     journal = tmp_path / "h.optuna-journal"
-    tune(evaluator=FakeEvaluator(), n_trials=2, storage=str(journal), study_name="h")
+    tune(TuneInputs(evaluator=FakeEvaluator()), SearchOptions(n_trials=2),
+         output=StudyOutput(storage=str(journal), study_name="h"))
     t = _study(journal, "h").trials[0]
     assert t.user_attrs["host"] == socket.gethostname() and isinstance(t.user_attrs["pid"], int)

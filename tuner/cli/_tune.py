@@ -119,23 +119,27 @@ def _run_tune(trace: str, output: str, kw: dict[str, Any], target_kw: dict[str, 
     from rich.console import Console
 
     from tuner.profile.recommend import summary_lines, tune_to_profile
+    from tuner.tune.options import DeploymentSearch, SearchOptions, StudyOutput, TuneInputs
     from tuner.tune.select import PickRule
 
     ttft = kw["ttft_tolerance"]
     rule = PickRule(prefer=kw["prefer"], tolerance=kw["throughput_tolerance"] / 100.0,
                     ttft_tolerance=None if ttft.lower() == "off" else _percent(ttft))
     target = make_target(**target_kw)
-    router = make_router(target)  # the baseline's router (--router, its parameters)
+    inputs = TuneInputs(trace, target=target, backend=kw["backend"], holdout=kw["holdout"],
+                        stage1_fraction=kw["stage1_fraction"], slo=kw["slo"])
+    search = SearchOptions(space=kw["space"], objectives=_split(kw["objectives"]),
+                           constraints=_split(kw["constraints"]) or (), n_trials=kw["trials"],
+                           n_survivors=kw["survivors"], prefer=rule, seed=kw["seed"])
+    # the baseline's router (--router and its parameters), as the replay takes it
+    deployment = DeploymentSearch(router=make_router(target), gpu_budget=kw["gpu_budget"],
+                                  routers=_split(kw["routers"]))
     with progress_display(kw["progress"]) as shown:
-        run = tune_to_profile(
-            trace, output, target=target, vllm_version=kw["vllm_version"], router=router.to_dict(),
-            baseline=kw["baseline"], fixed=kw["assignments"], space=kw["space"],
-            objectives=_split(kw["objectives"]), constraints=_split(kw["constraints"]) or (),
-            n_trials=kw["trials"], storage=kw["storage"], study_name=kw["study_name"],
-            workers=kw["workers"], seed=kw["seed"], warm_start=kw["warm_start"],
-            holdout=kw["holdout"], prefer=rule, stage1_fraction=kw["stage1_fraction"],
-            n_survivors=kw["survivors"], backend=kw["backend"], progress=shown,
-            slo=kw["slo"], gpu_budget=kw["gpu_budget"], routers=_split(kw["routers"]))
+        study = StudyOutput(storage=kw["storage"], study_name=kw["study_name"],
+                            workers=kw["workers"], progress=shown)
+        run = tune_to_profile(output, inputs, search, deployment, study,
+                              vllm_version=kw["vllm_version"], baseline=kw["baseline"],
+                              fixed=kw["assignments"], warm_start=kw["warm_start"])
     if kw["as_json"]:
         echo_json({**run.result.to_dict(), "profile": str(run.path), "flags": run.command,
                    "async_scheduling": run.profile.target.async_scheduling})

@@ -182,17 +182,20 @@ def _load_current(history: ProfileHistory):  # type: ignore[no-untyped-def]
 def _tune(config: RetuneConfig, window_path: pathlib.Path, run_id: str,
           history: ProfileHistory, full: bool,
           progress: "Progress | None"):  # type: ignore[no-untyped-def]
-    from tuner.tune import tune
+    from tuner.profile.recommend import tuned_profile, warm_start_from
+    from tuner.tune.options import SearchOptions, StudyOutput, TuneInputs
 
-    result = tune(str(window_path), target=config.make_target(), space=config.space,
-                  objectives=config.objectives, constraints=config.constraints,
-                  n_trials=config.trials, storage=config.storage_url,
-                  study_name=f"{config.profile}-{run_id}", seed=config.seed,
-                  warm_start=None if full else history.current_path(),
-                  holdout=config.holdout, prefer=config.prefer,
-                  stage1_fraction=config.stage1_fraction, progress=progress)
-    candidate = result.to_profile(config.profile,
-                                  description=f"tuned by `tuner retune` (run {run_id})")
+    inputs = TuneInputs(str(window_path), target=config.make_target(), holdout=config.holdout,
+                        stage1_fraction=config.stage1_fraction)
+    search = SearchOptions(space=config.space, objectives=config.objectives,
+                           constraints=config.constraints, n_trials=config.trials,
+                           seed=config.seed, prefer=config.prefer,
+                           warm_start=None if full else warm_start_from(history.current_path()))
+    result, candidate = tuned_profile(
+        config.profile, inputs, search,
+        study=StudyOutput(storage=config.storage_url, study_name=f"{config.profile}-{run_id}",
+                          progress=progress),
+        description=f"tuned by `tuner retune` (run {run_id})")
     info = {"study": result.study_name, "trials": result.to_dict()["trials"],
             "recommended": result.to_dict()["recommended"], "notes": result.notes,
             "wall_s": round(result.wall_s, 3)}

@@ -37,6 +37,7 @@ import yaml
 
 from tuner.errors import ConfigError, ProfileError
 from tuner.loaders import load_yaml
+from tuner.perf.deployment import Deployment, Split, check_router, router_settings, routes
 from tuner.perf.dtypes import normalize_kv_cache_dtype, normalize_quantization
 from tuner.outputs import write_text
 from tuner.sim.settings import SchedulerSettings
@@ -126,6 +127,12 @@ class Profile:
         return header + yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False,
                                        width=100)
 
+    def deployment(self) -> Deployment:
+        """The deployment the profile records: ``target``'s split and the ``router``."""
+        t = self.target
+        return Deployment(Split(t.tp, t.dp, t.replicas, t.enable_expert_parallel),
+                          None if self.router is None else router_settings(self.router))
+
     def pareto_settings(self) -> list[SchedulerSettings]:
         """The stored Pareto set as settings (invalid entries were refused at load)."""
         return [SchedulerSettings.from_dict(p["settings"]) for p in self.pareto]
@@ -204,8 +211,6 @@ def profile_from_dict(data: Any, *, source: str = "<profile>") -> Profile:
             raise fail(f"pareto[{i}]", "must be a mapping with a 'settings' key")
         _settings(point.get("settings"), f"pareto[{i}].settings", fail)
         if point.get("deployment") is not None:
-            from tuner.tune.deployment import Deployment
-
             try:
                 Deployment.from_dict(point["deployment"], where=f"pareto[{i}].deployment")
             except ConfigError as exc:
@@ -311,8 +316,6 @@ def _router(raw: Any, target: ProfileTarget, fail: Any) -> dict[str, Any] | None
     """The ``router`` section: only for a fleet, a known policy and the router's own
     parameters (checked by the replay's ``RouterSettings``, so a profile names nothing
     the replay did not model)."""
-    from tuner.tune.deployment import check_router, routes
-
     if raw is None:
         return None
     try:

@@ -4,8 +4,10 @@ Why here: a notebook or a service should get the same recommendation, the same p
 file and the same printed evidence as the CLI without going through Click. ``tuner.profile``
 sits after ``tuner.tune`` in the layering, so this module may use both.
 
-    run = tune_to_profile("traces/agentic_1h.parquet", "profiles/agentic.yaml",
-                          target=Target(hardware="mi355x", tp=8), n_trials=200)
+    run = tune_to_profile("profiles/agentic.yaml",
+                          TuneInputs("traces/agentic_1h.parquet",
+                                     target=Target(hardware="mi355x", tp=8)),
+                          SearchOptions(n_trials=200))
     print("\\n".join(summary_lines(run)))
     print(run.command)
 """
@@ -16,16 +18,18 @@ import dataclasses
 import os
 import pathlib
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 from tuner.errors import ConfigError
+from tuner.perf.deployment import Deployment
+from tuner.profile.build import profile_of, warm_start_of
 from tuner.profile.export import export_profile
 from tuner.profile.model import Profile, ProfileTarget, load_profile, save_profile
 from tuner.sim.settings import SchedulerSettings
 from tuner.perf.target import Target
 from tuner.tune.baseline import (ServeFlags, check_target_agrees, parse_assignments,
                                  parse_serve_flags)
-from tuner.tune.deployment import Deployment
+from tuner.tune.options import DeploymentSearch, SearchOptions, StudyOutput, TuneInputs, WarmStart
 from tuner.tune.result import TuneResult
 from tuner.tune.select import fmt_metric, metric_name, trade_off
 
@@ -58,19 +62,43 @@ def resolve_baseline(spec: str | None, target: Target) -> tuple[
     return None, flags, notes
 
 
-def tune_to_profile(trace: str, output: str | os.PathLike[str], *, target: Target,
-                    vllm_version: str = "0.33.0", baseline: str | None = None,
-                    fixed: Sequence[str] = (), **tune_kw: Any) -> TunedProfile:
-    """Run :func:`tuner.tune.tune`, write the profile to ``output`` and render the command.
-
-    ``baseline``: a profile path or ``vllm serve`` flags (what the operator runs);
-    ``fixed``: ``["field=value", ...]`` held fixed (``--set``). Other keywords go to
-    :func:`tuner.tune.tune`.
-    """
-    from tuner.outputs import check_output
+def tuned_profile(name: str, inputs: TuneInputs, search: SearchOptions = SearchOptions(),
+                  deployment: DeploymentSearch = DeploymentSearch(),
+                  study: StudyOutput = StudyOutput(), *,
+                  description: str = "") -> tuple[TuneResult, Profile]:
+    """Run :func:`tuner.tune.tune` and build the profile ``name`` of its recommended point
+    (not written: ``tuner retune`` decides first whether to publish it)."""
     from tuner.tune import tune
 
+    result = tune(inputs, search, deployment, study)
+    return result, profile_of(result, name, description=description)
+
+
+def warm_start_from(source: "str | os.PathLike[str] | Profile | None") -> WarmStart | None:
+    """``--warm-start``: a profile (or its path) as the points a study replays first."""
+    if source is None:
+        return None
+    return warm_start_of(source if isinstance(source, Profile) else load_profile(source))
+
+
+def tune_to_profile(output: str | os.PathLike[str], inputs: TuneInputs,
+                    search: SearchOptions = SearchOptions(),
+                    deployment: DeploymentSearch = DeploymentSearch(),
+                    study: StudyOutput = StudyOutput(), *, vllm_version: str = "0.33.0",
+                    baseline: str | None = None, fixed: Sequence[str] = (),
+                    warm_start: "str | os.PathLike[str] | Profile | None" = None) -> TunedProfile:
+    """Tune, write the profile to ``output`` and render the ``vllm serve`` command.
+
+    The operator's spellings are read here: ``baseline`` is a profile path or ``vllm
+    serve`` flags (what the operator runs; it replaces ``inputs.baseline``), ``fixed`` is
+    ``["field=value", ...]`` held fixed (``--set``), ``warm_start`` a profile or its
+    path. ``output`` also names the study and places its journal (``study.output``).
+    """
+    from tuner.outputs import check_output
+
+    trace = inputs.trace
     check_output(output, inputs=[trace])  # before minutes of tuning, not after
+    target = inputs.target
     base_settings, flags, notes = resolve_baseline(baseline, target)
     target = _mode_of_baseline(flags, target)
     fixed_values = parse_assignments(fixed)
@@ -78,11 +106,16 @@ def tune_to_profile(trace: str, output: str | os.PathLike[str], *, target: Targe
         from tuner.perf.presets import resolve_target
 
         base_settings = resolve_target(target).default_settings.replace(**flags.scheduler)
-    result = tune(trace, target=target, output=output, baseline=base_settings,
-                  fixed=fixed_values or None, **tune_kw)
-    result.notes[:0] = notes
+    inputs = dataclasses.replace(inputs, target=target, fixed=fixed_values or None,
+                                 baseline=base_settings if baseline is not None
+                                 else inputs.baseline)
+    if warm_start is not None:
+        search = dataclasses.replace(search, warm_start=warm_start_from(warm_start))
     name = pathlib.Path(output).stem
-    profile = result.to_profile(name, description=f"tuned by `tuner tune` on {trace}")
+    result, profile = tuned_profile(name, inputs, search, deployment,
+                                    dataclasses.replace(study, output=output),
+                                    description=f"tuned by `tuner tune` on {trace}")
+    result.notes[:0] = notes
     profile = _with_target(profile, target, result)
     path = save_profile(profile, output, inputs=[trace])
     return TunedProfile(result, profile, path,

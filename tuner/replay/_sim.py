@@ -6,7 +6,8 @@ twin's construction (which indexes the requests) out of the timed ``run``.
 
 One engine (``dp = replicas = 1``) runs the single-engine ``Simulator`` (unchanged, and
 not slowed); a data-parallel deployment or a fleet runs ``tuner.sim.fleet``'s
-``FleetSimulator`` with the backend option ``router`` (a ``RouterSettings`` or its dict).
+``FleetSimulator`` with the backend option ``router`` (a ``RouterSettings``; a profile's
+or a study's dict form is read into one where it is loaded, not here).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from tuner.replay._backend import Backend, ProgressCallback
 
 if TYPE_CHECKING:
     from tuner.records import ReplayResult
+    from tuner.sim.fleet import RouterSettings
     from tuner.sim.settings import SchedulerSettings, SimOptions
     from tuner.trace import TraceRequest
 
@@ -29,15 +31,14 @@ class SimBackend(Backend):
     accepts_array_hashes = True  # SimRequest takes anything with tolist(), at arrival
     accepts_hash_ids = True  # interned once per trace: the twin's cache indexes arrays
 
-    def __init__(self, router: Any = None) -> None:
+    def __init__(self, router: "RouterSettings | None" = None) -> None:
         from tuner.sim.fleet import RouterSettings
 
         if router is None:
             router = RouterSettings()
-        elif isinstance(router, dict):
-            router = RouterSettings.from_dict(router)
         elif not isinstance(router, RouterSettings):
-            raise TypeError(f"router {router!r}: expected RouterSettings or a dict")
+            raise TypeError(f"router {router!r}: expected RouterSettings (read a dict form "
+                            "with RouterSettings.from_dict where it is loaded)")
         self.router: RouterSettings = router
         self._simulator: Any = None
 

@@ -24,7 +24,8 @@ import numpy as np
 from tuner.records import ReplayResult
 from tuner.report.study_trace import CompactTrace, load_compact
 from tuner.sim.settings import SchedulerSettings
-from tuner.tune.deployment import Deployment, split_settings
+from tuner.perf.deployment import Deployment, router_settings
+from tuner.tune.deployment_space import split_settings
 from tuner.tune.evaluate import HOLDOUT_WARMUP, Windows, target_from_dict
 
 #: Time-series bins per chart: enough for the eye, small enough for the page.
@@ -173,7 +174,7 @@ def replay_windows(spec: dict[str, Any], trace: StudyTrace,
     ``spec`` is the study's evaluator spec (``tuner tune`` stores target, backend and
     windows in it). A label's settings are ``SchedulerSettings`` or a study point's
     settings dict, whose deployment (a searched GPU split or router,
-    ``tuner.tune.deployment``) then replaces the study target's layout for that label.
+    ``tuner.tune.deployment_space``) then replaces the study target's layout for that label.
     ``workers``: processes for the replays (default: the CPUs this process may use, at
     most one per replay); the results do not depend on it.
     """
@@ -185,7 +186,8 @@ def replay_windows(spec: dict[str, Any], trace: StudyTrace,
 
     target = target_from_dict(spec["target"])
     backend = spec.get("backend") or "sim"
-    base = Deployment.of_target(target, spec.get("router"))
+    router = spec.get("router")  # the study's record form
+    base = Deployment.of_target(target, None if router is None else router_settings(router))
     layouts: dict[str, tuple[SchedulerSettings, Deployment]] = {}
     for label, value in settings.items():
         sched, own = (value, None) if isinstance(value, SchedulerSettings) else \
@@ -235,7 +237,7 @@ def replay_windows(spec: dict[str, Any], trace: StudyTrace,
     return out
 
 
-#: (requests, settings, measure_from_s, target, router dict or None), set before forking
+#: (requests, settings, measure_from_s, target, RouterSettings or None), set before forking
 _POOL_JOBS: list[tuple[Any, SchedulerSettings, float | None, Any, Any]] = []
 _POOL_ARGS: tuple[str, int] = ("sim", 0)
 

@@ -24,7 +24,7 @@ from tuner.errors import ConfigError, StudyNotFound
 from tuner.tune import (Objective, Point, default_journal_path, open_storage, pareto_front,
                         parse_objectives, redact_url, select)
 from tuner.tune.storage import journal_path, quiet_optuna
-from tuner.tune.deployment import DEPLOYMENT_KEY, join_settings, profile_deployment
+from tuner.tune.deployment_space import DEPLOYMENT_KEY, join_settings
 from tuner.tune.study_records import StudyRecords, settings_key
 
 if TYPE_CHECKING:
@@ -207,7 +207,7 @@ def _choose(data: ReportData) -> None:
     prof = data.profile
     if prof is not None:
         searched = any(DEPLOYMENT_KEY in p.settings for p in data.stage2)
-        want = settings_key(join_settings(prof.scheduler, profile_deployment(prof))
+        want = settings_key(join_settings(prof.scheduler, prof.deployment())
                             if searched else prof.scheduler.to_dict())
         match = next((p for p in data.stage2 if settings_key(p.settings) == want), None)
         sel = prof.predicted.get("selection") or {}

@@ -23,7 +23,8 @@ from tuner.report.engines import engine_section
 from tuner.report.replays import WindowReplay, binned_series, replay_windows, trace_for_spec
 from tuner.report.study_data import ReportData, finite, load_report_data
 from tuner.tune import Objective, Point
-from tuner.tune.deployment import DEPLOYMENT_KEY, Deployment, profile_deployment
+from tuner.perf.deployment import Deployment
+from tuner.tune.deployment_space import DEPLOYMENT_KEY
 
 BASE_COLOR, TUNED_COLOR, FRONT_COLOR, CLOUD_COLOR = "#000000", "#D55E00", "#0072B2", "#9aa4ae"
 #: Below this many completed trials, parameter importances are shown with a warning.
@@ -85,7 +86,7 @@ def _summary_section(data: ReportData) -> Section:
     rows: list[list[str]] = []
     if prof is not None:
         t = prof.target
-        layout = profile_deployment(prof).describe() if t.is_multi_engine or prof.router \
+        layout = prof.deployment().describe() if t.is_multi_engine or prof.router \
             else f"TP{t.tp} x DP{t.dp}"
         rows += [["profile", prof.name], ["target", f"{t.hardware}, {t.model}, {layout} "
                                                     f"({t.num_gpus} GPUs)"]]

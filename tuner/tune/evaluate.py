@@ -36,7 +36,8 @@ import numpy as np
 from tuner.errors import ConfigError
 from tuner.sim.settings import SchedulerSettings
 from tuner.perf.target import Target
-from tuner.tune.deployment import Deployment, default_router
+from tuner.perf.deployment import Deployment, default_router, router_settings
+from tuner.sim.fleet import RouterSettings
 
 WindowName = Literal["stage1", "train", "holdout"]
 
@@ -145,9 +146,9 @@ class ReplayEvaluator:
     def __init__(self, trace: Any, *, target: Target, backend: str = "sim",
                  holdout: float = 0.25, stage1_fraction: float = 0.25,
                  expect_fingerprint: str | None = None,
-                 baseline: SchedulerSettings | dict[str, Any] | None = None,
+                 baseline: SchedulerSettings | None = None,
                  slo_ms: dict[str, float] | None = None,
-                 router: dict[str, Any] | None = None) -> None:
+                 router: RouterSettings | None = None) -> None:
         from tuner.perf.presets import resolve_target
         from tuner.trace import read_trace
 
@@ -160,12 +161,10 @@ class ReplayEvaluator:
         #: The baseline and trial 0: vLLM's defaults, or what the operator runs (--baseline,
         #: --set), so every comparison is against the deployment being replaced.
         self.default_settings: SchedulerSettings = (
-            self.resolved.default_settings if baseline is None
-            else baseline if isinstance(baseline, SchedulerSettings)
-            else SchedulerSettings.from_dict(baseline))
+            self.resolved.default_settings if baseline is None else baseline)
         self.slo_ms = dict(slo_ms or {})
         #: The deployment a point replays unless it carries its own (a searched split or
-        #: router): the target's, with ``router`` (dict form) in front of its replicas.
+        #: router): the target's, with ``router`` in front of its replicas.
         self.default_deployment = Deployment.of_target(target, router or default_router())
         self.max_model_len = int(self.resolved.cache.max_model_len)
         self.num_gpus = int(self.resolved.num_gpus)
@@ -201,13 +200,17 @@ class ReplayEvaluator:
             "windows": self.windows.to_dict(),
             "baseline": self.default_settings.to_dict(),
             "slo_ms": self.slo_ms,
-            "router": self.default_deployment.router,
+            "router": (None if self.default_deployment.router is None
+                       else self.default_deployment.router.to_dict()),
         }
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any], *, trace: Any = None) -> "ReplayEvaluator":
         """Rebuild from a study's stored spec; ``trace`` overrides the stored path."""
         w = spec["windows"]
+        # the study's record forms, read once into the objects the evaluator holds
+        router = None if spec.get("router") is None else router_settings(spec["router"])
+        baseline = spec.get("baseline")
         span = w["t1"] - w["t0"]
         holdout = (w["t1"] - w["t_split"]) / span
         stage1 = (w["t_stage1"] - w["t0"]) / (w["t_split"] - w["t0"])
@@ -215,8 +218,9 @@ class ReplayEvaluator:
                    target=target_from_dict(spec["target"]), backend=spec.get("backend", "sim"),
                    holdout=holdout, stage1_fraction=stage1,
                    expect_fingerprint=spec["trace_fingerprint"],
-                   baseline=spec.get("baseline"), slo_ms=spec.get("slo_ms"),
-                   router=spec.get("router"))
+                   baseline=None if baseline is None else SchedulerSettings.from_dict(baseline),
+                   slo_ms=spec.get("slo_ms"),
+                   router=router)
 
     def _requests(self, window: WindowName) -> list[Any]:
         """The requests ``window`` replays: a prefix of the whole trace (arrival < end).
@@ -277,14 +281,10 @@ class ReplayEvaluator:
                             router=use.router)
 
     def _replay(self, requests: list[Any], settings: SchedulerSettings, window: WindowName,
-                target: Target, *, router: dict[str, Any] | None = None) -> dict[str, Any]:
+                target: Target, *, router: RouterSettings | None = None) -> dict[str, Any]:
         from tuner import metrics, replay
 
-        extra: dict[str, Any] = {}
-        if router is not None:
-            from tuner.sim.fleet import RouterSettings
-
-            extra["router"] = RouterSettings.from_dict(router)
+        extra: dict[str, Any] = {} if router is None else {"router": router}
         result = replay.run(requests, settings, backend=self.backend, target=target,
                             hash_block_size=self.block_size, **extra)
         measure_from = self.windows.t_split if window == "holdout" else None

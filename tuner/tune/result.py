@@ -1,23 +1,21 @@
-"""``TuneResult``: what a tuning run found, and its conversion into a profile.
+"""``TuneResult``: what a tuning run found.
 
 The result keeps both windows apart: ``metrics`` of a point are on the training window
 (what the search ranked on), ``holdout`` on the later held-out window (never used to
-rank). :meth:`TuneResult.to_profile` writes both, with the deltas against the baseline.
+rank). ``tuner.profile.profile_of`` writes both into a profile, with the deltas against
+the baseline; the study itself never builds a profile (``tuner.profile`` is downstream).
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
-from tuner import VLLM_TWIN_VERSION, __version__
-from tuner.sim.settings import SchedulerSettings
-from tuner.tune.deployment import DEPLOYMENT_KEY
-from tuner.tune.evaluate import ENGINES_KEY, Windows
+from tuner.tune.deployment_space import DEPLOYMENT_KEY, scheduler_part
+from tuner.tune.evaluate import Windows
 from tuner.tune.objectives import Constraint, Objective
-from tuner.tune.capacity import OverloadReport
+from tuner.tune.overload import OverloadReport
 from tuner.tune.select import (TTFT_KEYS, PickRule, Point, Selection, check, trade_off,
                                ttft_guard_applies)
 from tuner.tune.space import GPU_SPLIT, SearchSpace, is_deployment_param
@@ -25,8 +23,6 @@ from tuner.units import FRONT, cell
 
 if TYPE_CHECKING:
     from rich.table import Table
-
-    from tuner.profile import Profile
 
 #: Metrics copied into a profile's ``predicted`` section (objectives/constraints are added).
 PROFILE_METRICS = ("p90_interactivity", "output_throughput_per_gpu", "total_throughput_per_gpu",
@@ -140,11 +136,11 @@ class TuneResult:
             "recommended": {"trial": self.recommended.number,
                             "is_baseline": self.recommended.is_baseline,
                             "params": self.recommended.params,
-                            "settings": _scheduler_part(self.recommended.settings),
+                            "settings": scheduler_part(self.recommended.settings),
                             "deployment": self.deployment_of(self.recommended),
                             "rule": self.selection.rule, "reason": self.selection.reason},
             "baseline": {"trial": self.baseline.number,
-                         "settings": _scheduler_part(self.baseline.settings),
+                         "settings": scheduler_part(self.baseline.settings),
                          "deployment": self.deployment_of(self.baseline)},
             "train": self.comparison("train"),
             "holdout": self.comparison("holdout") if self.windows.has_holdout else None,
@@ -200,97 +196,6 @@ class TuneResult:
             table.add_row(*cells, mark.strip())
         return table
 
-    def to_profile(self, name: str, *, description: str = "") -> "Profile":
-        """The recommended point as a :class:`tuner.profile.Profile`."""
-        from tuner.profile import Profile, ProfileTarget
-
-        spec = self.evaluator_spec
-        target = spec.get("target", {})
-        point = self.recommended
-        predicted: dict[str, Any] = {
-            "objectives": [str(o) for o in self.objectives],
-            "constraints": [str(c) for c in self.constraints],
-            "selection": {"prefer": self.prefer, "rule": self.selection.rule,
-                          "reason": self.selection.reason,
-                          "runner_ups": [trade_off(p, point, self.objectives)
-                                         for p in self.selection.runner_ups],
-                          "skipped": list(self.selection.skipped),
-                          "stage1_trial": None if point.number < 0 else point.number,
-                          "is_baseline": point.is_baseline},
-            "train": {"window_s": [self.windows.t0, self.windows.t_split],
-                      **self.comparison("train")},
-        }
-        if self.windows.has_holdout:
-            predicted["holdout"] = {"window_s": [self.windows.t_split, self.windows.t1],
-                                    **self.comparison("holdout")}
-        predicted["confirms"] = self.confirms()
-        if self.overload is not None:
-            predicted["overload"] = self.overload.to_dict()
-        pareto = [{"trial": p.number, "params": p.params,
-                   "settings": _scheduler_part(p.settings),
-                   **({"deployment": p.settings[DEPLOYMENT_KEY]}
-                      if DEPLOYMENT_KEY in p.settings else {}),
-                   "train": {o.key: p.metrics.get(o.key) for o in self.objectives},
-                   "holdout": ({o.key: p.holdout.get(o.key) for o in self.objectives}
-                               if p.holdout else None)} for p in self.front]
-        for window in ("train", "holdout"):
-            engines = {role: _engines(p, window) for role, p in (("baseline", self.baseline),
-                                                                  ("tuned", point))}
-            if any(engines.values()) and window in predicted:
-                predicted[window][ENGINES_KEY] = {k: v for k, v in engines.items() if v}
-        provenance = {
-            "trace": {"path": spec.get("trace_path"),
-                      "resolved": spec.get("trace_resolved"),
-                      "fingerprint": spec.get("trace_fingerprint"),
-                      "time_range_s": [self.windows.t0, self.windows.t1]},
-            "windows": self.windows.to_dict(),
-            "study": {"name": self.study_name, "storage": self.storage,
-                      "stage2_study": self.study_name + ".full",
-                      "trial": None if point.number < 0 else point.number},
-            "search": {"space": self.space.to_dict(), "backend": spec.get("backend"),
-                       "trials": {"complete": self.n_complete, "refused": self.n_refused,
-                                  "pruned": self.n_pruned, "failed": self.n_failed},
-                       "survivors": len(self.stage2)},
-            "tool_version": __version__,
-            "twin_version": VLLM_TWIN_VERSION,
-            "seed": self.seed,
-            "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        }
-        deployment = self.deployment_of(point)
-        replicas = int(deployment["replicas"])
-        return Profile(
-            name=name, description=description,
-            scheduler=SchedulerSettings.from_dict(_scheduler_part(point.settings)),
-            router=deployment["router"],
-            target=ProfileTarget(hardware=str(target.get("hardware", "?")),
-                                 model=str(target.get("model", "?")),
-                                 tp=int(deployment["tp"]), dp=int(deployment["dp"]),
-                                 replicas=replicas,
-                                 enable_expert_parallel=bool(
-                                     deployment["enable_expert_parallel"]),
-                                 num_gpus=(self.num_gpus if DEPLOYMENT_KEY not in point.settings
-                                           else int(deployment["tp"]) * int(deployment["dp"])
-                                           * replicas),
-                                 block_size=self.block_size,
-                                 async_scheduling=_replayed_mode(point.metrics, target),
-                                 vllm_versions=(VLLM_TWIN_VERSION,),
-                                 quantization=target.get("quantization"),
-                                 kv_cache_dtype=target.get("kv_cache_dtype"),
-                                 step_time_source=target.get("step_time_source")),
-            predicted=predicted, pareto=tuple(pareto), provenance=provenance)
-
-
-def _replayed_mode(metrics: dict[str, Any], target: dict[str, Any]) -> bool:
-    """The scheduling mode the study replayed (each summary records it), so the profile
-    deploys the engine its predictions came from; else what the target resolves to."""
-    mode = metrics.get("async_scheduling")
-    if isinstance(mode, bool):
-        return mode
-    from tuner.perf.presets import resolve_target
-    from tuner.tune.evaluate import target_from_dict
-
-    return resolve_target(target_from_dict(target)).async_scheduling
-
 
 #: Short column titles (the JSON output and profiles keep the full names).
 _COLUMN = {"cache_aware_admission_window": "window", "cache_aware_admission_threshold": "threshold",
@@ -301,11 +206,6 @@ _COLUMN = {"cache_aware_admission_window": "window", "cache_aware_admission_thre
            "router.overlap_weight": "overlap weight", "router.load_metric": "load metric",
            "output_throughput_per_gpu": "out tok/s/GPU", "ttft_p50_s": "TTFT p50 s",
            "ttft_p90_s": "TTFT p90 s", "goodput": "goodput req/s"}
-
-
-def _scheduler_part(settings: dict[str, Any]) -> dict[str, Any]:
-    """A point's settings without its deployment: the SchedulerSettings fields."""
-    return {k: v for k, v in settings.items() if k != DEPLOYMENT_KEY}
 
 
 def _coordinate(p: Point, name: str) -> Any:
@@ -320,12 +220,6 @@ def _coordinate(p: Point, name: str) -> Any:
     if is_deployment_param(name):
         return p.params.get(name)
     return p.settings.get(name)
-
-
-def _engines(point: Point, window: str) -> list[dict[str, Any]]:
-    """The point's per-engine summaries on ``window`` (empty for one engine)."""
-    metrics = point.metrics if window == "train" else (point.holdout or {})
-    return list(metrics.get(ENGINES_KEY) or [])
 
 
 def _fmt(value: Any) -> str:

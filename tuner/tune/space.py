@@ -20,7 +20,7 @@ Built-in spaces (``docs/tuning.md`` explains the choices):
 A YAML file defines any other space (format in ``docs/tuning.md``); a bad file raises
 :class:`tuner.errors.ConfigError` naming the file and the key.
 
-Deployment dimensions (:mod:`tuner.tune.deployment`) are parameters of the same space
+Deployment dimensions (:mod:`tuner.tune.deployment_space`) are parameters of the same space
 under names that are not ``SchedulerSettings`` fields: ``gpu_split`` (categorical over
 ``tp=T,dp=D,replicas=R[,ep]`` labels of one GPU budget), ``router.policy`` and
 ``router.<param>`` (the router's own numeric parameters). A parameter may be
@@ -40,12 +40,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import pathlib
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from tuner.errors import ConfigError
 from tuner.loaders import load_yaml
+from tuner.perf.deployment import SPLIT_LABEL
 from tuner.sim.settings import SchedulerSettings
 
 if TYPE_CHECKING:
@@ -73,8 +73,6 @@ assert set(_FIELD_TYPES) == {f.name for f in dataclasses.fields(SchedulerSetting
 
 #: The parameter naming a GPU split (``Split.label`` values) and the router parameters.
 GPU_SPLIT = "gpu_split"
-#: A ``gpu_split`` value (``tuner.tune.deployment.Split.label``).
-SPLIT_LABEL = re.compile(r"^tp=(\d+),dp=(\d+),replicas=(\d+)(,ep)?$")
 ROUTER_POLICY = "router.policy"
 ROUTER_PREFIX = "router."
 
@@ -199,7 +197,7 @@ class SearchSpace:
     def project(self, settings: SchedulerSettings,
                 deployment: Any = None) -> dict[str, Scalar]:
         """The space's coordinates of ``settings`` and ``deployment`` (a
-        ``tuner.tune.deployment.Deployment``, which imports this module; may lie outside
+        ``tuner.perf.deployment.Deployment``; may lie outside
         the space). Deployment parameters need ``deployment``; conditional ones appear
         where active."""
         out: dict[str, Scalar] = {}
@@ -256,7 +254,7 @@ def deployment_value(deployment: Any, name: str) -> Scalar | None:
     if deployment.router is None:
         return None
     key = "policy" if name == ROUTER_POLICY else name[len(ROUTER_PREFIX):]
-    return deployment.router.get(key)
+    return deployment.router.to_dict().get(key)
 
 
 def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:

@@ -34,22 +34,22 @@ import pathlib
 import socket
 import tempfile
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from tuner.errors import ConfigError, StudyNotFound
 from tuner.metrics import parse_slo
-from tuner.perf.target import Target
 from tuner.processes import pid_alive
 from tuner.progress import Progress, Reporter, check_progress
-from tuner.sim.settings import SchedulerSettings
 from tuner.tune.baseline import baseline_settings
-from tuner.tune.capacity import overload_report
-from tuner.tune.deployment import (Deployment, base_deployment_of, deployment_for,
-                                   evaluate_point, join_settings, profile_deployment,
-                                   with_deployment)
+from tuner.tune.deployment_space import (base_deployment_of, deployment_for, evaluate_point,
+                                         join_settings, with_deployment)
 from tuner.tune.evaluate import Evaluator, ReplayEvaluator, evaluator_from_spec
 from tuner.tune.inputs import check_window_sizes, fixed_space, input_warnings
 from tuner.tune.objectives import best_so_far, parse_constraints, parse_objectives
+from tuner.tune.options import (DeploymentSearch, SearchOptions, StudyOutput, TuneInputs,
+                                WarmStart)
+from tuner.tune.overload import overload_report
 from tuner.tune.result import TuneResult
 from tuner.tune.select import PickRule, Point, pareto_front, rank, select
 from tuner.tune.space import SearchSpace, load_space
@@ -61,59 +61,23 @@ if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
-    from tuner.profile import Profile
-
 # --------------------------------------------------------------------------- public API
 
 
-def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSpace" = "admission",
-         objectives: "str | Sequence[str] | None" = None, constraints: Sequence[str] = (),
-         n_trials: int = 100, storage: str | None = None, study_name: str | None = None,
-         workers: int = 1, seed: int = 0, warm_start: "str | os.PathLike[str] | Profile | None" = None,
-         holdout: float = 0.25, prefer: "str | PickRule" = "throughput",
-         stage1_fraction: float = 0.25, n_survivors: int | None = None, backend: str = "sim",
-         output: "str | os.PathLike[str] | None" = None, evaluator: Evaluator | None = None,
-         progress: "Progress | None" = None, baseline: "SchedulerSettings | None" = None,
-         fixed: dict[str, Any] | None = None,
-         slo: "str | dict[str, float] | None" = None, gpu_budget: int | None = None,
-         routers: Sequence[str] | None = None,
-         router: dict[str, Any] | None = None) -> TuneResult:
-    """Search scheduler settings for ``trace`` on ``target`` and pick a recommended point.
+def tune(inputs: TuneInputs, search: SearchOptions = SearchOptions(),
+         deployment: DeploymentSearch = DeploymentSearch(),
+         output: StudyOutput = StudyOutput()) -> TuneResult:
+    """Search scheduler settings for ``inputs`` and pick a recommended point.
 
     Args:
-        trace: a trace path or ``Trace`` (ignored when ``evaluator`` is given).
-        target: the deployment (hardware, model, TP/DP, KV cache).
-        space: ``"admission"``, ``"scheduler"``, a YAML path or a ``SearchSpace``.
-        objectives: Summary keys to optimise (``"key"``, ``"key:max"``, ``"key:min"``);
-            None = p90_interactivity and output_throughput_per_gpu, both maximised.
-        constraints: ``"ttft_p90_s<=2.0"`` style bounds; infeasible points are never picked.
-        n_trials: stage-1 trials in total (baseline and warm-start trials included).
-        storage: database URL or journal path; None = a journal file next to ``output``
-            (in memory when there is no output and a single worker).
-        study_name: None = the output file's stem, or ``tune-<fingerprint>-<space>``.
-        workers: processes on this machine sharing the storage.
-        seed: sampler seed (worker ``i`` uses ``seed + i``).
-        warm_start: a profile (or its path) whose settings and Pareto set are enqueued.
-        holdout: fraction of the trace at its end kept out of the search (0 = none).
-        prefer: ``throughput``, ``interactivity`` or ``balanced``, or a ``PickRule``
-            (tolerances; see tuner.tune.select).
-        stage1_fraction: stage 1 replays this leading fraction of the training window;
-            1.0 disables staging.
-        n_survivors: points promoted to stage 2; None = ``min(32, max(8, n_trials // 10))``.
-        evaluator: replaces the trace replay (tests, custom backends).
-        progress: a :class:`tuner.progress.Progress` sink (stages, trials done, best so
-            far); None = silent.
-        baseline: the settings the operator runs (baseline and trial 0) instead of vLLM's
-            defaults for the target.
-        fixed: settings held fixed (``--set``): applied to the baseline and every trial,
-            and taken out of the search space.
-        slo: ``"ttft:2000,tpot:50"`` (ms, ``vllm bench serve --goodput``): defines the
-            ``goodput`` metric for objectives and constraints.
-        gpu_budget: search the ``tp x dp x replicas`` splits of this many GPUs
-            (``gpu_split``, :mod:`tuner.tune.deployment`); ``target`` is the baseline split.
-        routers: router policies searched where a split has replicas (None: all four;
-            one: held fixed).
-        router: the baseline router's settings (dict form) for a target with replicas.
+        inputs: what every trial replays (trace or evaluator, target, windows, baseline).
+        search: the space, objectives, constraints, trial budget, pick rule, warm start.
+        deployment: the baseline's router, a GPU budget's splits and the routers searched
+            (:mod:`tuner.tune.deployment_space`).
+        output: the study's storage and name, local workers, the progress sink.
+
+    The fields are documented in :mod:`tuner.tune.options`. The result is turned into a
+    profile by ``tuner.profile.profile_of``.
 
     Raises:
         ConfigError: bad space/objectives/constraints, an existing study with another
@@ -121,42 +85,50 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
     """
     import optuna
 
-    if n_trials < 1:
-        raise ConfigError(f"n_trials={n_trials}: at least one trial is needed")
-    if workers < 1:
-        raise ConfigError(f"workers={workers}: must be >= 1")
+    if search.n_trials < 1:
+        raise ConfigError(f"n_trials={search.n_trials}: at least one trial is needed")
+    if output.workers < 1:
+        raise ConfigError(f"workers={output.workers}: must be >= 1")
+    n_trials, workers, seed, target = search.n_trials, output.workers, search.seed, inputs.target
+    prefer = search.prefer
     rule = prefer if isinstance(prefer, PickRule) else PickRule(prefer=prefer)  # type: ignore[arg-type]
-    the_space, deploy_notes = with_deployment(fixed_space(load_space(space), fixed), target,
-                                              gpu_budget=gpu_budget, routers=routers)
-    if evaluator is None and backend != "sim" and (the_space.has_deployment
-                                                   or target.replicas > 1):
-        raise ConfigError(f"--backend {backend} replays one deployment; --replicas > 1 "
+    fixed = dict(inputs.fixed) if inputs.fixed else None
+    the_space, deploy_notes = with_deployment(
+        fixed_space(load_space(search.space), fixed), target,
+        gpu_budget=deployment.gpu_budget, routers=deployment.routers)
+    evaluator = inputs.evaluator
+    if evaluator is None and inputs.backend != "sim" and (the_space.has_deployment
+                                                          or target.replicas > 1):
+        raise ConfigError(f"--backend {inputs.backend} replays one deployment; --replicas > 1 "
                           "behind a router and --gpu-budget run on the sim backend")
-    slo_ms = parse_slo(slo)
+    slo_ms = parse_slo(dict(inputs.slo) if isinstance(inputs.slo, Mapping) else inputs.slo)
     if evaluator is None:
-        if trace is None:
+        if inputs.trace is None:
             raise ConfigError("tune() needs a trace (or an evaluator)")
-        evaluator = ReplayEvaluator(trace, target=target, backend=backend, holdout=holdout,
-                                    stage1_fraction=stage1_fraction, slo_ms=slo_ms,
-                                    router=router)
-    if baseline is not None or fixed:
+        evaluator = ReplayEvaluator(inputs.trace, target=target, backend=inputs.backend,
+                                    holdout=inputs.holdout,
+                                    stage1_fraction=inputs.stage1_fraction, slo_ms=slo_ms,
+                                    router=deployment.router)
+    if inputs.baseline is not None or fixed:
         evaluator.default_settings = baseline_settings(
-            evaluator.default_settings, profile=baseline, fixed=fixed)
+            evaluator.default_settings, profile=inputs.baseline, fixed=fixed)
+    objectives, constraints = search.objectives, search.constraints
     _check_goodput(objectives, constraints, slo_ms)
     size_notes = check_window_sizes(evaluator)
     objs = parse_objectives(objectives, evaluator.known_metrics)
     cons = parse_constraints(constraints, evaluator.known_metrics)
     config = StudyConfig(space=the_space, objectives=objs, constraints=cons, n_trials=n_trials,
                          seed=seed, evaluator=evaluator.spec())
+    storage, study_name = output.storage, output.study_name
     with contextlib.ExitStack() as stack:
         storage_url = storage
-        if storage_url is None and output is not None:
-            storage_url = str(default_journal_path(output))
+        if storage_url is None and output.output is not None:
+            storage_url = str(default_journal_path(output.output))
         if storage_url is None and workers > 1:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tuner-study-"))
             storage_url = os.path.join(tmp, "study.optuna-journal")
         if study_name is None:
-            study_name = (pathlib.Path(output).stem if output is not None else
+            study_name = (pathlib.Path(output.output).stem if output.output is not None else
                           f"tune-{str(config.evaluator.get('trace_fingerprint', 'x'))[:12]}-"
                           f"{the_space.name}")
         stack.enter_context(quiet_optuna())
@@ -165,9 +137,9 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
         study = _create_or_load(storage_obj, study_name, config)
         notes = _resume_note(study, study_name, storage_url)
         notes += _fail_dead_local_trials(study)
-        notes += _enqueue_start_points(study, config, evaluator, warm_start)
+        notes += _enqueue_start_points(study, config, evaluator, search.warm_start)
         timings: dict[str, float] = {}
-        with Reporter(check_progress(progress), unit="trials") as bar:
+        with Reporter(check_progress(output.progress), unit="trials") as bar:
             t = time.perf_counter()
             _run_stage1(study, storage_url, config, evaluator, workers, bar)
             timings["stage1_s"] = time.perf_counter() - t
@@ -176,7 +148,7 @@ def tune(trace: Any = None, *, target: Target = Target(), space: "str | SearchSp
                 evaluator.default_settings,
                 base_deployment_of(evaluator) if the_space.has_deployment else None))
             survivors = pick_survivors(stage1, objs,
-                                       n_survivors or min(32, max(8, n_trials // 10)),
+                                       search.n_survivors or min(32, max(8, n_trials // 10)),
                                        baseline_key)
             t = time.perf_counter()
             stage2 = run_stage2(storage_obj, study_name, config, evaluator, survivors, stage1,
@@ -359,7 +331,7 @@ ORPHAN_AFTER_S = 600.0
 
 
 def _enqueue_start_points(study: "optuna.Study", config: StudyConfig, evaluator: Evaluator,
-                          warm_start: Any) -> list[str]:
+                          warm_start: WarmStart | None) -> list[str]:
     """Enqueue vLLM's defaults (trial 0 of a new study) and the warm-start points."""
     notes: list[str] = []
     space = config.space
@@ -373,26 +345,18 @@ def _enqueue_start_points(study: "optuna.Study", config: StudyConfig, evaluator:
                      "evaluated in stage 2 only")
     if warm_start is None:
         return notes
-    from tuner.profile import Profile, load_profile
-
-    profile = warm_start if isinstance(warm_start, Profile) else load_profile(warm_start)
-    deployment = profile_deployment(profile) if space.has_deployment else None
-    candidates = [("profile", profile.scheduler, deployment)] + [
-        ("pareto", s, Deployment.from_dict(p["deployment"]) if space.has_deployment
-         and p.get("deployment") else deployment)
-        for s, p in zip(profile.pareto_settings(), profile.pareto)]
     n = 0
-    for role, settings, own in candidates:
-        params = space.project(settings, own or base_deployment)
+    for point in warm_start.points:
+        own = point.deployment if space.has_deployment else None
+        params = space.project(point.settings, own or base_deployment)
         if not space.contains(params):
-            notes.append(f"warm start: {role} point {params} is outside space {space.name!r}; "
-                         "skipped")
+            notes.append(f"warm start: {point.role} point {params} is outside space "
+                         f"{space.name!r}; skipped")
             continue
-        study.enqueue_trial(params, user_attrs=StudyRecords.start_attrs(f"warm-start-{role}",
-                                                                        profile.name),
-                            skip_if_exists=True)
+        study.enqueue_trial(params, user_attrs=StudyRecords.start_attrs(
+            f"warm-start-{point.role}", warm_start.source), skip_if_exists=True)
         n += 1
-    notes.append(f"warm start: enqueued {n} point(s) from profile {profile.name!r}")
+    notes.append(f"warm start: enqueued {n} point(s) from profile {warm_start.source!r}")
     return notes
 
 
@@ -441,7 +405,7 @@ def _make_objective(config: StudyConfig, evaluator: Evaluator, window: str
             StudyRecords.refuse(trial, str(exc))
             raise optuna.TrialPruned(f"refused: {exc}") from None
         try:
-            metrics = evaluate_point(evaluator, join_settings(settings, deployment), window)
+            metrics = evaluate_point(evaluator, settings, deployment, window)
         except ConfigError as exc:
             if deployment is None:
                 raise

@@ -9,7 +9,7 @@ A tuning run keeps two studies in one storage (journal file or database):
   running it, so a rerun can fail a dead worker's trial), ``refused`` (why vLLM would
   reject the point; the trial is PRUNED), ``settings`` and ``metrics`` (the replay; a
   study that searches the deployment keeps it in ``settings["deployment"]``, see
-  :func:`tuner.tune.deployment.join_settings`, and per-engine summaries in
+  :func:`tuner.tune.deployment_space.join_settings`, and per-engine summaries in
   ``metrics["engines"]``).
 * ``NAME.full`` (stage 2): one trial per survivor replayed on the whole training window.
   Trial user attrs: ``key`` (:func:`settings_key`), ``settings``, ``params``, ``metrics``,

@@ -15,7 +15,9 @@ import multiprocessing
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from tuner.progress import Reporter
-from tuner.tune.deployment import base_deployment_of, evaluate_point, join_settings
+from tuner.sim.settings import SchedulerSettings
+from tuner.tune.deployment_space import (base_deployment_of, evaluate_point, join_settings,
+                                         split_settings)
 from tuner.tune.evaluate import Evaluator
 from tuner.tune.objectives import Objective
 from tuner.tune.select import Point, pareto_front
@@ -23,6 +25,8 @@ from tuner.tune.study_records import StudyConfig, StudyRecords, settings_key
 
 if TYPE_CHECKING:
     import optuna
+
+    from tuner.perf.deployment import Deployment
 
 #: The stage-2 study is the stage-1 study's name plus this suffix.
 STAGE2_SUFFIX = StudyRecords.STAGE2_SUFFIX
@@ -49,21 +53,31 @@ def pick_survivors(points: Sequence[Point], objectives: Sequence[Objective], n: 
 
 _POOL_EVALUATOR: Evaluator | None = None  # set in the parent before forking a Pool
 
+#: One replay of a stored point: its scheduler settings, its deployment (None: the
+#: evaluator's own) and the window.
+Job = tuple[SchedulerSettings, "Deployment | None", str]
 
-def _pool_eval(args: tuple[dict[str, Any], str]) -> dict[str, Any]:
-    settings, window = args
+
+def _job(settings: dict[str, Any], window: str) -> Job:
+    """A stored point's settings dict (the study's record form) read once into the two
+    objects a replay takes."""
+    scheduler, deployment = split_settings(settings)
+    return scheduler, deployment, window
+
+
+def _pool_eval(job: Job) -> dict[str, Any]:
     assert _POOL_EVALUATOR is not None, "tuner bug: pool evaluator not set before fork"
-    return evaluate_point(_POOL_EVALUATOR, settings, window)
+    return evaluate_point(_POOL_EVALUATOR, *job)
 
 
-def _evaluate_many(evaluator: Evaluator, jobs: list[tuple[dict[str, Any], str]], workers: int,
+def _evaluate_many(evaluator: Evaluator, jobs: list[Job], workers: int,
                    on_done: Callable[[int, dict[str, Any]], None]) -> None:
-    """Evaluate ``jobs`` ((settings, window) pairs), calling ``on_done(i, metrics)`` in the
-    parent as each finishes (so every result is stored before the next one)."""
+    """Evaluate ``jobs``, calling ``on_done(i, metrics)`` in the parent as each finishes
+    (so every result is stored before the next one)."""
     global _POOL_EVALUATOR
     if workers <= 1 or len(jobs) <= 1:
-        for i, (settings, window) in enumerate(jobs):
-            on_done(i, evaluate_point(evaluator, settings, window))
+        for i, job in enumerate(jobs):
+            on_done(i, evaluate_point(evaluator, *job))
         return
     _POOL_EVALUATOR = evaluator
     try:
@@ -121,7 +135,7 @@ def run_stage2(storage: Any, study_name: str, config: StudyConfig, evaluator: Ev
         _record_stage2(study2, config, results[i])  # type: ignore[arg-type]
         bar.update(sum(r is not None for r in results))
 
-    _evaluate_many(evaluator, [(s, "train") for _, s in jobs], workers, store)
+    _evaluate_many(evaluator, [_job(s, "train") for _, s in jobs], workers, store)
     return [r for r in results if r is not None]
 
 
@@ -164,7 +178,7 @@ def run_holdout(storage: Any, study_name: str, evaluator: Evaluator, points: lis
         StudyRecords.write_holdout(study2, jobs[j].settings, metrics)
         stored[settings_key(jobs[j].settings)] = metrics
 
-    _evaluate_many(evaluator, [(p.settings, "holdout") for p in jobs], workers, store)
+    _evaluate_many(evaluator, [_job(p.settings, "holdout") for p in jobs], workers, store)
     for p in points:  # the same settings may appear as two Point objects
         if p.holdout is None:
             p.holdout = stored.get(settings_key(p.settings))

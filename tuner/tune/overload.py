@@ -12,7 +12,8 @@ node); more capacity beyond that is *replicas*: independent copies of the deploy
 affinity, each replaying its own share of the sessions
 (:meth:`ReplayEvaluator.evaluate_deployment`); a fleet target's own replicas are the
 starting count. The DP size is kept: trading DP ranks against TP and replicas is the
-study's ``--gpu-budget`` search (:mod:`tuner.tune.deployment`), not this one.
+study's ``--gpu-budget`` search (:mod:`tuner.tune.deployment_space`), not this one; the KV
+capacity of one engine (blocks) is :mod:`tuner.perf.capacity`, a different question.
 
 The search (:func:`find_capacity`), on the baseline settings and the training window:
 for each TP from the current one up to :data:`MAX_TP` (powers of two), the smallest
@@ -28,10 +29,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from tuner.perf.deployment import MAX_TP  # the largest TP tried: one 8-GPU node
 from tuner.sim.settings import SchedulerSettings
 
-#: The largest tensor-parallel size tried: one 8-GPU node.
-MAX_TP = 8
 #: The most replicas tried per TP size.
 MAX_REPLICAS = 64
 
