@@ -30,7 +30,7 @@ summary carries: ``TTFT p90 1.9 s, likely 1.4-2.8 s``). Every public name is imp
 
 from __future__ import annotations
 
-from tuner.metrics.bands import band_lines, band_text, likely, with_bands
+from tuner.metrics.bands import band_lines, band_text, likely, trial_band_keys, with_bands
 from tuner.metrics.parquet import write_requests_parquet
 from tuner.metrics.percentiles import (
     PERCENTS,
@@ -60,6 +60,7 @@ __all__ = [
     "rejection_warning",
     "summarize",
     "summary_table",
+    "trial_band_keys",
     "weighted_percentile",
     "with_bands",
     "write_requests_parquet",

@@ -14,7 +14,7 @@ import functools
 import math
 from typing import Any
 
-from tuner.metrics.band_fields import FIELD_METRIC, likely
+from tuner.metrics.band_fields import likely
 from tuner.metrics.summary import Summary
 from tuner.perf.fit.bands import PredictionBands, bands_for, knee_batch, regime_of
 from tuner.records import ReplayResult
