@@ -35,8 +35,9 @@ def test_lookup_per_family_and_regime():
     assert amd.family == "amd" and nv.family == "nvidia" and amd.regime == "above"
     assert amd.bands["ttft"].cell == "ttft/amd/above"
     # symmetric in log space: the larger side sets both
-    assert amd.bands["ttft"].low == pytest.approx(0.4) and amd.bands["ttft"].high == pytest.approx(2.5)
-    assert nv.bands["ttft"].low == pytest.approx(0.9) and nv.bands["ttft"].high == pytest.approx(1 / 0.9)
+    a, n = amd.bands["ttft"], nv.bands["ttft"]
+    assert a.low == pytest.approx(0.4) and a.high == pytest.approx(2.5)
+    assert n.low == pytest.approx(0.9) and n.high == pytest.approx(1 / 0.9)
     # a thin cell borrows: TPOT AMD below has 1 sample < 6 -> (tpot, amd) pool of 2
     tpot = B.derive_cells(_fixture(), cover=1.0, min_rows=2)["tpot/amd/below"]
     assert tpot.cell == "tpot/amd/*" and tpot.rows == 2 and tpot.high == pytest.approx(1.3)

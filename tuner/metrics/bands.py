@@ -101,7 +101,8 @@ def band_keys(bands: PredictionBands, vendor: str) -> dict[str, Any]:
             "band_running_per_engine": round(bands.running_per_engine, 3)}
 
 
-def bands_from_keys(metrics: dict[str, Any], calibration: str | None = None) -> PredictionBands | None:
+def bands_from_keys(metrics: dict[str, Any],
+                    calibration: str | None = None) -> PredictionBands | None:
     """A trial's bands from its stored metrics (None for a trial stored without them)."""
     if any(metrics.get(k) is None for k in BAND_KEYS):
         return None

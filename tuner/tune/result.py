@@ -203,13 +203,14 @@ class TuneResult:
             table.add_row(*cells, mark.strip())
         return table
 
-    def likely(self, point: Point, keys: Sequence[str], window: str = "train") -> dict[str, list[float]]:
+    def likely(self, point: Point, keys: Sequence[str],
+               window: str = "train") -> dict[str, list[float]]:
         """``{key: [low, high]}``: the error band of each of ``keys`` for ``point``
         (:mod:`tuner.metrics.bands`; narrowed when the target has a calibration file)."""
         from tuner.metrics.bands import metrics_likely
 
         values = point.metrics if window == "train" else (point.holdout or {})
-        return metrics_likely(values, list(keys), self.evaluator_spec.get("target", {}).get("calibration"))
+        return metrics_likely(values, list(keys), self._calibration())
 
     def band_record(self, point: Point) -> dict[str, Any]:
         """The profile's ``predicted.bands``: the tuned point's likely range per reported
@@ -217,7 +218,7 @@ class TuneResult:
         from tuner.metrics.bands import bands_from_keys
 
         keys = list(dict.fromkeys(list(PROFILE_METRICS) + [o.key for o in self.objectives]))
-        pb = bands_from_keys(point.metrics, self.evaluator_spec.get("target", {}).get("calibration"))
+        pb = bands_from_keys(point.metrics, self._calibration())
         if pb is None:
             return {}
         out: dict[str, Any] = {"regime": pb.regime, "family": pb.family,
@@ -226,6 +227,10 @@ class TuneResult:
         if self.windows.has_holdout:
             out["holdout"] = self.likely(point, keys, "holdout")
         return out
+
+    def _calibration(self) -> str | None:
+        """The target's calibration file (it narrows the bands), if any."""
+        return self.evaluator_spec.get("target", {}).get("calibration")
 
     def likely_text(self, point: Point, key: str) -> str:
         """``1.4-2.8`` (the front table's band cell; ``-`` without a band)."""
