@@ -228,7 +228,7 @@ def replay_command(trace: str, backend: str, hardware: str, model: str, tp: int,
     """
     from tuner import replay
     from tuner.metrics import (engine_table, rejection_warning, summarize, summary_table,
-                               write_requests_parquet)
+                               with_bands, write_requests_parquet)
     from tuner.outputs import check_output
     from tuner.perf.presets import resolve_target
 
@@ -251,7 +251,8 @@ def replay_command(trace: str, backend: str, hardware: str, model: str, tp: int,
     with progress_display(progress) as shown:
         result = replay.run(trace, settings, backend=backend, target=target, load=load,
                             progress=shown, **fleet)
-    summary = summarize(result, measure_from_s=measure_from, measure_to_s=measure_to)
+    summary = with_bands(summarize(result, measure_from_s=measure_from, measure_to_s=measure_to),
+                         result, resolved)
     if out is not None:
         write_requests_parquet(result, out, inputs=[trace])
     if as_json:

@@ -23,12 +23,14 @@ The package reads records only, never backend or twin objects. Its rooms:
 :mod:`~tuner.metrics.percentiles` (exact percentiles over plain and pooled samples),
 :mod:`~tuner.metrics.slo` (``--slo``/``--goodput`` parsing and counting),
 :mod:`~tuner.metrics.parquet` (the per-request table) and :mod:`~tuner.metrics.tables`
-(the rich tables ``tuner replay`` prints). Every public name is importable from
+(the rich tables ``tuner replay`` prints), :mod:`~tuner.metrics.bands` (the error bands a
+summary carries: ``TTFT p90 1.9 s, likely 1.4-2.8 s``). Every public name is importable from
 ``tuner.metrics``.
 """
 
 from __future__ import annotations
 
+from tuner.metrics.bands import band_lines, band_text, likely, trial_band_keys, with_bands
 from tuner.metrics.parquet import write_requests_parquet
 from tuner.metrics.percentiles import (
     PERCENTS,
@@ -47,14 +49,19 @@ __all__ = [
     "REJECTED_WARN_FRACTION",
     "SLO_KEYS",
     "Summary",
+    "band_lines",
+    "band_text",
     "engine_table",
     "good_requests",
     "itl_samples_from_steps",
+    "likely",
     "parse_slo",
     "percentile",
     "rejection_warning",
     "summarize",
     "summary_table",
+    "trial_band_keys",
     "weighted_percentile",
+    "with_bands",
     "write_requests_parquet",
 ]

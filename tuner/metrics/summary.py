@@ -14,8 +14,10 @@ from typing import Any
 import numpy as np
 
 from tuner.errors import ConfigError
+from tuner.metrics.band_fields import likely_dict
 from tuner.metrics.percentiles import PERCENTS, PooledSamples, itl_samples_from_steps, percentile
 from tuner.metrics.slo import good_requests
+from tuner.perf.fit.bands import PredictionBands
 from tuner.records import EngineSummary, ReplayResult, RequestResult
 
 _NAN = math.nan
@@ -90,11 +92,18 @@ class Summary:
     #: Per engine (replica x DP rank), in engine order: requests, hit rate, KV usage,
     #: preemptions, steps (see ``EngineSummary``; windowed like the request figures).
     engines: tuple[EngineSummary, ...] = ()
+    #: How sure the figures are (:func:`tuner.metrics.bands.with_bands`); None until a
+    #: caller that knows the deployment attaches them. Reporting only.
+    bands: PredictionBands | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict (JSON-ready apart from nan, which the CLI writes as null)."""
+        """Plain dict (JSON-ready apart from nan, which the CLI writes as null); ``bands``
+        (with ``likely``: each banded field's ``[low, high]``) only when attached."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["engines"] = [e.to_dict() for e in self.engines]
+        del out["bands"]
+        if self.bands is not None:
+            out["bands"] = {**self.bands.to_dict(), "likely": likely_dict(self.bands, self)}
         return out
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tuner.metrics.bands import band_lines
 from tuner.metrics.percentiles import PERCENTS
 from tuner.metrics.summary import Summary
 from tuner.units import FIXED, cell, duration
@@ -64,6 +65,9 @@ def summary_table(summary: Summary) -> "Table":
     table = Table.grid(padding=(1, 0))
     table.add_row(latency)
     table.add_row(totals)
+    bands = band_lines(s)
+    if bands:
+        table.add_row("\n".join(bands))
     return table
 
 

@@ -59,6 +59,7 @@ def _predicted(result: TuneResult, point: Point) -> dict[str, Any]:
         predicted["holdout"] = {"window_s": [result.windows.t_split, result.windows.t1],
                                 **result.comparison("holdout")}
     predicted["confirms"] = result.confirms()
+    predicted["bands"] = result.band_record(point)
     if result.overload is not None:
         predicted["overload"] = result.overload.to_dict()
     for window in ("train", "holdout"):

@@ -151,6 +151,16 @@ def _with_target(profile: Profile, target: Target, result: TuneResult) -> Profil
         num_gpu_blocks=target.num_gpu_blocks))
 
 
+def likely_lines(result: Any, point: Any, keys: list[str]) -> list[str]:
+    """``  likely: TTFT p90 1.9 s, likely 1.4 s-2.8 s; ...`` for the pick (train window)."""
+    ranges = result.likely(point, keys)
+    if not ranges:
+        return []
+    parts = [f"{metric_name(k)} {fmt_metric(k, point.metrics.get(k))}, likely "
+             f"{fmt_metric(k, lo)}-{fmt_metric(k, hi)}" for k, (lo, hi) in ranges.items()]
+    return ["  error bands (training window): " + "; ".join(parts)]
+
+
 def summary_lines(run: TunedProfile) -> list[str]:
     """What ``tuner tune`` prints after the front table, overload first, with units."""
     result = run.result
@@ -178,6 +188,7 @@ def summary_lines(run: TunedProfile) -> list[str]:
                  "(the engine every trial replayed and the profile deploys)")
     sel = result.selection
     lines.append(f"recommended: {sel.point.label} -- {sel.reason}")
+    lines += likely_lines(result, sel.point, keys)
     if result.space.has_deployment:
         before, after = (Deployment.from_dict(result.deployment_of(p)).describe()
                          for p in (result.baseline, sel.point))

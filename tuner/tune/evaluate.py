@@ -291,6 +291,7 @@ class ReplayEvaluator:
         summary = metrics.summarize(result, measure_from_s=measure_from,
                                     slo_ms=self.slo_ms or None)
         out = clean_metrics(summary.to_dict())
+        out.update(metrics.trial_band_keys(summary, result, target))  # error bands (reporting)
         if len(summary.engines) > 1:
             # Per-engine balance for the report and the profile: who got how much of the
             # window's traffic, and how each engine's cache and queue fared.

@@ -182,6 +182,8 @@ class TuneResult:
         extra = [k for k in TTFT_KEYS if k not in {o.key for o in self.objectives}]
         for key in [o.key for o in self.objectives] + extra:
             table.add_column(_COLUMN.get(key, key), justify="right")
+        table.add_column(f"likely {_COLUMN.get(self.objectives[0].key, self.objectives[0].key)}",
+                         justify="right")  # the first objective's error band (train)
         table.add_column("")
         rows = list(self.front)
         if all(p is not self.baseline for p in rows):
@@ -193,8 +195,43 @@ class TuneResult:
             for key in [o.key for o in self.objectives] + extra:
                 held = (p.holdout or {}).get(key)
                 cells.append(f"{_fmt(p.metrics.get(key))} [{_fmt(held)}]")
+            cells.append(self.likely_text(p, self.objectives[0].key))
             table.add_row(*cells, mark.strip())
         return table
+
+    def likely(self, point: Point, keys: Sequence[str],
+               window: str = "train") -> dict[str, list[float]]:
+        """``{key: [low, high]}``: the error band of each of ``keys`` for ``point``
+        (:mod:`tuner.metrics.bands`; narrowed when the target has a calibration file)."""
+        from tuner.metrics.bands import metrics_likely
+
+        values = point.metrics if window == "train" else (point.holdout or {})
+        return metrics_likely(values, list(keys), self._calibration())
+
+    def band_record(self, point: Point) -> dict[str, Any]:
+        """The profile's ``predicted.bands``: the tuned point's likely range per reported
+        metric on each window, and how the bands were made."""
+        from tuner.metrics.bands import bands_from_keys
+
+        keys = list(dict.fromkeys(list(PROFILE_METRICS) + [o.key for o in self.objectives]))
+        pb = bands_from_keys(point.metrics, self._calibration())
+        if pb is None:
+            return {}
+        out: dict[str, Any] = {"regime": pb.regime, "family": pb.family,
+                               "calibrated": pb.calibrated, "note": pb.note,
+                               "train": self.likely(point, keys)}
+        if self.windows.has_holdout:
+            out["holdout"] = self.likely(point, keys, "holdout")
+        return out
+
+    def _calibration(self) -> str | None:
+        """The target's calibration file (it narrows the bands), if any."""
+        return self.evaluator_spec.get("target", {}).get("calibration")
+
+    def likely_text(self, point: Point, key: str) -> str:
+        """``1.4-2.8`` (the front table's band cell; ``-`` without a band)."""
+        r = self.likely(point, [key]).get(key)
+        return "-" if r is None else f"{_fmt(r[0])}-{_fmt(r[1])}"
 
 
 #: Short column titles (the JSON output and profiles keep the full names).

@@ -13,7 +13,10 @@ One record and the fits that fill it, each module named by what it fits to what:
   --from-benchmarks CSV``: the published CSV or a user's ``vllm bench serve`` results),
   which :mod:`~tuner.perf.fit.benchmark_rows` loads and replays on the twin;
 * :mod:`~tuner.perf.fit.parameters` (bounds, vectorised step pricing) and
-  :mod:`~tuner.perf.fit.least_squares` (the solver): shared by both fits.
+  :mod:`~tuner.perf.fit.least_squares` (the solver): shared by both fits;
+* :mod:`~tuner.perf.fit.bands`: how far off the fitted model is likely to be (error
+  bands per metric, GPU family and regime, from the leave-one-series-out residuals;
+  ``data/error-bands.json``, written by bench/error_bands.py), narrowed by a calibration.
 
 Plain Python plus PyYAML and NumPy, like the rest of ``tuner.perf``. Importing the
 package imports nothing: the step-time model needs only ``coefficients``.
