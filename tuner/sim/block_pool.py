@@ -132,7 +132,10 @@ class BlockPool:
         self.ref_cnt[blocks] = 1  # free blocks have ref count 0
         hashes = self.block_hash[blocks]
         cached = hashes >= 0
-        if np.count_nonzero(cached):
+        num_cached = np.count_nonzero(cached)
+        if num_cached == len(blocks):  # the usual case under pressure: no selection
+            self._evict_many(blocks, hashes)
+        elif num_cached:
             self._evict_many(blocks[cached], hashes[cached])
         return blocks
 
@@ -215,9 +218,24 @@ class BlockPool:
             for block, block_hash in zip(blocks.tolist(), hashes.tolist()):
                 self._evict(block, block_hash)
             return
-        emptied = [block_hash for block, block_hash, head in zip(
-                       blocks.tolist(), hashes.tolist(), self.first_holder[hashes].tolist())
-                   if self._drop_holder(block, block_hash, head)]
+        # _drop_holder inlined (one Python pass; first holders stored in one call).
+        extra = self.extra_holders
+        emptied: list[int] = []
+        promoted: list[int] = []  # hashes whose first holder passes to the next one
+        successors: list[int] = []
+        for block, block_hash, head in zip(blocks.tolist(), hashes.tolist(),
+                                           self.first_holder[hashes].tolist()):
+            holders = extra[block_hash]
+            if head == block:
+                promoted.append(block_hash)
+                successors.append(holders.pop(0))
+            else:
+                holders.remove(block)
+            if not holders:
+                del extra[block_hash]
+                emptied.append(block_hash)
+        if promoted:
+            self.first_holder[promoted] = successors
         if emptied:
             self.has_extra[emptied] = False
         self.block_hash[blocks] = -1

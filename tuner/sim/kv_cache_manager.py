@@ -213,13 +213,19 @@ class KVCacheManager:
                 request.repeated_blocks = True
             request.extend_blocks(new_computed_blocks)
             request.num_cached_blocks = request.num_blocks
-        if need:
+        if need == 1:  # a decode step's new block: the scalar path, no arrays
+            request.append_block(pool.get_new_block())
+        elif need:
             request.extend_blocks(pool.get_new_blocks(need))
         if self.enable_caching:
             num_full = min(total_computed + num_new_tokens, request.num_tokens) // bs
-            if num_full > request.num_cached_blocks:
-                pool.cache_full_blocks(request, request.block_buf, request.num_cached_blocks,
-                                       num_full)
+            cached = request.num_cached_blocks
+            if num_full == cached + 1:  # one block filled (decode): the scalar path
+                pool.cache_block(request.block_buf.item(cached),
+                                 request.hashes_upto(num_full).item(cached))
+                request.num_cached_blocks = num_full
+            elif num_full > cached:
+                pool.cache_full_blocks(request, request.block_buf, cached, num_full)
                 request.num_cached_blocks = num_full
         return True
 
@@ -231,9 +237,13 @@ class KVCacheManager:
         if not self.enable_caching:
             return
         num_full = min(num_tokens, request.num_tokens) // self.block_size
-        if num_full > request.num_cached_blocks:
-            self.block_pool.cache_full_blocks(request, request.block_buf,
-                                              request.num_cached_blocks, num_full)
+        cached = request.num_cached_blocks
+        if num_full == cached + 1:  # one block filled (a decode token): no arrays
+            self.block_pool.cache_block(request.block_buf.item(cached),
+                                        request.hashes_upto(num_full).item(cached))
+            request.num_cached_blocks = num_full
+        elif num_full > cached:
+            self.block_pool.cache_full_blocks(request, request.block_buf, cached, num_full)
             request.num_cached_blocks = num_full
 
     def free(self, request: "SimRequest") -> None:
