@@ -86,9 +86,10 @@ class KVCacheManager:
             return _NO_BLOCKS
         # One gather over the prompt's hash ids: agentic prompts have thousands of
         # blocks and this runs at every admission.
-        found = self.block_pool.first_holder[request.hashes_upto(max_blocks)]
-        missing = (found < 0).nonzero()[0]
-        return found[:missing[0]] if len(missing) else found
+        found = self.block_pool.first_holder.take(request.hashes_upto(max_blocks))
+        missing = found < 0
+        first = int(missing.argmax())  # stops at the first miss; 0 when none
+        return found[:first] if missing[first] else found
 
     def num_hit_blocks(self, request: "SimRequest") -> int:
         """Length in blocks of the longest cached prefix, memoised across steps.
@@ -206,7 +207,7 @@ class KVCacheManager:
         if max(need, need_full) + watermark > free:
             return False
         if num_hit:  # hit blocks sitting in the free queue consume free capacity too
-            hit_refs = pool.ref_cnt[new_computed_blocks]
+            hit_refs = pool.ref_cnt.take(new_computed_blocks)
             if max(need, need_full) + np.count_nonzero(hit_refs == 0) + watermark > free:
                 return False
             if pool.touch(new_computed_blocks, hit_refs):
