@@ -5,14 +5,14 @@ Not a test: prints a curve. ``N`` requests (1,024-token prompts, no shared prefi
 4,096 output tokens, 16-token blocks, a KV cache large enough for all of them) arrive
 at once; after every one of them runs and has its first token, ``--steps`` steps of
 ``schedule()``, the step-time model's pricing (Llama-3.1-70B on 8x MI355X) and
-``update_from_output`` are timed, in sync and in async mode (a batch queue of 2:
+``update_from_output`` are timed (CPU seconds of the child), in sync and in async mode (a batch queue of 2:
 schedule(N+1) before update(N)). In steady decode nothing starts or finishes; a step
 only touches the requests crossing a block boundary (one in 16 per step), so the cost
 per step should grow with ``N / 16`` at most, far below a Python pass over the batch.
 
 Each point runs in a fresh child process; ``--compare DIR`` runs every point a second
-time with ``DIR`` (another checkout) first on ``PYTHONPATH``, alternating, and prints
-the ratio (the other checkout's time over this one's).
+time with ``DIR`` (another checkout) first on ``PYTHONPATH``, at the same time as this
+checkout's child, and prints the ratio (the other checkout's time over this one's).
 
 Usage:  .venv/bin/python bench/step_curve.py [--running 8 64 256 1024] [--compare DIR]
 bench/replay.py --curve prints the same table after its speed table.
@@ -74,24 +74,36 @@ def _child(n: int, async_scheduling: bool, steps: int) -> dict[str, Any]:
     for _ in range(2 * BLOCK):  # every request decode-ready, block phases spread
         step()
     assert len(sched.running) == n, (len(sched.running), n)
-    t0 = time.perf_counter()
+    # CPU seconds of this process: on a shared machine, time spent descheduled is not
+    # the twin's (wall time swings several-fold there).
+    t0 = time.process_time()
     for _ in range(steps):
         step()
-    wall = time.perf_counter() - t0
+    wall = time.process_time() - t0
     assert len(sched.running) == n, "a request finished inside the timed steps"
     return {"running": n, "us_per_step": 1e6 * wall / steps}
 
 
-def _point(pythonpath: Path, n: int, async_scheduling: bool, steps: int) -> float:
-    env = dict(os.environ, PYTHONPATH=str(pythonpath), OMP_NUM_THREADS="1",
-               OPENBLAS_NUM_THREADS="1")
+def _points(pythonpaths: list[Path], n: int, async_scheduling: bool, steps: int
+            ) -> list[float]:
+    """One point per checkout, their children run at the same time (so a busy machine
+    slows both alike), each timing its own CPU seconds."""
     spec = json.dumps({"n": n, "async": async_scheduling, "steps": steps})
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", spec],
-                          capture_output=True, text=True, env=env, cwd=pythonpath)
-    if proc.returncode != 0:
-        raise RuntimeError(f"step curve child failed ({pythonpath}, {spec}):\n"
-                           f"{proc.stderr[-3000:]}")
-    return float(json.loads(proc.stdout.strip().splitlines()[-1])["us_per_step"])
+    procs = []
+    for pythonpath in pythonpaths:
+        env = dict(os.environ, PYTHONPATH=str(pythonpath), OMP_NUM_THREADS="1",
+                   OPENBLAS_NUM_THREADS="1")
+        procs.append(subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--child", spec],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            cwd=pythonpath))
+    values = []
+    for pythonpath, proc in zip(pythonpaths, procs):
+        out, err = proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"step curve child failed ({pythonpath}, {spec}):\n{err[-3000:]}")
+        values.append(float(json.loads(out.strip().splitlines()[-1])["us_per_step"]))
+    return values
 
 
 def curve(running: list[int], steps: int, compare: Path | None) -> list[dict[str, Any]]:
@@ -103,11 +115,13 @@ def curve(running: list[int], steps: int, compare: Path | None) -> list[dict[str
     rows = []
     for mode in ("sync", "async"):
         for n in running:
-            ours = _point(ROOT, n, mode == "async", steps)
+            both = _points([ROOT] + ([compare] if compare is not None else []), n,
+                           mode == "async", steps)
+            ours = both[0]
             row = {"mode": mode, "running": n, "us_per_step": ours}
             line = f"{mode:>5} {n:>8,} {ours:>9.1f} {ours / n:>12.3f}"
             if compare is not None:
-                other = _point(compare, n, mode == "async", steps)
+                other = both[1]
                 row.update(other_us_per_step=other, other_over_this=other / ours)
                 line += f" {other:>14.1f} {other / ours:>10.2f}x"
             print(line, flush=True)

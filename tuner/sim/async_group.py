@@ -74,7 +74,8 @@ class AsyncDecodeGroup(DecodeGroup):
     def block_events(self, request: SimRequest, num_tokens: int) -> int:
         """``OPENS_BLOCK | FILLS_BLOCK`` of a member scheduled with ``num_tokens`` applied
         tokens (module doc): both at a block boundary, the fill only for a shareable
-        hash (a synthetic one waits for ``KVCacheManager.free``, as in sync)."""
+        hash (a synthetic one waits for ``KVCacheManager.free``, as in sync). ``_file_at``
+        inlines it; ``check_invariants`` compares the filed kinds with it."""
         bs = self.block_size
         if num_tokens % bs:
             return 0

@@ -164,6 +164,8 @@ class DecodeGroup:
         one; its computed tokens fill a block when ``num_tokens`` is a multiple of the
         block size, and the fill is registered now only if the block's hash is one
         another request can look up (a synthetic one waits for ``KVCacheManager.free``).
+        ``_file`` inlines this rule (it runs once per member event); ``check_invariants``
+        compares every member's filed kinds with this method after each checked step.
         """
         bs = self.block_size
         kinds = OPENS_BLOCK if (num_tokens - 1) % bs == 0 else 0
