@@ -20,10 +20,13 @@ Measures simulated seconds per wall second on one core for:
   tools' TTFT p50/p99, ITL p99 and prefix-hit rate.
 
 * With ``--curve``: microseconds per scheduler step against running requests in steady
-  decode, 8 to 1,024 running, both modes (``bench/step_curve.py``; ``--compare DIR`` times
-  every point with another checkout too, alternating, and prints the ratio).
+  decode, 8 to 1,024 running, both modes (``bench/step_curve.py``).
+* With ``--compare DIR``: every speed row (and curve point) is also replayed with another
+  checkout (``DIR`` first on ``PYTHONPATH``) at the same time, and the ratio of the two
+  replays' CPU seconds is printed (the steadier figure on a shared machine).
 
-Usage:  .venv/bin/python bench/replay.py [--speed-only] [--no-aisim] [--curve] [--json OUT]
+Usage:  .venv/bin/python bench/replay.py [--speed-only] [--no-aisim] [--curve]
+        [--compare OTHER_CHECKOUT] [--json OUT]
 Each replay runs in its own child process pinned to one CPU, so peak RSS is its own.
 """
 
@@ -103,6 +106,31 @@ def _run_child(spec: dict[str, Any]) -> dict[str, Any]:
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     out.update(process_wall_s=wall, process_cpu_s=cpu)
     return out
+
+
+def _run_pair(spec: dict[str, Any], other: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The same child replay with this checkout and with ``other`` first on PYTHONPATH,
+    both at once (a busy machine slows both alike); their figures, ours first."""
+    procs = []
+    for root in (ROOT, other):
+        env = dict(os.environ, POLARS_MAX_THREADS="1", OMP_NUM_THREADS="1",
+                   OPENBLAS_NUM_THREADS="1", RAYON_NUM_THREADS="1")
+        if root != ROOT:
+            env["PYTHONPATH"] = str(root)
+        procs.append(subprocess.Popen([sys.executable, __file__, "--child", json.dumps(spec)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, env=env, cwd=ROOT))
+    outs = []
+    for root, proc in zip((ROOT, other), procs):
+        stdout, stderr = proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"child failed ({root}, {spec}):\n{stderr[-3000:]}")
+        outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    return outs[0], outs[1]
+
+
+#: ``--compare DIR``: every speed row is also replayed with that checkout, at the same time.
+COMPARE: Path | None = None
 
 
 # ----------------------------------------------------------------------------- traces
@@ -241,10 +269,14 @@ def _speed_row(name: str, path: Path, window: int, target: dict[str, Any],
     then also relative to ``sync_row``'s, in CPU seconds: steadier than wall time on a
     shared machine); print its two lines and return its figures."""
     mode = "sync" if sync_row is None else "async"
-    out = _run_child({"trace": str(path), "target": target,
-                      "async_scheduling": sync_row is not None,
-                      "set": [f"cache_aware_admission_window={window}",
-                              "cache_aware_admission_threshold=0.5"]})
+    spec = {"trace": str(path), "target": target, "async_scheduling": sync_row is not None,
+            "set": [f"cache_aware_admission_window={window}",
+                    "cache_aware_admission_threshold=0.5"]}
+    other = None
+    if COMPARE is not None:
+        out, other = _run_pair(spec, COMPARE)
+    else:
+        out = _run_child(spec)
     s = out["summary"]
     row = {"trace": name, "window": window, "mode": mode, "requests": s["num_requests"],
            "simulated_s": s["simulated_s"], "wall_s": s["wall_s"],
@@ -267,6 +299,12 @@ def _speed_row(name: str, path: Path, window: int, target: dict[str, Any],
           f"{_fmt_ratio(row['speed_ratio']):>13} {row['vs_target']:>7.2f}x "
           f"{_fmt_ratio(row['cpu_speed_ratio']):>12} {row['peak_rss_mib']:>7.0f} MiB "
           f"{versus:>10}")
+    if other is not None:
+        row["other_cpu_s"] = other["total_cpu_s"]
+        row["other_over_this_cpu"] = other["total_cpu_s"] / out["total_cpu_s"]
+        print(f"{'':<20} {'':>6} {'':>5}   vs {COMPARE} (run at the same time): replay CPU "
+              f"{other['total_cpu_s']:.2f} s there, {out['total_cpu_s']:.2f} s here: "
+              f"{row['other_over_this_cpu']:.2f}x")
     print(f"{'':<20} {'':>6} {'':>5}   p90 interactivity {row['p90_interactivity']:.1f} tok/s, "
           f"output {row['output_throughput_per_gpu']:.0f} tok/s/GPU, hit rate "
           f"{row['prefix_cache_hit_rate']:.4f}, preemptions {row['preemptions']}, "
@@ -287,7 +325,8 @@ def main() -> int:
     ap.add_argument("--curve", action="store_true",
                     help="also print us per step against running requests (steady decode)")
     ap.add_argument("--compare", type=Path,
-                    help="with --curve: another checkout, timed alternately")
+                    help="another checkout: every speed row and curve point is also run "
+                         "with it, at the same time, and the CPU-second ratio printed")
     ap.add_argument("--agentic", default=str(ROOT / "traces" / "agentic_1h.parquet"),
                     help="the agentic trace (default: the bundled one)")
     ap.add_argument("--mooncake", default=str(ROOT / "traces" / "mooncake_synthetic.jsonl"),
@@ -296,6 +335,8 @@ def main() -> int:
     if args.child:
         print(json.dumps(_child(json.loads(args.child))))
         return 0
+    global COMPARE
+    COMPARE = args.compare.resolve() if args.compare else None
 
     figures: dict[str, Any] = {"speed": [], "target_ratio": TARGET_RATIO}
     with tempfile.TemporaryDirectory(prefix="bench-replay-") as tmp:
