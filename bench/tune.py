@@ -2,6 +2,14 @@
 
     .venv/bin/python bench/tune.py                       # 100 trials on traces/agentic_1h.parquet
     .venv/bin/python bench/tune.py --trials 8 --duration 600   # shorter: first 10 minutes
+    .venv/bin/python bench/tune.py --full 200            # the README's whole tune, 2 workers
+
+Each worker count prints trials per minute; the one-worker run also says where a trial's
+time goes: preparing the replay (the window's requests into the twin), the replay itself,
+the metrics summary, and the rest (Optuna's sampler, the journal storage, the records).
+``--full N`` then times ``tuner tune`` exactly as a user runs it (the README's settings,
+``--trials N --workers 2``: stage 1, stage 2's full-window replays and the held-out check)
+and prints its wall time against the 2-minute goal.
 
 It times exactly the search phase (stage 1: ``--trials`` trials of the admission space,
 baseline first, on the first quarter of the training window), through the same code path
@@ -37,6 +45,8 @@ def main() -> None:
                         help="use only the first S seconds of the trace")
     parser.add_argument("--block-size", type=int, default=64)
     parser.add_argument("--stage1-fraction", type=float, default=0.25)
+    parser.add_argument("--full", type=int, default=0, metavar="N",
+                        help="also time the README's `tuner tune --trials N --workers 2`")
     args = parser.parse_args()
     import optuna
 
@@ -63,16 +73,104 @@ def main() -> None:
             url = os.path.join(tmp, "bench.optuna-journal")
             study = _create_or_load(open_storage(url), f"bench-{workers}", config)
             _enqueue_start_points(study, config, evaluator, None)
+            parts = _TrialParts() if workers == 1 else None
             t = time.perf_counter()
-            _run_stage1(study, url, config, evaluator, workers, Reporter(None, unit="trials"))
+            with parts or _nothing():
+                _run_stage1(study, url, config, evaluator, workers, Reporter(None, unit="trials"))
             walls[workers] = time.perf_counter() - t
             done = len(study.get_trials(deepcopy=False))
         print(f"workers={workers}: {done} trials in {walls[workers]:.1f} s "
-              f"({walls[workers] / max(done, 1):.2f} s/trial)")
+              f"({walls[workers] / max(done, 1):.2f} s/trial, "
+              f"{60 * done / walls[workers]:.1f} trials/min)")
+        if parts is not None:
+            parts.report(walls[workers], done)
     if 1 in walls and 2 in walls:
         print(f"speed-up 2 workers vs 1: {walls[1] / walls[2]:.2f}x "
               f"(ideal 2.00x; cpu_count={os.cpu_count()}, load average now "
               f"{os.getloadavg()[0]:.1f}: other processes share the cores)")
+    if args.full:
+        _full_tune(args.trace, args.full)
+
+
+class _TrialParts:
+    """Where stage-1 trial time goes, measured in this process (one worker): the
+    replay's preparation (``tuner.replay.prepare``), the replay (``ReplayResult.wall_s``),
+    ``tuner.metrics.summarize``, and what is left (sampler, storage, records)."""
+
+    def __init__(self) -> None:
+        self.seconds = {"prepare": 0.0, "replay": 0.0, "metrics": 0.0}
+
+    def __enter__(self) -> "_TrialParts":
+        import tuner.metrics
+        import tuner.replay._run as run_module
+
+        self._saved = (run_module.prepare, tuner.metrics.summarize)
+        prepare, summarize = self._saved
+        seconds = self.seconds
+
+        def timed_prepare(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return prepare(*args, **kwargs)
+            finally:
+                seconds["prepare"] += time.perf_counter() - t
+
+        def timed_summarize(result, *args, **kwargs):
+            seconds["replay"] += float(result.wall_s)
+            t = time.perf_counter()
+            try:
+                return summarize(result, *args, **kwargs)
+            finally:
+                seconds["metrics"] += time.perf_counter() - t
+
+        run_module.prepare = timed_prepare
+        tuner.metrics.summarize = timed_summarize
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import tuner.metrics
+        import tuner.replay._run as run_module
+
+        run_module.prepare, tuner.metrics.summarize = self._saved
+
+    def report(self, wall_s: float, trials: int) -> None:
+        rest = wall_s - sum(self.seconds.values())
+        parts = {**self.seconds, "sampler+storage+records": rest}
+        print("  per trial: " + ", ".join(
+            f"{name} {value / max(trials, 1):.3f} s ({100 * value / wall_s:.0f}%)"
+            for name, value in parts.items()))
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _full_tune(trace: str, trials: int) -> None:
+    """``tuner tune`` as the README runs it, ``--workers 2``, timed end to end."""
+    import subprocess
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory(prefix="tuner-bench-") as tmp:
+        cmd = [sys.executable, "-c", "import sys; from tuner.cli import main; main()", "tune",
+               trace, "--hardware", "mi355x",
+               "--model", "llama-3.1-70b", "--tp", "8", "--space", "scheduler",
+               "--trials", str(trials), "--constraint", "ttft_p90_s<=2.0", "--workers", "2",
+               "-o", os.path.join(tmp, "agentic.yaml"),
+               "--storage", os.path.join(tmp, "study.optuna-journal")]
+        t = time.perf_counter()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env)
+        wall = time.perf_counter() - t
+    if proc.returncode != 0:
+        print(f"tuner tune failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+        return
+    print(f"tuner tune --trials {trials} --workers 2 (README settings, stages 1-3): "
+          f"{wall:.1f} s wall ({60 * trials / wall:.1f} trials/min; goal <= 120 s)")
 
 
 if __name__ == "__main__":

@@ -221,7 +221,7 @@ def test_pool_matches_vllm_object_design_on_random_operations(seed):
     pool, ref = BlockPool(size, num_hash_ids=num_hashes), ReferencePool(size)
     held: list[list[int]] = []
     for _ in range(300):
-        op = rng.randrange(5)
+        op = rng.randrange(6)
         free = pool.get_num_free_blocks()
         if op == 0 and free:
             n = rng.randint(1, min(free, 6))
@@ -259,6 +259,14 @@ def test_pool_matches_vllm_object_design_on_random_operations(seed):
             if pool.block_hash[block] < 0:
                 h = rng.randrange(num_hashes)
                 pool.cache_block(block, h)
+                ref.cache_block(ref.blocks[block], h)
+        elif op == 5 and held:  # one batched registration == cache_block one by one
+            unhashed = sorted({b for blocks in held for b in blocks
+                               if pool.block_hash[b] < 0})
+            batch = rng.sample(unhashed, rng.randint(0, min(4, len(unhashed))))
+            hashes = [rng.randrange(num_hashes) for _ in batch]
+            pool.cache_blocks(arr(batch), arr(hashes))
+            for block, h in zip(batch, hashes):
                 ref.cache_block(ref.blocks[block], h)
         _state(pool, ref, num_hashes)
         pool.check_invariants()

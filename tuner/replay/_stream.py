@@ -98,21 +98,25 @@ class _HashMap:
         """First ids of ``raw``'s hashes; hashes new to the map take fresh ranges."""
         if not len(raw):
             return _NO_IDS
+        # Distinct hashes first (a window's prompts share most of theirs): the map is
+        # searched with sorted, unique needles, which walks it in order (cache friendly),
+        # and the new ones come out sorted and unique already.
+        distinct, inverse = np.unique(raw, return_inverse=True)
         keys = self.keys
-        pos = np.searchsorted(keys, raw)
+        pos = np.searchsorted(keys, distinct)
         if len(keys):
-            known = keys[np.minimum(pos, len(keys) - 1)] == raw
+            known = keys[np.minimum(pos, len(keys) - 1)] == distinct
         else:
-            known = np.zeros(len(raw), dtype=bool)
+            known = np.zeros(len(distinct), dtype=bool)
         if not known.all():
-            new = np.unique(raw[~known])
+            new = distinct[~known]
             k = self.k
             firsts = space.reserve(k * len(new)) + k * np.arange(len(new), dtype=np.int64)
             at = np.searchsorted(keys, new)
             self.keys = np.insert(keys, at, new)
             self.firsts = np.insert(self.firsts, at, firsts)
-            pos = np.searchsorted(self.keys, raw)
-        return self.firsts[pos]
+            pos = np.searchsorted(self.keys, distinct)
+        return self.firsts[pos][inverse.reshape(-1)]
 
     def keep_live(self, mask: np.ndarray) -> None:
         """Forget entries none of whose ids is set in ``mask``; set all ids of the rest

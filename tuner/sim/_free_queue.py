@@ -118,7 +118,7 @@ class FreeBlockQueue:
             top = self._ftop
             lo = max(0, top - max(2 * need, 64))
             cand = self._fids[lo:top][::-1]
-            live = (stamp_of[cand] == self._fstamps[lo:top][::-1]).nonzero()[0]
+            live = (stamp_of.take(cand) == self._fstamps[lo:top][::-1]).nonzero()[0]
             if len(live) >= need:
                 parts.append(cand[live[:need]])
                 self._ftop = top - int(live[need - 1]) - 1
@@ -135,7 +135,7 @@ class FreeBlockQueue:
             head = self._head
             hi = min(self._tail, head + max(2 * need, 64))
             cand = self._ids[head:hi]
-            live = (stamp_of[cand] == self._stamps[head:hi]).nonzero()[0]
+            live = (stamp_of.take(cand) == self._stamps[head:hi]).nonzero()[0]
             if len(live) >= need:
                 parts.append(cand[live[:need]])
                 self._head = head + int(live[need - 1]) + 1
@@ -210,7 +210,7 @@ class FreeBlockQueue:
         """The live entries of ``[lo, hi)`` moved to the start of the (maybe new, twice
         larger) buffers, with room for ``extra`` more; returns the buffers and count."""
         ids, stamps = ids_buf[lo:hi], stamps_buf[lo:hi]
-        live = self.stamp_of[ids] == stamps
+        live = self.stamp_of.take(ids) == stamps
         ids, stamps = ids[live], stamps[live]
         n = len(ids)
         if n + extra > len(ids_buf) // 2:

@@ -74,7 +74,8 @@ class AsyncDecodeGroup(DecodeGroup):
     def block_events(self, request: SimRequest, num_tokens: int) -> int:
         """``OPENS_BLOCK | FILLS_BLOCK`` of a member scheduled with ``num_tokens`` applied
         tokens (module doc): both at a block boundary, the fill only for a shareable
-        hash (a synthetic one waits for ``KVCacheManager.free``, as in sync)."""
+        hash (a synthetic one waits for ``KVCacheManager.free``, as in sync). ``_file_at``
+        inlines it; ``check_invariants`` compares the filed kinds with it."""
         bs = self.block_size
         if num_tokens % bs:
             return 0
@@ -107,13 +108,19 @@ class AsyncDecodeGroup(DecodeGroup):
         tokens under its next event: a block boundary (``t + k`` a multiple of the block
         size) or the schedule of its last token (output ``o + k + 2 == max_tokens``: one
         token is always in flight)."""
-        k = (-t) % self.block_size
+        bs = self.block_size
+        k = (-t) % bs
         k_fin = request.max_tokens - 2 - o
         kinds = 0
         if k_fin <= k:
             k = k_fin
             kinds = FINISHES
-        kinds |= self.block_events(request, t + k)
+        t += k  # block_events(request, t + k), inlined (check_invariants compares them)
+        if t % bs == 0:
+            if self.caching and t // bs <= request.num_shared_hash_blocks:
+                kinds |= OPENS_BLOCK | FILLS_BLOCK
+            else:
+                kinds |= OPENS_BLOCK
         event = key + k
         request.next_event = event
         request.event_kinds = kinds
@@ -204,15 +211,17 @@ class AsyncDecodeGroup(DecodeGroup):
         step = out.group
         assert step is not None
         key = self.S + 1
+        g1 = self.G + 1  # lag + 1: the next schedule sees one more applied token
+        file_at = self._file_at
         finishing: list[SimRequest] = []
         for member in step.events:
             if not member.steady:
                 continue  # preempted in this step
             if member.event_kinds & FINISHES:
                 finishing.append(member)
-            else:  # the next schedule sees one more applied token
-                self._file_at(member, key, self.tokens(member) + 1,
-                              self.output_tokens(member) + 1)
+            else:  # tokens(member) + 1 and output_tokens(member) + 1, inlined
+                d = g1 - member.g0
+                file_at(member, key, member.num_tokens + d, member.num_output_tokens + d)
         if finishing:
             for member in finishing:  # still running until the update: back in others
                 self._depart(member, allocated=True)

@@ -123,17 +123,20 @@ class BlockPool:
             self._positions = np.arange(2 * n, dtype=_ID)
         pos = self._positions[:n]
         self._mark[block_ids] = pos
-        return np.count_nonzero(self._mark[block_ids] != pos) != 0
+        return np.count_nonzero(self._mark.take(block_ids) != pos) != 0
 
     # ----------------------------------------------------------------- state changes
     def get_new_blocks(self, num_blocks: int) -> np.ndarray:
         """Pop ``num_blocks`` from the front, evicting their cached hashes; ref count 1."""
         blocks = self.free_block_queue.popleft_n(num_blocks)
         self.ref_cnt[blocks] = 1  # free blocks have ref count 0
-        hashes = self.block_hash[blocks]
+        hashes = self.block_hash.take(blocks)
         cached = hashes >= 0
-        if np.count_nonzero(cached):
-            self._evict_many(blocks[cached], hashes[cached])
+        num_cached = np.count_nonzero(cached)
+        if num_cached == len(blocks):  # the usual case under pressure: no selection
+            self._evict_many(blocks, hashes)
+        elif num_cached:
+            self._evict_many(blocks.compress(cached), hashes.compress(cached))
         return blocks
 
     def get_new_block(self) -> int:
@@ -174,21 +177,21 @@ class BlockPool:
         batch (rare: a chain repeating a hash) shows after the store, which kept its
         last block instead of its first; those batches are redone one by one.
         """
-        assert not np.count_nonzero(self.block_hash[blocks] >= 0), (
+        assert not np.count_nonzero(self.block_hash.take(blocks) >= 0), (
             "a block cached twice (BlockPool bug)")
         self.block_hash[blocks] = hashes
-        held = self.first_holder[hashes] >= 0
+        held = self.first_holder.take(hashes) >= 0
         if np.count_nonzero(held):  # an extra holder each, in batch order
-            more, ids = blocks[held], hashes[held]
+            more, ids = blocks.compress(held), hashes.compress(held)
             self.has_extra[ids] = True
             extra = self.extra_holders
             for block, block_hash in zip(more.tolist(), ids.tolist()):
                 extra.setdefault(block_hash, []).append(block)
             fresh = ~held
-            blocks, hashes = blocks[fresh], hashes[fresh]
+            blocks, hashes = blocks.compress(fresh), hashes.compress(fresh)
         holder = self.first_holder
         holder[hashes] = blocks
-        if len(blocks) > 1 and np.count_nonzero(holder[hashes] != blocks):
+        if len(blocks) > 1 and np.count_nonzero(holder.take(hashes) != blocks):
             holder[hashes] = -1
             for block, block_hash in zip(blocks.tolist(), hashes.tolist()):
                 self._add_holder(block, block_hash)
@@ -196,16 +199,16 @@ class BlockPool:
     def _evict_many(self, blocks: np.ndarray, hashes: np.ndarray) -> None:
         """Drop the cached hashes of freshly popped ``blocks`` (vectorised when each is
         its hash's only holder, the common case)."""
-        shared = self.has_extra[hashes]
+        shared = self.has_extra.take(hashes)
         if np.count_nonzero(shared):
             keep = ~shared
-            self._evict_shared(blocks[shared], hashes[shared])
-            blocks, hashes = blocks[keep], hashes[keep]
+            self._evict_shared(blocks.compress(shared), hashes.compress(shared))
+            blocks, hashes = blocks.compress(keep), hashes.compress(keep)
         if len(blocks):
             self.first_holder[hashes] = -1
             self.block_hash[blocks] = -1
             self.num_evictions += len(blocks)
-            if np.count_nonzero(self.watched_mask[hashes]):
+            if np.count_nonzero(self.watched_mask.take(hashes)):
                 self.watch_epoch += 1
 
     def _evict_shared(self, blocks: np.ndarray, hashes: np.ndarray) -> None:
@@ -215,9 +218,24 @@ class BlockPool:
             for block, block_hash in zip(blocks.tolist(), hashes.tolist()):
                 self._evict(block, block_hash)
             return
-        emptied = [block_hash for block, block_hash, head in zip(
-                       blocks.tolist(), hashes.tolist(), self.first_holder[hashes].tolist())
-                   if self._drop_holder(block, block_hash, head)]
+        # _drop_holder inlined (one Python pass; first holders stored in one call).
+        extra = self.extra_holders
+        emptied: list[int] = []
+        promoted: list[int] = []  # hashes whose first holder passes to the next one
+        successors: list[int] = []
+        for block, block_hash, head in zip(blocks.tolist(), hashes.tolist(),
+                                           self.first_holder[hashes].tolist()):
+            holders = extra[block_hash]
+            if head == block:
+                promoted.append(block_hash)
+                successors.append(holders.pop(0))
+            else:
+                holders.remove(block)
+            if not holders:
+                del extra[block_hash]
+                emptied.append(block_hash)
+        if promoted:
+            self.first_holder[promoted] = successors
         if emptied:
             self.has_extra[emptied] = False
         self.block_hash[blocks] = -1
@@ -268,10 +286,10 @@ class BlockPool:
                 ref[block] += 1
             return True
         if refs is None:
-            refs = ref[blocks]
-        was_free = blocks[refs == 0]
-        if len(was_free):
-            self.free_block_queue.remove_many(was_free)
+            refs = ref.take(blocks)
+        free = refs == 0
+        if np.count_nonzero(free):
+            self.free_block_queue.remove_many(blocks.compress(free))
         ref[blocks] = refs + 1
         return False
 
@@ -299,16 +317,23 @@ class BlockPool:
             if np.count_nonzero(ref[blocks] < 0):
                 raise RuntimeError("a block was freed more often than taken (tuner bug)")
         else:
-            refs = ref[blocks] - 1  # one gather and one store (no block occurs twice)
+            refs = ref.take(blocks) - 1  # one gather and one store (no block occurs twice)
             if np.count_nonzero(refs < 0):
                 raise RuntimeError("a block was freed more often than taken (tuner bug)")
             ref[blocks] = refs
-            released = blocks[refs == 0]
+            zero = refs == 0
+            num_zero = np.count_nonzero(zero)
+            # compress: a selection without boolean indexing's cost; none when all go.
+            released = blocks if num_zero == len(blocks) else blocks.compress(zero)
         if len(released):
-            hashed = self.block_hash[released] >= 0
+            hashed = self.block_hash.take(released) >= 0
+            num_hashed = np.count_nonzero(hashed)
             queue = self.free_block_queue
-            queue.append_n(released[hashed])
-            queue.prepend_n(released[~hashed])
+            if num_hashed == len(released):
+                queue.append_n(released)
+            else:
+                queue.append_n(released.compress(hashed))
+                queue.prepend_n(released.compress(~hashed))
 
     # ----------------------------------------------------------------- checks
     def check_invariants(self) -> None:

@@ -164,6 +164,8 @@ class DecodeGroup:
         one; its computed tokens fill a block when ``num_tokens`` is a multiple of the
         block size, and the fill is registered now only if the block's hash is one
         another request can look up (a synthetic one waits for ``KVCacheManager.free``).
+        ``_file`` inlines this rule (it runs once per member event); ``check_invariants``
+        compares every member's filed kinds with this method after each checked step.
         """
         bs = self.block_size
         kinds = OPENS_BLOCK if (num_tokens - 1) % bs == 0 else 0
@@ -230,18 +232,24 @@ class DecodeGroup:
         chosen step decides which actually happen.
         """
         bs = self.block_size
-        t = self.tokens(request)
+        lag = self.G - request.g0  # self.tokens / self.output_tokens, inlined
+        t = request.num_tokens + lag
         k = (1 - t) % bs  # steps until the computed token opens a block
-        if self.caching:
+        caching = self.caching
+        if caching:
             k_reg = (-t) % bs  # steps until the computed tokens fill a block
             if k_reg < k and (t + k_reg) // bs <= request.num_shared_hash_blocks:
                 k = k_reg
-        k_fin = request.max_tokens - 1 - self.output_tokens(request)
+        k_fin = request.max_tokens - 1 - (request.num_output_tokens + lag)
         kinds = 0
         if k_fin <= k:
             k = k_fin
             kinds = FINISHES
-        kinds |= self.block_events(request, t + k)
+        t += k  # block_events(request, t + k), inlined (check_invariants compares them)
+        if (t - 1) % bs == 0:
+            kinds |= OPENS_BLOCK
+        if caching and t % bs == 0 and t // bs <= request.num_shared_hash_blocks:
+            kinds |= FILLS_BLOCK
         event = self.S + k
         request.next_event = event
         request.event_kinds = kinds
@@ -449,27 +457,34 @@ class DecodeGroup:
         pool = self.host.kv_cache_manager.block_pool
         bs = self.block_size
         takers: list[SimRequest] = []
-        fillers: list[tuple[SimRequest, int]] = []  # (member, index of the full block)
+        fillers: list[SimRequest] = []
         for m in members:
             kinds = m.event_kinds
             if kinds & OPENS_BLOCK:
                 takers.append(m)
             if kinds & FILLS_BLOCK:
-                fillers.append((m, self.tokens(m) // bs - 1))
+                fillers.append(m)
         if takers:
-            new = pool.get_new_blocks(len(takers)) if len(takers) > 1 else (
-                pool.get_new_block(),)
-            for m, block in zip(takers, new):
-                m.append_block(block)
-        if fillers:
-            blocks, hashes = [], []
-            for m, index in fillers:
+            if len(takers) == 1:
+                takers[0].append_block(pool.get_new_block())
+            else:
+                for m, block in zip(takers, pool.get_new_blocks(len(takers)).tolist()):
+                    m.append_block(block)
+        if fillers:  # after the allocations: at block size 1 the full block is the new one
+            g = self.G
+            fill_blocks: list[int] = []  # block and hash of each full block, in order
+            fill_hashes: list[int] = []
+            for m in fillers:
+                index = (m.num_tokens + g - m.g0) // bs - 1  # self.tokens(m) // bs - 1
                 assert m.num_cached_blocks == index, f"{m!r}: registration gap (tuner bug)"
-                blocks.append(m.block_buf[index])
-                hashes.append(m.hash_array[index])  # laid out when it joined
+                fill_blocks.append(m.block_buf.item(index))
+                fill_hashes.append(m.hash_array.item(index))  # laid out when it joined
                 m.num_cached_blocks = index + 1
-            pool.cache_blocks(np.asarray(blocks, dtype=np.int64),
-                              np.asarray(hashes, dtype=np.int64))
+            if len(fill_blocks) == 1:
+                pool.cache_block(fill_blocks[0], fill_hashes[0])
+            else:
+                pool.cache_blocks(np.array(fill_blocks, dtype=np.int64),
+                                  np.array(fill_hashes, dtype=np.int64))
 
     # ------------------------------------------------------------------- outputs
     def apply_tokens(self, step: GroupStep, now_s: float, gaps: dict[float, int],

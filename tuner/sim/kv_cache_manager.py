@@ -86,9 +86,10 @@ class KVCacheManager:
             return _NO_BLOCKS
         # One gather over the prompt's hash ids: agentic prompts have thousands of
         # blocks and this runs at every admission.
-        found = self.block_pool.first_holder[request.hashes_upto(max_blocks)]
-        missing = (found < 0).nonzero()[0]
-        return found[:missing[0]] if len(missing) else found
+        found = self.block_pool.first_holder.take(request.hashes_upto(max_blocks))
+        missing = found < 0
+        first = int(missing.argmax())  # stops at the first miss; 0 when none
+        return found[:first] if missing[first] else found
 
     def num_hit_blocks(self, request: "SimRequest") -> int:
         """Length in blocks of the longest cached prefix, memoised across steps.
@@ -206,20 +207,26 @@ class KVCacheManager:
         if max(need, need_full) + watermark > free:
             return False
         if num_hit:  # hit blocks sitting in the free queue consume free capacity too
-            hit_refs = pool.ref_cnt[new_computed_blocks]
+            hit_refs = pool.ref_cnt.take(new_computed_blocks)
             if max(need, need_full) + np.count_nonzero(hit_refs == 0) + watermark > free:
                 return False
             if pool.touch(new_computed_blocks, hit_refs):
                 request.repeated_blocks = True
             request.extend_blocks(new_computed_blocks)
             request.num_cached_blocks = request.num_blocks
-        if need:
+        if need == 1:  # a decode step's new block: the scalar path, no arrays
+            request.append_block(pool.get_new_block())
+        elif need:
             request.extend_blocks(pool.get_new_blocks(need))
         if self.enable_caching:
             num_full = min(total_computed + num_new_tokens, request.num_tokens) // bs
-            if num_full > request.num_cached_blocks:
-                pool.cache_full_blocks(request, request.block_buf, request.num_cached_blocks,
-                                       num_full)
+            cached = request.num_cached_blocks
+            if num_full == cached + 1:  # one block filled (decode): the scalar path
+                pool.cache_block(request.block_buf.item(cached),
+                                 request.hashes_upto(num_full).item(cached))
+                request.num_cached_blocks = num_full
+            elif num_full > cached:
+                pool.cache_full_blocks(request, request.block_buf, cached, num_full)
                 request.num_cached_blocks = num_full
         return True
 
@@ -231,9 +238,13 @@ class KVCacheManager:
         if not self.enable_caching:
             return
         num_full = min(num_tokens, request.num_tokens) // self.block_size
-        if num_full > request.num_cached_blocks:
-            self.block_pool.cache_full_blocks(request, request.block_buf,
-                                              request.num_cached_blocks, num_full)
+        cached = request.num_cached_blocks
+        if num_full == cached + 1:  # one block filled (a decode token): no arrays
+            self.block_pool.cache_block(request.block_buf.item(cached),
+                                        request.hashes_upto(num_full).item(cached))
+            request.num_cached_blocks = num_full
+        elif num_full > cached:
+            self.block_pool.cache_full_blocks(request, request.block_buf, cached, num_full)
             request.num_cached_blocks = num_full
 
     def free(self, request: "SimRequest") -> None:
