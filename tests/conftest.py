@@ -37,11 +37,29 @@ def xdist_group_of(item: pytest.Item) -> str | None:
     return f"vllm:{module}" + (f":{version}" if version is not None else "")
 
 
+def group_node_id(item: pytest.Item) -> None:
+    """Append ``@group`` to the node id of a grouped test, which is how ``--dist loadgroup``
+    sends a group to one worker. pytest-xdist 3.8 does it by assigning ``item._nodeid``;
+    from pytest 9 the node id is derived from ``item._id`` instead, that assignment changes
+    nothing, and every group would be spread over all workers (each starting the group's
+    vLLM process again). Only where ``_id`` is pytest 9's structured id; older pytest
+    keeps xdist's own suffix."""
+    parse = getattr(type(getattr(item, "_id", None)), "parse", None)
+    names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                    for m in item.iter_markers("xdist_group")})
+    if parse is None or not names or "@" in item.nodeid:
+        return
+    item._id = parse(f"{item.nodeid}@{'_'.join(names)}")  # type: ignore[attr-defined]
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the node ids
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    grouping = bool(getattr(config.option, "loadgroup", False))  # set on xdist workers
     for item in items:
         if item.get_closest_marker("vllm") is not None and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)
         group = xdist_group_of(item)
         if group is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(group))
+        if grouping:
+            group_node_id(item)

@@ -4,8 +4,12 @@ server again."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 import re
+import subprocess
+import sys
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,7 +68,8 @@ def test_the_hook_marks_them_before_xdist_reads_the_groups() -> None:
     # a module that must stay whole (one test reads both versions) names its group itself
     whole = _Item("tests/vllm/test_async_parity.py::t[0.32]", ["vllm", "slow", "xdist_group"],
                   {"version": "0.32"})
-    pytest_collection_modifyitems([*items, whole])  # type: ignore[list-item]
+    config = type("Config", (), {"option": type("Option", (), {})()})()  # not a worker
+    pytest_collection_modifyitems(config, [*items, whole])  # type: ignore[arg-type]
     assert whole.added == []
     vllm, plain = items
     assert {m.name for m in vllm.added} == {"slow", "xdist_group"}
@@ -80,3 +85,28 @@ def test_the_readme_test_command_runs_on_workers_by_group() -> None:
     command = re.findall(r"```bash\n(.*?)```", readme, flags=re.S)[1]
     assert command.strip().endswith("pytest -q -n auto --dist loadgroup")
     assert "pytest-xdist" in (ROOT / "pyproject.toml").read_text()
+
+
+def test_a_group_runs_on_one_worker(tmp_path: pathlib.Path) -> None:
+    """Real workers, this conftest: each version's tests on one worker (pytest 9 derives node
+    ids from ``item._id``, where xdist 3.8's own ``@group`` suffix is lost)."""
+    (tmp_path / "conftest.py").write_text(
+        "from tests.conftest import pytest_collection_modifyitems  # noqa: F401\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    vllm: x\n    slow: x\n")
+    (tmp_path / "test_cases.py").write_text(textwrap.dedent("""
+        import pytest
+        pytestmark = pytest.mark.vllm
+        @pytest.mark.parametrize("version", ["0.33", "0.32"])
+        @pytest.mark.parametrize("case", range(6))
+        def test_case(case, version):
+            pass
+    """))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v",
+                           "-p", "no:cacheprovider", str(tmp_path)], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ran = re.findall(r"\[(gw\d)\] .*PASSED .*test_case\[\d-(0\.3\d)\]@", proc.stdout)
+    assert len(ran) == 12, proc.stdout[-3000:]
+    workers = {version: {w for w, v in ran if v == version} for _, version in ran}
+    assert all(len(w) == 1 for w in workers.values()), workers
