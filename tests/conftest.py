@@ -5,6 +5,12 @@
 * Every test marked ``vllm`` (it runs code in a vLLM environment: importing vLLM alone takes
   10-30 s, a server 35-120 s) is also ``slow``, so ``pytest -m "not slow"`` is the quick
   local loop even where the vLLM environments are exported. CI runs everything.
+* The suite runs on pytest-xdist workers (``-n auto --dist loadgroup``, the README's test
+  command; without ``-n`` it runs in one process). A worker runs a whole
+  group: each ``vllm`` test is grouped by its module and vLLM version, because a module
+  holds one vLLM process per version (a driver whose results it caches, or a
+  module-scoped ``vllm serve``) that a second worker would start again; the ``postgres``
+  tests share one group so two studies do not load the one server at once.
 """
 
 from __future__ import annotations
@@ -19,7 +25,41 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def xdist_group_of(item: pytest.Item) -> str | None:
+    """The worker group of a test that shares an outside process with others (see above)."""
+    if item.get_closest_marker("postgres") is not None:
+        return "postgres"
+    if item.get_closest_marker("vllm") is None:
+        return None
+    params = getattr(item, "callspec", None)
+    version = params.params.get("version", params.params.get("any_vllm")) if params else None
+    module = item.nodeid.split("::", 1)[0]
+    return f"vllm:{module}" + (f":{version}" if version is not None else "")
+
+
+def group_node_id(item: pytest.Item) -> None:
+    """Append ``@group`` to the node id of a grouped test, which is how ``--dist loadgroup``
+    sends a group to one worker. pytest-xdist 3.8 does it by assigning ``item._nodeid``;
+    from pytest 9 the node id is derived from ``item._id`` instead, that assignment changes
+    nothing, and every group would be spread over all workers (each starting the group's
+    vLLM process again). Only where ``_id`` is pytest 9's structured id; older pytest
+    keeps xdist's own suffix."""
+    parse = getattr(type(getattr(item, "_id", None)), "parse", None)
+    names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                    for m in item.iter_markers("xdist_group")})
+    if parse is None or not names or "@" in item.nodeid:
+        return
+    item._id = parse(f"{item.nodeid}@{'_'.join(names)}")  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    grouping = bool(getattr(config.option, "loadgroup", False))  # set on xdist workers
     for item in items:
         if item.get_closest_marker("vllm") is not None and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)
+        group = xdist_group_of(item)
+        if group is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
+        if grouping:
+            group_node_id(item)

@@ -367,8 +367,8 @@ def plan_scheduler_args(settings: Any, vllm: str | VllmFeatures, *,
                else f"vLLM {vllm_version} has no --cache-aware-admission-* flags "
                     "(PR #54625 is unmerged)")
         plan.notes.append(f"cache-aware admission runs in tuner's scheduler plugin "
-                          f"{plan.scheduler_cls} ({why}); install vllm-sched-tuner in vLLM's "
-                          "environment")
+                          f"{plan.scheduler_cls} ({why}); `tuner export PROFILE --format "
+                          "plugin -o DIR` writes it as a folder for vLLM's environment")
     else:
         if pin_sync and async_scheduling is False:
             plan.async_scheduling = False

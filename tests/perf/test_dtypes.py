@@ -128,7 +128,9 @@ def _fake_aic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (pkg / "model_configs").mkdir(parents=True)
     (pkg / "__init__.py").write_text("raise ImportError('must not be imported')\n")
     cfg = json.loads((PRESET_DIR / "llama-3.1-70b.json").read_text())
-    (pkg / "model_configs" / "meta-llama--Meta-Llama-3.1-70B_config.json").write_text(json.dumps(cfg))
+    # an id this wheel does not bundle (bundled ids never reach the extra: test_hub_ids.py)
+    (pkg / "model_configs" / "nvidia--Llama-3.1-70B-Instruct-FP8_config.json").write_text(
+        json.dumps(cfg))
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     for mod in [m for m in sys.modules if m.startswith("aiconfigurator_core")]:
         monkeypatch.delitem(sys.modules, mod)
@@ -137,10 +139,10 @@ def _fake_aic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_hugging_face_ids_resolve_from_the_extra_without_importing_it(tmp_path, monkeypatch):
     _fake_aic(tmp_path, monkeypatch)
-    m = load_model("meta-llama/Meta-Llama-3.1-70B")
-    assert m.name == "meta-llama/Meta-Llama-3.1-70B" and m.num_layers == 80
-    with pytest.raises(ConfigError, match="ships no config for this id; close: meta-llama/Meta"):
-        load_model("meta-llama/Meta-Llama-9")
+    m = load_model("nvidia/Llama-3.1-70B-Instruct-FP8")
+    assert m.name == "nvidia/Llama-3.1-70B-Instruct-FP8" and m.num_layers == 80
+    with pytest.raises(ConfigError, match="ships no config for this id; close: nvidia/Llama"):
+        load_model("nvidia/Llama-9")
 
 
 def test_missing_extra_names_it(monkeypatch):
@@ -150,4 +152,4 @@ def test_missing_extra_names_it(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "aiconfigurator_core" else real(name, *a))
     with pytest.raises(ConfigError, match=r"pip install -e '\.\[aic\]'.*never downloads"):
-        load_model("moonshotai/Kimi-K2.5")
+        load_model("moonshotai/Kimi-K3")  # not bundled (Kimi-K2.5 is)

@@ -77,6 +77,8 @@ def test_flags_use_vllm_names_and_the_plugin_before_pr_54625() -> None:
     extra = json.loads(args[args.index("--additional-config") + 1])
     assert extra == {"cache_aware_admission_window": 16, "cache_aware_admission_threshold": 0.35}
     assert "PR #54625 is unmerged" in text
+    # where the plugin comes from: the command that writes it for vLLM's environment
+    assert "`tuner export PROFILE --format plugin -o DIR` writes it" in text
     sync = _serve_args(export_profile(make_profile(async_scheduling=False), "flags"))
     assert "tuner.vllm_plugin.CacheAwareScheduler" in sync and "--no-async-scheduling" in sync
     native = _serve_args(export_profile(make_profile(), "flags", vllm_version="0.34.0",

@@ -18,7 +18,9 @@ from vllm_env import vllm_python
 
 from tuner.fidelity.parity import run_parity_many
 
-pytestmark = pytest.mark.vllm
+# one xdist worker for the whole module: test_032_and_033_schedule_async_alike reads both
+# versions' results, which a group per version would compute twice (tests/conftest.py)
+pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm:tests/vllm/test_async_parity.py")]
 
 NAMES = [c.name for c in cases("0.33")]
 _RESULTS: dict[str, dict[str, Any]] = {}

@@ -75,6 +75,7 @@ def test_parity(version: str, name: str) -> None:
         assert vllm.steps[9].num_scheduled_tokens == ({"high": 1} if version == "0.33" else {})
 
 
+@pytest.mark.xdist_group("vllm:tests/vllm/test_parity.py:0.33")  # 0.33's cached results
 def test_speed_ratio_is_reported() -> None:
     report, twin, vllm = results("0.33")["agentic-pressure"]
     assert report.twin_wall_s > 0 and report.vllm_wall_s > 0

@@ -44,8 +44,9 @@ def target_options(func):  # type: ignore[no-untyped-def]
                      help="Hardware preset (mi355x, mi300x, mi325x, h100, h200, b200) or a YAML file."),
         click.option("--model", default="llama-3.1-70b", show_default=True,
                      help="Model preset name, a Hugging Face config.json (or its folder), or a "
-                          "Hugging Face id whose config ships with aiconfigurator-core "
-                          "(pip install -e '.[aic]'); no model hub is contacted."),
+                          "Hugging Face id: a preset's or bundled config's id works as is, "
+                          "others need aiconfigurator-core (pip install -e '.[aic]'); no "
+                          "model hub is contacted."),
         click.option("--tp", "--tensor-parallel-size", "tp", type=click.IntRange(min=1),
                      default=1, show_default=True, help="Tensor-parallel size (GPUs per engine)."),
         click.option("--quantization", type=click.Choice(QUANTIZATION_CHOICES, case_sensitive=False),

@@ -326,6 +326,38 @@ class ModelSpec:
 AIC_PACKAGE = "aiconfigurator_core"
 AIC_EXTRA = "pip install -e '.[aic]'  (or: pip install aiconfigurator-core)"
 
+#: Hugging Face ids of the bundled presets. The first is the Hub repository ``export``
+#: serves (presets/models/SOURCES.md); the others are the same architecture under the
+#: names people type: Meta's base and ``-Instruct`` checkpoints, before and after the
+#: ``Meta-`` prefix was dropped, share every shape field of ``config.json``.
+PRESET_HUB_IDS: dict[str, tuple[str, ...]] = {
+    "llama-3.1-8b": ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B",
+                     "meta-llama/Meta-Llama-3.1-8B", "meta-llama/Meta-Llama-3.1-8B-Instruct"),
+    "llama-3.1-70b": ("meta-llama/Llama-3.1-70B-Instruct", "meta-llama/Llama-3.1-70B",
+                      "meta-llama/Meta-Llama-3.1-70B", "meta-llama/Meta-Llama-3.1-70B-Instruct"),
+    "qwen3-32b": ("Qwen/Qwen3-32B",),
+    "deepseek-v3": ("deepseek-ai/DeepSeek-V3",),
+    "gpt-oss-120b": ("openai/gpt-oss-120b",),
+}
+
+#: Hub configs bundled for the benchmark fit (data/models/SOURCES.md), one ``org--name.json``
+#: per id; they resolve by id on the base install like the presets.
+BUNDLED_CONFIG_DIR = Path(__file__).parent / "data" / "models"
+
+
+def bundled_hf_config(model_id: str) -> Path | None:
+    """The config this wheel itself ships for a Hugging Face id (a preset's or a bundled
+    config's, matched in any case as the Hub does), else None. Checked before the optional
+    extra, so an id resolves to the same shape with or without aiconfigurator-core."""
+    wanted = model_id.strip().lower()
+    for preset, ids in PRESET_HUB_IDS.items():
+        if wanted in (i.lower() for i in ids):
+            return PRESET_DIR / f"{preset}.json"
+    for candidate in BUNDLED_CONFIG_DIR.glob("*.json"):
+        if candidate.stem.replace("--", "/", 1).lower() == wanted:
+            return candidate
+    return None
+
 
 def aic_model_dir() -> Path | None:
     """``aiconfigurator_core/model_configs`` if the package is installed, found without
@@ -344,17 +376,22 @@ def aic_model_dir() -> Path | None:
 
 
 def hf_config_path(model_id: str) -> Path:
-    """The bundled ``config.json`` of a Hugging Face id (``org/name``); never a download.
+    """The ``config.json`` of a Hugging Face id (``org/name``); never a download. The ids
+    of bundled presets and configs resolve from this wheel; any other id from the optional
+    aiconfigurator-core package.
 
     Raises:
-        ConfigError: the id is malformed, the aiconfigurator-core extra is missing (the
-            message says how to install it), or the package has no config for the id
-            (the message lists close ids).
+        ConfigError: the id is malformed, not bundled and the aiconfigurator-core extra is
+            missing (the message says how to install it), or the package has no config for
+            the id (the message lists close ids).
     """
     parts = model_id.strip().split("/")
     if len(parts) != 2 or not all(parts):
         raise ConfigError(f"--model {model_id!r}: not a file, folder, preset or Hugging Face "
                           "id (org/name)")
+    bundled = bundled_hf_config(model_id)
+    if bundled is not None:
+        return bundled
     folder = aic_model_dir()
     if folder is None:
         raise ConfigError(f"--model {model_id!r} is a Hugging Face id; tuner reads the configs "
@@ -373,20 +410,21 @@ def hf_config_path(model_id: str) -> Path:
                       + "; pass a local config.json instead")
 
 
-
 def list_models() -> list[str]:
     """Names of the bundled model presets."""
     return preset_names(PRESET_DIR, ".json")
 
 
 def load_model(name_or_path: str | Path) -> ModelSpec:
-    """A ``ModelSpec`` from a preset name, a ``config.json`` path or its folder.
+    """A ``ModelSpec`` from a preset name, a ``config.json`` path or its folder, or a
+    Hugging Face id (:func:`hf_config_path`; the spec is named by the id as typed).
 
     Raises:
         ConfigError: unknown preset (the message lists the presets), unreadable or
             invalid config (the message names the file and field).
     """
     text = str(name_or_path)
+    hub_id = ""  # the Hugging Face id as typed, when the config came from one
     path = Path(text).expanduser()
     if path.is_dir():
         path = path / "config.json"
@@ -396,10 +434,9 @@ def load_model(name_or_path: str | Path) -> ModelSpec:
                                not_a="not a file or folder,")
         else:
             path = hf_config_path(text)
+            hub_id = text.strip()
     config = load_json(path, "model config", mapping=True).data
-    name = path.stem if path.parent == PRESET_DIR else (
-        text if path.name.endswith("_config.json") and "/" in text and not Path(text).exists()
-        else str(path))
+    name = hub_id if hub_id else (path.stem if path.parent == PRESET_DIR else str(path))
     return model_from_config(config, name=name, source=str(path))
 
 

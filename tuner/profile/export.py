@@ -57,6 +57,7 @@ from typing import Any, Literal
 
 from tuner import vllm_compat
 from tuner.errors import ConfigError
+from tuner.perf.models import PRESET_HUB_IDS
 from tuner.profile.fleet_export import (BASE_PORT, RouterExport, backend_urls, engine_args,
                                         one_node, replica_prefixes, router_export)
 from tuner.profile.model import Profile
@@ -78,11 +79,7 @@ flag_name = vllm_compat.flag_name
 
 #: Hub repositories of the bundled model presets (tuner/perf/presets/models/SOURCES.md;
 #: tests/profile/test_export.py checks the two agree).
-HUB_REPOS = {"llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
-             "llama-3.1-70b": "meta-llama/Llama-3.1-70B-Instruct",
-             "qwen3-32b": "Qwen/Qwen3-32B",
-             "deepseek-v3": "deepseek-ai/DeepSeek-V3",
-             "gpt-oss-120b": "openai/gpt-oss-120b"}
+HUB_REPOS = {preset: ids[0] for preset, ids in PRESET_HUB_IDS.items()}
 
 
 def serve_model(model: str) -> str:

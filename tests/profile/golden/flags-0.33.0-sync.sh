@@ -1,5 +1,5 @@
 # tuner profile 'golden' for vLLM 0.33.0 (mi355x, llama-3.1-70b, tp=8, dp=1)
-# cache-aware admission runs in tuner's scheduler plugin tuner.vllm_plugin.CacheAwareScheduler (vLLM 0.33.0 has no --cache-aware-admission-* flags (PR #54625 is unmerged)); install vllm-sched-tuner in vLLM's environment
+# cache-aware admission runs in tuner's scheduler plugin tuner.vllm_plugin.CacheAwareScheduler (vLLM 0.33.0 has no --cache-aware-admission-* flags (PR #54625 is unmerged)); `tuner export PROFILE --format plugin -o DIR` writes it as a folder for vLLM's environment
 vllm serve meta-llama/Llama-3.1-70B-Instruct \
     --tensor-parallel-size 8 \
     --gpu-memory-utilization 0.92 \

@@ -1,5 +1,5 @@
 # tuner profile 'fleet' for vLLM 0.33.0 (mi355x, llama-3.1-70b, tp=2, dp=1, replicas=4, router=prefix-aware; 8 GPU)
-# cache-aware admission runs in tuner's scheduler plugin tuner.vllm_plugin.CacheAwareAsyncScheduler (vLLM 0.33.0 has no --cache-aware-admission-* flags (PR #54625 is unmerged)); install vllm-sched-tuner in vLLM's environment
+# cache-aware admission runs in tuner's scheduler plugin tuner.vllm_plugin.CacheAwareAsyncScheduler (vLLM 0.33.0 has no --cache-aware-admission-* flags (PR #54625 is unmerged)); `tuner export PROFILE --format plugin -o DIR` writes it as a folder for vLLM's environment
 # 4 replicas on one node, 2 GPU each; each engine in the background on its own GPUs and port
 CUDA_VISIBLE_DEVICES=0,1 vllm serve meta-llama/Llama-3.1-70B-Instruct \
     --tensor-parallel-size 2 \

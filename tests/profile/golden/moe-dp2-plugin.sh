@@ -1,5 +1,5 @@
 # tuner profile 'moe-dp2' for vLLM 0.33.0 (mi355x, deepseek-v3, tp=4, dp=2, replicas=1, expert parallel; 8 GPU)
-# cache-aware admission runs in tuner's scheduler plugin tuner.vllm_plugin.CacheAwareAsyncScheduler (vLLM 0.33.0 has no --cache-aware-admission-* flags (PR #54625 is unmerged)); install vllm-sched-tuner in vLLM's environment
+# cache-aware admission runs in tuner's scheduler plugin tuner.vllm_plugin.CacheAwareAsyncScheduler (vLLM 0.33.0 has no --cache-aware-admission-* flags (PR #54625 is unmerged)); `tuner export PROFILE --format plugin -o DIR` writes it as a folder for vLLM's environment
 --tensor-parallel-size 4 \
 --data-parallel-size 2 \
 --enable-expert-parallel \

@@ -1,5 +1,5 @@
 # tuner profile 'golden' for vLLM 0.33.0 (mi355x, llama-3.1-70b, tp=8, dp=1)
-# cache-aware admission runs in tuner's scheduler plugin tuner.vllm_plugin.CacheAwareAsyncScheduler (vLLM 0.33.0 has no --cache-aware-admission-* flags (PR #54625 is unmerged)); install vllm-sched-tuner in vLLM's environment
+# cache-aware admission runs in tuner's scheduler plugin tuner.vllm_plugin.CacheAwareAsyncScheduler (vLLM 0.33.0 has no --cache-aware-admission-* flags (PR #54625 is unmerged)); `tuner export PROFILE --format plugin -o DIR` writes it as a folder for vLLM's environment
 --max-num-batched-tokens 16384 \
 --max-num-seqs 1024 \
 --long-prefill-token-threshold 0 \

@@ -1,5 +1,5 @@
 # tuner profile 'golden' for vLLM 0.34.0 (mi355x, llama-3.1-70b, tp=8, dp=1)
-# cache-aware admission runs in tuner's scheduler plugin tuner.vllm_plugin.CacheAwareAsyncScheduler (requested with --format plugin); install vllm-sched-tuner in vLLM's environment
+# cache-aware admission runs in tuner's scheduler plugin tuner.vllm_plugin.CacheAwareAsyncScheduler (requested with --format plugin); `tuner export PROFILE --format plugin -o DIR` writes it as a folder for vLLM's environment
 # flags checked against vLLM 0.33.0; 0.34.0 was not checked flag by flag
 --max-num-batched-tokens 16384 \
 --max-num-seqs 1024 \

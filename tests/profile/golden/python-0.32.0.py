@@ -1,5 +1,5 @@
 # tuner profile 'golden' for vLLM 0.32.0 (mi355x, llama-3.1-70b, tp=8, dp=1)
-# cache-aware admission runs in tuner's scheduler plugin tuner.vllm_plugin.CacheAwareAsyncScheduler (vLLM 0.32.0 has no --cache-aware-admission-* flags (PR #54625 is unmerged)); install vllm-sched-tuner in vLLM's environment
+# cache-aware admission runs in tuner's scheduler plugin tuner.vllm_plugin.CacheAwareAsyncScheduler (vLLM 0.32.0 has no --cache-aware-admission-* flags (PR #54625 is unmerged)); `tuner export PROFILE --format plugin -o DIR` writes it as a folder for vLLM's environment
 # WARNING: vLLM 0.32.0 applies --prefill-schedule-interval only to data-parallel deployments; a single engine ignores it (fixed in 0.33.0)
 # flags checked against vLLM 0.33.0; 0.32.0 was not checked flag by flag
 from vllm.config import SchedulerConfig
