@@ -272,8 +272,7 @@ def test_a_one_engine_fleet_runs_the_async_clock_of_the_replay_loop(seed: int) -
     settings, cache = SchedulerSettings(max_num_seqs=8), CacheSettings(num_gpu_blocks=400)
     options = SimOptions(async_scheduling=True, record_steps=True)
     single = Simulator(requests, settings, cache, SplitModel(), options=options).run()
-    fleet = FleetSimulator(requests, settings, cache, SplitModel(), options=options,
-                           batch_queue_depth=2).run()
+    fleet = FleetSimulator(requests, settings, cache, SplitModel(), options=options).run()
     for key in ("requests", "steps", "itl_samples", "timeseries", "simulated_s"):
         assert repr(getattr(single, key)) == repr(getattr(fleet, key)), key
     assert {k: fleet.counters[k] for k in single.counters} == single.counters
