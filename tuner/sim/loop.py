@@ -44,12 +44,10 @@ from typing import Any, Callable, Iterable, Protocol
 
 from tuner.sim._step_rules import cdiv
 from tuner.sim.batch import StepBatch
-from tuner.sim.clock import (INF, Arrivals, BatchQueue, StepTime, launch_price_function,
-                             price_function, split_price_function)
+from tuner.sim.clock import INF, Arrivals, BatchQueue, StepTime, launch_price_function
 from tuner.sim.load import ClosedLoop, OpenLoop
 
-__all__ = ["AdmissionRules", "ReplayLoop", "StepEngine", "StepTime", "price_function",
-           "split_price_function"]
+__all__ = ["AdmissionRules", "ReplayLoop", "StepEngine", "StepTime"]
 
 _EMPTY = (0.0, 0.0)
 

@@ -102,7 +102,6 @@ class FleetLoop:
             raise ValueError(f"{len(engines)} engines for dp={dp} x replicas={replicas}")
         if replicas > 1 and router is None:
             raise ValueError("a fleet of several replicas needs a router")
-        BatchQueue(batch_queue_depth)  # refuses a depth below 1 before anything is built
         self.engines = list(engines)
         self.price = price_function(step_time)
         #: (cpu, gpu) per batch as ``BatchQueue.launch`` takes them (ReplayLoop's prices)
