@@ -195,9 +195,15 @@ class Arrivals:
         self._read_on()
 
     def issue_due(self, now_s: float, sink: ArrivalSink) -> None:
-        """Issue every request due at ``now_s``, in order."""
-        while self.next_arrival_s(now_s) <= now_s:
-            self.issue(now_s, sink)
+        """Issue every request due at ``now_s``, in order (:meth:`next_arrival_s`'s rule,
+        unrolled per load: this runs once per step)."""
+        concurrency = self._concurrency
+        if concurrency:
+            while self._head is not None and self.in_flight < concurrency:
+                self.issue(now_s, sink)
+        else:
+            while self.next_s <= now_s:  # inf once nothing is left
+                self.issue(now_s, sink)
 
 
 class BatchQueue:
