@@ -92,10 +92,19 @@ def intern_requests(trace: TraceLike, block_size: int, *,
         ConfigError: the trace has no requests, or the block sizes do not divide.
         TraceSchemaError: the trace file is not a valid trace.
     """
-    from tuner.replay._kv_requests import InternedRequests, kv_request_ids, load_trace_arrays
+    from tuner.replay._kv_requests import InternedRequests, kv_request_ids
 
     if isinstance(trace, InternedRequests) and trace.block_size == block_size:
         return trace
+    return kv_request_ids(*_array_requests(trace, hash_block_size), block_size)
+
+
+def _array_requests(trace: TraceLike, hash_block_size: int | None
+                    ) -> tuple[list["TraceRequest"], int | None]:
+    """:func:`load_requests` with a ``Trace``'s hashes as views into flat ``uint64``
+    arrays (``tuner.replay._kv_requests.load_trace_arrays``); refuses an empty trace."""
+    from tuner.replay._kv_requests import load_trace_arrays
+
     if isinstance(trace, (str, os.PathLike)):
         from tuner.trace import read_trace
 
@@ -106,7 +115,7 @@ def intern_requests(trace: TraceLike, block_size: int, *,
         requests, size = load_requests(trace, hash_block_size=hash_block_size)
     if not requests:
         raise ConfigError("the trace has no requests to replay")
-    return kv_request_ids(requests, size, block_size)
+    return requests, size
 
 
 def _kv_requests(trace: TraceLike, hash_block_size: int | None, block_size: int, *,
@@ -121,7 +130,7 @@ def _kv_requests(trace: TraceLike, hash_block_size: int | None, block_size: int,
     requests), else :func:`intern_requests`'s list.
     """
     if arrays:
-        from tuner.replay._kv_requests import kv_requests, load_trace_arrays
+        from tuner.replay._kv_requests import kv_requests
 
         if isinstance(trace, (str, os.PathLike)):
             from tuner.trace import read_trace
@@ -133,13 +142,7 @@ def _kv_requests(trace: TraceLike, hash_block_size: int | None, block_size: int,
 
                 return TraceArrivals(trace, block_size)  # type: ignore[return-value]
             return intern_requests(trace, block_size, hash_block_size=hash_block_size)
-        if hasattr(trace, "metadata") and hasattr(trace, "lazy"):
-            requests, size = load_trace_arrays(trace), int(trace.metadata.hash_block_size)
-        else:
-            requests, size = load_requests(trace, hash_block_size=hash_block_size)
-        if not requests:
-            raise ConfigError("the trace has no requests to replay")
-        return kv_requests(requests, size, block_size)
+        return kv_requests(*_array_requests(trace, hash_block_size), block_size)
     requests, size = load_requests(trace, hash_block_size=hash_block_size)
     if not requests:
         raise ConfigError("the trace has no requests to replay")
