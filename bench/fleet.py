@@ -47,8 +47,6 @@ def _run(trace: Any, *, dp: int, replicas: int, policy: str,
     target = Target(hardware="h200", model="llama-3.1-8b", tp=1, dp=dp, replicas=replicas)
     router = RouterSettings(policy)
     if single_engine_fleet:
-        from tuner.replay._run import _kv_requests
-
         from tuner.sim.settings import SimOptions
 
         t0, c0 = time.perf_counter(), time.process_time()
@@ -56,13 +54,11 @@ def _run(trace: Any, *, dp: int, replicas: int, policy: str,
         # the scheduling mode replay.run() resolves for the target (async on a GPU where
         # the twin models it), so this row replays what the Simulator row replays
         mode = bool(getattr(resolved, "async_scheduling", False))
-        requests = _kv_requests(trace, None, resolved.cache.block_size, arrays=True,
-                                hash_ids=True, stream=False)
+        requests = replay.intern_requests(trace, resolved.cache.block_size)
         fleet = FleetSimulator(requests, resolved.default_settings, resolved.cache,
                                resolved.step_time, num_gpus=1,
                                num_hash_ids=requests.num_hash_ids,
-                               options=SimOptions(async_scheduling=mode),
-                               batch_queue_depth=2 if mode else 1)
+                               options=SimOptions(async_scheduling=mode))
         result = fleet.run()
     else:
         t0, c0 = time.perf_counter(), time.process_time()

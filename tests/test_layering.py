@@ -14,6 +14,11 @@ only each other and the standard library (plus PyYAML for the loader), never a s
 pyarrow, polars, optuna, click or rich), so the vLLM driver can import it inside a vLLM
 environment that has none of them.
 
+Private means private: a ``_``-prefixed module or name (``tuner.replay._run``,
+``tuner.sim.loop._EMPTY``) is imported only inside the package that holds it (its
+subpackages included); every other package goes through the package's public names
+(``tuner.replay.prepare``, ``tuner.trace.formats.IngestContext``).
+
 Import circles: only imports that run when a module is first imported count -- statements
 at module level, including inside ``if``/``try`` at module level, but not under
 ``if TYPE_CHECKING:`` and not inside a function or method. A function-level import is the
@@ -248,6 +253,74 @@ def test_no_lazy_import_circles() -> None:
         "them in LAZY_CIRCLES):\n" + "\n".join(" <-> ".join(c) for c in undocumented)
     stale = [sorted(c) for c in LAZY_CIRCLES if c not in found]
     assert not stale, f"LAZY_CIRCLES lists circles that no longer exist; remove them: {stale}"
+
+
+def _is_package_name(dotted: str) -> bool:
+    return (ROOT.parent.joinpath(*dotted.split(".")) / "__init__.py").is_file()
+
+
+def _private_owner(name: str) -> str | None:
+    """The package that owns ``name``'s first private (``_``-prefixed) part, or None when
+    ``name`` is public: ``tuner.replay._run.prepare`` -> ``tuner.replay``,
+    ``tuner.sim.loop._EMPTY`` -> ``tuner.sim`` (a module's private name belongs to the
+    module's package)."""
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part.startswith("_") and not part.startswith("__"):
+            owner = ".".join(parts[:i])
+            while owner and not _is_package_name(owner):
+                owner = owner.rpartition(".")[0]
+            return owner
+    return None
+
+
+def _private_imports(code: str, module: str, is_package: bool) -> list[str]:
+    """What ``code`` (module ``module``) imports from another package's private parts."""
+    own = module if is_package else module.rpartition(".")[0]
+    found = []
+    for name in sorted(_source_imports(code, module, is_package, module_level_only=False)):
+        if not name.startswith("tuner."):
+            continue
+        owner = _private_owner(name)
+        if owner is not None and own != owner and not own.startswith(owner + "."):
+            found.append(name)
+    return found
+
+
+def test_no_imports_of_another_packages_private_modules_or_names() -> None:
+    bad = []
+    for name, path in _all_modules().items():
+        for target in _private_imports(path.read_text(), name, _is_package(path)):
+            bad.append(f"{path.relative_to(ROOT.parent)} imports {target}")
+    assert not bad, ("private modules and names are for their own package; import the "
+                     "package's public name instead (add it to its __init__):\n"
+                     + "\n".join(bad))
+
+
+def test_private_import_rule_on_probes() -> None:
+    """The checker itself, on what the rule replaced: tune reaching into replay's private
+    module, a report importing a private function, ingest reaching into a subpackage's
+    private module; and what stays allowed (a package's own privates, a subpackage using
+    its parent's, the top-level ``tuner._lazy``)."""
+    assert _private_imports("from tuner.replay._kv_requests import intern_requests\n",
+                            "tuner.tune.evaluate", False) == [
+        "tuner.replay._kv_requests", "tuner.replay._kv_requests.intern_requests"]
+    assert _private_imports("from tuner.replay._kv_requests import _x\n",
+                            "tuner.report.study_trace", False)
+    assert _private_imports("from tuner.sim.loop import _EMPTY\n", "tuner.replay._sim",
+                            False) == ["tuner.sim.loop._EMPTY"]
+    assert _private_imports("from tuner.trace.formats._batch import LINE\n",
+                            "tuner.trace._ingest", False)
+    assert _private_imports("from tuner.replay import _run\n", "tuner.fidelity.parity",
+                            False) == ["tuner.replay._run"]
+    assert not _private_imports("from tuner.replay._backend import Backend\n"
+                                "from . import _stream\n", "tuner.replay._run", False)
+    assert not _private_imports("from tuner.sim._step_rules import cdiv\n"
+                                "from tuner.sim.loop import _EMPTY\n",
+                                "tuner.sim.fleet.loop", False)
+    assert not _private_imports("from tuner import _lazy\n", "tuner.cli", True)
+    assert not _private_imports("from tuner.replay import intern_requests\n",
+                                "tuner.tune.evaluate", False)
 
 
 def test_cycle_finder_finds_a_circle() -> None:

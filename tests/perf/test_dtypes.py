@@ -94,7 +94,7 @@ def test_cli_flags_reach_the_target(monkeypatch):
         "--tensor-parallel-size", "2", "--quantization", "MXFP4", "--kv-cache-dtype", "fp8"])
     assert "stop here" in result.output, result.output
     assert (seen[0].tp, seen[0].quantization, seen[0].kv_cache_dtype) == (2, "mxfp4", "fp8")
-    assert replay_cli.make_target  # the shared builder every target command uses
+    assert replay_cli.TargetFlags  # the typed flags every target command gets
     bad = CliRunner().invoke(cli, ["replay", str(trace), "--quantization", "int3"])
     assert bad.exit_code != 0 and "int3" in bad.output
 

@@ -83,8 +83,9 @@ def test_tune_and_tune_log_take_the_flag(monkeypatch: pytest.MonkeyPatch, tmp_pa
                                          mode: bool | None) -> None:
     import tuner.cli._tune as tune_cli
 
-    def stand_in(trace: str, output: str, kw: dict[str, Any], target_kw: dict[str, Any]) -> Any:
-        raise Reached(tune_cli.make_target(**target_kw).async_scheduling)
+    def stand_in(trace: str, output: str, kw: dict[str, Any], flags: Any,
+                 router_flags: Any) -> Any:
+        raise Reached(flags.target().async_scheduling)
 
     monkeypatch.setattr(tune_cli, "_run_tune", stand_in)
     out = str(tmp_path / "p.yaml")

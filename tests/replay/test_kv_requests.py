@@ -88,9 +88,9 @@ def test_dense_ids_are_the_same_with_polars_and_in_a_forked_child(monkeypatch):
 
     rng = np.random.default_rng(7)
     values = rng.integers(0, 1 << 64, size=5_000, dtype=np.uint64)[rng.integers(0, 5_000, 20_000)]
-    with_polars, n_polars = _kv_requests._dense_ids(values)
+    with_polars, n_polars = _kv_requests.dense_hash_ids(values)
     monkeypatch.setattr(tuner, "IN_FORKED_CHILD", True)
-    with_numpy, n_numpy = _kv_requests._dense_ids(values)
+    with_numpy, n_numpy = _kv_requests.dense_hash_ids(values)
     assert n_polars == n_numpy == len(np.unique(values))
     assert np.array_equal(with_polars, with_numpy) and with_numpy.dtype == np.int64
 

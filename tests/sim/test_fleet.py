@@ -134,7 +134,7 @@ class _ExpertParallelStep:
     """10 ms + 1 ms a token of the rank's own batch, plus 1 ms a token of the whole DP
     group's (the experts each rank hosts serve every rank's tokens under EP)."""
 
-    expert_layout = type("Layout", (), {"ep": 2, "dp": 2})()
+    couples_ranks = True  # StepTimeModel's flag: ranks priced by rank_step_time_s
 
     def step_time_s(self, batch) -> float:
         return _linear_step(batch)

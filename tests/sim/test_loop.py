@@ -9,7 +9,8 @@ import pytest
 
 from tuner.sim.batch import StepBatch
 from tuner.sim.load import ClosedLoop, OpenLoop
-from tuner.sim.loop import AdmissionRules, ReplayLoop, price_function
+from tuner.sim.clock import price_function
+from tuner.sim.loop import AdmissionRules, ReplayLoop
 
 RULES = AdmissionRules(block_size=16, num_gpu_blocks=1000, max_model_len=4096)
 
@@ -239,7 +240,7 @@ def test_depth_2_arrival_during_cpu_work_is_seen_by_the_next_schedule() -> None:
 
 
 def test_plain_callable_is_gpu_only_under_the_async_clock() -> None:
-    from tuner.sim.loop import split_price_function
+    from tuner.sim.clock import split_price_function
 
     assert split_price_function(lambda b: 0.01)(StepBatch()) == (0.0, 0.01)
     assert split_price_function(Split(0.1, 0.2))(StepBatch()) == (0.1, 0.2)
@@ -272,8 +273,7 @@ def test_a_one_engine_fleet_runs_the_async_clock_of_the_replay_loop(seed: int) -
     settings, cache = SchedulerSettings(max_num_seqs=8), CacheSettings(num_gpu_blocks=400)
     options = SimOptions(async_scheduling=True, record_steps=True)
     single = Simulator(requests, settings, cache, SplitModel(), options=options).run()
-    fleet = FleetSimulator(requests, settings, cache, SplitModel(), options=options,
-                           batch_queue_depth=2).run()
+    fleet = FleetSimulator(requests, settings, cache, SplitModel(), options=options).run()
     for key in ("requests", "steps", "itl_samples", "timeseries", "simulated_s"):
         assert repr(getattr(single, key)) == repr(getattr(fleet, key)), key
     assert {k: fleet.counters[k] for k in single.counters} == single.counters

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from tuner.cli._common import echo_json, handle_errors
-from tuner.cli._replay import make_load, make_target, target_options
+from tuner.cli._replay import TargetFlags, make_load, target_options
 
 
 @click.command(name="fidelity")
@@ -30,10 +30,8 @@ from tuner.cli._replay import make_load, make_target, target_options
               help="Steps shown before the first divergence.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @handle_errors
-def fidelity_command(trace: str, vllm_python: str | None, hardware: str, model: str, tp: int,
-                     dp: int, block_size: int | None, num_gpu_blocks: int | None,
-                     gpu_memory_utilization: float, max_model_len: int | None,
-                     calibration: str | None, assignments: tuple[str, ...],
+def fidelity_command(trace: str, vllm_python: str | None, target_flags: TargetFlags,
+                     assignments: tuple[str, ...],
                      speedup: float | None, concurrency: int | None,
                      prefill_interval_mode: str | None, context: int, as_json: bool) -> None:
     """Check that the twin schedules TRACE exactly as vLLM's own Scheduler does.
@@ -57,8 +55,7 @@ def fidelity_command(trace: str, vllm_python: str | None, hardware: str, model: 
     from tuner.perf.presets import resolve_target
 
     python = vllm_compat.find_vllm_python(vllm_python, "core")
-    target = make_target(hardware, model, tp, dp, block_size, num_gpu_blocks,
-                         gpu_memory_utilization, max_model_len, calibration)
+    target = target_flags.target()
     load = make_load(speedup, concurrency)
     resolved = resolve_target(target)
     settings = replay.parse_settings(assignments, resolved.default_settings)

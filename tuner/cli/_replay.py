@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import sys
+import functools
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
@@ -10,24 +12,97 @@ from tuner.cli._common import echo_json, handle_errors, make_console
 from tuner.cli._progress import progress_display
 from tuner.errors import ConfigError
 
+if TYPE_CHECKING:
+    from tuner.perf.target import Target
+    from tuner.sim.fleet import RouterSettings
+
 P90_HELP = ("p90 interactivity = 1 / (90th percentile over requests of the per-request mean "
             "inter-token latency): the decode speed, in tokens/s, that the slowest 10% of "
             "users get (SemiAnalysis AgentX definition).")
 
 
-def _stash_dtype(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
-    """``--quantization``/``--kv-cache-dtype``/``--step-time-source`` go to ``ctx.meta``
-    for :func:`make_target`, so every command that takes the target flags gets them
-    without a new parameter."""
-    if value is not None:
-        ctx.meta[f"tuner.target.{param.name}"] = value.lower()
+@dataclass(frozen=True)
+class TargetFlags:
+    """The deployment flags of a command that models one (:func:`target_options`), as
+    typed values: the command gets this one object and builds its ``Target`` from it."""
+
+    hardware: str = "mi355x"  # preset name or YAML file
+    model: str = "llama-3.1-70b"  # preset, config.json (or its folder) or a HF id
+    tp: int = 1  # --tensor-parallel-size
+    dp: int = 1  # --data-parallel-size
+    block_size: int | None = None  # None: the hardware's vLLM default
+    num_gpu_blocks: int | None = None  # None: computed from GPU memory
+    gpu_memory_utilization: float = 0.92
+    max_model_len: int | None = None  # None: the model's
+    calibration: str | None = None  # a `tuner calibrate` YAML
+    quantization: str | None = None  # lower case, vLLM's names; None: the checkpoint's
+    kv_cache_dtype: str | None = None  # lower case; None: auto
+    step_time_source: str = "auto"  # auto | analytic | aic
+    replicas: int = 1  # copies behind the router
+    enable_expert_parallel: bool = False
+    async_scheduling: bool | None = None  # None: what vLLM 0.33.0 resolves for the target
+
+    @classmethod
+    def from_click(cls, values: dict[str, Any]) -> "TargetFlags":
+        """From Click's values (flags not given are None: their defaults here)."""
+        given = {k: v for k, v in values.items() if v is not None}
+        for name in ("quantization", "kv_cache_dtype", "step_time_source"):
+            if name in given:
+                given[name] = given[name].lower()
+        return cls(**given)
+
+    def target(self) -> "Target":
+        from tuner.perf.target import Target
+
+        return Target(**{f.name: getattr(self, f.name) for f in fields(self)})
 
 
-def _stash_value(ctx: click.Context, param: click.Parameter, value: object) -> None:
-    """Like :func:`_stash_dtype` for flags whose value is kept as given (``--replicas``,
-    ``--enable-expert-parallel``, ``--async-scheduling``, the router's flags)."""
-    if value is not None:
-        ctx.meta[f"tuner.target.{param.name}"] = value
+@dataclass(frozen=True)
+class RouterFlags:
+    """The router flags (:func:`router_options`); None: not given."""
+
+    policy: str | None = None  # --router
+    load_metric: str | None = None  # --router-load-metric
+    overlap_weight: float | None = None  # --router-overlap-weight
+    block_size: int | None = None  # --router-block-size
+
+    def settings(self, target: Any) -> "RouterSettings":
+        """``RouterSettings``, checked against ``target`` (a router needs replicas, or DP
+        ranks for prefix-aware; a parameter needs its policy)."""
+        from tuner.sim.fleet import RouterSettings
+
+        values: dict[str, object] = {}
+        for name, policies in _ROUTER_PARAMS.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if self.policy not in policies:
+                raise ConfigError(f"--router-{name.replace('_', '-')} applies to --router "
+                                  f"{' or '.join(policies)} only")
+            values[name] = value
+        policy = self.policy
+        replicas, dp = getattr(target, "replicas", 1), getattr(target, "dp", 1)
+        if policy is not None and replicas == 1 and not (policy == "prefix-aware" and dp > 1):
+            raise ConfigError(f"--router {policy} needs --replicas > 1 (one replica has "
+                              "nothing to route; prefix-aware also routes over --dp ranks)")
+        return RouterSettings(policy=policy or "round-robin", **values)  # type: ignore[arg-type]
+
+
+#: router parameter -> the policies that read it
+_ROUTER_PARAMS = {"load_metric": ("least-loaded", "session"),
+                  "overlap_weight": ("prefix-aware",), "block_size": ("prefix-aware",)}
+
+
+def _collect(func: Callable[..., Any], names: dict[str, str], into: str,
+             build: Callable[[dict[str, Any]], Any]) -> Callable[..., Any]:
+    """``func`` taking one object ``into`` (``build`` of the Click values ``names`` lists,
+    Click parameter -> field) instead of one parameter per flag."""
+    @functools.wraps(func)
+    def with_object(*args: Any, **kwargs: Any) -> Any:
+        values = {field: kwargs.pop(param) for param, field in names.items()}
+        return func(*args, **{into: build(values)}, **kwargs)
+
+    return with_object
 
 
 ASYNC_HELP = ("As vLLM's --async-scheduling/--no-async-scheduling: replay the engine that "
@@ -36,46 +111,46 @@ ASYNC_HELP = ("As vLLM's --async-scheduling/--no-async-scheduling: replay the en
 
 
 def target_options(func):  # type: ignore[no-untyped-def]
-    """The deployment flags shared by replay-like commands (-> ``tuner.perf.target.Target``)."""
+    """The deployment flags shared by replay-like commands: the command gets them as one
+    :class:`TargetFlags`, parameter ``target_flags`` (``.target()`` is the ``Target``)."""
     from tuner.perf.dtypes import KV_CACHE_DTYPES, QUANTIZATION_CHOICES
 
     opts = [
-        click.option("--hardware", default="mi355x", show_default=True,
+        click.option("--hardware", default=TargetFlags.hardware, show_default=True,
                      help="Hardware preset (mi355x, mi300x, mi325x, h100, h200, b200) or a YAML file."),
-        click.option("--model", default="llama-3.1-70b", show_default=True,
+        click.option("--model", default=TargetFlags.model, show_default=True,
                      help="Model preset name, a Hugging Face config.json (or its folder), or a "
                           "Hugging Face id: a preset's or bundled config's id works as is, "
                           "others need aiconfigurator-core (pip install -e '.[aic]'); no "
                           "model hub is contacted."),
         click.option("--tp", "--tensor-parallel-size", "tp", type=click.IntRange(min=1),
-                     default=1, show_default=True, help="Tensor-parallel size (GPUs per engine)."),
+                     default=TargetFlags.tp, show_default=True,
+                     help="Tensor-parallel size (GPUs per engine)."),
         click.option("--quantization", type=click.Choice(QUANTIZATION_CHOICES, case_sensitive=False),
-                     default=None, expose_value=False, callback=_stash_dtype,
+                     default=None,
                      help="As vLLM's --quantization (fp8, mxfp4, awq, ...) [default: the "
                           "checkpoint's quantization_config, else its dtype]."),
         click.option("--kv-cache-dtype", type=click.Choice(list(KV_CACHE_DTYPES), case_sensitive=False),
-                     default=None, expose_value=False, callback=_stash_dtype,
+                     default=None,
                      help="As vLLM's --kv-cache-dtype [default: auto = the model dtype]."),
         click.option("--step-time-source", type=click.Choice(["auto", "analytic", "aic"],
                                                              case_sensitive=False),
-                     default=None, expose_value=False, callback=_stash_dtype,
+                     default=None,
                      help="Step-time model: aic = NVIDIA's measured vLLM kernel tables from "
                           "aiconfigurator-core (H100/H200/B200, dense bf16/fp8 models), "
                           "analytic = the roofline model [default: auto = aic where installed "
                           "and covered and no --calibration is given, else analytic]."),
         click.option("--async-scheduling/--no-async-scheduling", "async_scheduling",
-                     default=None, expose_value=False, callback=_stash_value, help=ASYNC_HELP),
+                     default=None, help=ASYNC_HELP),
         click.option("--dp", "--data-parallel-size", "dp", type=click.IntRange(min=1),
-                     default=1, show_default=True,
+                     default=TargetFlags.dp, show_default=True,
                      help="vLLM data-parallel ranks in one deployment, each a TP group with "
                           "its own scheduler and KV cache behind vLLM's internal load "
                           "balancer (MoE ranks step in lockstep)."),
         click.option("--replicas", type=click.IntRange(min=1), default=None,
-                     expose_value=False, callback=_stash_value,
                      help="Copies of the deployment (each TP x DP) behind --router "
                           "[default: 1]."),
         click.option("--enable-expert-parallel", is_flag=True, default=None,
-                     expose_value=False, callback=_stash_value,
                      help="As vLLM's flag: shard a MoE model's experts over the TP x DP "
                           "ranks (MoE models only)."),
         click.option("--block-size", type=click.IntRange(min=1), default=None,
@@ -84,92 +159,47 @@ def target_options(func):  # type: ignore[no-untyped-def]
                      help="KV capacity in blocks, as vLLM's --num-gpu-blocks-override "
                           "[default: computed from GPU memory]."),
         click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True),
-                     default=0.92, show_default=True, help="As vLLM's flag."),
+                     default=TargetFlags.gpu_memory_utilization, show_default=True,
+                     help="As vLLM's flag."),
         click.option("--max-model-len", type=click.IntRange(min=1), default=None,
                      help="Longest sequence [default: the model's]."),
         click.option("--calibration", type=click.Path(exists=True, dir_okay=False), default=None,
                      help="Calibration YAML from `tuner calibrate` (step-time coefficients)."),
     ]
+    names = {f.name: f.name for f in fields(TargetFlags)}
+    func = _collect(func, names, "target_flags", TargetFlags.from_click)
     for opt in reversed(opts):
         func = opt(func)
     return func
 
 
-def make_target(hardware: str, model: str, tp: int, dp: int, block_size: int | None,
-                num_gpu_blocks: int | None, gpu_memory_utilization: float,
-                max_model_len: int | None, calibration: str | None):  # type: ignore[no-untyped-def]
-    from tuner.perf.target import Target
-
-    ctx = click.get_current_context(silent=True)
-    meta = ctx.meta if ctx is not None else {}
-    return Target(hardware=hardware, model=model, tp=tp, dp=dp, block_size=block_size,
-                  num_gpu_blocks=num_gpu_blocks, gpu_memory_utilization=gpu_memory_utilization,
-                  max_model_len=max_model_len, calibration=calibration,
-                  quantization=meta.get("tuner.target.quantization"),
-                  kv_cache_dtype=meta.get("tuner.target.kv_cache_dtype"),
-                  step_time_source=meta.get("tuner.target.step_time_source", "auto"),
-                  replicas=int(meta.get("tuner.target.replicas") or 1),
-                  enable_expert_parallel=bool(meta.get("tuner.target.enable_expert_parallel")),
-                  async_scheduling=meta.get("tuner.target.async_scheduling"))
-
-
 def router_options(func):  # type: ignore[no-untyped-def]
-    """The router flags (-> ``tuner.sim.fleet.RouterSettings`` via :func:`make_router`)."""
+    """The router flags: the command gets them as one :class:`RouterFlags`, parameter
+    ``router_flags`` (``.settings(target)`` is the ``RouterSettings``)."""
     from tuner.sim.fleet.router import LOAD_METRICS, ROUTER_POLICIES
 
     opts = [
         click.option("--router", type=click.Choice(ROUTER_POLICIES), default=None,
-                     expose_value=False, callback=_stash_value,
                      help="Router in front of --replicas: round-robin, least-loaded (fewest "
                           "in-flight requests or tokens), session (affinity by session id) "
                           "or prefix-aware (cached-prefix overlap against load, from KV "
                           "events; it also picks the DP rank) [default: round-robin]."),
         click.option("--router-load-metric", type=click.Choice(LOAD_METRICS), default=None,
-                     expose_value=False, callback=_stash_value,
                      help="least-loaded/session fallback: count requests or prompt tokens "
                           "in flight [default: requests]."),
         click.option("--router-overlap-weight", type=click.FloatRange(min=0), default=None,
-                     expose_value=False, callback=_stash_value,
                      help="prefix-aware: weight of the prefill blocks in the cost, as "
                           "Dynamo's --kv-overlap-score-weight [default: 1.0]."),
         click.option("--router-block-size", type=click.IntRange(min=1), default=None,
-                     expose_value=False, callback=_stash_value,
                      help="prefix-aware: the router's block size in tokens, a multiple of "
                           "the KV block size [default: the KV block size]."),
     ]
+    names = {"router": "policy", "router_load_metric": "load_metric",
+             "router_overlap_weight": "overlap_weight", "router_block_size": "block_size"}
+    func = _collect(func, names, "router_flags", lambda values: RouterFlags(**values))
     for opt in reversed(opts):
         func = opt(func)
     return func
-
-
-#: router flag -> (RouterSettings field, the policies that read it)
-_ROUTER_FLAGS = {"router_load_metric": ("load_metric", ("least-loaded", "session")),
-                 "router_overlap_weight": ("overlap_weight", ("prefix-aware",)),
-                 "router_block_size": ("block_size", ("prefix-aware",))}
-
-
-def make_router(target: object):  # type: ignore[no-untyped-def]
-    """``RouterSettings`` from the router flags, checked against ``target`` (a router
-    needs replicas, or DP ranks for prefix-aware; a parameter needs its policy)."""
-    from tuner.sim.fleet import RouterSettings
-
-    ctx = click.get_current_context(silent=True)
-    meta = ctx.meta if ctx is not None else {}
-    policy = meta.get("tuner.target.router")
-    fields: dict[str, object] = {}
-    for flag, (name, policies) in _ROUTER_FLAGS.items():
-        value = meta.get(f"tuner.target.{flag}")
-        if value is None:
-            continue
-        option = "--" + flag.replace("_", "-")
-        if policy not in policies:
-            raise ConfigError(f"{option} applies to --router {' or '.join(policies)} only")
-        fields[name] = value
-    replicas, dp = getattr(target, "replicas", 1), getattr(target, "dp", 1)
-    if policy is not None and replicas == 1 and not (policy == "prefix-aware" and dp > 1):
-        raise ConfigError(f"--router {policy} needs --replicas > 1 (one replica has nothing "
-                          "to route; prefix-aware also routes over --dp ranks)")
-    return RouterSettings(policy=policy or "round-robin", **fields)  # type: ignore[arg-type]
 
 
 def make_load(speedup: float | None, concurrency: int | None):  # type: ignore[no-untyped-def]
@@ -207,10 +237,8 @@ def make_load(speedup: float | None, concurrency: int | None):  # type: ignore[n
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar [default: on when stderr is a terminal].")
 @handle_errors
-def replay_command(trace: str, backend: str, hardware: str, model: str, tp: int, dp: int,
-                   block_size: int | None, num_gpu_blocks: int | None,
-                   gpu_memory_utilization: float, max_model_len: int | None,
-                   calibration: str | None, assignments: tuple[str, ...],
+def replay_command(trace: str, backend: str, target_flags: TargetFlags,
+                   router_flags: RouterFlags, assignments: tuple[str, ...],
                    speedup: float | None, concurrency: int | None,
                    measure_from: float | None, measure_to: float | None, out: str | None,
                    as_json: bool, progress: bool | None) -> None:
@@ -239,10 +267,9 @@ def replay_command(trace: str, backend: str, hardware: str, model: str, tp: int,
     if measure_from is not None and measure_to is not None and measure_to <= measure_from:
         raise ConfigError(f"--measure-to ({measure_to}) must be greater than --measure-from "
                           f"({measure_from})")
-    target = make_target(hardware, model, tp, dp, block_size, num_gpu_blocks,
-                         gpu_memory_utilization, max_model_len, calibration)
+    target = target_flags.target()
     load = make_load(speedup, concurrency)
-    router = make_router(target)
+    router = router_flags.settings(target)
     settings = replay.parse_settings(assignments, resolve_target(target).default_settings)
     resolved = resolve_target(target, scheduler_settings=settings)  # what run() will model
     if backend != "sim" and (target.replicas > 1 or router.policy != "round-robin"):

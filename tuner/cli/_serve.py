@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from tuner.cli._common import echo_json, handle_errors
-from tuner.cli._replay import P90_HELP, make_load, make_target, target_options
+from tuner.cli._replay import P90_HELP, TargetFlags, make_load, target_options
 from tuner import vllm_compat
 from tuner.errors import ConfigError
 
@@ -158,9 +158,7 @@ def _calibrate_from_benchmarks(csv_path: str, output: str, *, loso: bool, as_jso
               help="Calibration YAML to write (load it with --calibration).")
 @click.option("--json", "as_json", is_flag=True, help="Print probes and errors as JSON.")
 @handle_errors
-def calibrate_command(hardware: str, model: str, tp: int, dp: int, block_size: int | None,
-                      num_gpu_blocks: int | None, gpu_memory_utilization: float,
-                      max_model_len: int | None, calibration: str | None, **kw: Any) -> None:
+def calibrate_command(target_flags: TargetFlags, **kw: Any) -> None:
     """Fit the twin's step-time model to a real vLLM server and write a calibration file.
 
     Runs controlled probes (lone prefills, decode batches of several sizes and contexts,
@@ -180,7 +178,8 @@ def calibrate_command(hardware: str, model: str, tp: int, dp: int, block_size: i
           -o calib.yaml
       tuner replay trace.parquet --hardware ... --model ... --calibration calib.yaml
     """
-    if click.get_current_context().meta.get("tuner.target.async_scheduling"):
+    flags = target_flags
+    if flags.async_scheduling:
         raise ConfigError("--async-scheduling: calibrate times whole steps (CPU + GPU), which "
                           "async scheduling overlaps; it probes a --no-async-scheduling server, "
                           "and the fitted model prices both modes (docs/step-time-model.md §1.3)")
@@ -197,20 +196,21 @@ def calibrate_command(hardware: str, model: str, tp: int, dp: int, block_size: i
 
     as_json = kw.pop("as_json")
     output = kw.pop("output")
-    check_output(output, inputs=[calibration] if calibration else [])
+    check_output(output, inputs=[flags.calibration] if flags.calibration else [])
     plan = ProbePlan(prefill_lens=_ints(kw.pop("prefill_lens"), "--prefill-lens"),
                      decode_batch_sizes=_ints(kw.pop("decode_batch_sizes"), "--decode-batch-sizes"),
                      decode_ctx_lens=_ints(kw.pop("decode_ctx_lens"), "--decode-ctx-lens"),
                      mixed=_mixed(kw.pop("mixed")), repeats=kw.pop("repeats"))
     budget = kw.pop("max_num_batched_tokens")
-    options = make_server_options(model=model, tp=tp, block_size=block_size,
-                                  num_gpu_blocks=num_gpu_blocks, max_model_len=max_model_len, **kw)
+    options = make_server_options(model=flags.model, tp=flags.tp, block_size=flags.block_size,
+                                  num_gpu_blocks=flags.num_gpu_blocks,
+                                  max_model_len=flags.max_model_len, **kw)
     say = (lambda m: click.echo(f"  {m}", err=True)) if not as_json else None
-    meta = click.get_current_context().meta
-    result = calibrate_server(options, hardware=hardware, model=model, tp=tp, plan=plan,
-                              max_num_batched_tokens=budget, max_model_len=max_model_len,
-                              progress=say, quantization=meta.get("tuner.target.quantization"),
-                              kv_cache_dtype=meta.get("tuner.target.kv_cache_dtype"))
+    result = calibrate_server(options, hardware=flags.hardware, model=flags.model, tp=flags.tp,
+                              plan=plan, max_num_batched_tokens=budget,
+                              max_model_len=flags.max_model_len, progress=say,
+                              quantization=flags.quantization,
+                              kv_cache_dtype=flags.kv_cache_dtype)
     path = save_calibration(output, result.calibration)
     if as_json:
         echo_json({"output": str(path), "async_scheduling": False, "probes": result.table(),
@@ -243,10 +243,8 @@ def calibrate_command(hardware: str, model: str, tp: int, dp: int, block_size: i
               help="Feed each turn's real output into the next turn of its session.")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @handle_errors
-def validate_command(profile_path: str, trace: str, hardware: str, model: str, tp: int, dp: int,
-                     block_size: int | None, num_gpu_blocks: int | None,
-                     gpu_memory_utilization: float, max_model_len: int | None,
-                     calibration: str | None, **kw: Any) -> None:
+def validate_command(profile_path: str, trace: str, target_flags: TargetFlags,
+                     **kw: Any) -> None:
     """Replay baseline and PROFILE on a real server and on the twin; print both, with errors.
 
     The twin models --hardware/--model (pass --calibration from `tuner calibrate` on the
@@ -270,14 +268,15 @@ def validate_command(profile_path: str, trace: str, hardware: str, model: str, t
     load = make_load(kw.pop("speedup"), kw.pop("concurrency"))
     thread_outputs = kw.pop("thread_outputs")
     profile = load_profile(profile_path)
-    target = make_target(hardware, model, tp, dp, block_size, num_gpu_blocks,
-                         gpu_memory_utilization, max_model_len, calibration)
+    flags = target_flags
+    target = flags.target()
     # The engine the profile deploys, unless the flag says otherwise: twin and server alike.
     mode = (profile.target.async_scheduling if target.async_scheduling is None
             else target.async_scheduling)
     target = dataclasses.replace(target, async_scheduling=mode)
-    options = make_server_options(model=model, tp=tp, block_size=block_size,
-                                  num_gpu_blocks=num_gpu_blocks, max_model_len=max_model_len, **kw)
+    options = make_server_options(model=flags.model, tp=flags.tp, block_size=flags.block_size,
+                                  num_gpu_blocks=flags.num_gpu_blocks,
+                                  max_model_len=flags.max_model_len, **kw)
     if options.launches:
         options = options.replace(async_scheduling=mode)
     endpoints = None

@@ -12,7 +12,7 @@ import click
 from tuner.cli._common import echo_json, handle_errors
 from tuner.cli._progress import progress_display
 from tuner.cli._serve import server_options
-from tuner.cli._replay import make_router, make_target, router_options, target_options
+from tuner.cli._replay import RouterFlags, TargetFlags, router_options, target_options
 from tuner.errors import ConfigError
 
 METRICS_HELP = (
@@ -114,7 +114,8 @@ def _split(values: tuple[str, ...]) -> list[str] | None:
     return items or None
 
 
-def _run_tune(trace: str, output: str, kw: dict[str, Any], target_kw: dict[str, Any]) -> Any:
+def _run_tune(trace: str, output: str, kw: dict[str, Any], flags: TargetFlags,
+              router_flags: RouterFlags) -> Any:
     """Tune, write the profile, report (shared by ``tune`` and ``tune-log``); the profile."""
     from rich.console import Console
 
@@ -125,15 +126,15 @@ def _run_tune(trace: str, output: str, kw: dict[str, Any], target_kw: dict[str, 
     ttft = kw["ttft_tolerance"]
     rule = PickRule(prefer=kw["prefer"], tolerance=kw["throughput_tolerance"] / 100.0,
                     ttft_tolerance=None if ttft.lower() == "off" else _percent(ttft))
-    target = make_target(**target_kw)
+    target = flags.target()
     inputs = TuneInputs(trace, target=target, backend=kw["backend"], holdout=kw["holdout"],
                         stage1_fraction=kw["stage1_fraction"], slo=kw["slo"])
     search = SearchOptions(space=kw["space"], objectives=_split(kw["objectives"]),
                            constraints=_split(kw["constraints"]) or (), n_trials=kw["trials"],
                            n_survivors=kw["survivors"], prefer=rule, seed=kw["seed"])
     # the baseline's router (--router and its parameters), as the replay takes it
-    deployment = DeploymentSearch(router=make_router(target), gpu_budget=kw["gpu_budget"],
-                                  routers=_split(kw["routers"]))
+    deployment = DeploymentSearch(router=router_flags.settings(target),
+                                  gpu_budget=kw["gpu_budget"], routers=_split(kw["routers"]))
     with progress_display(kw["progress"]) as shown:
         study = StudyOutput(storage=kw["storage"], study_name=kw["study_name"],
                             workers=kw["workers"], progress=shown)
@@ -166,7 +167,7 @@ def _percent(text: str) -> float:
 
 
 def _confirm_top(profile: Any, trace: str, top_k: int, server_kw: dict[str, Any],
-                 target_kw: dict[str, Any], as_json: bool) -> None:
+                 flags: TargetFlags, as_json: bool) -> None:
     """Re-run the profile's Pareto finalists on a real server: predicted against measured."""
     from rich.console import Console
     from rich.table import Table
@@ -175,14 +176,13 @@ def _confirm_top(profile: Any, trace: str, top_k: int, server_kw: dict[str, Any]
     from tuner.metrics import summarize
     from tuner.fidelity.validate import confirm_on_server
 
-    options = make_server_options(model=target_kw["model"], tp=target_kw["tp"],
-                                  block_size=target_kw["block_size"],
-                                  num_gpu_blocks=target_kw["num_gpu_blocks"],
-                                  max_model_len=target_kw["max_model_len"], **server_kw)
+    options = make_server_options(model=flags.model, tp=flags.tp, block_size=flags.block_size,
+                                  num_gpu_blocks=flags.num_gpu_blocks,
+                                  max_model_len=flags.max_model_len, **server_kw)
     # The engine the profile was tuned on and deploys: the twin and every server run it.
     mode = profile.target.async_scheduling
     options = options.replace(async_scheduling=mode)
-    target = dataclasses.replace(make_target(**target_kw), async_scheduling=mode)
+    target = dataclasses.replace(flags.target(), async_scheduling=mode)
     rows = confirm_on_server(profile, trace, options, target=target,
                              summarize=summarize, top_k=top_k,
                              progress=lambda msg: click.echo(msg, err=True))
@@ -243,9 +243,7 @@ def tune_command(trace: str | None, output: str | None, join_study: str | None,
           --confirm-top 3 --launch --vllm-python /opt/vllm/bin/python --load-format dummy
     """
     server_kw = {k: kw.pop(k) for k in SERVER_KEYS}
-    target_kw = {k: kw.pop(k) for k in ("hardware", "model", "tp", "dp", "block_size",
-                                        "num_gpu_blocks", "gpu_memory_utilization",
-                                        "max_model_len", "calibration")}
+    flags, router_flags = kw.pop("target_flags"), kw.pop("router_flags")
     if join_study is not None:
         from tuner.tune import join
 
@@ -266,9 +264,9 @@ def tune_command(trace: str | None, output: str | None, join_study: str | None,
     if confirm_top is not None and not server_kw["launch"]:
         raise ConfigError("--confirm-top needs --launch (one fresh server per finalist); "
                           "an --endpoint runs only its own settings")
-    profile = _run_tune(trace, output, kw, target_kw)
+    profile = _run_tune(trace, output, kw, flags, router_flags)
     if confirm_top is not None:
-        _confirm_top(profile, trace, confirm_top, server_kw, target_kw, kw["as_json"])
+        _confirm_top(profile, trace, confirm_top, server_kw, flags, kw["as_json"])
 
 
 @click.command(name="tune-log", epilog=METRICS_HELP)
@@ -293,15 +291,13 @@ def tune_log_command(logfiles: tuple[str, ...], log_format: str, output: str,
     from tuner.outputs import check_output
     from tuner.trace import ingest
 
-    target_kw = {k: kw.pop(k) for k in ("hardware", "model", "tp", "dp", "block_size",
-                                        "num_gpu_blocks", "gpu_memory_utilization",
-                                        "max_model_len", "calibration")}
+    flags, router_flags = kw.pop("target_flags"), kw.pop("router_flags")
     out = pathlib.Path(output)
     trace = out.with_name(out.stem + ".trace.parquet")
     check_output(output, inputs=logfiles)
     with progress_display(kw["progress"]) as shown:
         ingest(list(logfiles), trace, format=log_format, progress=shown)
-    _run_tune(str(trace), output, kw, target_kw)
+    _run_tune(str(trace), output, kw, flags, router_flags)
 
 
 @click.command(name="export")

@@ -308,7 +308,7 @@ def run_parity_many(cases: "list[ParityCase]", *, vllm_python: str | None = None
     Returns:
         One (report, twin result, vllm-core result) per case, in order.
     """
-    from tuner.replay._run import prepare
+    from tuner.replay import prepare
     from tuner.sim.settings import SimOptions
     from tuner.perf.target import Target
     from tuner.vllm_core.backend import run_driver

@@ -26,7 +26,7 @@ from typing import Any
 
 from tuner.errors import BackendError, ConfigError
 from tuner.metrics import summarize as summarize_replay
-from tuner.replay._run import TraceLike, run
+from tuner.replay import TraceLike, run
 from tuner.serve.client import ServerDiedError
 from tuner.serve.server import ServerOptions
 from tuner.sim.load import ClosedLoop, OpenLoop

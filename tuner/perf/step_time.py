@@ -81,6 +81,17 @@ class StepTimeModel(ABC):
         cpu = self.cpu_s(batch)
         return cpu, self.step_time_s(batch) - cpu
 
+    #: Whether a DP rank's step in a lockstep depends on the other ranks' tokens (expert
+    #: parallelism over DP ranks: every rank's experts serve the whole group's tokens).
+    #: When True the fleet prices each rank by :meth:`rank_step_time_s`.
+    couples_ranks: bool = False
+
+    def rank_step_time_s(self, batch: StepBatch, group_tokens: int) -> float:
+        """One DP rank's step in a lockstep of ranks whose steps all hold ``group_tokens``
+        tokens. Ranks priced alone (``couples_ranks`` False, the default) take
+        :meth:`step_time_s`."""
+        return self.step_time_s(batch)
+
 
 def add_full_attention(t: float, batch: StepBatch, ndr: int, npt: int, kv_tok: float,
                        occ: float, attn_d: float, attn_p: float) -> float:
@@ -140,6 +151,7 @@ class RooflineStepTimeModel(StepTimeModel):
         # experts: TP-split widths, or whole experts over tp x dp ranks with expert
         # parallelism (tuner/perf/expert_parallel.py), fed by the whole DP group's tokens
         self.expert_layout = layout = expert_layout(model, tp, dp, expert_parallel)
+        self.couples_ranks = layout.ep > 1 and layout.dp > 1
         if self._moe:
             elems = shape["expert_elems"] if layout.ep == 1 else shape["expert_elems"] * tp
             e_mem, e_tok, e_zero = gemm(shape["expert_fmt"], elems)

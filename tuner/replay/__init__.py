@@ -8,6 +8,12 @@ Public API::
 
 Backends implement :class:`Backend` (call order in its docstring) and are found through
 a lazy registry (:func:`register_backend`, :func:`available_backends`).
+
+Request loading has one owner, this package: :func:`load_requests` (the records in
+arrival order), :func:`reblock_request` (one record at the KV block size) and
+:func:`intern_requests` (the whole trace at the KV block size with dense hash ids, an
+:class:`InternedRequests` that :func:`run` replays as it is, so a caller replaying many
+windows interns once). Other packages use these names, never the private modules.
 """
 
 from __future__ import annotations
@@ -20,16 +26,22 @@ from tuner.replay._backend import (
     register_backend,
 )
 from tuner.replay._ideal import IdealHitRate, ideal_hit_rate
-from tuner.replay._run import load_requests, prepare, reblock_request, run
+from tuner.replay._kv_requests import InternedRequests, dense_hash_ids
+from tuner.replay._run import (TraceLike, intern_requests, load_requests, prepare,
+                               reblock_request, run)
 from tuner.replay._settings import parse_settings
 
 __all__ = [
     "Backend",
     "IdealHitRate",
+    "InternedRequests",
     "ProgressCallback",
+    "TraceLike",
     "available_backends",
     "create_backend",
+    "dense_hash_ids",
     "ideal_hit_rate",
+    "intern_requests",
     "load_requests",
     "parse_settings",
     "prepare",

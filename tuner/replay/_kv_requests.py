@@ -14,6 +14,10 @@ uses too; tests/replay/test_kv_requests.py checks it against the reference on ra
 
 Only backends that declare ``Backend.accepts_array_hashes`` get these arrays; the others
 get the tuple form from :func:`tuner.replay.reblock_request`.
+
+Public through :mod:`tuner.replay`: :class:`InternedRequests` (what
+:func:`tuner.replay.intern_requests` returns) and :func:`dense_hash_ids` (the numbering,
+for a caller that derives its own ids from it).
 """
 
 from __future__ import annotations
@@ -30,7 +34,11 @@ from tuner.trace.reblock_vec import reblock_arrays, reblock_ids
 class InternedRequests(list):
     """Requests whose hashes are dense hash ids (``tuner.sim.hash_ids``) below
     ``num_hash_ids``, at ``block_size`` tokens per block: what the twin indexes its prefix
-    cache with. Slice with :meth:`window` to keep both (a plain slice is a plain list)."""
+    cache with. Slice with :meth:`window` to keep both (a plain slice is a plain list).
+
+    Loaded already: ``tuner.replay.intern_requests`` returns such a list at its own block
+    size as it is, so ``run``/``prepare`` replay it without a second load or interning and
+    a caller interns a trace once and replays windows of it."""
 
     num_hash_ids: int = 0
     block_size: int = 0
@@ -76,7 +84,7 @@ def kv_request_ids(requests: list[Any], from_block_size: int | None,
                             dtype=np.uint64)
         parts += (prompt, output)
         lengths += (len(prompt), len(output))
-    ids, num_ids = _dense_ids(np.concatenate(parts) if parts else np.zeros(0, np.uint64))
+    ids, num_ids = dense_hash_ids(np.concatenate(parts) if parts else np.zeros(0, np.uint64))
     bounds = np.cumsum([0] + lengths)
     out = InternedRequests()
     for i, r in enumerate(sources):
@@ -91,7 +99,7 @@ def kv_request_ids(requests: list[Any], from_block_size: int | None,
     return out
 
 
-def _dense_ids(values: np.ndarray) -> tuple[np.ndarray, int]:
+def dense_hash_ids(values: np.ndarray) -> tuple[np.ndarray, int]:
     """``values`` renamed to ``0 .. distinct - 1`` in sorted order (equal value, equal id)
     as ``int64``.
 

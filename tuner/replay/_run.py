@@ -24,6 +24,7 @@ from tuner.trace.reblock import reblock_request_hashes
 
 if TYPE_CHECKING:
     from tuner.records import ReplayResult
+    from tuner.replay._kv_requests import InternedRequests
     from tuner.trace import Trace, TraceRequest
 
 TraceLike = Union["Trace", str, "os.PathLike[str]", Sequence["TraceRequest"]]
@@ -71,6 +72,52 @@ def reblock_request(request: "TraceRequest", from_block_size: int,
     return dataclasses.replace(request, block_hashes=prompt, output_block_hashes=output)
 
 
+def intern_requests(trace: TraceLike, block_size: int, *,
+                    hash_block_size: int | None = None) -> "InternedRequests":
+    """The trace's requests in arrival order at ``block_size`` tokens a KV block, every
+    hash interned to a dense id: what the twin replays, loaded once.
+
+    The one way to hold a trace ready for many replays (the tuner's windows, a report's
+    replays): :func:`run` and :func:`prepare` replay the returned list (or a
+    ``window(start, stop)`` of it) as it is. Hashes are ``uint64`` array views, never
+    Python ints (``tuner.replay._kv_requests``).
+
+    Args:
+        trace: as :func:`load_requests`; an ``InternedRequests`` already at
+            ``block_size`` is returned as it is.
+        block_size: the KV block size (``ResolvedTarget.cache.block_size``).
+        hash_block_size: as :func:`load_requests`, for a plain request sequence.
+
+    Raises:
+        ConfigError: the trace has no requests, or the block sizes do not divide.
+        TraceSchemaError: the trace file is not a valid trace.
+    """
+    from tuner.replay._kv_requests import InternedRequests, kv_request_ids
+
+    if isinstance(trace, InternedRequests) and trace.block_size == block_size:
+        return trace
+    return kv_request_ids(*_array_requests(trace, hash_block_size), block_size)
+
+
+def _array_requests(trace: TraceLike, hash_block_size: int | None
+                    ) -> tuple[list["TraceRequest"], int | None]:
+    """:func:`load_requests` with a ``Trace``'s hashes as views into flat ``uint64``
+    arrays (``tuner.replay._kv_requests.load_trace_arrays``); refuses an empty trace."""
+    from tuner.replay._kv_requests import load_trace_arrays
+
+    if isinstance(trace, (str, os.PathLike)):
+        from tuner.trace import read_trace
+
+        trace = read_trace(trace)
+    if hasattr(trace, "metadata") and hasattr(trace, "lazy"):
+        requests, size = load_trace_arrays(trace), int(trace.metadata.hash_block_size)
+    else:
+        requests, size = load_requests(trace, hash_block_size=hash_block_size)
+    if not requests:
+        raise ConfigError("the trace has no requests to replay")
+    return requests, size
+
+
 def _kv_requests(trace: TraceLike, hash_block_size: int | None, block_size: int, *,
                  arrays: bool, hash_ids: bool = False,
                  stream: bool = True) -> list["TraceRequest"]:
@@ -80,32 +127,22 @@ def _kv_requests(trace: TraceLike, hash_block_size: int | None, block_size: int,
     backends that accept them), else tuples of ints. ``hash_ids`` (with ``arrays``):
     interned to dense ids: for a ``Trace`` (or a path) a ``TraceArrivals`` stream that
     reads and interns as the replay goes (``tuner.replay._stream``: memory follows live
-    requests), else an ``InternedRequests`` list.
+    requests), else :func:`intern_requests`'s list.
     """
     if arrays:
-        from tuner.replay._kv_requests import (InternedRequests, kv_request_ids, kv_requests,
-                                               load_trace_arrays)
-
-        if hash_ids and isinstance(trace, InternedRequests) and trace.block_size == block_size:
-            return trace  # interned once by the caller (tuning windows)
+        from tuner.replay._kv_requests import kv_requests
 
         if isinstance(trace, (str, os.PathLike)):
             from tuner.trace import read_trace
 
             trace = read_trace(trace)
-        if stream and hash_ids and hasattr(trace, "metadata") and hasattr(trace, "stored"):
-            from tuner.replay._stream import TraceArrivals
-
-            return TraceArrivals(trace, block_size)  # type: ignore[return-value]
-        if hasattr(trace, "metadata") and hasattr(trace, "lazy"):
-            requests, size = load_trace_arrays(trace), int(trace.metadata.hash_block_size)
-        else:
-            requests, size = load_requests(trace, hash_block_size=hash_block_size)
-        if not requests:
-            raise ConfigError("the trace has no requests to replay")
         if hash_ids:
-            return kv_request_ids(requests, size, block_size)
-        return kv_requests(requests, size, block_size)
+            if stream and hasattr(trace, "metadata") and hasattr(trace, "stored"):
+                from tuner.replay._stream import TraceArrivals
+
+                return TraceArrivals(trace, block_size)  # type: ignore[return-value]
+            return intern_requests(trace, block_size, hash_block_size=hash_block_size)
+        return kv_requests(*_array_requests(trace, hash_block_size), block_size)
     requests, size = load_requests(trace, hash_block_size=hash_block_size)
     if not requests:
         raise ConfigError("the trace has no requests to replay")

@@ -54,8 +54,7 @@ class SimBackend(Backend):
                 requests, settings, target.cache, target.step_time,
                 dp=deployment.dp, replicas=deployment.replicas, moe=target.model.is_moe,
                 router=self.router, options=options, load=load, num_gpus=target.num_gpus,
-                num_hash_ids=getattr(requests, "num_hash_ids", None),
-                batch_queue_depth=2 if options.async_scheduling else 1)
+                num_hash_ids=getattr(requests, "num_hash_ids", None))
             return
         self._simulator = Simulator(
             requests, settings, target.cache, target.step_time,

@@ -1,6 +1,6 @@
 """A trace streamed into the twin: requests read lazily, hashes interned as they are read.
 
-Why: interning a whole trace up front (``tuner.replay._kv_requests.kv_request_ids``) holds
+Why: interning a whole trace up front (``tuner.replay.intern_requests``) holds
 every request's KV-block ids for the whole replay (a 16-token replay of the Mooncake
 sample holds ~960 ids a request, 8 bytes each) and sizes the prefix cache's id arrays by
 every distinct hash the trace ever has. Replay memory then grows with trace length

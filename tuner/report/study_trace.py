@@ -83,7 +83,7 @@ def load_compact(trace: Any, kv_block_size: int) -> CompactTrace:
     ``uint64`` arrays, those are dropped once interned, and the per-request objects hold
     views into the ids only.
     """
-    from tuner.replay._kv_requests import InternedRequests, _dense_ids
+    from tuner.replay import InternedRequests, dense_hash_ids, intern_requests
     from tuner.trace import TraceRequest
     from tuner.tune.evaluate import requests_fingerprint
 
@@ -110,7 +110,7 @@ def load_compact(trace: Any, kv_block_size: int) -> CompactTrace:
         [record(i, pv[po[i]:po[i + 1]], ov[oo[i]:oo[i + 1]]) for i in range(n)], f)
     # One id per distinct hash as it stands in the trace (partial last blocks included:
     # a 16-token KV block inside a partly filled 64-token block takes its id from it).
-    ids, num_ids = _dense_ids(np.concatenate([pv, ov]))
+    ids, num_ids = dense_hash_ids(np.concatenate([pv, ov]))
     n_prompt_hashes = len(pv)
     del pv, ov
     pid, oid = ids[:n_prompt_hashes], ids[n_prompt_hashes:]
@@ -131,7 +131,5 @@ def load_compact(trace: Any, kv_block_size: int) -> CompactTrace:
         requests.num_hash_ids, requests.block_size = num_ids * (f // t), t
     else:
         # KV blocks as large as the trace's or larger (grouping): the eager path tune uses.
-        from tuner.replay._kv_requests import kv_request_ids
-
-        requests = kv_request_ids(requests, f, t)
+        requests = intern_requests(requests, t, hash_block_size=f)
     return CompactTrace(requests, columns, fingerprint, f, t)

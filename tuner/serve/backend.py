@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner import vllm_compat
 from tuner.errors import ConfigError
-from tuner.replay._backend import Backend, ProgressCallback
+from tuner.replay import Backend, ProgressCallback
 from tuner.serve.client import ReplayPlan, ServerDiedError, ServerReplay, prompt_tokens
 from tuner.serve.server import ServerOptions, VllmServer
 from tuner.sim.load import ClosedLoop, OpenLoop

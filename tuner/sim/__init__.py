@@ -2,14 +2,16 @@
 
 Public names other packages use; implementation modules mirror vLLM's files
 (``block_pool``, ``kv_cache_manager``, ``request_queue``, ``scheduler``,
-``scheduler_output``); ``loop`` is the replay clock every engine runs on (``StepEngine``)
-and ``engine`` the twin's side of it. The fast path is ``decode_group``; its contract (and
-how each settings field is treated) is ``fast_path``. ``tuner.sim`` imports no pyarrow,
-polars, optuna or click.
+``scheduler_output``); ``clock`` is the replay clock (arrivals, batch queues, the async
+batch-queue depth ``batch_queue_depth``), ``loop`` the single-engine loop every engine
+runs on (``StepEngine``) and ``engine`` the twin's side of it. The fast path is
+``decode_group``; its contract (and how each settings field is treated) is
+``fast_path``. ``tuner.sim`` imports no pyarrow, polars, optuna or click.
 """
 
 from tuner.sim.batch import StepBatch
 from tuner.sim.block_pool import BlockPool
+from tuner.sim.clock import batch_queue_depth
 from tuner.sim.engine import Simulator
 from tuner.sim.kv_cache_manager import KVCacheManager
 from tuner.sim.load import ClosedLoop, OpenLoop
@@ -39,5 +41,6 @@ __all__ = [
     "Simulator",
     "StepBatch",
     "StepEngine",
+    "batch_queue_depth",
     "create_request_queue",
 ]

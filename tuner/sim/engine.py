@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from tuner.records import GapSamples, ReplayResult, RequestTable, StepRecord
 from tuner.sim.batch import StepBatch
+from tuner.sim.clock import batch_queue_depth
 from tuner.sim.hash_ids import intern_hashes
 from tuner.sim.load import ClosedLoop, OpenLoop
 from tuner.sim.loop import AdmissionRules, ReplayLoop, StepTime
@@ -277,12 +278,10 @@ class Simulator:
         self.scheduler = Scheduler(settings, cache, options, num_hash_ids=source.num_hash_ids)
         source.bind(self.scheduler)
         self.engine = TwinEngine(self.scheduler, cache.block_size, options, source.table())
-        # Async scheduling is vLLM's step_with_batch_queue with a queue of 2
-        # (v1/engine/core.py:208-234, 708-822): schedule(N+1) before update(N).
         self.loop = ReplayLoop(self.engine, source, step_time,
                                AdmissionRules.of(settings, cache), load=load,
                                num_requests=source.num_requests,
-                               batch_queue_depth=2 if options.async_scheduling else 1)
+                               batch_queue_depth=batch_queue_depth(options.async_scheduling))
 
     def run(self, progress: Callable[[float], None] | None = None) -> ReplayResult:
         """Replay to the end; ``progress`` gets the fraction of requests issued."""

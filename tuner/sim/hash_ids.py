@@ -8,7 +8,7 @@ twin (vLLM's prefix cache compares hashes, nothing else), so renaming each disti
 hash to ``0 .. num_ids - 1`` changes no decision.
 
 The replay path interns once per trace at the *source* block size
-(``tuner.replay._kv_requests.kv_request_ids``: a split hash is a function of its source
+(``tuner.replay.intern_requests``: a split hash is a function of its source
 hash and its position, so ids need not be computed per KV block); this module is the
 general path for requests that arrive with raw hashes (tests, notebooks).
 """

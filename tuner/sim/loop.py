@@ -1,15 +1,17 @@
-"""The replay clock: arrivals, the step sequence and the step-time call, for every engine.
+"""The single-engine replay loop: the step sequence of one engine on the replay clock.
 
 One loop drives both the twin (``tuner.sim.engine``) and vLLM's own scheduler
 (``tuner.vllm_core.driver``, which runs inside a vLLM interpreter, so this module is
 plain Python). Each engine implements :class:`StepEngine`; the loop decides *when*
-things happen, the engine *what* happens:
+things happen, the engine *what* happens. The clock's rules below are written once, in
+:mod:`tuner.sim.clock` (``Arrivals``, ``BatchQueue``, ``launch_price_function``), and the
+fleet's loop (``tuner.sim.fleet.loop``) runs the same objects for many engines:
 
 * **Arrivals.** Requests are issued in order of arrival time, ties by trace position.
   Open loop: a request reaches the engine at ``arrival_s / speedup`` of the replay clock.
   Closed loop: ``concurrency`` requests in flight, the next one issued (at the current
   time) when one finishes or is rejected. A request that can never run is refused at
-  arrival by :class:`AdmissionRules`, the one copy of those rules.
+  arrival by :class:`AdmissionRules`, the one copy of those rules (``Arrivals`` asks it).
 * **Steps.** At the engine-loop time ``now`` every request that has arrived is added,
   then a batch is scheduled, priced by the step-time model and queued. The GPU runs
   queued batches back to back: a batch starts at ``max(now, end of the previous
@@ -23,7 +25,7 @@ things happen, the engine *what* happens:
 * **The step clock** (docs/step-time-model.md §1.3). Depth 1 prices a step as one total
   (``step_time_s``: the CPU part, then the GPU part): the batch starts at the engine
   time and its outputs are applied at its end, so the period is CPU + GPU. Deeper queues
-  price the two parts apart (:func:`split_price_function`) and keep two clocks: the
+  price the two parts apart (``split_price_function``) and keep two clocks: the
   engine-core CPU, which schedules step N+1, prepares its inputs and launches it
   ``cpu`` seconds after it began (that CPU time also stands for update(N), which runs
   between the wait for N and schedule(N+2)), and the GPU, which starts a batch when it
@@ -37,48 +39,17 @@ No wall clock and no randomness enter the result: two runs give the same records
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 from tuner.sim._step_rules import cdiv
 from tuner.sim.batch import StepBatch
+from tuner.sim.clock import INF, Arrivals, BatchQueue, StepTime, launch_price_function
 from tuner.sim.load import ClosedLoop, OpenLoop
 
-__all__ = ["AdmissionRules", "ReplayLoop", "StepEngine", "StepTime", "price_function",
-           "split_price_function"]
+__all__ = ["AdmissionRules", "ReplayLoop", "StepEngine", "StepTime"]
 
-#: A step-time model: a ``StepTimeModel`` (anything with ``step_time_s(batch)``, and for
-#: the async clock ``step_parts_s(batch) -> (cpu, gpu)``) or a plain callable
-#: ``batch -> seconds`` (all GPU time).
-StepTime = Any
-_INF = float("inf")
 _EMPTY = (0.0, 0.0)
-
-
-def price_function(step_time: StepTime) -> Callable[[StepBatch], float]:
-    """The one convention for step-time callables: ``step_time_s`` if the object has it
-    (``tuner.perf.step_time.StepTimeModel`` and its subclasses), else the object itself."""
-    method = getattr(step_time, "step_time_s", None)
-    if method is not None:
-        return method
-    if callable(step_time):
-        return step_time
-    raise TypeError(f"step time {step_time!r}: neither a StepTimeModel nor a callable")
-
-
-def split_price_function(step_time: StepTime) -> Callable[[StepBatch], tuple[float, float]]:
-    """``batch -> (cpu_s, gpu_s)`` for the overlapped (async) clock.
-
-    ``step_parts_s`` if the object has it (``tuner.perf.step_time.StepTimeModel``); any
-    other model or callable (tests price with ``lambda batch: 0.01``) has no CPU part:
-    its whole time is GPU time, so the async clock runs its batches back to back.
-    """
-    parts = getattr(step_time, "step_parts_s", None)
-    if parts is not None:
-        return parts
-    total = price_function(step_time)
-    return lambda batch: (0.0, total(batch))
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,89 +130,51 @@ class StepEngine(Protocol):
 class ReplayLoop:
     """Replays ``arrivals`` through ``engine`` on the clock described in the module doc.
 
+    The clock's rules live in :mod:`tuner.sim.clock` (:class:`~tuner.sim.clock.Arrivals`,
+    :class:`~tuner.sim.clock.BatchQueue`), shared with the fleet's loop; this class is
+    their one-engine sequence.
+
     Args:
         engine: a :class:`StepEngine`.
         arrivals: ``(index, source)`` pairs in issue order (arrival time, then index);
             each source has ``arrival_s``, ``input_len`` and ``output_len``. Read lazily:
             only the next pair is held, and the next is read only after the engine took
             the previous one (``add_request``/``reject_request``).
-        step_time: see :func:`price_function` (depth 1) and :func:`split_price_function`
-            (deeper queues).
+        step_time: see :func:`~tuner.sim.clock.launch_price_function`.
         rules: the arrival-time refusals.
         load: ``OpenLoop`` or ``ClosedLoop``.
         num_requests: how many pairs ``arrivals`` yields (for progress).
-        batch_queue_depth: batches scheduled ahead of their outputs (1: synchronous).
+        batch_queue_depth: batches scheduled ahead of their outputs (1: synchronous;
+            ``tuner.sim.clock.batch_queue_depth`` maps the scheduling mode to it).
     """
 
     def __init__(self, engine: StepEngine, arrivals: Iterable[tuple[int, Any]],
                  step_time: StepTime, rules: AdmissionRules, *,
                  load: OpenLoop | ClosedLoop = OpenLoop(), num_requests: int = 0,
                  batch_queue_depth: int = 1) -> None:
-        if batch_queue_depth < 1:
-            raise ValueError(f"batch_queue_depth={batch_queue_depth} must be >= 1")
-        if not isinstance(load, (OpenLoop, ClosedLoop)):
-            raise TypeError(f"load {load!r}: expected OpenLoop or ClosedLoop")
+        self.batches = BatchQueue(batch_queue_depth)
+        self.arrivals = Arrivals(arrivals, rules, load)
         self.engine = engine
-        self.price = price_function(step_time)
-        self.price_parts = split_price_function(step_time) if batch_queue_depth > 1 else None
+        self.price = launch_price_function(step_time, batch_queue_depth)
         self.rules = rules
         self.load = load
         self.batch_queue_depth = batch_queue_depth
         self.num_requests = num_requests
-        self._arrivals: Iterator[tuple[int, Any]] = iter(arrivals)
-        self._head: tuple[int, Any] | None = next(self._arrivals, None)
-        self._speedup = load.speedup if isinstance(load, OpenLoop) else 1.0
-        self._concurrency = load.concurrency if isinstance(load, ClosedLoop) else 0
         self.now_s = 0.0
         self.num_steps = 0
-        self.num_issued = 0
-        self.in_flight = 0  # admitted, not finished (the closed loop's count)
         self.stopped = False  # the engine could not go on (StepEngine.schedule -> None)
-
-    # ----------------------------------------------------------------- arrivals
-    def next_arrival_s(self) -> float:
-        """When the next request arrives (inf if none can arrive without a finish)."""
-        if self._head is None:
-            return _INF
-        if self._concurrency:
-            return self.now_s if self.in_flight < self._concurrency else _INF
-        return float(self._head[1].arrival_s) / self._speedup
-
-    def _admit_arrivals(self) -> None:
-        engine, rules, now = self.engine, self.rules, self.now_s
-        closed = self._concurrency
-        while self._head is not None:
-            index, source = self._head
-            if closed:
-                if self.in_flight >= closed:
-                    return
-                arrival = now
-            else:
-                arrival = float(source.arrival_s) / self._speedup
-                if arrival > now:
-                    return
-            self.num_issued += 1
-            if rules.rejects(int(source.input_len), int(source.output_len)):
-                engine.reject_request(index, source, arrival)  # frees its closed-loop slot
-            else:
-                self.in_flight += 1
-                engine.add_request(index, source, arrival)
-            # Read on only once the engine holds the request: a source reading lazily may
-            # renumber what the engine holds when it reads its next window.
-            self._head = next(self._arrivals, None)
 
     # ----------------------------------------------------------------- the loop
     def run(self, progress: Callable[[float], None] | None = None) -> None:
         """Replay to the end; ``progress`` gets the fraction of requests issued (every
         1,000 steps and once at the end). ``now_s`` is the engine-core CPU's time; the
         clock rules are in the module doc."""
-        engine, price, depth = self.engine, self.price, self.batch_queue_depth
-        parts = self.price_parts  # None at depth 1: one total, CPU then GPU
-        queue: deque[tuple[Any, float]] = deque()
-        gpu_free_s = 0.0  # when the GPU finishes the last queued batch
+        engine, price, arrivals, batches = self.engine, self.price, self.arrivals, self.batches
+        queue, depth, launch, pop = batches.queue, batches.depth, batches.launch, batches.pop
         total = max(1, self.num_requests)
         while True:
-            self._admit_arrivals()
+            if arrivals.next_s <= self.now_s:
+                arrivals.issue_due(self.now_s, engine)
             if len(queue) < depth and engine.has_requests():
                 now = self.now_s
                 step = engine.schedule(now)
@@ -249,30 +182,20 @@ class ReplayLoop:
                     self.stopped = True
                     break
                 batch = engine.batch(step)
-                if parts is None:
-                    launch = now
-                    duration = float(price(batch)) if batch is not None else 0.0
-                else:  # the CPU part (schedule, input prep, update of the last batch)
-                    cpu, duration = parts(batch) if batch is not None else _EMPTY
-                    launch = now + cpu
-                start = launch if launch > gpu_free_s else gpu_free_s
-                gpu_free_s = start + duration
-                engine.start(step, start, duration)
-                queue.append((step, gpu_free_s))
+                cpu, gpu = price(batch) if batch is not None else _EMPTY
+                engine.start(step, launch(step, now, cpu, gpu), gpu)
                 self.num_steps += 1
-                self.now_s = launch
+                self.now_s = now + cpu  # the CPU launched it
                 if len(queue) < depth:
                     continue  # the engine loop does not block on a queue with room
             if queue:
-                step, end = queue.popleft()
-                if end > self.now_s:
-                    self.now_s = end  # the CPU waits for the batch's outputs
-                self.in_flight -= engine.update(step, self.now_s)
+                step, self.now_s = pop(self.now_s)  # the CPU waits for the batch's outputs
+                arrivals.in_flight -= engine.update(step, self.now_s)
                 if progress is not None and self.num_steps % 1000 == 0:
-                    progress(self.num_issued / total)
+                    progress(arrivals.num_issued / total)
                 continue
-            nxt = self.next_arrival_s()
-            if nxt == _INF:
+            nxt = arrivals.next_arrival_s(self.now_s)
+            if nxt == INF:
                 break
             if nxt > self.now_s:
                 self.now_s = nxt

@@ -26,8 +26,7 @@ import pyarrow.compute as pc
 
 from tuner.errors import TraceFormatError
 from tuner.progress import Progress, check_progress
-from tuner.trace.formats import READERS
-from tuner.trace.formats._batch import LINE, MAX_TOKENS, IngestContext, OnError, Quarantine
+from tuner.trace.formats import LINE, MAX_TOKENS, READERS, IngestContext, OnError, Quarantine
 from tuner.trace.hashing import Hasher, load_salt
 from tuner.trace.schema import TraceMetadata
 from tuner.trace.sources import FORMATS, detect_format, open_binary

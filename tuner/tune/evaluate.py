@@ -230,15 +230,14 @@ class ReplayEvaluator:
         millions of block hashes, so copies per window would cost gigabytes). Windows start
         at the first arrival, so no re-basing is needed.
         """
-        from tuner.replay import load_requests, reblock_request
-        from tuner.replay._kv_requests import kv_request_ids
+        from tuner.replay import intern_requests, load_requests, reblock_request
 
         if self._all is None:
             requests, size = load_requests(self._trace)
             self.fingerprint = requests_fingerprint(requests, size)
             self._arrivals = [r.arrival_s for r in requests]
             if self.backend == "sim":  # hash ids at the KV block size, interned once here
-                self._all = kv_request_ids(requests, size, self.block_size)
+                self._all = intern_requests(requests, self.block_size, hash_block_size=size)
             else:
                 if size is not None and size != self.block_size:
                     requests = [reblock_request(r, size, self.block_size) for r in requests]

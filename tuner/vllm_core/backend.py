@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner import vllm_compat
 from tuner.errors import BackendError, ConfigError
-from tuner.replay._backend import Backend, ProgressCallback
+from tuner.replay import Backend, ProgressCallback
 
 if TYPE_CHECKING:
     from tuner.records import ReplayResult

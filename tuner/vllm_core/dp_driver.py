@@ -135,6 +135,7 @@ class VllmCoreDPReplay:
 
     def run(self) -> Any:
         from tuner.records import EngineSummary, ReplayResult, RequestTable
+        from tuner.sim.clock import batch_queue_depth
         from tuner.sim.fleet.loop import FleetLoop
         from tuner.sim.load import OpenLoop
         from tuner.sim.loop import AdmissionRules
@@ -147,7 +148,7 @@ class VllmCoreDPReplay:
                          AdmissionRules.of(job["settings"], job["cache"]), table,
                          dp=self.dp, replicas=1, lockstep=self.lockstep,
                          load=job.get("load") or OpenLoop(), num_requests=len(requests),
-                         batch_queue_depth=2 if self.async_scheduling else 1)
+                         batch_queue_depth=batch_queue_depth(self.async_scheduling))
         wall0 = time.perf_counter()
         loop.run()
         wall = time.perf_counter() - wall0

@@ -430,6 +430,7 @@ class VllmCoreReplay:
 
     def run(self) -> Any:
         from tuner.records import ReplayResult, RequestResult
+        from tuner.sim.clock import batch_queue_depth
         from tuner.sim.load import OpenLoop
         from tuner.sim.loop import AdmissionRules, ReplayLoop
 
@@ -439,7 +440,7 @@ class VllmCoreReplay:
         loop = ReplayLoop(engine, ((i, requests[i]) for i in order), self.step_time,
                           AdmissionRules.of(self.job["settings"], self.job["cache"]),
                           load=self.load or OpenLoop(), num_requests=len(requests),
-                          batch_queue_depth=2 if self.async_scheduling else 1)
+                          batch_queue_depth=batch_queue_depth(self.async_scheduling))
         wall0 = time.perf_counter()
         last_progress = [wall0]
 

@@ -11,10 +11,12 @@ once on one replay clock. Engines are numbered ``replica * dp + rank``. What is 
 * **Input queues.** As in vLLM's engine core, a request reaches its engine's scheduler
   between steps: it waits in the engine's input queue until the engine's next
   schedule (immediately if the engine is idle).
-* **Units.** A *unit* owns a batch queue, a CPU and a GPU clock, exactly as
-  ``ReplayLoop`` does for its one engine (depth 1: schedule, update, schedule, one total
-  per step; depth 2: schedule(N+1) before update(N), the CPU part overlapping the GPU's,
-  docs/step-time-model.md §1.3). A dense model's engines are one unit each: independent engines
+* **Units.** A *unit* owns a batch queue with its CPU and GPU clocks
+  (:class:`tuner.sim.clock.BatchQueue`, the one ``ReplayLoop`` runs for its one engine:
+  depth 1: schedule, update, schedule, one total per step; depth 2: schedule(N+1) before
+  update(N), the CPU part overlapping the GPU's, docs/step-time-model.md §1.3). Arrivals
+  are :class:`tuner.sim.clock.Arrivals`, ``ReplayLoop``'s too; this loop is the sink that
+  routes what they issue. A dense model's engines are one unit each: independent engines
   (vLLM runs non-MoE DP ranks as separate ``EngineCoreProc``s, v1/engine/core.py:1546).
 * **Lockstep.** A MoE replica's DP ranks are one unit (``DPEngineCoreProc``,
   core.py:2281-2560): while any rank has work every rank steps, a rank with nothing to
@@ -36,9 +38,8 @@ The loop knows nothing of the twin: engines are :class:`~tuner.sim.fleet.engines
 from __future__ import annotations
 
 import heapq
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tuner.records import RequestTable
@@ -46,12 +47,13 @@ from tuner.sim.batch import StepBatch
 from tuner.sim.fleet.dp_balancer import STATS_INTERVAL_S, DPLoadBalancer
 from tuner.sim.fleet.engines import FleetEngine
 from tuner.sim.fleet.router import Router
+from tuner.sim.clock import (INF, Arrivals, BatchQueue, StepTime, launch_price_function,
+                             price_function, rank_price_function)
 from tuner.sim.load import ClosedLoop, OpenLoop
-from tuner.sim.loop import AdmissionRules, StepTime, price_function, split_price_function
+from tuner.sim.loop import AdmissionRules
 
 __all__ = ["DP_SYNC_INTERVAL", "DUMMY_BATCH", "FleetLoop"]
 
-_INF = float("inf")
 _UPDATE, _ARRIVAL, _SCHEDULE = 0, 1, 2
 #: vLLM ``ParallelConfig.dp_sync_interval`` default (config/parallel.py:163).
 DP_SYNC_INTERVAL = 16
@@ -66,9 +68,7 @@ class _Unit:
     index: int
     engines: tuple[int, ...]
     lockstep: bool
-    queue: deque = field(default_factory=deque)  # (steps, end_s); steps per engine
-    gpu_free_s: float = 0.0
-    cpu_free_s: float = 0.0  # when its CPU launched the last batch (the async clock)
+    batches: BatchQueue  # (steps, end_s); steps: one per engine, None for a dummy batch
     version: int = 0  # bumps when its pending event changes (stale heap entries)
     active: bool = False  # has a pending event
     wave_running: bool = False  # lockstep: engines_running
@@ -98,22 +98,18 @@ class FleetLoop:
                  load: OpenLoop | ClosedLoop = OpenLoop(), num_requests: int = 0,
                  batch_queue_depth: int = 1, dp_sync_interval: int = DP_SYNC_INTERVAL,
                  stats_interval_s: float = STATS_INTERVAL_S) -> None:
-        if batch_queue_depth < 1:
-            raise ValueError(f"batch_queue_depth={batch_queue_depth} must be >= 1")
         if len(engines) != dp * replicas:
             raise ValueError(f"{len(engines)} engines for dp={dp} x replicas={replicas}")
         if replicas > 1 and router is None:
             raise ValueError("a fleet of several replicas needs a router")
         self.engines = list(engines)
         self.price = price_function(step_time)
-        #: depth >= 2: (cpu, gpu) per batch, the overlapped clock of ``ReplayLoop``
-        self.price_parts = split_price_function(step_time) if batch_queue_depth > 1 else None
-        #: expert parallelism over DP ranks (a ``StepTimeModel`` whose layout has ep > 1 and
-        #: dp > 1): each rank's experts serve the whole group's tokens, so a lockstep rank
-        #: is priced by ``rank_step_time_s(batch, group_tokens)``, not as a balanced step
-        layout = getattr(step_time, "expert_layout", None)
-        self.rank_price = (step_time.rank_step_time_s if lockstep and layout is not None
-                           and layout.ep > 1 and layout.dp > 1 else None)
+        #: (cpu, gpu) per batch as ``BatchQueue.launch`` takes them (ReplayLoop's prices)
+        self.launch_price = launch_price_function(step_time, batch_queue_depth)
+        #: expert parallelism over DP ranks: each rank's experts serve the whole group's
+        #: tokens, so a lockstep rank is priced by ``rank_step_time_s(batch,
+        #: group_tokens)``, not as a balanced step
+        self.rank_price = rank_price_function(step_time) if lockstep else None
         self.rules = rules
         self.table = table
         self.dp, self.replicas = dp, replicas
@@ -121,17 +117,15 @@ class FleetLoop:
         self.depth = batch_queue_depth
         self.sync_interval = dp_sync_interval
         self.num_requests = num_requests
-        self._arrivals: Iterator[tuple[int, Any]] = iter(arrivals)
-        self._head: tuple[int, Any] | None = next(self._arrivals, None)
-        self._speedup = load.speedup if isinstance(load, OpenLoop) else 1.0
-        self._concurrency = load.concurrency if isinstance(load, ClosedLoop) else 0
+        self.arrivals = Arrivals(arrivals, rules, load)
         self.balancers = [DPLoadBalancer(dp, self._counts_of(r), stats_interval_s=stats_interval_s)
                           for r in range(replicas)] if dp > 1 else []
         if lockstep and dp > 1:
-            self.units = [_Unit(r, tuple(range(r * dp, (r + 1) * dp)), True)
-                          for r in range(replicas)]
+            self.units = [_Unit(r, tuple(range(r * dp, (r + 1) * dp)), True,
+                                BatchQueue(batch_queue_depth)) for r in range(replicas)]
         else:
-            self.units = [_Unit(e, (e,), False) for e in range(dp * replicas)]
+            self.units = [_Unit(e, (e,), False, BatchQueue(batch_queue_depth))
+                          for e in range(dp * replicas)]
         self.unit_of = [0] * len(self.engines)
         for unit in self.units:
             for e in unit.engines:
@@ -139,9 +133,7 @@ class FleetLoop:
         self.pending: list[list[tuple[int, Any, float]]] = [[] for _ in self.engines]
         self.now_s = 0.0
         self.num_steps = 0  # executed unit steps (a lockstep step counts once)
-        self.num_issued = 0
         self.num_rejected = 0
-        self.in_flight = 0
         self.stopped = False
         self._heap: list[tuple[float, int, int, int]] = []
 
@@ -161,31 +153,22 @@ class FleetLoop:
         unit.active = True
         heapq.heappush(self._heap, (time_s, phase, unit.index, unit.version))
 
-    def next_arrival_s(self) -> float:
-        if self._head is None:
-            return _INF
-        if self._concurrency:
-            return self.now_s if self.in_flight < self._concurrency else _INF
-        return float(self._head[1].arrival_s) / self._speedup
+    # ----------------------------------------------------------------- the front end
+    def reject_request(self, index: int, source: Any, arrival_s: float) -> None:
+        """``Arrivals`` refused it (``AdmissionRules``): recorded at engine -1."""
+        self.table.record(index, "rejected", arrival_s)
+        self.table.engine[index] = -1
+        self.num_rejected += 1
 
-    def _admit_one(self) -> None:
-        assert self._head is not None
-        index, source = self._head
-        arrival = self.now_s if self._concurrency else float(source.arrival_s) / self._speedup
-        self.num_issued += 1
-        if self.rules.rejects(int(source.input_len), int(source.output_len)):
-            self.table.record(index, "rejected", arrival)
-            self.table.engine[index] = -1
-            self.num_rejected += 1
-        else:
-            engine = self._route(index, source, arrival)
-            self.table.engine[index] = engine
-            self.in_flight += 1
-            self.pending[engine].append((index, source, arrival))
-            unit = self.units[self.unit_of[engine]]
-            if not unit.active:  # an idle engine picks it up at once
-                self._push(unit, arrival, _SCHEDULE)
-        self._head = next(self._arrivals, None)
+    def add_request(self, index: int, source: Any, arrival_s: float) -> None:
+        """Route an admitted request to its engine's input queue; an idle engine picks it
+        up at once."""
+        engine = self._route(index, source, arrival_s)
+        self.table.engine[index] = engine
+        self.pending[engine].append((index, source, arrival_s))
+        unit = self.units[self.unit_of[engine]]
+        if not unit.active:
+            self._push(unit, arrival_s, _SCHEDULE)
 
     def _route(self, index: int, source: Any, arrival: float) -> int:
         dp, router = self.dp, self.router
@@ -209,19 +192,19 @@ class FleetLoop:
     # ----------------------------------------------------------------- the loop
     def run(self, progress: Callable[[float], None] | None = None) -> None:
         """Replay to the end; ``progress`` as ``ReplayLoop.run``."""
-        heap, units = self._heap, self.units
+        heap, units, arrivals = self._heap, self.units, self.arrivals
         total = max(1, self.num_requests)
         last_report = 0
         while True:
             while heap and heap[0][3] != units[heap[0][2]].version:
                 heapq.heappop(heap)
-            arrival = self.next_arrival_s()
-            if arrival != _INF and (not heap or arrival < heap[0][0]
+            arrival = arrivals.next_arrival_s(self.now_s)
+            if arrival != INF and (not heap or arrival < heap[0][0]
                                     or (arrival == heap[0][0] and heap[0][1] == _SCHEDULE)):
                 if arrival > self.now_s:
                     self.now_s = arrival
                 self._observe(self.now_s)
-                self._admit_one()
+                arrivals.issue(self.now_s, self)
                 continue
             if not heap:
                 break
@@ -239,7 +222,7 @@ class FleetLoop:
                 break
             if progress is not None and self.num_steps - last_report >= 1000:
                 last_report = self.num_steps
-                progress(self.num_issued / total)
+                progress(arrivals.num_issued / total)
         if progress is not None:
             progress(1.0)
 
@@ -257,11 +240,12 @@ class FleetLoop:
         now, engines = self.now_s, self.engines
         busy = [engines[e].has_requests() for e in unit.engines]
         runs = any(busy) or (unit.lockstep and unit.wave_running)
-        if len(unit.queue) < self.depth and runs:
+        queue = unit.batches
+        if len(queue.queue) < self.depth and runs:
             steps: list[Any] = []
             batches: list[StepBatch | None] = []
             duration = cpu = 0.0  # a lockstep step: the slowest rank's CPU and GPU parts
-            parts = self.price_parts
+            price = self.launch_price
             if unit.lockstep:
                 unit.wave_running = True
             for e, has_work in zip(unit.engines, busy):
@@ -284,46 +268,41 @@ class FleetLoop:
                 group_tokens = sum(b.num_prefill_tokens + b.num_decode_reqs
                                    for b in batches if b is not None)
             for batch in batches:
-                if parts is None:
-                    cost = float(self.price(batch)) if batch is not None else 0.0
-                else:
-                    c, cost = parts(batch) if batch is not None else (0.0, 0.0)
-                    cpu = max(cpu, c)
-                if group_tokens and batch is not None:
+                if batch is None:
+                    continue  # an empty batch: 0 s
+                c, cost = price(batch)  # depth 1: c is 0 (the total is in cost)
+                if c > cpu:
+                    cpu = c
+                if group_tokens:
                     # the experts' work of the whole group, not of a balanced step
                     cost += self.rank_price(batch, group_tokens) - self.price(batch)
-                duration = max(duration, cost)
-            launch = now + cpu  # depth 1: cpu stays 0 (the total is in duration)
-            start = launch if launch > unit.gpu_free_s else unit.gpu_free_s
-            unit.gpu_free_s = start + duration
-            unit.cpu_free_s = launch
+                if cost > duration:
+                    duration = cost
+            start = queue.launch(steps, now, cpu, duration)
             for e, step in zip(unit.engines, steps):
                 if step is None:
                     engines[e].dummy_step(start, duration)
                 else:
                     engines[e].start(step, start, duration)
-            unit.queue.append((steps, unit.gpu_free_s))
             self.num_steps += 1
-            if len(unit.queue) < self.depth:
-                self._push(unit, launch, _SCHEDULE)
+            if len(queue.queue) < self.depth:
+                self._push(unit, queue.cpu_free_s, _SCHEDULE)
                 return
-        if unit.queue:
-            end = unit.queue[0][1]  # the CPU waits for it once it has launched its last batch
-            self._push(unit, end if end > unit.cpu_free_s else unit.cpu_free_s, _UPDATE)
+        if queue.queue:
+            # the CPU waits for the oldest batch once it has launched its last one
+            self._push(unit, queue.outputs_s(), _UPDATE)
             return
         for e in unit.engines:  # nothing waiting, running or in flight: idle
             engines[e].idle()
 
     def _update(self, unit: _Unit) -> None:
-        steps, end = unit.queue.popleft()
-        if self.price_parts is not None and self.now_s > end:
-            end = self.now_s  # outputs applied when the CPU got to them (ReplayLoop's rule)
+        steps, end = unit.batches.pop(self.now_s)
         engines, router = self.engines, self.router
         for e, step in zip(unit.engines, steps):
             if step is None:
                 continue
             engine = engines[e]
-            self.in_flight -= engine.update(step, end)
+            self.arrivals.in_flight -= engine.update(step, end)
             done = engine.take_finished()
             if done:
                 balancer = self.balancers[e // self.dp] if self.balancers else None

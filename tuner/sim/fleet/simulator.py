@@ -27,6 +27,7 @@ from typing import Any
 
 from tuner.errors import ConfigError
 from tuner.records import EngineSummary, GapSamples, ReplayResult, StepRecord
+from tuner.sim.clock import batch_queue_depth
 from tuner.sim.engine import ListArrivals
 from tuner.sim.fleet.engines import FleetTwinEngine
 from tuner.sim.fleet.loop import DP_SYNC_INTERVAL, FleetLoop
@@ -52,8 +53,8 @@ class FleetSimulator:
             (vLLM's ``DPEngineCoreProc``); dense ranks are independent.
         router: the router in front of the replicas (ignored with one replica unless
             it targets ranks).
-        options, load, num_gpus, num_hash_ids: as ``Simulator``.
-        batch_queue_depth: per engine, 1 (sync) or 2 (async scheduling's batch queue).
+        options, load, num_gpus, num_hash_ids: as ``Simulator`` (each engine's batch
+            queue is ``tuner.sim.clock.batch_queue_depth(options.async_scheduling)``).
     """
 
     def __init__(self, requests: Iterable[Any], settings: SchedulerSettings,
@@ -62,7 +63,7 @@ class FleetSimulator:
                  router: RouterSettings = RouterSettings(),
                  options: SimOptions = SimOptions(), load: OpenLoop | ClosedLoop = OpenLoop(),
                  num_gpus: int = 1, num_hash_ids: int | None = None,
-                 batch_queue_depth: int = 1, dp_sync_interval: int = DP_SYNC_INTERVAL) -> None:
+                 dp_sync_interval: int = DP_SYNC_INTERVAL) -> None:
         if hasattr(requests, "bind") and hasattr(requests, "table"):
             if not isinstance(requests, ListArrivals):
                 raise ConfigError("a fleet replay reads the trace into memory; pass the "
@@ -98,7 +99,7 @@ class FleetSimulator:
         self.loop = FleetLoop(engines, source, step_time, AdmissionRules.of(settings, cache),
                               self.table, dp=dp, replicas=replicas, lockstep=self.lockstep,
                               router=router_obj, load=load, num_requests=source.num_requests,
-                              batch_queue_depth=batch_queue_depth,
+                              batch_queue_depth=batch_queue_depth(options.async_scheduling),
                               dp_sync_interval=dp_sync_interval)
 
     def run(self, progress: Callable[[float], None] | None = None) -> ReplayResult:
