@@ -102,8 +102,11 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
         raise TraceFormatError(f"on_error: must be fail or skip, got {on_error!r}")
     fmt = _resolve_format(paths, format)
     hbs = hash_block_size or DEFAULT_HASH_BLOCK_SIZE[fmt]
-    if hbs <= 0:
-        raise TraceFormatError(f"hash_block_size: must be positive, got {hbs}")
+    if not 1 <= hbs <= MAX_TOKENS:
+        raise TraceFormatError(f"hash_block_size: must be 1 to {MAX_TOKENS:,}, got {hbs}")
+    if output_len is not None and not 1 <= output_len <= MAX_TOKENS:
+        raise TraceFormatError(f"output_len: must be 1 to {MAX_TOKENS:,} tokens, got "
+                               f"{output_len}")
     salt_bytes = salt if isinstance(salt, bytes) else load_salt(salt)
     hasher = Hasher(salt_bytes)
     out = Path(output)

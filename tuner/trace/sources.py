@@ -22,6 +22,11 @@ _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 #: How far into a file detection looks for vLLM request-logger lines (startup logs are long).
 _DETECT_MAX_LINES = 20_000
 
+#: Longest line any reader accepts. A record of MAX_TOKENS token ids written as a vLLM
+#: log list is about 130 MiB; a longer "line" is a binary file or a missing newline, and
+#: reading it whole would take the memory of the machine.
+MAX_LINE_BYTES = 256 << 20
+
 
 def json_problem(exc: ValueError) -> str:
     """Why ``json.loads`` refused a line, in words (it raises two kinds of ValueError).
@@ -110,6 +115,7 @@ class _Decompressed:
         self._stream = stream
         self._path = path
         self._kind = kind
+        self.name = path  # for messages, as an open file's name
         self.fileobj = raw  # the compressed file, for progress by bytes read
 
     def read(self, size: int = -1) -> bytes:
@@ -152,6 +158,12 @@ def iter_line_chunks(fh: IO[bytes], chunk_bytes: int = 16 << 20) -> Iterator[tup
         data = rest + block
         cut = data.rfind(b"\n")
         if cut < 0:
+            if len(data) > MAX_LINE_BYTES:
+                # One line may not hold the whole memory: no log writes lines this long.
+                raise TraceFormatError(
+                    f"line is longer than {MAX_LINE_BYTES >> 20} MiB (no newline); not a "
+                    "log of one record per line", path=getattr(fh, "name", None) or None,
+                    line=line_no)
             rest = data
             continue
         chunk, rest = data[:cut + 1], data[cut + 1:]

@@ -89,8 +89,9 @@ class _CsvReader(abc.ABC):
         uids = np.arange(self._uid, self._uid + len(parsed), dtype=np.int64)
         self._uid += len(parsed)
         inp = np.asarray(cols["input_len"], dtype=np.int64)
-        # Absurd lengths get no hashes (validation rejects the row, naming the true length).
-        hashed_len = np.where((inp >= 0) & (inp <= MAX_TOKENS), inp, 0)
+        # Lengths were bounded per row (ctx.token_count); a 0-token prompt gets no hashes
+        # and validation names it.
+        hashed_len = np.clip(inp, 0, MAX_TOKENS)
         cols["block_hashes"] = unique_block_hashes(uids, hashed_len, ctx.hash_block_size)
         prefix = ctx.stem if ctx.source_index == 0 else f"{ctx.stem}#{ctx.source_index}"
         cols["request_id"] = [f"{prefix}-{n}" for n in lines.tolist()]
@@ -99,12 +100,12 @@ class _CsvReader(abc.ABC):
         yield make_batch(cols, lines, field_names=self.FIELDS)
 
     def _int(self, rec: list[str], idx: int, name: str, line_no: int, ctx: IngestContext) -> int | None:
-        try:
-            return int(float(rec[idx]))
-        except (IndexError, ValueError):
-            got = rec[idx] if idx < len(rec) else "missing"
-            ctx.bad(line_no, name, f"not an integer ({got!r})", ",".join(rec))
+        """A token count, bounded before anything is sized by it (``1e400`` and ``1e29``
+        used to end in an OverflowError traceback)."""
+        if idx >= len(rec):
+            ctx.bad(line_no, name, "not an integer ('missing')", ",".join(rec))
             return None
+        return ctx.token_count(line_no, name, rec[idx], ",".join(rec))
 
     @abc.abstractmethod
     def _parse(self, rec: list[str], line_no: int, ctx: IngestContext) -> dict[str, Any] | None:
