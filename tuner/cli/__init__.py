@@ -41,9 +41,11 @@ def cli() -> None:
       tuner tune trace.parquet --hardware mi355x --model llama-3.1-70b --tp 8 -o profiles/p.yaml
       tuner export profiles/p.yaml --format flags      # vllm serve flags
     """
+    from tuner.cli._common import install_signal_cleanup
     from tuner.outputs import set_notifier
 
     set_notifier(_note_replaced)
+    install_signal_cleanup()
 
 
 def _note_replaced(message: str) -> None:

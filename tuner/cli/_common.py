@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
+import os
+import signal
 import sys
+import threading
 from typing import Any, Callable, TypeVar
 
 import click
@@ -26,18 +30,67 @@ RESUME_HINTS = {
 EXIT_INTERRUPTED = 130
 
 
+#: Parameters that name what a command writes: never counted as its inputs.
+OUTPUT_PARAMS = frozenset({"output", "output_dir", "out", "server_log"})
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP arrived: unwinds like Ctrl-C, so every ``AtomicOutput`` removes
+    its temporary file (they used to stay behind as ``.OUT.parquet.XXXX.tmp``)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated(signum)
+
+
+def install_signal_cleanup() -> None:
+    """SIGTERM and SIGHUP end the command through :class:`Terminated` (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(sig, _raise_terminated)
+
+
+def note_file_params(params: dict[str, Any]) -> None:
+    """Count every existing file among a command's arguments and options as its input, so
+    no ``-o`` replaces one (:func:`tuner.outputs.note_input`): the trace, a --baseline or
+    --warm-start profile, a --calibration file, a --storage journal, ..."""
+    from tuner.outputs import forget_inputs, note_input
+
+    forget_inputs()
+    for name, value in params.items():
+        if name in OUTPUT_PARAMS:
+            continue
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(item, str) and item and "\n" not in item and os.path.isfile(item):
+                note_input(item)
+
+
 def handle_errors(func: F) -> F:
     """Turn library errors into ``Error: <message>`` and exit code 2, no traceback.
 
     Also: a file-system error the library did not anticipate (permission denied, disk
     full) prints one line with exit 2, and Ctrl-C exits 130 (not Click's 1, which cron and
-    systemd read as a failure of the job's own) with the command's resume hint.
+    systemd read as a failure of the job's own) with the command's resume hint; SIGTERM
+    and SIGHUP exit 128 + the signal after the same cleanup. Before the command runs,
+    every file among its parameters is noted as an input (:func:`note_file_params`).
     """
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
+            ctx = click.get_current_context(silent=True)
+            note_file_params(ctx.params if ctx is not None else kwargs)
             return func(*args, **kwargs)
+        except Terminated as exc:
+            name = signal.Signals(exc.signum).name
+            click.echo(f"\nTerminated ({name}); nothing was left half-written.", err=True)
+            sys.exit(128 + exc.signum)
         except TunerError as exc:
             click.echo(f"Error: {exc}", err=True)
             sys.exit(2)

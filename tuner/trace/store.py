@@ -54,12 +54,16 @@ class TraceWriter:
         self._out = AtomicOutput(path, inputs=inputs, announce=announce)
         self.path = self._out.path
         self.tmp_path = self._out.tmp_path
-        self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
-            self.tmp_path, SCHEMA, compression="zstd",
-            # Dictionaries only where values repeat; hashes and ids are (nearly) unique.
-            compression_level=compression_level,
-            use_dictionary=["session_id", "parent_id", "cache_salt", "model", "status"],
-            write_statistics=["arrival_s"])
+        try:
+            self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
+                self.tmp_path, SCHEMA, compression="zstd",
+                # Dictionaries only where values repeat; hashes and ids are (nearly) unique.
+                compression_level=compression_level,
+                use_dictionary=["session_id", "parent_id", "cache_salt", "model", "status"],
+                write_statistics=["arrival_s"])
+        except BaseException:  # SIGTERM while the writer opens: no temporary file left
+            self._out.abort()
+            raise
 
     def write(self, data: pa.RecordBatch | pa.Table | list[TraceRequest]) -> None:
         """Append rows (Arrow data in :data:`SCHEMA`, or request records)."""
