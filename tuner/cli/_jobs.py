@@ -111,9 +111,9 @@ def schedule_command(every: str | None, cron_expr: str | None, config_path: str,
     spec = make_spec(every=every, cron=cron_expr, config=config_path, tuner=exe, name=name,
                      image=image, state_claim=state_claim)
     # A config the job cannot load would fail on every run: refuse it before writing.
-    from tuner.jobs.config import load_config
+    from tuner.jobs.config import check_runnable, load_config
 
-    load_config(config_path)
+    check_runnable(load_config(config_path))
     files = render(spec, target)  # type: ignore[arg-type]
     if output_dir is not None:
         from tuner.outputs import write_text
