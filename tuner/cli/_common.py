@@ -43,14 +43,26 @@ class Terminated(BaseException):
         self.signum = signum
 
 
+#: The process that installed the handlers; forked workers (tune's pools) inherit them.
+_handler_pid: int | None = None
+
+
 def _raise_terminated(signum: int, frame: Any) -> None:
+    if os.getpid() != _handler_pid:
+        # A forked worker (multiprocessing terminates its pool with SIGTERM): die as the
+        # default action would, without a traceback from inside the pool's queue.
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
     raise Terminated(signum)
 
 
 def install_signal_cleanup() -> None:
     """SIGTERM and SIGHUP end the command through :class:`Terminated` (main thread only)."""
+    global _handler_pid
     if threading.current_thread() is not threading.main_thread():
         return
+    _handler_pid = os.getpid()
     for sig in (signal.SIGTERM, signal.SIGHUP):
         with contextlib.suppress(ValueError, OSError):
             signal.signal(sig, _raise_terminated)

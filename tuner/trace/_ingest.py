@@ -27,7 +27,8 @@ import pyarrow.compute as pc
 from tuner.errors import TraceFormatError
 from tuner.progress import Progress, check_progress
 from tuner.trace.formats import READERS
-from tuner.trace.formats._batch import LINE, MAX_TOKENS, IngestContext, OnError, Quarantine
+from tuner.trace.formats._batch import (LINE, MAX_SPAN_S, MAX_TOKENS, IngestContext, OnError,
+                                       Quarantine)
 from tuner.trace.hashing import Hasher, load_salt
 from tuner.trace.schema import TraceMetadata
 from tuner.trace.sources import FORMATS, detect_format, open_binary
@@ -117,6 +118,7 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
     meta = TraceMetadata(hash_block_size=hbs, source_format=fmt,
                          salt_fingerprint=hasher.fingerprint)
     state = _TimelineState()
+    span = _SpanGuard()
     bar = _Progress(paths, check_progress(progress))
     # zstd level 1: salted hashes are random bytes that no level compresses; it is speed.
     writer = TraceWriter(out, meta, compression_level=1, inputs=paths)
@@ -128,7 +130,7 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
                                 tokenizer=tokenizer, source_index=index, output_len=output_len)
             with open_binary(path) as fh:
                 for batch in reader.read(fh, ctx):
-                    batch = _validate(batch, ctx, seen_ids, report)
+                    batch = _validate(batch, ctx, seen_ids, report, span)
                     if batch.num_rows:
                         writer.write(state.place(batch))
                     bar.update(index, fh)
@@ -207,9 +209,54 @@ def _reader(fmt: str) -> Any:
     return READERS[fmt]
 
 
+class _SpanGuard:
+    """Keeps the accepted arrivals within :data:`MAX_SPAN_S` of each other.
+
+    The first batch's median arrival anchors the trace (so one absurd first record does
+    not condemn every good one after it); a row that would stretch the span past the
+    limit is a bad record naming its line (``timestamp: 1e29`` used to ingest as a span
+    of 54,000 years that ``trace stats`` then tried to bin per minute: 211 GiB).
+    """
+
+    def __init__(self) -> None:
+        self.lo: float | None = None  # earliest accepted arrival (source clock, s)
+        self.hi: float | None = None  # latest accepted arrival
+
+    def outside(self, t: np.ndarray, ok: np.ndarray) -> np.ndarray:
+        """Rows of ``t`` (finite ones, where ``ok``) that would break the span."""
+        bad = np.zeros(len(t), dtype=bool)
+        good = ok & np.isfinite(t)
+        if not good.any():
+            return bad
+        if self.lo is None:
+            vals = t[good]
+            k = (len(vals) - 1) // 2  # the lower median: a real record's time
+            self.lo = self.hi = float(np.partition(vals, k)[k])
+        assert self.hi is not None
+        lo, hi = min(self.lo, float(t[good].min())), max(self.hi, float(t[good].max()))
+        if hi - lo <= MAX_SPAN_S:
+            self.lo, self.hi = lo, hi
+            return bad
+        for i in np.flatnonzero(good):  # rare: decide row by row, in line order
+            v = float(t[i])
+            if max(self.hi, v) - min(self.lo, v) > MAX_SPAN_S:
+                bad[i] = True
+            else:
+                self.lo, self.hi = min(self.lo, v), max(self.hi, v)
+        return bad
+
+    def reason(self, t: float) -> str:
+        assert self.lo is not None and self.hi is not None
+        days = max(abs(t - self.lo), abs(t - self.hi)) / 86400.0
+        far = f"{days:,.0f}" if days < 1e9 else f"{days:.3g}"
+        return (f"{t:.6g} s on the source clock is {far} days from the other records; "
+                f"a trace spans at most {MAX_SPAN_S / 86400:.0f} days (a corrupt time, or a "
+                "unit other than the format's: see docs/trace-format.md)")
+
+
 def _validate(batch: pa.Table, ctx: IngestContext, seen_ids: set[str] | None,
-              report: IngestReport) -> pa.Table:
-    """Drop (skip) or raise on rows with bad lengths, hash counts or duplicate ids."""
+              report: IngestReport, span: _SpanGuard | None = None) -> pa.Table:
+    """Drop (skip) or raise on rows with bad lengths, hash counts, times or duplicate ids."""
     raw_names = (batch.schema.metadata or {}).get(b"tuner.fields")
     names: dict[str, str] = json.loads(raw_names) if raw_names else {}
     inp = batch.column("input_len").to_numpy()
@@ -219,13 +266,17 @@ def _validate(batch: pa.Table, ctx: IngestContext, seen_ids: set[str] | None,
     hbs = ctx.hash_block_size
     ok = ((inp >= 1) & (inp <= MAX_TOKENS) & (outp >= 0) & (outp <= MAX_TOKENS)
           & np.isfinite(t) & (nh >= inp // hbs) & (nh <= -(-inp // hbs)))
+    far = span.outside(t, ok) if span is not None else np.zeros(len(t), dtype=bool)
+    ok &= ~far
     drop = ~ok
     lines = batch.column(LINE).to_numpy()
     if seen_ids is None and ok.all():
         return batch
     ids = batch.column("request_id").to_pylist() if seen_ids is not None else None
     for i in range(batch.num_rows):  # line order, so --on-error fail names the first bad line
-        if not ok[i]:
+        if far[i] and span is not None:
+            ctx.bad(int(lines[i]), names.get("arrival_s", "timestamp"), span.reason(float(t[i])))
+        elif not ok[i]:
             _report_row(ctx, int(lines[i]), int(inp[i]), int(outp[i]), float(t[i]), int(nh[i]),
                         names)
         elif ids is not None and seen_ids is not None:

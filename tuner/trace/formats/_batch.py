@@ -14,12 +14,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any, Literal
 
+import numpy as np
 import pyarrow as pa
 
 from tuner.errors import TraceFormatError
 from tuner.outputs import AtomicOutput
 from tuner.trace.hashing import Hasher
-from tuner.trace.schema import SCHEMA
+from tuner.trace.schema import MAX_SPAN_S, MAX_TOKENS, SCHEMA  # noqa: F401 - re-exported
 from tuner.trace.sources import json_problem
 
 OnError = Literal["fail", "skip"]
@@ -27,8 +28,6 @@ OnError = Literal["fail", "skip"]
 #: Internal batch column: 1-based source line of each row (dropped before writing).
 LINE = "_line"
 
-#: Longest prompt or output accepted (tokens); anything longer is a corrupt record.
-MAX_TOKENS = 16 * 1024 * 1024
 
 #: The range every other integer field (ids, turns) must fit: Arrow's int64. A JSON or
 #: CSV number is unbounded; one past this used to end in an ``OverflowError`` traceback.
@@ -159,6 +158,19 @@ def epoch_seconds(value: float) -> float:
     if a < 1e17:
         return value / 1e6
     return value / 1e9
+
+
+def relative_clock_seconds(raw: np.ndarray, scale: float) -> np.ndarray:
+    """Seconds from a format's nominal unit (``raw * scale``), except where that lands
+    after 5138 AD (1e11 s): those values are Unix epochs in a finer unit than the format
+    documents (ms, µs or ns), read by magnitude with :func:`epoch_seconds`. A relative
+    clock in a finer unit (µs from 0) cannot be told apart this way; the span check
+    (:data:`MAX_SPAN_S`) refuses the absurd ones."""
+    seconds = raw.astype(np.float64) * scale
+    wrong = np.abs(seconds) >= 1e11
+    if wrong.any():
+        seconds[wrong] = [epoch_seconds(float(v)) for v in raw[wrong]]
+    return seconds
 
 
 def _integral(value: Any) -> int | None:

@@ -25,7 +25,8 @@ from typing import IO, Any
 import numpy as np
 import pyarrow as pa
 
-from tuner.trace.formats._batch import MAX_TOKENS, IngestContext, make_batch
+from tuner.trace.formats._batch import (MAX_TOKENS, IngestContext, make_batch,
+                                         relative_clock_seconds)
 from tuner.trace.sources import iter_line_chunks
 
 _BATCH_ROWS = 65_536
@@ -97,6 +98,9 @@ class _CsvReader(abc.ABC):
         cols["request_id"] = [f"{prefix}-{n}" for n in lines.tolist()]
         cols["input_len"] = inp
         cols["output_len"] = np.asarray(cols["output_len"], dtype=np.int64)
+        if not self.EPOCH_CLOCK:  # BurstGPT: seconds from the start, or an epoch in ms/µs/ns
+            cols["arrival_s"] = relative_clock_seconds(
+                np.asarray(cols["arrival_s"], dtype=np.float64), 1.0)
         yield make_batch(cols, lines, field_names=self.FIELDS)
 
     def _int(self, rec: list[str], idx: int, name: str, line_no: int, ctx: IngestContext) -> int | None:

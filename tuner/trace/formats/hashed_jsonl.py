@@ -24,7 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tuner.trace.formats._mooncake_fast import parse_chunk
-from tuner.trace.formats._batch import IngestContext, make_batch, short_value
+from tuner.trace.formats._batch import (IngestContext, make_batch,
+                                         relative_clock_seconds, short_value)
 from tuner.trace.sources import iter_line_chunks
 
 
@@ -81,8 +82,9 @@ class _HashedJsonlReader:
         block_hashes = pa.ListArray.from_arrays(
             pa.array(offsets - offsets[0], pa.int32()), pa.array(hashed, pa.uint64()))
         cols = {
-            "arrival_s": pa.array(table.column("timestamp").to_numpy() * self.TIME_SCALE,
-                                  pa.float64()),
+            "arrival_s": pa.array(relative_clock_seconds(
+                np.asarray(table.column("timestamp").to_numpy(), dtype=np.float64),
+                self.TIME_SCALE), pa.float64()),
             "input_len": _int64(table.column("input_length")),
             "output_len": _int64(table.column("output_length")),
             "block_hashes": block_hashes,
