@@ -137,15 +137,22 @@ def _check_text(option: str, value: str) -> None:
                           "...); a job file cannot hold it safely")
 
 
+def check_kubernetes_names(*, image: str, state_claim: str, secret: str | None = None) -> None:
+    """The image reference and the object names a manifest refers to (``tuner schedule``
+    and ``tuner cluster job``): refused here, not by the API server."""
+    if not _IMAGE_RE.match(image) or len(image) > 1024:
+        raise ConfigError(f"--image {image!r}: not a container image reference "
+                          "(e.g. registry.example.com/tuner:1.2)")
+    for option, value in (("--state-claim", state_claim), ("--password-secret", secret)):
+        if value is not None and (len(value) > 253 or not _SUBDOMAIN_RE.match(value)):
+            raise ConfigError(f"{option} {value!r}: not a Kubernetes name "
+                              "(lowercase letters, digits, '-' and '.')")
+
+
 def check_spec(spec: "ScheduleSpec") -> None:
     """Refuse every field that a target would read as something else."""
     check_job_name(spec.name)
-    if not _IMAGE_RE.match(spec.image) or len(spec.image) > 1024:
-        raise ConfigError(f"--image {spec.image!r}: not a container image reference "
-                          "(e.g. registry.example.com/tuner:1.2)")
-    if len(spec.state_claim) > 253 or not _SUBDOMAIN_RE.match(spec.state_claim):
-        raise ConfigError(f"--state-claim {spec.state_claim!r}: not a Kubernetes name "
-                          "(lowercase letters, digits, '-' and '.')")
+    check_kubernetes_names(image=spec.image, state_claim=spec.state_claim)
     _check_text("--tuner-bin", spec.tuner)
     _check_text("--config", str(spec.config))
 
