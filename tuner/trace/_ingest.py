@@ -14,7 +14,7 @@ import json
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -29,9 +29,9 @@ from tuner.progress import Progress, check_progress
 from tuner.trace.formats import READERS
 from tuner.trace.formats._batch import (LINE, MAX_SPAN_S, MAX_TOKENS, IngestContext, OnError,
                                        Quarantine)
-from tuner.trace.hashing import Hasher, load_salt
+from tuner.trace.hashing import Hasher, load_salt, salt_warnings
 from tuner.trace.schema import TraceMetadata
-from tuner.trace.sources import FORMATS, detect_format, open_binary
+from tuner.trace.sources import FORMATS, check_source, detect_format, open_binary
 from tuner.trace.store import TraceWriter
 
 #: The block size each format's ids (or our token hashing) use when not overridden.
@@ -63,6 +63,9 @@ class IngestReport:
     bytes_read: int = 0
     wall_s: float = 0.0
     records_per_s: float = 0.0
+    #: Problems that did not stop the ingest (a short or world-readable salt); the CLI
+    #: prints each as a warning.
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,6 +101,8 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
     paths = [str(sources)] if isinstance(sources, (str, os.PathLike)) else [str(s) for s in sources]
     if not paths:
         raise TraceFormatError("empty input: no source files given")
+    for path in paths:
+        check_source(Path(path))
     _refuse_repeated(paths)
     if on_error not in ("fail", "skip"):
         raise TraceFormatError(f"on_error: must be fail or skip, got {on_error!r}")
@@ -109,12 +114,13 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
         raise TraceFormatError(f"output_len: must be 1 to {MAX_TOKENS:,} tokens, got "
                                f"{output_len}")
     salt_bytes = salt if isinstance(salt, bytes) else load_salt(salt)
+    salt_notes = salt_warnings(salt_bytes, None if isinstance(salt, bytes) else salt)
     hasher = Hasher(salt_bytes)
     out = Path(output)
     quarantine = Quarantine(out.with_name(out.name + ".quarantine.jsonl"), paths)
     reader = _reader(fmt)
     report = IngestReport(output=str(out), format=fmt, sources=paths, hash_block_size=hbs,
-                          salt_fingerprint=hasher.fingerprint)
+                          salt_fingerprint=hasher.fingerprint, warnings=salt_notes)
     meta = TraceMetadata(hash_block_size=hbs, source_format=fmt,
                          salt_fingerprint=hasher.fingerprint)
     state = _TimelineState()
