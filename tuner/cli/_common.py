@@ -83,6 +83,47 @@ def note_file_params(params: dict[str, Any]) -> None:
                 note_input(item)
 
 
+#: The widest integer any option takes (int64): a bigger one overflowed inside numpy.
+_INT_LIMIT = 2**63 - 1
+
+_finite_classes: dict[type, type] = {}
+
+
+def _finite_type(param_type: click.ParamType) -> click.ParamType:
+    """A copy of ``param_type`` whose ``convert`` also refuses NaN, infinities and
+    integers past int64, in Click's own ``Invalid value for '--x'`` words. The copy keeps
+    the original's class as its base, so help text and metavars stay as they were."""
+    base = type(param_type)
+    cls = _finite_classes.get(base)
+    if cls is None:
+        def convert(self: Any, value: Any, param: Any, ctx: Any) -> Any:
+            out = base.convert(self, value, param, ctx)
+            if isinstance(out, float) and not math.isfinite(out):
+                self.fail(f"{value!r} is not a finite number", param, ctx)
+            if isinstance(out, int) and not isinstance(out, bool) and abs(out) > _INT_LIMIT:
+                self.fail(f"{value!r} is out of range (at most {_INT_LIMIT:,})", param, ctx)
+            return out
+
+        cls = _finite_classes[base] = type(f"Finite{base.__name__}", (base,),
+                                           {"convert": convert})
+    copy = object.__new__(cls)
+    copy.__dict__.update(param_type.__dict__)
+    return copy
+
+
+def harden_numeric_options(command: click.Command) -> None:
+    """Every FLOAT/INT option and argument of ``command`` and its subcommands refuses
+    NaN, infinities and integers past int64 (``--speedup nan`` wrote NaN arrivals,
+    ``--rate nan`` ended in a traceback). Applied once, to the whole CLI, so a new option
+    is covered without anyone remembering to."""
+    for param in command.params:
+        if isinstance(param.type, (click.types.FloatParamType, click.types.IntParamType)):
+            param.type = _finite_type(param.type)
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            harden_numeric_options(sub)
+
+
 def handle_errors(func: F) -> F:
     """Turn library errors into ``Error: <message>`` and exit code 2, no traceback.
 
@@ -109,6 +150,12 @@ def handle_errors(func: F) -> F:
         except OSError as exc:
             where = f"{exc.filename}: " if exc.filename else ""
             click.echo(f"Error: {where}{exc.strerror or exc}", err=True)
+            sys.exit(2)
+        except MemoryError:
+            # Bounds on every input should keep this from happening; if one is missed,
+            # a line instead of a traceback (and nothing half-written: outputs unwind).
+            click.echo("Error: ran out of memory; give a smaller trace, deployment "
+                       "(--num-gpu-blocks, --replicas) or search", err=True)
             sys.exit(2)
         except KeyboardInterrupt:
             ctx = click.get_current_context(silent=True)

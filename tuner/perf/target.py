@@ -16,6 +16,9 @@ from tuner.errors import ConfigError
 #: Memory one engine's twin (scheduler, KV block pool, queues) takes in a replay: about
 #: 4.8 MB measured at --replicas 10000 (48 GB), rounded up for larger KV caches.
 ENGINE_BYTES = 8 << 20
+#: Memory the twin keeps per KV block (block pool arrays, free queue, hash map slots),
+#: rounded up: ``--num-gpu-blocks 10**9`` tried to allocate 3.7 GiB for one array alone.
+BLOCK_BYTES = 64
 #: Engines one replay models at most, whatever the memory (each is stepped in turn).
 MAX_ENGINES = 4096
 #: The widest tensor-parallel group any preset hardware forms (GPUs per engine).
@@ -78,6 +81,13 @@ class Target:
             raise ConfigError(f"--tp {self.tp}: more GPUs per engine than any hardware has "
                               f"(at most {MAX_TP})")
         cap = max_engines()
+        if self.num_gpu_blocks is not None:
+            most = max(2, memory_limit_bytes() // 2 // (BLOCK_BYTES * self.dp * self.replicas))
+            if not isinstance(self.num_gpu_blocks, int) or not 2 <= self.num_gpu_blocks <= most:
+                raise ConfigError(
+                    f"--num-gpu-blocks {self.num_gpu_blocks}: must be 2 to {most:,} here (the "
+                    f"twin keeps about {BLOCK_BYTES} bytes per block and engine; half of "
+                    f"{memory_limit_bytes() / 2**30:.1f} GiB)")
         if self.dp * self.replicas > cap:
             raise ConfigError(
                 f"--dp {self.dp} x --replicas {self.replicas} = {self.dp * self.replicas:,} "
