@@ -136,7 +136,8 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
                                 tokenizer=tokenizer, source_index=index, output_len=output_len)
             with open_binary(path) as fh:
                 for batch in reader.read(fh, ctx):
-                    batch = _validate(batch, ctx, seen_ids, report, span)
+                    batch = _validate(batch, ctx, seen_ids, report, span,
+                                      epoch_clock=reader.EPOCH_CLOCK)
                     if batch.num_rows:
                         writer.write(state.place(batch))
                     bar.update(index, fh)
@@ -260,8 +261,14 @@ class _SpanGuard:
                 "unit other than the format's: see docs/trace-format.md)")
 
 
+#: Unix times an epoch-clock source may hold: 1970 to 2200 (``datetime`` cannot even
+#: represent 1e29 s, which ended in an OverflowError traceback when naming the origin).
+EPOCH_RANGE_S = (0.0, 7.3e9)
+
+
 def _validate(batch: pa.Table, ctx: IngestContext, seen_ids: set[str] | None,
-              report: IngestReport, span: _SpanGuard | None = None) -> pa.Table:
+              report: IngestReport, span: _SpanGuard | None = None, *,
+              epoch_clock: bool = False) -> pa.Table:
     """Drop (skip) or raise on rows with bad lengths, hash counts, times or duplicate ids."""
     raw_names = (batch.schema.metadata or {}).get(b"tuner.fields")
     names: dict[str, str] = json.loads(raw_names) if raw_names else {}
@@ -272,6 +279,8 @@ def _validate(batch: pa.Table, ctx: IngestContext, seen_ids: set[str] | None,
     hbs = ctx.hash_block_size
     ok = ((inp >= 1) & (inp <= MAX_TOKENS) & (outp >= 0) & (outp <= MAX_TOKENS)
           & np.isfinite(t) & (nh >= inp // hbs) & (nh <= -(-inp // hbs)))
+    if epoch_clock:
+        ok &= (t >= EPOCH_RANGE_S[0]) & (t < EPOCH_RANGE_S[1])
     far = span.outside(t, ok) if span is not None else np.zeros(len(t), dtype=bool)
     ok &= ~far
     drop = ~ok
@@ -284,7 +293,7 @@ def _validate(batch: pa.Table, ctx: IngestContext, seen_ids: set[str] | None,
             ctx.bad(int(lines[i]), names.get("arrival_s", "timestamp"), span.reason(float(t[i])))
         elif not ok[i]:
             _report_row(ctx, int(lines[i]), int(inp[i]), int(outp[i]), float(t[i]), int(nh[i]),
-                        names)
+                        names, epoch_clock)
         elif ids is not None and seen_ids is not None:
             rid = ids[i]
             if rid in seen_ids:
@@ -300,7 +309,7 @@ def _validate(batch: pa.Table, ctx: IngestContext, seen_ids: set[str] | None,
 
 
 def _report_row(ctx: IngestContext, line: int, inp: int, outp: int, t: float, nh: int,
-                names: dict[str, str]) -> None:
+                names: dict[str, str], epoch_clock: bool = False) -> None:
     hbs = ctx.hash_block_size
     f_in = names.get("input_len", "input_len")
     f_out = names.get("output_len", "output_len")
@@ -314,6 +323,10 @@ def _report_row(ctx: IngestContext, line: int, inp: int, outp: int, t: float, nh
         ctx.bad(line, f_out, f"{outp:,} tokens is absurd (limit {MAX_TOKENS:,})")
     elif not np.isfinite(t):
         ctx.bad(line, names.get("arrival_s", "timestamp"), "not a finite time")
+    elif epoch_clock and not EPOCH_RANGE_S[0] <= t < EPOCH_RANGE_S[1]:
+        ctx.bad(line, names.get("arrival_s", "timestamp"),
+                f"{t:.6g} is not a Unix time between 1970 and 2200 (seconds, or ms/us/ns "
+                "told apart by magnitude)")
     else:
         ctx.bad(line, names.get("block_hashes", "hash_ids"),
                 f"{nh} block ids for {inp} tokens at {hbs}-token blocks "

@@ -197,7 +197,11 @@ def _integral(value: Any) -> int | None:
 
 def _big(n: int) -> str:
     """``n`` with thousands separators, or in scientific form when it is enormous."""
-    return f"{n:,}" if abs(n) < 10**18 else f"{float(n):.3g}"
+    if abs(n) < 10**18:
+        return f"{n:,}"
+    digits = str(abs(n))  # no float(): past 1e308 it overflows
+    mantissa = f"{digits[0]}.{digits[1:3]}".rstrip("0").rstrip(".")
+    return f"{'-' if n < 0 else ''}{mantissa}e+{len(digits) - 1:02d}"
 
 
 def short_value(value: Any) -> str:
