@@ -69,9 +69,10 @@ def test_retune_window_takes_the_cli_grammar(tmp_path: pathlib.Path) -> None:
     from tuner.jobs.config import load_config
 
     cfg = tmp_path / "retune.yaml"
-    base = "sources: ['logs/*.jsonl']\nstate_dir: s\nprofile: p\nprofiles_dir: profiles\n"
+    base = ("sources: ['logs/*.jsonl']\nstate_dir: s\nprofile: p\nprofiles_dir: profiles\n"
+            "target: {hardware: mi355x, model: llama-3.1-8b}\n")
     cfg.write_text(base + "window: 1h30m\n")
     assert load_config(cfg).window_s == 5400
     cfg.write_text(base + "window: soon\n")
-    with pytest.raises(ConfigError, match=r"retune.yaml:5: window: 'soon' is not a positive"):
+    with pytest.raises(ConfigError, match=r"retune.yaml:6: window: 'soon' is not a positive"):
         load_config(cfg)

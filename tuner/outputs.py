@@ -16,8 +16,16 @@ Rules, in order (:func:`check_output`):
    device, a FIFO or a socket is refused (``Error: /dev/full: is a character device ...``).
 3. The target must not be **one of the inputs** (same device and inode, so hard links and
    ``./x`` vs ``x`` are caught).
-4. Missing parent folders are created; a parent that is a file, or a folder that refuses
+   Besides the ``inputs`` a caller names, every file the running command was given (its
+   arguments and options, registered by the CLI through :func:`note_input`) counts: a
+   ``--baseline P.yaml -o P.yaml`` used to replace the baseline with a "Note".
+4. A target the user cannot write (mode 0444) is refused, not replaced behind their back;
+   ``-`` is refused (it means stdout to most tools, and used to create a file named ``-``).
+5. Missing parent folders are created; a parent that is a file, or a folder that refuses
    new files (``/proc``), is a one-line error.
+
+A folder output (``export --format plugin -o DIR``) goes through :func:`check_output_folder`:
+a new or empty folder, or one this kind of export wrote before (its marker file is there).
 
 Writing (:class:`AtomicOutput`): a temporary ``.NAME.<random>.tmp`` in the target's own folder
 (so the rename never crosses file systems), flushed and fsynced, given its final mode, then
@@ -85,8 +93,43 @@ class OutputPlan:
         return f"replaced existing {self.target}{via}"
 
 
+#: Files the running command reads (its arguments and options): path by (device, inode).
+_noted_inputs: dict[tuple[int, int], str] = {}
+
+
+def note_input(path: PathLike) -> None:
+    """Count ``path`` (an existing regular file) as an input of the running command."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return
+    if stat.S_ISREG(st.st_mode):
+        _noted_inputs[(st.st_dev, st.st_ino)] = os.fspath(path)
+
+
+def forget_inputs() -> None:
+    """Start a new command: no file counts as an input until noted."""
+    _noted_inputs.clear()
+
+
+def _noted_input_for(st: os.stat_result) -> str | None:
+    """The noted input ``st`` is, if that file is still there (inode numbers are reused
+    once a file is deleted, so the noted path must still name the same file)."""
+    source = _noted_inputs.get((st.st_dev, st.st_ino))
+    if source is None:
+        return None
+    try:
+        again = os.stat(source)
+    except OSError:
+        return None
+    return source if (again.st_dev, again.st_ino) == (st.st_dev, st.st_ino) else None
+
+
 def check_output(path: PathLike, *, inputs: Iterable[PathLike] = ()) -> OutputPlan:
     """Decide where ``path`` writes, or raise :class:`OutputError` with a one-line reason."""
+    if os.fspath(path) == "-":
+        raise OutputError("'-': this output must be a file (stdout is where the command "
+                          "prints without -o); give a file name")
     requested = Path(path).expanduser()
     if str(requested) in ("", "."):
         raise OutputError(f"{str(path)!r}: not a file name")
@@ -111,13 +154,45 @@ def check_output(path: PathLike, *, inputs: Iterable[PathLike] = ()) -> OutputPl
             except OSError:
                 continue
             if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
-                raise OutputError(f"{requested}: is also an input ({source}); writing it "
-                                  "would destroy the input, choose another output")
+                raise _is_input(requested, os.fspath(source))
+        noted = _noted_input_for(st)
+        if noted is not None:
+            raise _is_input(requested, noted)
+        # No write bit for anyone is read-only even to root, whom os.access always lets.
+        if not os.access(target, os.W_OK) or not st.st_mode & 0o222:
+            raise OutputError(f"{requested}: is read-only (mode {stat.S_IMODE(st.st_mode):04o}); "
+                              "make it writable to replace it, or choose another output")
     blocker = _file_ancestor(target.parent)
     if blocker is not None:
         raise OutputError(f"{requested}: {blocker} is a file, not a folder")
     return OutputPlan(requested=requested, target=target,
                       existing_mode=None if st is None else stat.S_IMODE(st.st_mode))
+
+
+def _is_input(requested: Path, source: str) -> OutputError:
+    return OutputError(f"{requested}: is also an input ({source}); writing it would destroy "
+                       "the input, choose another output")
+
+
+def check_output_folder(folder: PathLike, marker: str) -> Path:
+    """A folder output may be new, empty, or one holding ``marker`` (written there by the
+    same kind of output before); anything else is refused, so an export never replaces
+    files it did not write (``-o .`` in a checkout used to rewrite its ``tuner/*.py``)."""
+    out = Path(folder).expanduser()
+    if os.fspath(folder) == "-":
+        raise OutputError("'-': this output is a folder; give its path")
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"{out}: is a file; this output is a folder")
+    if out.is_dir() and not (out / marker).is_file():
+        try:
+            entries = sorted(p.name for p in out.iterdir())
+        except OSError as exc:
+            raise OutputError(f"{out}: cannot list the folder: {exc.strerror or exc}") from None
+        if entries:
+            shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+            raise OutputError(f"{out}: the folder is not empty ({shown}) and was not written "
+                              f"by this export (no {marker}); give a new or empty folder")
+    return out
 
 
 def _file_ancestor(folder: Path) -> Path | None:
@@ -157,9 +232,9 @@ class AtomicOutput:
         except OSError as exc:
             raise OutputError(f"{self.plan.requested}: cannot create a file in {folder}: "
                               f"{exc.strerror or exc}") from None
-        os.close(fd)
         self.tmp_path = Path(tmp)
         self._done = False
+        os.close(fd)
 
     @property
     def path(self) -> Path:

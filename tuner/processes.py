@@ -33,3 +33,28 @@ def pid_alive(pid: int) -> bool:
 def group_alive(pgid: int) -> bool:
     """Whether any process of group ``pgid`` still exists (``kill(-pgid, 0)``)."""
     return _answers_signal_zero(os.killpg, pgid)
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, else the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def cap_workers(requested: int, n_trials: int) -> tuple[int, str | None]:
+    """Worker processes worth forking for ``n_trials`` trials, and why fewer, if fewer.
+
+    More workers than trials only race for the last ones (``--workers 500 --trials 2`` ran
+    about 27 trials); more than CPUs only time-share them (500 processes on 2 CPUs).
+    """
+    cap = max(1, min(requested, n_trials, usable_cpus()))
+    if cap == requested:
+        return requested, None
+    why = []
+    if n_trials < requested:
+        why.append(f"{n_trials} stage-1 trials")
+    if usable_cpus() < requested:
+        why.append(f"{usable_cpus()} CPUs")
+    return cap, f"--workers {requested} capped to {cap} ({' and '.join(why)})"

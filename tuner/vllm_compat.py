@@ -356,6 +356,13 @@ def plan_scheduler_args(settings: Any, vllm: str | VllmFeatures, *,
             continue
         plan.native.append((f.name, getattr(settings, f.name)))
     if plugin:
+        if not feats.plugin_supported and not (native_admission and feats.parsed >= (0, 32, 0)):
+            # Its README says 0.32-0.33: a plugin for another release would contradict it
+            # (a newer build declared to have PR #54625 gets the "not checked" note below).
+            raise UnsupportedVllmVersion(
+                f"vLLM {vllm_version}: tuner's scheduler plugin (which carries cache-aware "
+                f"admission) was checked against vLLM {' and '.join(PLUGIN_MINORS)} only; "
+                f"export for one of them, or a profile with cache_aware_admission_window 0")
         use_async = async_scheduling is not False
         if scheduler_cls is not None:
             check_plugin_class(scheduler_cls, async_scheduling)

@@ -55,6 +55,18 @@ def test_bad_cron_is_refused(bad: str) -> None:
         cron_to_oncalendar(bad)
 
 
+#: A config ``tuner retune`` can load (schedule refuses one it cannot).
+VALID_CONFIG = ("sources: ['logs/*.jsonl']\nstate_dir: state\nprofile: prod\n"
+                "profiles_dir: profiles\ntarget: {hardware: mi355x, model: llama-3.1-8b, "
+                "tp: 1}\n")
+
+
+def _write_config(folder: pathlib.Path, name: str = "retune.yaml") -> pathlib.Path:
+    cfg = folder / name
+    cfg.write_text(VALID_CONFIG)
+    return cfg
+
+
 def _spec(tmp_path: pathlib.Path, **kw):  # type: ignore[no-untyped-def]
     cfg = tmp_path / "retune.yaml"
     cfg.write_text("profile: prod\n")
@@ -169,7 +181,7 @@ def test_install_crontab_with_fake_crontab(tmp_path: pathlib.Path) -> None:
     tab = tmp_path / "tab"
     tab.write_text("5 * * * * backup\n")
     _fake_bin(bindir, "crontab", f'if [ "$1" = "-l" ]; then cat {tab}; else cat > {tab}; fi\n')
-    (tmp_path / "retune.yaml").write_text("profile: prod\n")
+    _write_config(tmp_path)
     env = {"PATH": f"{bindir}:{os.environ['PATH']}"}
     args = ["schedule", "--every", "6h", "--config", str(tmp_path / "retune.yaml"),
             "--target", "cron", "--install", "--tuner-bin", "/opt/tuner"]
@@ -187,7 +199,7 @@ def test_install_systemd_user_units_with_fake_systemctl(tmp_path: pathlib.Path) 
     bindir.mkdir()
     calls = tmp_path / "calls"
     _fake_bin(bindir, "systemctl", f'echo "$@" >> {calls}\n')
-    (tmp_path / "retune.yaml").write_text("profile: prod\n")
+    _write_config(tmp_path)
     env = {"PATH": f"{bindir}:{os.environ['PATH']}", "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
     res = CliRunner(env=env).invoke(cli, [
         "schedule", "--cron", "0 3 * * *", "--config", str(tmp_path / "retune.yaml"),
@@ -200,7 +212,7 @@ def test_install_systemd_user_units_with_fake_systemctl(tmp_path: pathlib.Path) 
 
 
 def test_schedule_needs_exactly_one_period(tmp_path: pathlib.Path) -> None:
-    (tmp_path / "retune.yaml").write_text("profile: prod\n")
+    _write_config(tmp_path)
     res = CliRunner().invoke(cli, ["schedule", "--config", str(tmp_path / "retune.yaml"),
                                    "--target", "cron"])
     assert res.exit_code == 2 and res.output.strip() == \
@@ -208,7 +220,7 @@ def test_schedule_needs_exactly_one_period(tmp_path: pathlib.Path) -> None:
 
 
 def _schedule(tmp_path: pathlib.Path, target: str, env: dict[str, str], *extra: str):  # type: ignore[no-untyped-def]
-    (tmp_path / "retune.yaml").write_text("profile: prod\n")
+    _write_config(tmp_path)
     return CliRunner(env=env).invoke(cli, [
         "schedule", "--every", "6h", "--config", str(tmp_path / "retune.yaml"),
         "--target", target, "--install", "--tuner-bin", "/opt/tuner", *extra])

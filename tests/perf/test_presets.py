@@ -244,7 +244,7 @@ def test_override_and_refusals():
         resolve_target(Target(hardware="h100", model="llama-3.1-70b", tp=2))
     ok = resolve_target(Target(hardware="h100", model="llama-3.1-70b", tp=2, max_model_len=8192))
     assert ok.cache.max_model_len == 8192
-    with pytest.raises(ConfigError, match="tp=0"):
+    with pytest.raises(ConfigError, match="--tp 0: must be an integer >= 1"):
         resolve_target(Target(tp=0))
     with pytest.raises(ConfigError, match="available"):
         resolve_target(Target(model="nope"))

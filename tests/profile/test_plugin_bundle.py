@@ -23,7 +23,7 @@ def test_export_plugin_dir_writes_the_modules_and_the_lines(tmp_path: pathlib.Pa
                                       "-o", str(folder)])
     assert result.exit_code == 0, result.output
     names = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
-    expected = sorted(["README.txt", "tuner/__init__.py",
+    expected = sorted([".tuner-plugin", "README.txt", "tuner/__init__.py",
                        *(f"tuner/{m.split('.')[1]}.py" for m in plugin_modules())])
     assert names == expected
     for name in names:
@@ -56,7 +56,7 @@ def test_plugin_output_that_is_a_file_is_refused(tmp_path: pathlib.Path) -> None
     result = CliRunner().invoke(cli, ["export", str(PROFILE), "--format", "plugin",
                                       "-o", str(target)])
     assert result.exit_code == 2
-    assert "is a folder, and this is a file" in result.output
+    assert "is a file; this output is a folder" in result.output
 
 
 @pytest.mark.parametrize("fmt", ["flags", "yaml"])

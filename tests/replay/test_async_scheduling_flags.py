@@ -157,12 +157,12 @@ def test_retune_config_takes_async_scheduling(tmp_path: pathlib.Path) -> None:
     from tuner.jobs.config import load_config
 
     base = ("sources: [logs/*.jsonl]\nstate_dir: state\nprofile: prod\nprofiles_dir: p\n"
-            "target:\n  hardware: mi355x\n  tp: 8\n")
+            "target:\n  hardware: mi355x\n  model: llama-3.1-70b\n  tp: 8\n")
     path = tmp_path / "retune.yaml"
     path.write_text(base + "  async_scheduling: false\n")
     assert load_config(path).make_target().async_scheduling is False
     path.write_text(base)
     assert load_config(path).make_target().async_scheduling is None  # = as vLLM resolves
     path.write_text(base + "  async_scheduling: maybe\n")
-    with pytest.raises(ConfigError, match=r"retune.yaml:8: target.async_scheduling: expected"):
+    with pytest.raises(ConfigError, match=r"retune.yaml:9: target.async_scheduling: expected"):
         load_config(path)

@@ -40,10 +40,23 @@ def cli() -> None:
       tuner replay trace.parquet --hardware mi355x --model llama-3.1-70b --tp 8
       tuner tune trace.parquet --hardware mi355x --model llama-3.1-70b --tp 8 -o profiles/p.yaml
       tuner export profiles/p.yaml --format flags      # vllm serve flags
+
+    \b
+    Exit codes (every command):
+      0    done
+      1    a check or job step failed (export --check-vllm, schedule --install,
+           retune: the run failed and the previous profile stays current)
+      2    bad input: a one-line "Error: ..." naming the file, line and field or the
+           option; nothing was written (also: a run too large for this machine)
+      3    retune: kept the current profile      4  retune: another run holds the lock
+      5    retune: published, but the --on-publish hook failed
+      130  interrupted (Ctrl-C); 143 SIGTERM, 129 SIGHUP: temporary files removed
     """
+    from tuner.cli._common import install_signal_cleanup
     from tuner.outputs import set_notifier
 
     set_notifier(_note_replaced)
+    install_signal_cleanup()
 
 
 def _note_replaced(message: str) -> None:
@@ -53,6 +66,10 @@ def _note_replaced(message: str) -> None:
 
 for _name in _COMMAND_MODULES:
     importlib.import_module(_name).register(cli)
+
+from tuner.cli._common import harden_numeric_options  # noqa: E402
+
+harden_numeric_options(cli)
 
 
 def main() -> None:

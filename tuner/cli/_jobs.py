@@ -110,6 +110,10 @@ def schedule_command(every: str | None, cron_expr: str | None, config_path: str,
                            if pathlib.Path(sys.argv[0]).name == "tuner" else "tuner")
     spec = make_spec(every=every, cron=cron_expr, config=config_path, tuner=exe, name=name,
                      image=image, state_claim=state_claim)
+    # A config the job cannot load would fail on every run: refuse it before writing.
+    from tuner.jobs.config import check_runnable, load_config
+
+    check_runnable(load_config(config_path))
     files = render(spec, target)  # type: ignore[arg-type]
     if output_dir is not None:
         from tuner.outputs import write_text
@@ -291,6 +295,7 @@ def cluster_job_command(name: str, pods: int, trials: int, storage: str,
     spec = ClusterTuneSpec(name=name, trace=trace, storage=storage, pods=pods, trials=trials,
                            tune_args=tuple(tune_args), image=image, state_claim=state_claim,
                            password_secret=password_secret or None, cpu=cpu, memory=memory)
+    check_tune_args(spec.tune_args, trials)
     text = yaml.safe_dump(tune_job_manifest(spec), sort_keys=False)
     if output_dir is None:
         click.echo(text, nl=False)
@@ -300,6 +305,50 @@ def cluster_job_command(name: str, pods: int, trials: int, storage: str,
     path = write_text(pathlib.Path(output_dir) / f"{name}.tune-job.yaml", text)
     click.echo(f"wrote {path}; start it with `kubectl apply -f {path}`; the profile lands "
                f"at {spec.profile_in_pod} on {state_claim}")
+
+
+def check_tune_args(tune_args: tuple[str, ...], trials: int) -> None:
+    """Parse the lead's ``tuner tune`` arguments with tune's own Click parser and build its
+    target, as the pod will: ``-- --bogus-flag`` or ``--tp 3`` used to be written into the
+    manifest and fail only in the cluster.
+
+    Paths are the pod's (its volume), so options that must name an existing file are
+    checked for their form only; a model or hardware given as a path is not resolved.
+    """
+    import os
+
+    from tuner.cli._replay import make_target
+    from tuner.cli._tune import tune_command
+
+    args = list(tune_args)
+    pod_paths = {opt for param in tune_command.params if isinstance(param, click.Option)
+                 and isinstance(param.type, click.Path) and param.type.exists
+                 for opt in param.opts}
+    for i, arg in enumerate(args):
+        name, eq, _ = arg.partition("=")
+        if name in pod_paths:
+            if eq:
+                args[i] = f"{name}={os.devnull}"
+            elif i + 1 < len(args):
+                args[i + 1] = os.devnull
+    argv = [os.devnull, *args, "--trials", str(trials), "-o", "profile.yaml"]
+    try:
+        ctx = tune_command.make_context("tune", argv)
+    except click.ClickException as exc:
+        raise ConfigError(f"the tune arguments after --: {exc.format_message()}") from None
+    target_kw = {k: ctx.params[k] for k in ("hardware", "model", "tp", "dp", "block_size",
+                                           "num_gpu_blocks", "gpu_memory_utilization",
+                                           "max_model_len")}
+    if any("/" in str(target_kw[k]) or str(target_kw[k]).endswith((".yaml", ".json"))
+           for k in ("hardware", "model")):
+        return  # a file in the pod: not here to resolve
+    from tuner.perf.presets import resolve_target
+
+    with ctx:
+        try:
+            resolve_target(make_target(**target_kw, calibration=None))
+        except ConfigError as exc:
+            raise ConfigError(f"the tune arguments after --: {exc}") from None
 
 
 @cluster_group.command(name="wait")

@@ -256,8 +256,8 @@ def replay_command(trace: str, backend: str, target_flags: TargetFlags,
           --replicas 2 --router prefix-aware --router-overlap-weight 2 --json
     """
     from tuner import replay
-    from tuner.metrics import (engine_table, rejection_warning, summarize, summary_table,
-                               with_bands, write_requests_parquet)
+    from tuner.metrics import (engine_table, kv_capacity_tokens, rejection_warning, summarize,
+                               summary_table, with_bands, write_requests_parquet)
     from tuner.outputs import check_output
     from tuner.perf.presets import resolve_target
 
@@ -281,6 +281,10 @@ def replay_command(trace: str, backend: str, target_flags: TargetFlags,
                             progress=shown, **fleet)
     summary = with_bands(summarize(result, measure_from_s=measure_from, measure_to_s=measure_to),
                          result, resolved)
+    warning = rejection_warning(summary.to_dict(), resolved.cache.max_model_len,
+                                kv_capacity_tokens=kv_capacity_tokens(resolved.cache))
+    if summary.num_requests and summary.num_rejected >= summary.num_requests:
+        raise ConfigError(str(warning).removeprefix("WARNING: "))  # no result to show
     if out is not None:
         write_requests_parquet(result, out, inputs=[trace])
     if as_json:
@@ -289,7 +293,6 @@ def replay_command(trace: str, backend: str, target_flags: TargetFlags,
                    "step_time_source": resolved.step_time_source, "notes": result.notes})
         return
     click.echo(resolved.description)
-    warning = rejection_warning(summary.to_dict(), resolved.cache.max_model_len)
     if warning:
         click.echo(warning, err=True)
     # A pipe gets a fixed, wide table instead of rich's 80-column fallback.

@@ -73,6 +73,8 @@ def ingest_cmd(sources: tuple[str, ...], output: str, fmt: str, hash_block_size:
         report = ingest(list(sources), output, format=fmt, hash_block_size=hash_block_size,
                         salt=salt_file, tokenizer=tokenizer, on_error=on_error,  # type: ignore[arg-type]
                         progress=shown, output_len=output_len)
+    for warning in report.warnings:
+        click.echo(f"Warning: {warning}", err=True)
     if report.output_len_filled:
         # Said even under --json (on stderr): a trace of unknown output lengths must not
         # pass for a measured one.

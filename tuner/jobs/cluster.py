@@ -32,6 +32,42 @@ IMAGE_UID = 1000
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
+#: Kubernetes' resource quantity grammar (k8s.io/apimachinery resource.Quantity):
+#: a signed decimal number, then a binary (Ki..Ei), decimal (m, k, M..E) or exponent
+#: (e3, E-2) suffix. Anything else is refused by the API server when the Job is applied.
+_QUANTITY = re.compile(r"^(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+))"
+                       r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?\d+)?$")
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"m": 1e-3, "": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+
+#: Pods one Job may run (each a lead or a worker on the one study).
+MAX_PODS = 1000
+
+
+def parse_quantity(option: str, text: str) -> float:
+    """A Kubernetes quantity (``500m``, ``2``, ``4Gi``, ``1e3``) as a number, > 0.
+
+    ``--cpu -5`` or ``--memory lots`` used to be written into the manifest and fail only
+    when the cluster read it.
+    """
+    m = _QUANTITY.match(text.strip()) if isinstance(text, str) else None
+    if m is None:
+        raise ConfigError(f"{option} {text!r}: not a Kubernetes quantity (e.g. 500m, 2, 4Gi, "
+                          "512Mi)")
+    suffix = m.group("suffix") or ""
+    if suffix in _BINARY:
+        scale = float(_BINARY[suffix])
+    elif suffix in _DECIMAL:
+        scale = _DECIMAL[suffix]
+    elif abs(int(suffix[1:])) <= 18:  # the exponent form; Kubernetes caps at exa too
+        scale = 10.0 ** int(suffix[1:])
+    else:
+        raise ConfigError(f"{option} {text!r}: exponent out of range")
+    value = float(m.group("num")) * scale
+    if not value > 0:
+        raise ConfigError(f"{option} {text!r}: must be more than 0")
+    return value
+
 
 @dataclass(frozen=True)
 class ClusterTuneSpec:
@@ -56,6 +92,19 @@ class ClusterTuneSpec:
                               "(at most 52 characters: Kubernetes adds pod suffixes)")
         if self.pods < 1 or self.trials < 1:
             raise ConfigError("--pods and --trials must be >= 1")
+        if self.pods > min(self.trials, MAX_PODS):
+            raise ConfigError(f"--pods {self.pods}: at most {min(self.trials, MAX_PODS):,} "
+                              f"(each pod runs at least one of the --trials {self.trials}, and "
+                              f"one study serves at most {MAX_PODS:,} pods)")
+        from tuner.jobs.schedule import check_kubernetes_names
+
+        check_kubernetes_names(image=self.image, state_claim=self.state_claim,
+                               secret=self.password_secret)
+        request = parse_quantity("--memory", self.memory)
+        parse_quantity("--cpu", self.cpu)
+        if request > parse_quantity("memory limit", self.memory_limit):
+            # The API server refuses a request above the limit: the limit follows.
+            object.__setattr__(self, "memory_limit", self.memory)
         parts = urllib.parse.urlsplit(self.storage)
         if parts.scheme not in ("postgresql", "postgres"):
             raise ConfigError(f"--storage {self.storage!r}: pods on several nodes share the "

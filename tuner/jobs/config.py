@@ -6,6 +6,7 @@ can move together.
 
 from __future__ import annotations
 
+import math
 import pathlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,7 +111,14 @@ def load_config(path: str | pathlib.Path) -> RetuneConfig:
         g = str(item["glob"])
         sources.append(SourceSpec(glob=g if g.startswith(("/", "~")) else str(base / g),
                                   format=str(item.get("format", "auto"))))
-    target = dict(raw.get("target") or {})
+    target = raw.get("target")
+    if not isinstance(target, dict) or not target.get("hardware") or not target.get("model"):
+        # Without one the job tuned Target()'s defaults (mi355x, llama-3.1-70b) and
+        # published that profile for whatever the deployment really is, with exit 0.
+        raise ConfigError(f"{loaded.where('target')}: required: the deployment the profile is "
+                          "for, at least {hardware: ..., model: ...} (and tp, dp, "
+                          "num_gpu_blocks... as it runs; see docs/retune.md)")
+    target = dict(target)
     bad = sorted(set(target) - set(_TARGET_KEYS))
     if bad:
         raise ConfigError(f"{p}: target: unknown key(s) {', '.join(bad)}; use "
@@ -131,25 +139,79 @@ def load_config(path: str | pathlib.Path) -> RetuneConfig:
                       ("min_requests", int), ("storage", str), ("on_publish", str),
                       ("seed", int), ("hash_block_size", int), ("on_error", str)):
         if raw.get(key) is not None:
-            try:
-                setattr(cfg, key, kind(raw[key]))
-            except (TypeError, ValueError):
-                raise ConfigError(f"{p}: {key}: expected {kind.__name__}, got "
-                                  f"{raw[key]!r}") from None
+            setattr(cfg, key, _typed(loaded.where(key), raw[key], kind))
+    _check_ranges(cfg, loaded)
     for key in ("objectives", "constraints", "decide_on"):
         if raw.get(key) is not None:
             value = raw[key]
             setattr(cfg, key, [value] if isinstance(value, str) else [str(v) for v in value])
     if raw.get("salt") is not None:
         cfg.salt = rel(raw["salt"])
-    if not 0 < cfg.confidence < 1:
-        raise ConfigError(f"{p}: confidence: must be in (0, 1), got {cfg.confidence}")
-    if cfg.trials < 1 or cfg.bootstrap_samples < 10:
-        raise ConfigError(f"{p}: trials must be >= 1 and bootstrap_samples >= 10")
-    if not 0 < cfg.holdout < 1:
-        raise ConfigError(f"{p}: holdout: must be in (0, 1), got {cfg.holdout}")
     try:
         check_objectives(cfg.decide_on)
     except ConfigError as exc:
         raise ConfigError(f"{p}: {exc}") from None
     return cfg
+
+
+def check_runnable(cfg: RetuneConfig) -> None:
+    """Build the config's target (an unknown model, a bad tp...) the way every run will;
+    ``tuner schedule`` calls this so a job is never scheduled to fail on every run. A run
+    itself reports the same problem as a failed run (logged in the changelog)."""
+    try:
+        cfg.make_target()
+    except (ConfigError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{cfg.path}: target: {exc}") from None
+
+
+#: Bounds of every numeric key: (low, high, low inclusive, high inclusive). A value
+#: outside (or NaN, which compares false to everything) is a config error, exit 2.
+_RANGES: dict[str, tuple[float, float, bool, bool]] = {
+    "trials": (1, 100_000, True, True),
+    "holdout": (0, 1, False, False),
+    "stage1_fraction": (0, 1, False, True),
+    "margin": (-1, 10, True, True),  # negative: publish even a worse candidate (tests)
+    "confidence": (0, 1, False, False),
+    "bootstrap_samples": (10, 1_000_000, True, True),
+    "drift_threshold": (0, 1e6, True, True),
+    "min_requests": (1, 1e9, True, True),
+    "seed": (0, 2**32 - 1, True, True),
+    "hash_block_size": (1, 16 * 1024 * 1024, True, True),
+    "window_s": (1, 10 * 366 * 86400, True, True),
+}
+
+#: Keys that take one of a few words.
+_CHOICES = {"on_error": ("fail", "skip"), "prefer": ("throughput", "interactivity", "balanced")}
+
+
+def _typed(where: str, value: Any, kind: type) -> Any:
+    """``value`` as ``kind``; a bool, a fraction for an int, or text for a number refused."""
+    if kind is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{where}: expected text, got {value!r}")
+        return str(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{where}: expected {'an integer' if kind is int else 'a number'}, "
+                          f"got {value!r}")
+    if kind is int:
+        if isinstance(value, float) and not (math.isfinite(value) and value == int(value)):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return int(value)
+    return float(value)
+
+
+def _check_ranges(cfg: RetuneConfig, loaded: Any) -> None:
+    for key, (lo, hi, lo_in, hi_in) in _RANGES.items():
+        value = getattr(cfg, key)
+        if value is None:
+            continue
+        ok = (lo <= value if lo_in else lo < value) and (value <= hi if hi_in else value < hi)
+        if not ok:
+            name = "window" if key == "window_s" else key
+            lo_b, hi_b = "[" if lo_in else "(", "]" if hi_in else ")"
+            raise ConfigError(f"{loaded.where(name)}: must be in {lo_b}{lo:g}, {hi:g}{hi_b}, "
+                              f"got {value!r}")
+    for key, words in _CHOICES.items():
+        if getattr(cfg, key) not in words:
+            raise ConfigError(f"{loaded.where(key)}: must be {' or '.join(words)}, got "
+                              f"{getattr(cfg, key)!r}")

@@ -33,6 +33,7 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tuner.errors import ConfigError
 from tuner.jobs._atomic import crash_point
 from tuner.outputs import write_json
 from tuner.jobs.config import RetuneConfig
@@ -121,6 +122,8 @@ def _run_locked(config: RetuneConfig, run_id: str, *,
                 progress: "Progress | None") -> RetuneOutcome:
     state = load_state(config.state_dir)
     history = ProfileHistory(config.profiles_dir, config.profile)
+    check_target_unchanged(config, state, history)
+    state.target = dict(config.target)
     work = config.state_dir / "runs" / run_id
     ingested = ingest_new(config.sources, state, config.window_dir, work / "ingest",
                           salt=config.salt_path, hash_block_size=config.hash_block_size,
@@ -170,6 +173,43 @@ def _run_locked(config: RetuneConfig, run_id: str, *,
     if decision != "publish":
         return _keep(config, history, state, entry, reason, ingested.notes)
     return _publish(config, history, state, entry, candidate, stats, reason, ingested.notes)
+
+
+#: Target keys a profile records and that name the deployment (the others are details of
+#: how it is modelled); a current profile that differs in one was tuned for another one.
+_DEPLOYMENT_KEYS = ("hardware", "model", "tp", "dp")
+
+
+def check_target_unchanged(config: RetuneConfig, state: JobState,
+                           history: ProfileHistory) -> None:
+    """Refuse a run whose ``target`` is not the one the history was tuned for.
+
+    The window, the drift reference and the current profile all describe the old
+    deployment: a run under a new target used to say "no new requests" and keep the old
+    profile, or compare a candidate against a profile for other hardware.
+    """
+    how = (f"to tune for the new target, start a new history: give the config a new "
+           f"`profile:` name and `state_dir:` (or move {config.state_dir} and "
+           f"{history.root} aside)")
+    if state.target is not None and _canonical(state.target) != _canonical(config.target):
+        keys = sorted(set(state.target) | set(config.target))
+        changed = ", ".join(f"{k}: {state.target.get(k)!r} -> {config.target.get(k)!r}"
+                            for k in keys if state.target.get(k) != config.target.get(k))
+        raise ConfigError(f"{config.path}: target changed since the last run ({changed}); "
+                          + how)
+    current = _load_current(history)
+    if current is None:
+        return
+    was = current.target.to_dict()
+    differs = ", ".join(f"{k}: {was.get(k)!r}" for k in _DEPLOYMENT_KEYS
+                        if k in config.target and str(config.target[k]) != str(was.get(k)))
+    if differs:
+        raise ConfigError(f"{config.path}: the current profile of {config.profile!r} was tuned "
+                          f"for another target ({differs}); " + how)
+
+
+def _canonical(target: dict[str, Any]) -> str:
+    return json.dumps(target, sort_keys=True, default=str)
 
 
 def _load_current(history: ProfileHistory):  # type: ignore[no-untyped-def]

@@ -103,6 +103,78 @@ def cron_to_oncalendar(expr: str) -> str:
     return f"{','.join(days)} {when}"
 
 
+#: A Kubernetes object name that is also a valid systemd unit and crontab marker: a
+#: DNS-1123 label (lowercase letters, digits, inner hyphens), at most 52 characters, the
+#: CronJob limit (Kubernetes appends an 11-character suffix to each Job it creates).
+_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+MAX_NAME_LEN = 52
+#: A DNS-1123 subdomain (PersistentVolumeClaim names).
+_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+#: A container image reference: registry/path:tag@digest characters only.
+_IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
+#: Characters systemd leaves alone in an ExecStart word (anything else is quoted).
+_PLAIN_WORD = re.compile(r"^[A-Za-z0-9_./:=@+,-]+$")
+
+
+def check_job_name(name: str) -> str:
+    """``name`` if every target accepts it as is, else a ConfigError saying what is wrong.
+
+    The name becomes a crontab marker, a systemd unit file name and a Kubernetes object
+    name, so it follows the strictest of the three (a DNS-1123 label). Checked, not
+    quoted: a newline in it once added a crontab line of the caller's choosing.
+    """
+    if not name or len(name) > MAX_NAME_LEN or not _NAME_RE.match(name):
+        raise ConfigError(f"--name {name!r}: use 1-{MAX_NAME_LEN} lowercase letters, digits "
+                          "and inner hyphens (a Kubernetes DNS-1123 label, also a valid "
+                          "systemd unit and crontab marker), e.g. tuner-retune")
+    return name
+
+
+def _check_text(option: str, value: str) -> None:
+    """No control characters (newline, tab, NUL...) in anything written into a job file."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ConfigError(f"{option} {value!r}: contains a control character (newline, tab, "
+                          "...); a job file cannot hold it safely")
+
+
+def check_kubernetes_names(*, image: str, state_claim: str, secret: str | None = None) -> None:
+    """The image reference and the object names a manifest refers to (``tuner schedule``
+    and ``tuner cluster job``): refused here, not by the API server."""
+    if not _IMAGE_RE.match(image) or len(image) > 1024:
+        raise ConfigError(f"--image {image!r}: not a container image reference "
+                          "(e.g. registry.example.com/tuner:1.2)")
+    for option, value in (("--state-claim", state_claim), ("--password-secret", secret)):
+        if value is not None and (len(value) > 253 or not _SUBDOMAIN_RE.match(value)):
+            raise ConfigError(f"{option} {value!r}: not a Kubernetes name "
+                              "(lowercase letters, digits, '-' and '.')")
+
+
+def check_spec(spec: "ScheduleSpec") -> None:
+    """Refuse every field that a target would read as something else."""
+    check_job_name(spec.name)
+    check_kubernetes_names(image=spec.image, state_claim=spec.state_claim)
+    _check_text("--tuner-bin", spec.tuner)
+    _check_text("--config", str(spec.config))
+
+
+def cron_escape(text: str) -> str:
+    """``%`` is a newline to cron unless escaped (crontab(5)); cron drops the backslash."""
+    return text.replace("%", "\\%")
+
+
+def systemd_word(arg: str) -> str:
+    """One ExecStart argument, quoted for systemd.exec(5): ``%`` and ``$`` are doubled (a
+    specifier and a variable otherwise), anything unusual double-quoted and escaped."""
+    if not _PLAIN_WORD.match(arg):
+        arg = '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return arg.replace("%", "%%").replace("$", "$$")
+
+
+def systemd_value(text: str) -> str:
+    """A unit-file value that is not a command line: only specifiers need escaping."""
+    return text.replace("%", "%%")
+
+
 @dataclass(frozen=True)
 class ScheduleSpec:
     """What to run and when."""
@@ -124,25 +196,29 @@ def make_spec(*, every: str | None, cron: str | None, config: str | os.PathLike[
     if (every is None) == (cron is None):
         raise ConfigError("give exactly one of --every or --cron")
     expr = every_to_cron(every) if every is not None else check_cron(cron or "")
-    return ScheduleSpec(cron=expr, config=pathlib.Path(config).resolve(), **kw)
+    spec = ScheduleSpec(cron=expr, config=pathlib.Path(config).resolve(), **kw)
+    check_spec(spec)
+    return spec
 
 
 def crontab_line(spec: ScheduleSpec) -> str:
+    """One crontab line: shell-quoted words, ``%`` escaped for cron, the marker last."""
     cmd = " ".join(shlex.quote(c) for c in spec.command)
-    return f"{spec.cron} {cmd} >> {shlex.quote(str(spec.config.parent / 'retune.log'))} 2>&1 " \
-           f"{MARK}{spec.name}"
+    log = shlex.quote(str(spec.config.parent / "retune.log"))
+    return cron_escape(f"{spec.cron} {cmd} >> {log} 2>&1 ") + f"{MARK}{spec.name}"
 
 
 def systemd_units(spec: ScheduleSpec) -> dict[str, str]:
     """``{name.service: ..., name.timer: ...}`` for ``systemctl --user``."""
-    cmd = " ".join(shlex.quote(c) for c in spec.command)
+    cmd = " ".join(systemd_word(c) for c in spec.command)
     service = (
         "[Unit]\n"
-        f"Description=tuner: re-tune the vLLM scheduler profile ({spec.config.name})\n"
+        "Description=tuner: re-tune the vLLM scheduler profile "
+        f"({systemd_value(spec.config.name)})\n"
         "After=network-online.target\n\n"
         "[Service]\n"
         "Type=oneshot\n"
-        f"WorkingDirectory={spec.config.parent}\n"
+        f"WorkingDirectory={systemd_value(str(spec.config.parent))}\n"
         f"ExecStart={cmd}\n"
         "# 0 published, 3 kept: both are success for systemd; 4 = another run held the lock\n"
         "SuccessExitStatus=3 4\n"
@@ -186,8 +262,9 @@ def cronjob_manifest(spec: ScheduleSpec) -> dict:
                         "image": spec.image,
                         # 3 (kept) and 4 (locked) are normal outcomes: map them to 0
                         # so the Job does not count as failed (0 published, else failed).
+                        # Kubernetes expands $(VAR) in a command: $$ keeps a literal $.
                         "command": ["/bin/sh", "-c", f"tuner retune --config "
-                                    f"{shlex.quote(config_in_pod)}; rc=$?; "
+                                    f"{shlex.quote(config_in_pod).replace('$', '$$')}; rc=$?; "
                                     "[ $rc -eq 3 ] || [ $rc -eq 4 ] && exit 0; exit $rc"],
                         "resources": {"requests": {"cpu": "2", "memory": "4Gi"},
                                       "limits": {"memory": "8Gi"}},

@@ -54,6 +54,9 @@ class JobState:
     #: disk but not listed was written by a run that died before its commit; recovery
     #: deletes it, so the window always matches the watermarks.
     parts: list[str] = field(default_factory=list)
+    #: The config's ``target`` the window and history were tuned for (None before the
+    #: first committed run); a run under another target is refused (tuner.jobs.retune).
+    target: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -71,7 +74,8 @@ class JobState:
                        clock_end_s=float(data.get("clock_end_s", 0.0)),
                        last_run_id=data.get("last_run_id"), runs=int(data.get("runs", 0)),
                        reference_stats=data.get("reference_stats"),
-                       parts=[str(x) for x in data.get("parts", [])])
+                       parts=[str(x) for x in data.get("parts", [])],
+                       target=data.get("target"))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{where}: corrupt state ({exc})") from None
 

@@ -40,7 +40,8 @@ from tuner.metrics.percentiles import (
     weighted_percentile,
 )
 from tuner.metrics.slo import SLO_KEYS, good_requests, parse_slo
-from tuner.metrics.summary import REJECTED_WARN_FRACTION, Summary, rejection_warning, summarize
+from tuner.metrics.summary import (REJECTED_WARN_FRACTION, Summary, kv_capacity_tokens,
+                                   rejection_warning, summarize)
 from tuner.metrics.tables import engine_table, summary_table
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "parse_slo",
     "percentile",
     "rejection_warning",
+    "kv_capacity_tokens",
     "summarize",
     "summary_table",
     "trial_band_keys",

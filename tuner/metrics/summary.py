@@ -183,17 +183,37 @@ def _load_stats(result: ReplayResult, counted: list[RequestResult]) -> dict[str,
 REJECTED_WARN_FRACTION = 0.01
 
 
-def rejection_warning(metrics: dict[str, Any], max_model_len: int | None = None) -> str | None:
+def rejection_warning(metrics: dict[str, Any], max_model_len: int | None = None, *,
+                      kv_capacity_tokens: int | None = None) -> str | None:
     """A warning when more than 1 % of the requests are rejected (e.g. too long): the
-    metrics silently cover only the rest otherwise."""
+    metrics silently cover only the rest otherwise.
+
+    It names the limit that binds: a KV cache smaller than ``max_model_len`` (``--num-gpu-
+    blocks 2`` holds 16 tokens) rejects every longer request, and blaming
+    ``--max-model-len`` then sent the user to the wrong flag.
+    """
     n = metrics.get("num_requests") or 0
     rejected = metrics.get("num_rejected") or 0
     if not n or rejected <= REJECTED_WARN_FRACTION * n:
         return None
-    limit = f" (longer than max_model_len={max_model_len:,})" if max_model_len else ""
-    return (f"WARNING: {int(rejected):,} of {int(n):,} requests ({rejected / n:.0%}) are "
-            f"rejected{limit} under every setting; the metrics cover only the rest. Raise "
-            "--max-model-len if the deployment serves them")
+    if kv_capacity_tokens is not None and (max_model_len is None
+                                           or kv_capacity_tokens < max_model_len):
+        limit = (f" (longer than the KV cache holds: {kv_capacity_tokens:,} tokens)",
+                 "Raise --num-gpu-blocks (or --gpu-memory-utilization) if the deployment "
+                 "serves them")
+    else:
+        limit = (f" (longer than max_model_len={max_model_len:,})" if max_model_len else "",
+                 "Raise --max-model-len if the deployment serves them")
+    every = "every request is" if rejected >= n else (
+        f"{int(rejected):,} of {int(n):,} requests ({rejected / n:.0%}) are")
+    rest = ("there is nothing to measure" if rejected >= n
+            else "the metrics cover only the rest")
+    return f"WARNING: {every} rejected{limit[0]} under every setting; {rest}. {limit[1]}"
+
+
+def kv_capacity_tokens(cache: Any) -> int:
+    """Tokens the longest request may reach in ``cache``: vLLM keeps one block back."""
+    return max(0, (int(cache.num_gpu_blocks) - 1) * int(cache.block_size))
 
 
 def summarize(result: ReplayResult, *, measure_from_s: float | None = None,

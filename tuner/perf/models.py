@@ -315,6 +315,10 @@ class ModelSpec:
             spec = replace(spec, weight_dtype=w, expert_weight_dtype=w, attn_weight_dtype=w)
         if kv_cache_dtype is not None:
             name = normalize_kv_cache_dtype(kv_cache_dtype)
+            if name == "fp8_ds_mla" and spec.attention != "mla":  # vLLM refuses it too
+                raise ConfigError(f"--kv-cache-dtype fp8_ds_mla is the FP8 layout of MLA "
+                                  f"attention (DeepSeek); {spec.name} uses {spec.attention} "
+                                  "attention: use fp8")
             kv = spec.act_dtype if name == "auto" else (
                 "fp8" if name.startswith("fp8") else normalize_dtype(name, where="kv_cache_dtype"))
             spec = replace(spec, kv_dtype=kv, kv_cache_dtype=name)

@@ -7,7 +7,38 @@ pieces the twin needs: a step-time model, the KV-cache shape and the GPU count.
 
 from __future__ import annotations
 
+import os
+import resource
 from dataclasses import dataclass
+
+from tuner.errors import ConfigError
+
+#: Memory one engine's twin (scheduler, KV block pool, queues) takes in a replay: about
+#: 4.8 MB measured at --replicas 10000 (48 GB), rounded up for larger KV caches.
+ENGINE_BYTES = 8 << 20
+#: Memory the twin keeps per KV block (block pool arrays, free queue, hash map slots),
+#: rounded up: ``--num-gpu-blocks 10**9`` tried to allocate 3.7 GiB for one array alone.
+BLOCK_BYTES = 64
+#: Engines one replay models at most, whatever the memory (each is stepped in turn).
+MAX_ENGINES = 4096
+#: The widest tensor-parallel group any preset hardware forms (GPUs per engine).
+MAX_TP = 1024
+
+
+def memory_limit_bytes() -> int:
+    """What this process may use: the machine's memory, or a lower ``ulimit -v``."""
+    try:
+        phys = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        phys = 16 << 30
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return min(phys, soft) if soft not in (resource.RLIM_INFINITY, -1) and soft > 0 else phys
+
+
+def max_engines() -> int:
+    """Engines (dp x replicas) a replay may model here: half the memory at ENGINE_BYTES
+    each, at most :data:`MAX_ENGINES`."""
+    return max(1, min(MAX_ENGINES, memory_limit_bytes() // 2 // ENGINE_BYTES))
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +69,31 @@ class Target:
     #: vLLM ``--enable-expert-parallel``: MoE experts sharded over the TP x DP ranks
     #: (dispatch + combine all-to-all when dp > 1, tuner/perf/expert_parallel.py); MoE only
     enable_expert_parallel: bool = False
+
+    def __post_init__(self) -> None:
+        """Refuse a deployment the twin cannot hold before anything is built for it
+        (``--replicas 10000`` allocated 48 GB and ended in a MemoryError traceback)."""
+        for name in ("tp", "dp", "replicas"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"--{name} {value!r}: must be an integer >= 1")
+        if self.tp > MAX_TP:
+            raise ConfigError(f"--tp {self.tp}: more GPUs per engine than any hardware has "
+                              f"(at most {MAX_TP})")
+        cap = max_engines()
+        if self.num_gpu_blocks is not None:
+            most = max(2, memory_limit_bytes() // 2 // (BLOCK_BYTES * self.dp * self.replicas))
+            if not isinstance(self.num_gpu_blocks, int) or not 2 <= self.num_gpu_blocks <= most:
+                raise ConfigError(
+                    f"--num-gpu-blocks {self.num_gpu_blocks}: must be 2 to {most:,} here (the "
+                    f"twin keeps about {BLOCK_BYTES} bytes per block and engine; half of "
+                    f"{memory_limit_bytes() / 2**30:.1f} GiB)")
+        if self.dp * self.replicas > cap:
+            raise ConfigError(
+                f"--dp {self.dp} x --replicas {self.replicas} = {self.dp * self.replicas:,} "
+                f"engines: this machine can model at most {cap:,} (each engine's scheduler and "
+                f"KV cache take up to {ENGINE_BYTES >> 20} MB, half of "
+                f"{memory_limit_bytes() / 2**30:.1f} GiB); model fewer engines")
 
     @property
     def num_engines(self) -> int:

@@ -28,12 +28,14 @@ from pathlib import Path
 
 import tuner
 from tuner.errors import ConfigError
-from tuner.outputs import write_text
+from tuner.outputs import check_output_folder, write_text
 from tuner.profile.export import flag_lines, plan_export
 from tuner.profile.model import PROFILE_MODE, Profile
 
 PACKAGE_DIR = Path(tuner.__file__).resolve().parent
 PLUGIN_MODULE = "tuner.vllm_plugin"
+#: The file that marks a folder as a plugin export's, so a later export may replace it.
+PLUGIN_MARKER = ".tuner-plugin"
 
 #: Third-party packages a bundled module may import: vLLM itself (and what vLLM brings).
 _ALLOWED_THIRD_PARTY = ("vllm", "torch")
@@ -109,14 +111,16 @@ def _is_stdlib(top: str) -> bool:
 def write_plugin_bundle(profile: Profile, folder: str | os.PathLike[str], *,
                         vllm_version: str, async_scheduling: bool | None = None,
                         scheduler_cls: str | None = None) -> PluginBundle:
-    """Write the plugin for ``profile`` into ``folder`` (created; existing files replaced)."""
-    out = Path(folder).expanduser()
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"{out}: -o for --format plugin is a folder, and this is a file")
+    """Write the plugin for ``profile`` into ``folder``: a new or empty one, or one an
+    earlier plugin export wrote (its :data:`PLUGIN_MARKER`, written first); else refused."""
+    out = check_output_folder(folder, PLUGIN_MARKER)
     plan = plan_export(profile, vllm_version=vllm_version, force_plugin=True,
                        async_scheduling=async_scheduling, scheduler_cls=scheduler_cls)
     bundle = PluginBundle(folder=out.resolve(), serve_args=plan.serve_args())
     sums: list[str] = []
+    write_text(out / PLUGIN_MARKER, f"written by tuner {tuner.__version__} export --format "
+               "plugin; a later export may replace the files in this folder\n",
+               mode=PROFILE_MODE, announce=False)
     for name in ["tuner", *plugin_modules()]:
         src = PACKAGE_DIR / "__init__.py" if name == "tuner" else _module_path(name)
         rel = Path("tuner", src.name)

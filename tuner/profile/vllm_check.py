@@ -150,6 +150,9 @@ def check_with_vllm(profile: Profile, *, vllm_version: str = "0.33.0",
     """
     payload = json.dumps(_payload(profile, vllm_version=vllm_version,
                                   native_admission=native_admission, max_model_len=max_model_len))
+    # A check the caller asked for with an interpreter must run: one that cannot is a
+    # failure (``--check-vllm /nonexistent/python`` used to pass as "skipped").
+    asked = python is not None
     if python is None:
         if importlib.util.find_spec("vllm") is None:
             return VllmCheck("skipped", note="vllm is not importable in this environment; "
@@ -161,6 +164,8 @@ def check_with_vllm(profile: Profile, *, vllm_version: str = "0.33.0",
         proc = subprocess.run([python, "-c", _CHECK_SCRIPT], input=payload, text=True,
                               capture_output=True, timeout=timeout_s, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
+        if asked:
+            return VllmCheck("failed", errors=(f"could not run {python}: {exc}",))
         return VllmCheck("skipped", note=f"could not run {python}: {exc}")
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -168,6 +173,8 @@ def check_with_vllm(profile: Profile, *, vllm_version: str = "0.33.0",
         return VllmCheck("failed", errors=(f"check script exited {proc.returncode}: {tail}",))
     verdict = json.loads(lines[-1])
     if "skipped" in verdict:
+        if asked:
+            return VllmCheck("failed", errors=(f"{python}: {verdict['skipped']}",))
         return VllmCheck("skipped", note=verdict["skipped"])
     errors = tuple(verdict.get("errors", ()))
     return VllmCheck("failed" if errors else "ok", vllm_version=verdict.get("vllm_version"),

@@ -14,7 +14,7 @@ import json
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -26,10 +26,11 @@ import pyarrow.compute as pc
 
 from tuner.errors import TraceFormatError
 from tuner.progress import Progress, check_progress
-from tuner.trace.formats import LINE, MAX_TOKENS, READERS, IngestContext, OnError, Quarantine
-from tuner.trace.hashing import Hasher, load_salt
+from tuner.trace.formats import (LINE, MAX_SPAN_S, MAX_TOKENS, READERS, IngestContext, OnError,
+                                  Quarantine)
+from tuner.trace.hashing import Hasher, load_salt, salt_warnings
 from tuner.trace.schema import TraceMetadata
-from tuner.trace.sources import FORMATS, detect_format, open_binary
+from tuner.trace.sources import FORMATS, check_source, detect_format, open_binary
 from tuner.trace.store import TraceWriter
 
 #: The block size each format's ids (or our token hashing) use when not overridden.
@@ -61,6 +62,9 @@ class IngestReport:
     bytes_read: int = 0
     wall_s: float = 0.0
     records_per_s: float = 0.0
+    #: Problems that did not stop the ingest (a short or world-readable salt); the CLI
+    #: prints each as a warning.
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,23 +100,30 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
     paths = [str(sources)] if isinstance(sources, (str, os.PathLike)) else [str(s) for s in sources]
     if not paths:
         raise TraceFormatError("empty input: no source files given")
+    for path in paths:
+        check_source(Path(path))
     _refuse_repeated(paths)
     if on_error not in ("fail", "skip"):
         raise TraceFormatError(f"on_error: must be fail or skip, got {on_error!r}")
     fmt = _resolve_format(paths, format)
     hbs = hash_block_size or DEFAULT_HASH_BLOCK_SIZE[fmt]
-    if hbs <= 0:
-        raise TraceFormatError(f"hash_block_size: must be positive, got {hbs}")
+    if not 1 <= hbs <= MAX_TOKENS:
+        raise TraceFormatError(f"hash_block_size: must be 1 to {MAX_TOKENS:,}, got {hbs}")
+    if output_len is not None and not 1 <= output_len <= MAX_TOKENS:
+        raise TraceFormatError(f"output_len: must be 1 to {MAX_TOKENS:,} tokens, got "
+                               f"{output_len}")
     salt_bytes = salt if isinstance(salt, bytes) else load_salt(salt)
+    salt_notes = salt_warnings(salt_bytes, None if isinstance(salt, bytes) else salt)
     hasher = Hasher(salt_bytes)
     out = Path(output)
     quarantine = Quarantine(out.with_name(out.name + ".quarantine.jsonl"), paths)
     reader = _reader(fmt)
     report = IngestReport(output=str(out), format=fmt, sources=paths, hash_block_size=hbs,
-                          salt_fingerprint=hasher.fingerprint)
+                          salt_fingerprint=hasher.fingerprint, warnings=salt_notes)
     meta = TraceMetadata(hash_block_size=hbs, source_format=fmt,
                          salt_fingerprint=hasher.fingerprint)
     state = _TimelineState()
+    span = _SpanGuard()
     bar = _Progress(paths, check_progress(progress))
     # zstd level 1: salted hashes are random bytes that no level compresses; it is speed.
     writer = TraceWriter(out, meta, compression_level=1, inputs=paths)
@@ -124,7 +135,8 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
                                 tokenizer=tokenizer, source_index=index, output_len=output_len)
             with open_binary(path) as fh:
                 for batch in reader.read(fh, ctx):
-                    batch = _validate(batch, ctx, seen_ids, report)
+                    batch = _validate(batch, ctx, seen_ids, report, span,
+                                      epoch_clock=reader.EPOCH_CLOCK)
                     if batch.num_rows:
                         writer.write(state.place(batch))
                     bar.update(index, fh)
@@ -203,9 +215,60 @@ def _reader(fmt: str) -> Any:
     return READERS[fmt]
 
 
+class _SpanGuard:
+    """Keeps the accepted arrivals within :data:`MAX_SPAN_S` of each other.
+
+    The first batch's median arrival anchors the trace (so one absurd first record does
+    not condemn every good one after it); a row that would stretch the span past the
+    limit is a bad record naming its line (``timestamp: 1e29`` used to ingest as a span
+    of 54,000 years that ``trace stats`` then tried to bin per minute: 211 GiB).
+    """
+
+    def __init__(self) -> None:
+        self.lo: float | None = None  # earliest accepted arrival (source clock, s)
+        self.hi: float | None = None  # latest accepted arrival
+
+    def outside(self, t: np.ndarray, ok: np.ndarray) -> np.ndarray:
+        """Rows of ``t`` (finite ones, where ``ok``) that would break the span."""
+        bad = np.zeros(len(t), dtype=bool)
+        good = ok & np.isfinite(t)
+        if not good.any():
+            return bad
+        if self.lo is None:
+            vals = t[good]
+            k = (len(vals) - 1) // 2  # the lower median: a real record's time
+            self.lo = self.hi = float(np.partition(vals, k)[k])
+        assert self.hi is not None
+        lo, hi = min(self.lo, float(t[good].min())), max(self.hi, float(t[good].max()))
+        if hi - lo <= MAX_SPAN_S:
+            self.lo, self.hi = lo, hi
+            return bad
+        for i in np.flatnonzero(good):  # rare: decide row by row, in line order
+            v = float(t[i])
+            if max(self.hi, v) - min(self.lo, v) > MAX_SPAN_S:
+                bad[i] = True
+            else:
+                self.lo, self.hi = min(self.lo, v), max(self.hi, v)
+        return bad
+
+    def reason(self, t: float) -> str:
+        assert self.lo is not None and self.hi is not None
+        days = max(abs(t - self.lo), abs(t - self.hi)) / 86400.0
+        far = f"{days:,.0f}" if days < 1e9 else f"{days:.3g}"
+        return (f"{t:.6g} s on the source clock is {far} days from the other records; "
+                f"a trace spans at most {MAX_SPAN_S / 86400:.0f} days (a corrupt time, or a "
+                "unit other than the format's: see docs/trace-format.md)")
+
+
+#: Unix times an epoch-clock source may hold: 1970 to 2200 (``datetime`` cannot even
+#: represent 1e29 s, which ended in an OverflowError traceback when naming the origin).
+EPOCH_RANGE_S = (0.0, 7.3e9)
+
+
 def _validate(batch: pa.Table, ctx: IngestContext, seen_ids: set[str] | None,
-              report: IngestReport) -> pa.Table:
-    """Drop (skip) or raise on rows with bad lengths, hash counts or duplicate ids."""
+              report: IngestReport, span: _SpanGuard | None = None, *,
+              epoch_clock: bool = False) -> pa.Table:
+    """Drop (skip) or raise on rows with bad lengths, hash counts, times or duplicate ids."""
     raw_names = (batch.schema.metadata or {}).get(b"tuner.fields")
     names: dict[str, str] = json.loads(raw_names) if raw_names else {}
     inp = batch.column("input_len").to_numpy()
@@ -215,15 +278,21 @@ def _validate(batch: pa.Table, ctx: IngestContext, seen_ids: set[str] | None,
     hbs = ctx.hash_block_size
     ok = ((inp >= 1) & (inp <= MAX_TOKENS) & (outp >= 0) & (outp <= MAX_TOKENS)
           & np.isfinite(t) & (nh >= inp // hbs) & (nh <= -(-inp // hbs)))
+    if epoch_clock:
+        ok &= (t >= EPOCH_RANGE_S[0]) & (t < EPOCH_RANGE_S[1])
+    far = span.outside(t, ok) if span is not None else np.zeros(len(t), dtype=bool)
+    ok &= ~far
     drop = ~ok
     lines = batch.column(LINE).to_numpy()
     if seen_ids is None and ok.all():
         return batch
     ids = batch.column("request_id").to_pylist() if seen_ids is not None else None
     for i in range(batch.num_rows):  # line order, so --on-error fail names the first bad line
-        if not ok[i]:
+        if far[i] and span is not None:
+            ctx.bad(int(lines[i]), names.get("arrival_s", "timestamp"), span.reason(float(t[i])))
+        elif not ok[i]:
             _report_row(ctx, int(lines[i]), int(inp[i]), int(outp[i]), float(t[i]), int(nh[i]),
-                        names)
+                        names, epoch_clock)
         elif ids is not None and seen_ids is not None:
             rid = ids[i]
             if rid in seen_ids:
@@ -239,7 +308,7 @@ def _validate(batch: pa.Table, ctx: IngestContext, seen_ids: set[str] | None,
 
 
 def _report_row(ctx: IngestContext, line: int, inp: int, outp: int, t: float, nh: int,
-                names: dict[str, str]) -> None:
+                names: dict[str, str], epoch_clock: bool = False) -> None:
     hbs = ctx.hash_block_size
     f_in = names.get("input_len", "input_len")
     f_out = names.get("output_len", "output_len")
@@ -253,6 +322,10 @@ def _report_row(ctx: IngestContext, line: int, inp: int, outp: int, t: float, nh
         ctx.bad(line, f_out, f"{outp:,} tokens is absurd (limit {MAX_TOKENS:,})")
     elif not np.isfinite(t):
         ctx.bad(line, names.get("arrival_s", "timestamp"), "not a finite time")
+    elif epoch_clock and not EPOCH_RANGE_S[0] <= t < EPOCH_RANGE_S[1]:
+        ctx.bad(line, names.get("arrival_s", "timestamp"),
+                f"{t:.6g} is not a Unix time between 1970 and 2200 (seconds, or ms/us/ns "
+                "told apart by magnitude)")
     else:
         ctx.bad(line, names.get("block_hashes", "hash_ids"),
                 f"{nh} block ids for {inp} tokens at {hbs}-token blocks "

@@ -63,6 +63,36 @@ def load_salt(salt_file: str | os.PathLike[str] | None = None) -> bytes:
     return data
 
 
+#: Shortest salt not warned about: 128 bits. A 3-byte salt has 16 M values, which anyone
+#: holding a trace and a guessed prompt can try in seconds.
+MIN_SALT_BYTES = 16
+
+
+def salt_warnings(salt: bytes, salt_file: str | os.PathLike[str] | None = None) -> list[str]:
+    """What is weak about a salt file in use: too short, or readable by others.
+
+    ``$TUNER_SALT`` is the caller's own choice (tests and CI set short ones) and is not
+    judged; the files are what a machine keeps.
+    """
+    notes: list[str] = []
+    path = (Path(salt_file) if salt_file is not None
+            else None if os.environ.get(SALT_ENV) else default_salt_path())
+    if path is not None and len(salt) < MIN_SALT_BYTES:
+        notes.append(f"{path}: the salt has {len(salt)} bytes; a salt shorter than "
+                     f"{MIN_SALT_BYTES} can be guessed by trying every value: use 32 random "
+                     "bytes (delete the salt file to have one made)")
+    if path is not None:
+        try:
+            mode = path.stat().st_mode
+        except OSError:
+            mode = 0
+        if mode & 0o077:
+            notes.append(f"{path}: the salt file is readable by other users (mode "
+                         f"{mode & 0o777:04o}); anyone who reads it can test guessed prompts "
+                         f"against the trace: chmod 600 {path}")
+    return notes
+
+
 class Hasher:
     """Keyed hashing for one ingest (one salt)."""
 

@@ -39,6 +39,14 @@ assert tuple(SCHEMA.names) == TRACE_COLUMNS, "schema and TraceRequest fields dis
 
 REQUIRED_COLUMNS = ("request_id", "arrival_s", "input_len", "output_len", "block_hashes")
 
+#: Longest prompt or output a trace may hold (tokens); anything longer is a corrupt record.
+MAX_TOKENS = 16 * 1024 * 1024
+
+#: Longest time a trace may span (seconds): a year and a day. A longer span is a unit
+#: mistake (microseconds read as seconds) or a corrupt timestamp, and per-minute
+#: statistics over 54,000 years tried to allocate 211 GiB.
+MAX_SPAN_S = 366 * 86400.0
+
 
 @dataclass
 class TraceMetadata:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
 
 import polars as pl
@@ -25,8 +26,11 @@ def slice_trace(trace: Trace, start_s: float | None = None, end_s: float | None 
     """
     if last_s is not None and (start_s is not None or end_s is not None):
         raise ConfigError("use either --last or --start/--end, not both")
-    if speedup <= 0:
-        raise ConfigError(f"speedup must be > 0, got {speedup}")
+    if not 0 < speedup <= 1e6:  # NaN fails this too (it wrote NaN arrivals)
+        raise ConfigError(f"--speedup {speedup}: must be a finite number > 0 (at most 1e6)")
+    for name, value in (("--start", start_s), ("--end", end_s), ("--last", last_s)):
+        if value is not None and not math.isfinite(value):
+            raise ConfigError(f"{name} {value}: must be a finite time")
     first, last = trace.time_range()
     if last_s is not None:
         if last_s <= 0:

@@ -7,6 +7,7 @@ import gzip
 import io
 import json
 import os
+import stat
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,10 +18,16 @@ from tuner.errors import TraceFormatError
 FORMATS = ("mooncake", "bailian", "vllm-log", "openai-jsonl", "azure-csv", "burstgpt-csv")
 
 _GZIP_MAGIC = b"\x1f\x8b"
+_PARQUET_MAGIC = b"PAR1"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 #: How far into a file detection looks for vLLM request-logger lines (startup logs are long).
 _DETECT_MAX_LINES = 20_000
+
+#: Longest line any reader accepts. A record of MAX_TOKENS token ids written as a vLLM
+#: log list is about 130 MiB; a longer "line" is a binary file or a missing newline, and
+#: reading it whole would take the memory of the machine.
+MAX_LINE_BYTES = 256 << 20
 
 
 def json_problem(exc: ValueError) -> str:
@@ -40,17 +47,40 @@ def json_problem(exc: ValueError) -> str:
 def open_binary(path: str | os.PathLike[str]) -> Any:
     """Open ``path`` for reading bytes, decompressing gzip or zstd (by magic number)."""
     p = Path(path)
+    check_source(p)
     try:
         raw = open(p, "rb")  # noqa: SIM115 - returned to the caller
     except OSError as exc:
         raise TraceFormatError(f"cannot open: {exc.strerror}", path=str(p)) from None
     head = raw.read(4)
     raw.seek(0)
+    if head == _PARQUET_MAGIC:
+        raw.close()
+        raise TraceFormatError("is a Parquet file (a trace already?): ingest reads request "
+                               "logs; give the trace itself to trace stats, replay or tune",
+                               path=str(p))
     if head[:2] == _GZIP_MAGIC:
         return _Decompressed(gzip.GzipFile(fileobj=raw), str(p), "gzip", raw)
     if head == _ZSTD_MAGIC:
         return _Decompressed(_ZstdFrames(raw), str(p), "zstd", raw)
     return raw
+
+
+def check_source(path: Path) -> None:
+    """A source must be a regular file: ingest reads it twice (format detection, then
+    the records) and reports progress by position, which a pipe cannot give."""
+    hint = ("save the input to a file first (e.g. `... > requests.jsonl`) and ingest that")
+    if str(path) == "-":
+        raise TraceFormatError(f"'-': ingest reads files, not standard input; {hint}")
+    try:
+        st = os.stat(path)
+    except OSError:
+        return  # opening it names the problem
+    if stat.S_ISDIR(st.st_mode):
+        raise TraceFormatError("is a folder; give the log files in it (e.g. DIR/*.jsonl)",
+                               path=str(path))
+    if not stat.S_ISREG(st.st_mode):
+        raise TraceFormatError(f"is a pipe or device, not a file; {hint}", path=str(path))
 
 
 class _ZstdFrames:
@@ -110,6 +140,7 @@ class _Decompressed:
         self._stream = stream
         self._path = path
         self._kind = kind
+        self.name = path  # for messages, as an open file's name
         self.fileobj = raw  # the compressed file, for progress by bytes read
 
     def read(self, size: int = -1) -> bytes:
@@ -152,6 +183,12 @@ def iter_line_chunks(fh: IO[bytes], chunk_bytes: int = 16 << 20) -> Iterator[tup
         data = rest + block
         cut = data.rfind(b"\n")
         if cut < 0:
+            if len(data) > MAX_LINE_BYTES:
+                # One line may not hold the whole memory: no log writes lines this long.
+                raise TraceFormatError(
+                    f"line is longer than {MAX_LINE_BYTES >> 20} MiB (no newline); not a "
+                    "log of one record per line", path=getattr(fh, "name", None) or None,
+                    line=line_no)
             rest = data
             continue
         chunk, rest = data[:cut + 1], data[cut + 1:]
@@ -200,6 +237,10 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     if first is None:
         raise TraceFormatError("empty input: no records", path=p)
     snippet = first[:60].decode("utf-8", "replace")
+    if "\ufffd" in snippet or "\x00" in snippet:
+        raise TraceFormatError("format: binary data, not a text log; pass --format only for "
+                               f"logs ({'|'.join(FORMATS)})", path=p, line=first_no,
+                               field="format")
     raise TraceFormatError(
         f"format: unknown format (first line starts {snippet!r}); pass --format "
         f"{'|'.join(FORMATS)}", path=p, line=first_no, field="format")

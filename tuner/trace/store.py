@@ -25,6 +25,8 @@ from tuner.errors import TraceSchemaError
 from tuner.outputs import AtomicOutput
 from tuner.trace.request import TRACE_COLUMNS, TraceRequest
 from tuner.trace.schema import (
+    MAX_SPAN_S,
+    MAX_TOKENS,
     METADATA_KEY,
     REQUIRED_COLUMNS,
     SCHEMA,
@@ -54,12 +56,16 @@ class TraceWriter:
         self._out = AtomicOutput(path, inputs=inputs, announce=announce)
         self.path = self._out.path
         self.tmp_path = self._out.tmp_path
-        self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
-            self.tmp_path, SCHEMA, compression="zstd",
-            # Dictionaries only where values repeat; hashes and ids are (nearly) unique.
-            compression_level=compression_level,
-            use_dictionary=["session_id", "parent_id", "cache_salt", "model", "status"],
-            write_statistics=["arrival_s"])
+        try:
+            self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
+                self.tmp_path, SCHEMA, compression="zstd",
+                # Dictionaries only where values repeat; hashes and ids are (nearly) unique.
+                compression_level=compression_level,
+                use_dictionary=["session_id", "parent_id", "cache_salt", "model", "status"],
+                write_statistics=["arrival_s"])
+        except BaseException:  # SIGTERM while the writer opens: no temporary file left
+            self._out.abort()
+            raise
 
     def write(self, data: pa.RecordBatch | pa.Table | list[TraceRequest]) -> None:
         """Append rows (Arrow data in :data:`SCHEMA`, or request records)."""
@@ -344,6 +350,8 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
     if not files:
         raise TraceSchemaError(f"{p}: directory holds no .parquet trace files")
     metas = [(_read_metadata(f), f) for f in files]
+    for f in files:
+        check_columns(f)
     first, _ = metas[0]
     for meta, f in metas[1:]:
         if meta.hash_block_size != first.hash_block_size:
@@ -395,6 +403,50 @@ def _read_metadata(path: Path) -> TraceMetadata:
     if meta.num_rows is None:
         meta = meta.replace(num_rows=pf.metadata.num_rows)
     return meta
+
+
+#: What every reader relies on, per column: (test of a good value, what a good value is).
+_COLUMN_RULES: dict[str, tuple[Any, str]] = {
+    "arrival_s": (lambda a: np.isfinite(a), "a finite time in seconds"),
+    "input_len": (lambda a: (a >= 1) & (a <= MAX_TOKENS), f"1 to {MAX_TOKENS:,} tokens"),
+    "output_len": (lambda a: (a >= 0) & (a <= MAX_TOKENS), f"0 to {MAX_TOKENS:,} tokens"),
+}
+
+
+def check_columns(path: str | os.PathLike[str]) -> None:
+    """Refuse a trace file whose numbers no reader can use, naming the column and the
+    first bad row (1-based, file order).
+
+    Checked on every read (stats, report, slice, replay, tune all open traces through
+    :func:`read_trace`): NaN or infinite arrivals crashed ``trace stats`` and replayed
+    with TTFT null and exit 0; a negative ``input_len`` replayed with one request missing
+    from the counts. Reads three numeric columns only (the hashes stay on disk).
+    """
+    try:
+        table = pq.read_table(path, columns=list(_COLUMN_RULES))
+    except (pa.ArrowInvalid, OSError, KeyError) as exc:
+        raise TraceSchemaError(f"{path}: cannot read {', '.join(_COLUMN_RULES)} ({exc})") from None
+    for name, (test, good) in _COLUMN_RULES.items():
+        col = table.column(name)
+        values = np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64)
+        ok = test(values) & ~np.asarray(col.is_null().to_numpy(zero_copy_only=False))
+        if not ok.all():
+            row = int(np.argmin(ok))
+            raise TraceSchemaError(f"{path}: column {name}: row {row + 1} is "
+                                   f"{_show(col[row].as_py())}, not {good} "
+                                   "(see docs/trace-format.md)")
+    if table.num_rows:
+        t = table.column("arrival_s").to_numpy(zero_copy_only=False)
+        lo, hi = int(np.argmin(t)), int(np.argmax(t))
+        if t[hi] - t[lo] > MAX_SPAN_S:
+            raise TraceSchemaError(
+                f"{path}: column arrival_s: rows {lo + 1} and {hi + 1} are "
+                f"{(t[hi] - t[lo]) / 86400:.3g} days apart; a trace spans at most "
+                f"{MAX_SPAN_S / 86400:.0f} days (see docs/trace-format.md)")
+
+
+def _show(value: Any) -> str:
+    return "null" if value is None else repr(value)
 
 
 def _scan_file(path: Path) -> pl.LazyFrame:

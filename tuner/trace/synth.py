@@ -43,7 +43,7 @@ import pyarrow as pa
 
 from tuner.errors import ConfigError
 from tuner.trace.reblock import mix64
-from tuner.trace.schema import SCHEMA, TraceMetadata
+from tuner.trace.schema import MAX_SPAN_S, MAX_TOKENS, SCHEMA, TraceMetadata
 from tuner.trace.store import Trace
 
 Kind = Literal["agentic", "chat", "rag", "random"]
@@ -280,14 +280,23 @@ def synthesize(kind: Kind, *, duration_s: float | None = None, rate: float | Non
     unknown = sorted(set(params) - known)
     if unknown:
         raise ConfigError(f"unknown {kind} parameter(s) {unknown}; known: {sorted(known)}")
-    p = _with_ranges(cls(**params), kind)
-    if hash_block_size <= 0:
-        raise ConfigError(f"hash_block_size must be positive, got {hash_block_size}")
+    p = _check_params(_with_ranges(cls(**params), kind), kind)
+    if not 1 <= hash_block_size <= MAX_TOKENS:
+        raise ConfigError(f"hash_block_size must be 1 to {MAX_TOKENS:,}, got {hash_block_size}")
     if kind != "random":
-        if not duration_s or duration_s <= 0:
+        if not duration_s or not duration_s > 0:
             raise ConfigError(f"{kind} needs a positive duration (--duration), got {duration_s}")
-        if not rate or rate <= 0 or math.isinf(rate):
+        if not duration_s <= MAX_SPAN_S:
+            raise ConfigError(f"--duration {duration_s:g} s: a trace spans at most "
+                              f"{MAX_SPAN_S / 86400:.0f} days")
+        if not rate or not 0 < rate < math.inf:  # NaN fails too
             raise ConfigError(f"{kind} needs a positive finite rate (--rate), got {rate}")
+        if rate * duration_s > MAX_SYNTH_REQUESTS:
+            raise ConfigError(f"--rate {rate:g} x --duration {duration_s:g} s is about "
+                              f"{rate * duration_s:.3g} requests; synth makes at most "
+                              f"{MAX_SYNTH_REQUESTS:,}")
+    elif rate is not None and not 0 < rate <= math.inf:
+        raise ConfigError(f"--rate {rate}: must be > 0 (omit it for all requests at t=0)")
     b = _Builder(hash_block_size, seed, kind)
     if kind == "agentic":
         _agentic(b, p, duration_s, rate, seed)  # type: ignore[arg-type]
@@ -304,6 +313,41 @@ def synthesize(kind: Kind, *, duration_s: float | None = None, rate: float | Non
     return Trace.from_arrow(b.table(), meta)
 
 
+#: Requests one synth call makes at most (memory: a row holds its block hashes).
+MAX_SYNTH_REQUESTS = 10_000_000
+
+#: Bounds of the kinds' parameters by name: (lowest, highest); a lowest of None means
+#: "more than 0". Every other number must be finite and in [0, 1e9].
+_PARAM_BOUNDS: dict[str, tuple[float | None, float]] = {
+    "turns": (1, 10_000), "max_turns": (1, 10_000), "system_prompt_variants": (1, 100_000),
+    "corpus_size": (1, 10_000_000), "docs_per_request": (0, 10_000),
+    "num_prompts": (1, MAX_SYNTH_REQUESTS), "user_turn_prob": (0, 1),
+    "zipf_a": (None, 100), "assumed_decode_tps": (None, 1e9), "assumed_prefill_tps": (None, 1e9),
+    "isl": (1, MAX_TOKENS), "osl": (1, MAX_TOKENS),
+}
+
+
+def _check_params(p: Any, kind: str) -> Any:
+    """Every parameter a finite number in its range (``--param turns=-3`` ended in a
+    traceback; a huge one would allocate without bound)."""
+    for f in dataclasses.fields(p):
+        value = getattr(p, f.name)
+        values = value if isinstance(value, tuple) else (value,)
+        lo, hi = _PARAM_BOUNDS.get(
+            f.name, (0, MAX_TOKENS if "tokens" in f.name else 1e9))
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ConfigError(f"{kind} parameter {f.name}: expected a finite number, "
+                                  f"got {v!r}")
+            if (v <= 0 if lo is None else v < lo) or v > hi:
+                low = "more than 0" if lo is None else f"at least {lo:g}"
+                raise ConfigError(f"{kind} parameter {f.name}: {v!r} must be {low} and at "
+                                  f"most {hi:,.0f}")
+        if isinstance(value, tuple) and value[0] > value[1]:
+            raise ConfigError(f"{kind} parameter {f.name}: range {list(value)} has lo > hi")
+    return p
+
+
 def _with_ranges(p: Any, kind: str) -> Any:
     """Accept ``N`` or ``[lo, hi]`` for range-valued parameters (``--param x=N`` gives an int)."""
     changes = {}
@@ -311,12 +355,16 @@ def _with_ranges(p: Any, kind: str) -> Any:
         value = getattr(p, f.name)
         if not isinstance(f.default, tuple) or isinstance(value, tuple):
             continue
-        if isinstance(value, (int, float)):
-            changes[f.name] = (int(value), int(value))
-        elif isinstance(value, list) and len(value) == 2:
-            changes[f.name] = (int(value[0]), int(value[1]))
-        else:
-            raise ConfigError(f"{kind} parameter {f.name} must be N or [lo, hi], got {value!r}")
+        try:
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                changes[f.name] = (int(value), int(value))
+            elif isinstance(value, list) and len(value) == 2:
+                changes[f.name] = (int(value[0]), int(value[1]))
+            else:
+                raise ValueError(value)
+        except (TypeError, ValueError, OverflowError):  # NaN, inf, text
+            raise ConfigError(f"{kind} parameter {f.name} must be N or [lo, hi], "
+                              f"got {value!r}") from None
     return dataclasses.replace(p, **changes) if changes else p
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from tuner.errors import ConfigError
-from tuner.metrics import rejection_warning
+from tuner.metrics import kv_capacity_tokens, rejection_warning
 from tuner.tune.space import SearchSpace
 
 #: Fewest requests a window needs before settings can be ranked on it.
@@ -49,7 +49,13 @@ def check_window_sizes(evaluator: Any) -> list[str]:
 def input_warnings(baseline: Any, evaluator: Any) -> list[str]:
     """Notes printed before the result: rejected requests, a weak held-out window."""
     notes = []
-    warn = rejection_warning(baseline.metrics, getattr(evaluator, "max_model_len", None))
+    resolved = getattr(evaluator, "resolved", None)
+    warn = rejection_warning(baseline.metrics, getattr(evaluator, "max_model_len", None),
+                             kv_capacity_tokens=None if resolved is None
+                             else kv_capacity_tokens(resolved.cache))
+    n = baseline.metrics.get("num_requests") or 0
+    if warn and n and (baseline.metrics.get("num_rejected") or 0) >= n:
+        raise ConfigError(warn.removeprefix("WARNING: "))  # nothing was tuned
     if warn:
         notes.append(warn)
     return notes

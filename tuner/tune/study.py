@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from tuner.errors import ConfigError, StudyNotFound
 from tuner.metrics import parse_slo
-from tuner.processes import pid_alive
+from tuner.processes import cap_workers, pid_alive
 from tuner.progress import Progress, Reporter, check_progress
 from tuner.tune.baseline import baseline_settings
 from tuner.tune.deployment_space import (base_deployment_of, deployment_for, evaluate_point,
@@ -91,6 +91,7 @@ def tune(inputs: TuneInputs, search: SearchOptions = SearchOptions(),
         raise ConfigError(f"workers={output.workers}: must be >= 1")
     n_trials, workers, seed, target = search.n_trials, output.workers, search.seed, inputs.target
     prefer = search.prefer
+    workers, worker_note = cap_workers(workers, n_trials)
     rule = prefer if isinstance(prefer, PickRule) else PickRule(prefer=prefer)  # type: ignore[arg-type]
     fixed = dict(inputs.fixed) if inputs.fixed else None
     the_space, deploy_notes = with_deployment(
@@ -168,6 +169,7 @@ def tune(inputs: TuneInputs, search: SearchOptions = SearchOptions(),
         overload = overload_report(evaluator, baseline, evaluator.default_settings)
         timings["capacity_s"] = time.perf_counter() - t
         notes = input_warnings(baseline, evaluator) + size_notes + deploy_notes + notes
+        notes += [worker_note] if worker_note else []
         counts = _counts(study)
         return TuneResult(
             study_name=study_name, storage=redact_url(storage_url), config_attrs=config.to_attrs(),
@@ -449,9 +451,13 @@ def _optimize(study: "optuna.Study", config: StudyConfig, evaluator: Evaluator, 
         trials = st.get_trials(deepcopy=False)
         done = sum(t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
                    for t in trials)
+        # Trials other workers are running count too, or each worker starts one more once
+        # the last ones are under way (--workers 500 --trials 2 ran about 27).
+        running = sum(t.state == optuna.trial.TrialState.RUNNING for t in trials)
         if bar is not None:
             bar.update(min(done, config.n_trials), best_so_far(trials, config.objectives))
-        if done >= config.n_trials or (worker_cap is not None and ran >= worker_cap):
+        if (done + running >= config.n_trials
+                or (worker_cap is not None and ran >= worker_cap)):
             st.stop()
 
     if _finished(study) >= config.n_trials or worker_cap == 0:

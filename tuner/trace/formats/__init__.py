@@ -7,13 +7,14 @@ reports through, the quarantine, the line column and the token cap) is public he
 
 from __future__ import annotations
 
-from tuner.trace.formats._batch import LINE, MAX_TOKENS, IngestContext, OnError, Quarantine
+from tuner.trace.formats._batch import (LINE, MAX_SPAN_S, MAX_TOKENS, IngestContext, OnError,
+                                       Quarantine)
 from tuner.trace.formats.csv_logs import AzureCsvReader, BurstGptCsvReader
 from tuner.trace.formats.hashed_jsonl import BailianReader, MooncakeReader
 from tuner.trace.formats.openai_jsonl import OpenAIJsonlReader
 from tuner.trace.formats.vllm_log import VllmLogReader
 
-__all__ = ["LINE", "MAX_TOKENS", "READERS", "IngestContext", "OnError", "Quarantine"]
+__all__ = ["LINE", "MAX_SPAN_S", "MAX_TOKENS", "READERS", "IngestContext", "OnError", "Quarantine"]
 
 READERS = {
     "mooncake": MooncakeReader(),

@@ -9,16 +9,18 @@ The two used to import each other (the driver lazily), an import circle.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any, Literal
 
+import numpy as np
 import pyarrow as pa
 
 from tuner.errors import TraceFormatError
 from tuner.outputs import AtomicOutput
 from tuner.trace.hashing import Hasher
-from tuner.trace.schema import SCHEMA
+from tuner.trace.schema import MAX_SPAN_S, MAX_TOKENS, SCHEMA  # noqa: F401 - re-exported
 from tuner.trace.sources import json_problem
 
 OnError = Literal["fail", "skip"]
@@ -26,8 +28,13 @@ OnError = Literal["fail", "skip"]
 #: Internal batch column: 1-based source line of each row (dropped before writing).
 LINE = "_line"
 
-#: Longest prompt or output accepted (tokens); anything longer is a corrupt record.
-MAX_TOKENS = 16 * 1024 * 1024
+
+#: The range every other integer field (ids, turns) must fit: Arrow's int64. A JSON or
+#: CSV number is unbounded; one past this used to end in an ``OverflowError`` traceback.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+#: Token ids (vllm-log) are hashed as uint32, vLLM's own token id width.
+MAX_TOKEN_ID = 2**32 - 1
 
 #: What readers produce: the trace schema with 64-bit lengths, so an absurd length reaches
 #: validation (and its message) as the number the log holds, not clipped or overflowed;
@@ -64,6 +71,41 @@ class IngestContext:
         self.skipped += 1
         self.quarantine.add(self.path, line, f"{field_name}: {reason}", raw)
 
+    def token_count(self, line: int, field_name: str, value: Any, raw: bytes | str | None = None,
+                    *, minimum: int = 0) -> int | None:
+        """``value`` as a token count in ``[minimum, MAX_TOKENS]``, or None once reported.
+
+        Every reader calls this *before* it allocates anything per token or per block (a
+        prompt length of 10**29 used to have its block hashes generated first: minutes of
+        CPU and gigabytes of memory before validation saw it). Accepts an integer, or an
+        integral float / numeric string the way CSV logs write counts (``"12.0"``).
+        """
+        n = _integral(value)
+        if n is None:
+            self.bad(line, field_name, f"not an integer ({short_value(value)})", raw)
+            return None
+        if n < minimum:
+            self.bad(line, field_name, f"{n} tokens; a prompt has at least 1" if minimum == 1
+                     else f"{n} tokens is negative", raw)
+            return None
+        if n > MAX_TOKENS:
+            self.bad(line, field_name, f"{_big(n)} tokens is absurd (limit {MAX_TOKENS:,})", raw)
+            return None
+        return n
+
+    def bounded_int(self, line: int, field_name: str, value: Any, raw: bytes | str | None,
+                    lo: int = INT64_MIN, hi: int = INT64_MAX) -> int | None:
+        """``value`` as an integer in ``[lo, hi]`` (ids, priorities, turns), or None once
+        reported; the bound comes before any conversion to a fixed-width column."""
+        n = _integral(value)
+        if n is None:
+            self.bad(line, field_name, f"not an integer ({short_value(value)})", raw)
+            return None
+        if not lo <= n <= hi:
+            self.bad(line, field_name, f"{_big(n)} is out of range [{lo:,}, {hi:,}]", raw)
+            return None
+        return n
+
     def json_object(self, raw: bytes, line: int) -> dict[str, Any] | None:
         """``raw`` parsed as one JSON object, or None once reported through :meth:`bad`.
 
@@ -88,13 +130,84 @@ class IngestContext:
         if self.output_len is not None:
             rule, value = f"--output-len {self.output_len}", self.output_len
         elif max_tokens is not None:
-            rule, value = "max_tokens from the logged SamplingParams (an upper bound)", max_tokens
+            checked = self.token_count(line, "max_tokens", max_tokens)
+            if checked is None:
+                return None
+            rule, value = "max_tokens from the logged SamplingParams (an upper bound)", checked
         else:
             self.bad(line, "output_token_ids", "no output logged and no max_tokens in its "
                      "SamplingParams; pass --output-len N or run vLLM with --enable-log-outputs")
             return None
         self.filled[rule] = self.filled.get(rule, 0) + 1
         return value
+
+
+def epoch_seconds(value: float) -> float:
+    """A Unix time in seconds from seconds, milliseconds, microseconds or nanoseconds.
+
+    Which unit is told by magnitude, as Mooncake-style exporters write any of them: a time
+    after 5138 AD in seconds (1e11) is taken as milliseconds, after 1e14 as microseconds,
+    after 1e17 as nanoseconds. Times before 1e11 stay seconds (a relative clock starts at
+    0). A value past 1e20 fits no unit and stays as it is, for the span check to refuse.
+    """
+    a = abs(value)
+    if a >= 1e20 or a < 1e11:
+        return value
+    if a < 1e14:
+        return value / 1e3
+    if a < 1e17:
+        return value / 1e6
+    return value / 1e9
+
+
+def relative_clock_seconds(raw: np.ndarray, scale: float) -> np.ndarray:
+    """Seconds from a format's nominal unit (``raw * scale``), except where that lands
+    after 5138 AD (1e11 s): those values are Unix epochs in a finer unit than the format
+    documents (ms, µs or ns), read by magnitude with :func:`epoch_seconds`. A relative
+    clock in a finer unit (µs from 0) cannot be told apart this way; the span check
+    (:data:`MAX_SPAN_S`) refuses the absurd ones."""
+    seconds = raw.astype(np.float64) * scale
+    wrong = np.abs(seconds) >= 1e11
+    if wrong.any():
+        seconds[wrong] = [epoch_seconds(float(v)) for v in raw[wrong]]
+    return seconds
+
+
+def _integral(value: Any) -> int | None:
+    """An integer from an int, an integral finite float or a numeric string; else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            return int(text)
+        except ValueError:
+            try:
+                value = float(text)
+            except ValueError:
+                return None
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            return None
+        return int(value)
+    return None
+
+
+def _big(n: int) -> str:
+    """``n`` with thousands separators, or in scientific form when it is enormous."""
+    if abs(n) < 10**18:
+        return f"{n:,}"
+    digits = str(abs(n))  # no float(): past 1e308 it overflows
+    mantissa = f"{digits[0]}.{digits[1:3]}".rstrip("0").rstrip(".")
+    return f"{'-' if n < 0 else ''}{mantissa}e+{len(digits) - 1:02d}"
+
+
+def short_value(value: Any) -> str:
+    """A value for an error message, cut so a huge one cannot flood the terminal."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class Quarantine:

@@ -64,8 +64,10 @@ def parse_chunk(chunk: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
     keep = np.ones(len(values), dtype=bool)
     keep[first] = keep[first + 1] = keep[first + 2] = False
     offsets = np.concatenate([[0], np.cumsum(n_ids)]).astype(np.int64)
-    return (values[first].astype(np.float64), values[first + 1].astype(np.int64),
-            values[first + 2].astype(np.int64), offsets, values[keep])
+    # Lengths past int64 are clipped (not wrapped negative): validation names them absurd.
+    top = np.uint64(2**63 - 1)
+    return (values[first].astype(np.float64), np.minimum(values[first + 1], top).astype(np.int64),
+            np.minimum(values[first + 2], top).astype(np.int64), offsets, values[keep])
 
 
 _skeleton_lines: dict[int, bytes] = {}

@@ -25,7 +25,8 @@ from typing import IO, Any
 import numpy as np
 import pyarrow as pa
 
-from tuner.trace.formats._batch import MAX_TOKENS, IngestContext, make_batch
+from tuner.trace.formats._batch import (MAX_TOKENS, IngestContext, make_batch,
+                                         relative_clock_seconds)
 from tuner.trace.sources import iter_line_chunks
 
 _BATCH_ROWS = 65_536
@@ -89,22 +90,26 @@ class _CsvReader(abc.ABC):
         uids = np.arange(self._uid, self._uid + len(parsed), dtype=np.int64)
         self._uid += len(parsed)
         inp = np.asarray(cols["input_len"], dtype=np.int64)
-        # Absurd lengths get no hashes (validation rejects the row, naming the true length).
-        hashed_len = np.where((inp >= 0) & (inp <= MAX_TOKENS), inp, 0)
+        # Lengths were bounded per row (ctx.token_count); a 0-token prompt gets no hashes
+        # and validation names it.
+        hashed_len = np.clip(inp, 0, MAX_TOKENS)
         cols["block_hashes"] = unique_block_hashes(uids, hashed_len, ctx.hash_block_size)
         prefix = ctx.stem if ctx.source_index == 0 else f"{ctx.stem}#{ctx.source_index}"
         cols["request_id"] = [f"{prefix}-{n}" for n in lines.tolist()]
         cols["input_len"] = inp
         cols["output_len"] = np.asarray(cols["output_len"], dtype=np.int64)
+        if not self.EPOCH_CLOCK:  # BurstGPT: seconds from the start, or an epoch in ms/µs/ns
+            cols["arrival_s"] = relative_clock_seconds(
+                np.asarray(cols["arrival_s"], dtype=np.float64), 1.0)
         yield make_batch(cols, lines, field_names=self.FIELDS)
 
     def _int(self, rec: list[str], idx: int, name: str, line_no: int, ctx: IngestContext) -> int | None:
-        try:
-            return int(float(rec[idx]))
-        except (IndexError, ValueError):
-            got = rec[idx] if idx < len(rec) else "missing"
-            ctx.bad(line_no, name, f"not an integer ({got!r})", ",".join(rec))
+        """A token count, bounded before anything is sized by it (``1e400`` and ``1e29``
+        used to end in an OverflowError traceback)."""
+        if idx >= len(rec):
+            ctx.bad(line_no, name, "not an integer ('missing')", ",".join(rec))
             return None
+        return ctx.token_count(line_no, name, rec[idx], ",".join(rec))
 
     @abc.abstractmethod
     def _parse(self, rec: list[str], line_no: int, ctx: IngestContext) -> dict[str, Any] | None:

@@ -24,7 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tuner.trace.formats._mooncake_fast import parse_chunk
-from tuner.trace.formats._batch import IngestContext, make_batch
+from tuner.trace.formats._batch import (IngestContext, make_batch,
+                                         relative_clock_seconds, short_value)
 from tuner.trace.sources import iter_line_chunks
 
 
@@ -81,8 +82,9 @@ class _HashedJsonlReader:
         block_hashes = pa.ListArray.from_arrays(
             pa.array(offsets - offsets[0], pa.int32()), pa.array(hashed, pa.uint64()))
         cols = {
-            "arrival_s": pa.array(table.column("timestamp").to_numpy() * self.TIME_SCALE,
-                                  pa.float64()),
+            "arrival_s": pa.array(relative_clock_seconds(
+                np.asarray(table.column("timestamp").to_numpy(), dtype=np.float64),
+                self.TIME_SCALE), pa.float64()),
             "input_len": _int64(table.column("input_length")),
             "output_len": _int64(table.column("output_length")),
             "block_hashes": block_hashes,
@@ -138,13 +140,19 @@ class _HashedJsonlReader:
                     ctx.bad(line_no, key, "not a list of non-negative integers", raw)
                     return None
             elif key == "timestamp":
-                if not _is_number(v):
-                    ctx.bad(line_no, key, f"not a number ({v!r})", raw)
+                v = _float_or_none(v)
+                if v is None:
+                    ctx.bad(line_no, key, f"not a number ({short_value(obj[key])})", raw)
                     return None
-                v = float(v)
             else:
                 if not (isinstance(v, int) and not isinstance(v, bool)):
-                    ctx.bad(line_no, key, f"not an integer ({v!r})", raw)
+                    ctx.bad(line_no, key, f"not an integer ({short_value(v)})", raw)
+                    return None
+                # Bounded here, before an int64 column holds it (10**29 overflowed).
+                v = (ctx.token_count(line_no, key, v, raw, minimum=1 if key == "input_length"
+                                     else 0) if key in ("input_length", "output_length")
+                     else ctx.bounded_int(line_no, key, v, raw))
+                if v is None:
                     return None
             rec[key] = v
         return rec
@@ -206,8 +214,14 @@ class BailianReader(_HashedJsonlReader):
         }
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+def _float_or_none(v: Any) -> float | None:
+    """A JSON number as a float (an integer past float's range is None, not a crash)."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return None
+    try:
+        return float(v)
+    except OverflowError:
+        return None
 
 
 def _int64(col: pa.ChunkedArray | pa.Array) -> pa.Array:

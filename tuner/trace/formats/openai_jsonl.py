@@ -9,7 +9,8 @@ Accepted layouts (the first match wins):
   ``usage.prompt_tokens`` / ``usage.completion_tokens`` and ``choices[0]``'s
   ``message.content`` or ``text``;
 * time under ``timestamp``, ``time``, ``created_at``, ``start_time`` or
-  ``request_time`` (ISO-8601, naive = UTC, or Unix seconds / milliseconds), else
+  ``request_time`` (ISO-8601, naive = UTC, or Unix seconds, milliseconds, microseconds or
+  nanoseconds, told apart by magnitude: :func:`epoch_seconds`), else
   ``response.created``;
 * id under ``request_id``, ``id``, ``custom_id`` or ``response.id``; ``session_id`` /
   ``conversation_id`` at top level or in ``metadata``; ``priority`` and ``cache_salt``
@@ -44,7 +45,7 @@ import pyarrow as pa
 
 from tuner.errors import ConfigError
 from tuner.loaders import load_json
-from tuner.trace.formats._batch import IngestContext, make_batch
+from tuner.trace.formats._batch import IngestContext, epoch_seconds, make_batch, short_value
 from tuner.trace.sources import iter_lines
 
 _BATCH_ROWS = 8192
@@ -165,14 +166,17 @@ def _parse_time(v: Any) -> float | None:
     if isinstance(v, bool):
         return None
     if isinstance(v, (int, float)):
-        return float(v) / 1000.0 if v > 1e11 else float(v)
+        try:
+            return epoch_seconds(float(v))
+        except OverflowError:  # an integer past float's range: no time
+            return None
     if isinstance(v, str):
         try:
             dt = datetime.fromisoformat(v.strip().replace("Z", "+00:00"))
         except ValueError:
             try:
                 return _parse_time(float(v))
-            except ValueError:
+            except (ValueError, OverflowError):
                 return None
         if dt.tzinfo is None:
             dt = dt.replace(tzinfo=timezone.utc)
@@ -248,9 +252,21 @@ class OpenAIJsonlReader:
         if output_len is None:  # no usage: count the output text, or nothing for a failure
             output_len = (len(tok.encode_text(output_text)) if output_text
                           else 0 if failed else body.get("max_tokens"))
+        # Bounded before _stream_hashes: it allocates one hash per block of these lengths.
         for name, v in (("usage.prompt_tokens", input_len), ("usage.completion_tokens", output_len)):
             if not isinstance(v, int) or isinstance(v, bool):
-                ctx.bad(line_no, name, f"not an integer ({v!r})", raw)
+                ctx.bad(line_no, name, f"not an integer ({short_value(v)})", raw)
+                return None
+        if (ctx.token_count(line_no, "usage.prompt_tokens", input_len, raw, minimum=1) is None
+                or ctx.token_count(line_no, "usage.completion_tokens", output_len, raw) is None):
+            return None
+        priority = ctx.bounded_int(line_no, "priority", body.get("priority") or 0, raw,
+                                   -(2**31), 2**31 - 1)
+        if priority is None:
+            return None
+        for key in ("cache_salt", "model"):
+            if body.get(key) is not None and not isinstance(body[key], str):
+                ctx.bad(line_no, key, f"not a string ({short_value(body[key])})", raw)
                 return None
         blocks, out_blocks = _stream_hashes(
             ctx, rid, tok.encode_stream(body, output_text) if output_text else prompt_ids,
@@ -262,7 +278,7 @@ class OpenAIJsonlReader:
             "_line": line_no, "request_id": rid, "arrival_s": t, "input_len": input_len,
             "output_len": output_len, "block_hashes": blocks, "output_block_hashes": out_blocks,
             "session_id": None if session is None else str(session),
-            "priority": int(body.get("priority") or 0),
+            "priority": priority,
             "cache_salt": body.get("cache_salt"), "model": body.get("model"), "status": status,
         }
 
@@ -270,7 +286,7 @@ class OpenAIJsonlReader:
 def _int_or(v: Any, default: int) -> int:
     try:
         return int(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a JSON Infinity
         return default
 
 

@@ -39,7 +39,7 @@ from typing import IO, Any
 import numpy as np
 import pyarrow as pa
 
-from tuner.trace.formats._batch import IngestContext, make_batch
+from tuner.trace.formats._batch import MAX_TOKEN_ID, IngestContext, make_batch
 from tuner.trace.sources import iter_lines
 
 _ESC = r"(?:\x1b\[[0-9;]*m)*"
@@ -56,6 +56,7 @@ _ABORTED = re.compile(r"^Aborted request(?:\(s\)|s)? (?P<ids>.+?)\.?$")
 _FINISH = re.compile(r"finish_reason: (?P<reason>\S+?)\.?$")
 _MAX_TOKENS = re.compile(r"\bmax_tokens=(?P<n>\d+)")
 _IDS_INPUT = "prompt_token_ids: "
+_BAD_IDS = "not a list of token ids (integers 0 to 2**32-1)"
 _IDS_OUTPUT = "output_token_ids: "
 
 #: In-flight requests kept at most; beyond it the oldest is closed as "unfinished".
@@ -96,9 +97,11 @@ def _parse_ids(rest: str, key: str) -> list[int] | None | str:
     if not body:
         return []
     try:
-        return [int(x) for x in body.split(",")]
+        ids = [int(x) for x in body.split(",")]
     except ValueError:
         return "bad"
+    # Hashed as uint32 (vLLM's token id width): one outside it is not a token id.
+    return ids if 0 <= min(ids) and max(ids) <= MAX_TOKEN_ID else "bad"
 
 
 class VllmLogReader:
@@ -166,7 +169,7 @@ class VllmLogReader:
             req.max_tokens = int(cap.group("n")) if cap else None
             ids = _parse_ids(r.group("rest"), _IDS_INPUT)
             if ids == "bad":
-                ctx.bad(line_no, "prompt_token_ids", "not a list of integers", raw)
+                ctx.bad(line_no, "prompt_token_ids", _BAD_IDS, raw)
                 return
             if isinstance(ids, list):
                 req.prompt_ids = ids
@@ -175,7 +178,7 @@ class VllmLogReader:
             # Newer vLLM logs this DEBUG line *before* "Received request": park the ids.
             ids = _parse_ids(r.group("rest"), _IDS_INPUT)
             if ids == "bad":
-                ctx.bad(line_no, "prompt_token_ids", "not a list of integers", raw)
+                ctx.bad(line_no, "prompt_token_ids", _BAD_IDS, raw)
             elif isinstance(ids, list):
                 req = pending.get(r.group("id"))
                 if req is not None:
@@ -190,7 +193,7 @@ class VllmLogReader:
             req.output_logged = True
             ids = _parse_ids(rest, _IDS_OUTPUT)
             if ids == "bad":
-                ctx.bad(line_no, "output_token_ids", "not a list of integers", raw)
+                ctx.bad(line_no, "output_token_ids", _BAD_IDS, raw)
                 pending.pop(r.group("id"), None)
                 return
             stream = r.group("stream") or ""

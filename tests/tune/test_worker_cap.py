@@ -1,0 +1,52 @@
+"""``--workers`` is capped by the trial count and the CPUs (issue: ``--workers 500 --trials
+2`` forked 500 processes on 2 CPUs and ran about 27 trials while the bar said 2/2)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+from click.testing import CliRunner
+
+from tuner.cli import cli
+from tuner.processes import cap_workers, usable_cpus
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+MOONCAKE = REPO / "traces" / "mooncake_synthetic.jsonl"
+
+
+def test_cap_workers_reasons() -> None:
+    assert cap_workers(1, 10) == (1, None)
+    n, why = cap_workers(500, 2)
+    assert n == min(2, usable_cpus())
+    assert why is not None and why.startswith("--workers 500 capped to") and "2 stage-1 trials" in why
+    n, why = cap_workers(10_000, 10_000)
+    assert n == usable_cpus() and why is not None and f"{usable_cpus()} CPUs" in why
+
+
+@pytest.fixture
+def small_trace(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib.Path:
+    monkeypatch.setenv("TUNER_SALT", "test-salt")
+    src = tmp_path / "log.jsonl"
+    with open(MOONCAKE, "rb") as fh:
+        src.write_bytes(b"".join(fh.readline() for _ in range(40)))
+    out = tmp_path / "t.parquet"
+    assert CliRunner().invoke(cli, ["ingest", str(src), "-o", str(out)]).exit_code == 0
+    return out
+
+
+def _tune(trace: pathlib.Path, out: pathlib.Path, workers: int) -> dict:
+    res = CliRunner().invoke(cli, ["tune", str(trace), "--model", "llama-3.1-8b", "--trials",
+                                   "2", "--workers", str(workers), "-o", str(out), "--json",
+                                   "--no-progress"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def test_many_workers_run_no_more_trials_than_one(tmp_path: pathlib.Path,
+                                                  small_trace: pathlib.Path) -> None:
+    one = _tune(small_trace, tmp_path / "one.yaml", 1)
+    many = _tune(small_trace, tmp_path / "many.yaml", 500)
+    assert many["trials"]["complete"] == one["trials"]["complete"]
+    assert any(n.startswith("--workers 500 capped to") for n in many["notes"])
