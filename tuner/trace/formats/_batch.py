@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from decimal import Decimal
 from pathlib import Path
 from typing import IO, Any, Literal
 
@@ -196,12 +197,16 @@ def _integral(value: Any) -> int | None:
 
 
 def _big(n: int) -> str:
-    """``n`` with thousands separators, or in scientific form when it is enormous."""
+    """``n`` with thousands separators, or in scientific form when it is enormous.
+
+    Rounded to three significant digits through :class:`decimal.Decimal` (exact for any
+    integer; ``float()`` overflows past 1e308), so a CSV's ``1e29``, which parses to
+    99,999,999,999,999,991,433,150,857,216, reads back as ``1e+29``."""
     if abs(n) < 10**18:
         return f"{n:,}"
-    digits = str(abs(n))  # no float(): past 1e308 it overflows
-    mantissa = f"{digits[0]}.{digits[1:3]}".rstrip("0").rstrip(".")
-    return f"{'-' if n < 0 else ''}{mantissa}e+{len(digits) - 1:02d}"
+    mantissa, exponent = f"{Decimal(n):.2e}".split("e")
+    mantissa = mantissa.rstrip("0").rstrip(".")
+    return f"{mantissa}e{exponent[0]}{int(exponent[1:]):02d}"
 
 
 def short_value(value: Any) -> str:
