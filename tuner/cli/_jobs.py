@@ -315,9 +315,10 @@ def check_tune_args(tune_args: tuple[str, ...], trials: int) -> None:
     Paths are the pod's (its volume), so options that must name an existing file are
     checked for their form only; a model or hardware given as a path is not resolved.
     """
+    import dataclasses
     import os
 
-    from tuner.cli._replay import make_target
+    from tuner.cli._replay import TargetFlags
     from tuner.cli._tune import tune_command
 
     args = list(tune_args)
@@ -336,17 +337,17 @@ def check_tune_args(tune_args: tuple[str, ...], trials: int) -> None:
         ctx = tune_command.make_context("tune", argv)
     except click.ClickException as exc:
         raise ConfigError(f"the tune arguments after --: {exc.format_message()}") from None
-    target_kw = {k: ctx.params[k] for k in ("hardware", "model", "tp", "dp", "block_size",
-                                           "num_gpu_blocks", "gpu_memory_utilization",
-                                           "max_model_len")}
-    if any("/" in str(target_kw[k]) or str(target_kw[k]).endswith((".yaml", ".json"))
-           for k in ("hardware", "model")):
+    names = {f.name for f in dataclasses.fields(TargetFlags)}
+    flags = TargetFlags.from_click({k: v for k, v in ctx.params.items() if k in names})
+    flags = dataclasses.replace(flags, calibration=None)  # the pod's file, not ours
+    if any("/" in value or value.endswith((".yaml", ".json"))
+           for value in (flags.hardware, flags.model)):
         return  # a file in the pod: not here to resolve
     from tuner.perf.presets import resolve_target
 
     with ctx:
         try:
-            resolve_target(make_target(**target_kw, calibration=None))
+            resolve_target(flags.target())
         except ConfigError as exc:
             raise ConfigError(f"the tune arguments after --: {exc}") from None
 
