@@ -269,15 +269,8 @@ class AsyncDecodeGroup(DecodeGroup):
     def check_invariants(self) -> None:
         """The class invariants between two calls (after an update), read through the
         accessors."""
-        running = self.host.running
         bs = self.block_size
-        members = [r for r in running if r.steady]
-        assert len(members) == self.size, "group size != members in running"
-        assert sum(self.tokens(r) for r in members) == self.sum_tokens, "group token sum"
-        assert [r for r in running if not r.steady] == self.others, "others != non-members"
-        seqs = [r.seq for r in running]
-        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs), "running not in seq order"
-        for r in members:
+        for r in self._checked_members():
             t = self.tokens(r)
             assert self.computed(r) == t, f"member {r!r}: computed != tokens"
             assert self.placeholders(r) == 1 and self.in_flight(r) == 1, (
@@ -285,9 +278,6 @@ class AsyncDecodeGroup(DecodeGroup):
             kinds = self.block_events(r, t)
             if self.output_tokens(r) == r.max_tokens - 2:
                 kinds |= FINISHES
-            due = r.event_kinds if r.next_event == self.S else 0
-            assert kinds == due, f"member {r!r}: event kinds {kinds}, filed {due}"
+            self._check_filed(r, kinds)
             assert r.num_blocks == cdiv(t, bs), f"member {r!r}: blocks"
             assert self.output_tokens(r) <= r.max_tokens - 2, f"member {r!r}: too late"
-            assert r.next_event >= self.S and r in self.calendar.get(r.next_event, ()), (
-                f"member {r!r} not filed under its next event")
