@@ -54,3 +54,13 @@ def test_fp8_ds_mla_needs_an_mla_model() -> None:
     code, out = _invoke("replay", str(REPO / "traces" / "agentic_1h.parquet"), "--model",
                         "llama-3.1-8b", "--kv-cache-dtype", "fp8_ds_mla")
     assert code == 2 and "use fp8" in out
+
+
+def test_a_failed_vllm_check_writes_nothing(tmp_path: pathlib.Path) -> None:
+    """The check runs before the export is written: a failed check leaves no file behind
+    (it used to write the export and then fail)."""
+    out_file = tmp_path / "serve.sh"
+    code, out = _invoke("export", str(PROFILE), "--check-vllm", "/nonexistent/python",
+                        "-o", str(out_file))
+    assert code != 0 and "vLLM check: failed" in out, out
+    assert not out_file.exists()

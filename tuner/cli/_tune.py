@@ -346,16 +346,24 @@ def export_command(profile: str, fmt: str, vllm_version: str, native_admission: 
     from tuner.profile import check_with_vllm, load_profile
 
     prof = load_profile(profile)
+    check = None
+    if check_python is not None:  # before anything is written: a failed check writes nothing
+        check = check_with_vllm(prof, vllm_version=vllm_version,
+                                native_admission=native_admission, python=check_python)
+        if check.status == "failed":
+            _echo_check(check)
+            sys.exit(1)
     write_export(prof, profile, fmt, output, vllm_version=vllm_version,
                  native_admission=native_admission, async_scheduling=async_scheduling,
                  scheduler_cls=scheduler_cls)
-    if check_python is not None:
-        check = check_with_vllm(prof, vllm_version=vllm_version,
-                                native_admission=native_admission, python=check_python)
-        click.echo(f"vLLM check: {check.status} {check.vllm_version or ''} "
-                   f"{'; '.join(check.errors) or check.note}", err=True)
-        if check.status == "failed":
-            sys.exit(1)
+    if check is not None:
+        _echo_check(check)
+
+
+def _echo_check(check: Any) -> None:
+    """The ``--check-vllm`` verdict, one line on stderr."""
+    click.echo(f"vLLM check: {check.status} {check.vllm_version or ''} "
+               f"{'; '.join(check.errors) or check.note}", err=True)
 
 
 def register(cli: click.Group) -> None:
