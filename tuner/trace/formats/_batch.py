@@ -182,6 +182,8 @@ def _integral(value: Any) -> int | None:
         return value
     if isinstance(value, str):
         text = value.strip()
+        if "_" in text:  # Python's digit grouping (int("1_0") == 10), not a logged number
+            return None
         try:
             return int(text)
         except ValueError:
