@@ -115,3 +115,21 @@ def test_report_replays_equal_the_tuners(relative_study: pathlib.Path) -> None:
             for key in ("p90_interactivity", "output_throughput_per_gpu", "ttft_p90_s",
                         "prefix_cache_hit_rate", "num_finished", "preemptions"):
                 assert got[key] == pytest.approx(want[key], rel=1e-12), (workers, row.window, key)
+
+
+def test_a_process_with_other_threads_replays_in_process() -> None:
+    """The report forks its replay pool only from a one-thread process (a fork copies
+    locks other threads hold, and the child can wait on one forever)."""
+    import threading
+
+    from tuner.report.replays import fork_is_safe
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert not fork_is_safe()
+    finally:
+        stop.set()
+        other.join()
+    assert fork_is_safe() == (threading.active_count() == 1)

@@ -183,6 +183,8 @@ def replay_windows(spec: dict[str, Any], trace: StudyTrace,
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
             os.cpu_count() or 1)
+    if workers > 1 and not fork_is_safe():
+        workers = 1
 
     target = target_from_dict(spec["target"])
     backend = spec.get("backend") or "sim"
@@ -251,6 +253,21 @@ def _replay_one(i: int) -> tuple[ReplayResult, dict[str, Any]]:
     result = replay.run(reqs, settings, backend=backend, target=target,
                         hash_block_size=block_size, **extra)
     return result, metrics.summarize(result, measure_from_s=lo).to_dict()
+
+
+def fork_is_safe() -> bool:
+    """Whether this process may fork its replay pool: only while it runs one Python thread.
+
+    Why: ``fork`` copies every lock as it stands but only the calling thread, so a lock
+    another thread held at that moment (an I/O thread of a notebook kernel or of a test
+    worker, a logging handler) is never released in the child, and the pool's child waits
+    on it forever (seen as a report replay stuck in a futex under pytest-xdist). The
+    ``tuner report`` command has one Python thread and keeps its pool; an embedding
+    process with others replays in-process, which gives the same results.
+    """
+    import threading
+
+    return threading.active_count() == 1
 
 
 def _replay_all(jobs: list[tuple[Any, SchedulerSettings, float | None, Any, Any]],
