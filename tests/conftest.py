@@ -63,3 +63,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(group))
         if grouping:
             group_node_id(item)
+
+
+@pytest.fixture
+def mooncake_head_trace(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib.Path:
+    """The first 40 records of the bundled Mooncake trace, ingested: a small real trace for
+    CLI tests that need a file (function-scoped: tests change its folder)."""
+    from click.testing import CliRunner
+
+    from tuner.cli import cli
+
+    monkeypatch.setenv("TUNER_SALT", "test-salt")
+    src = tmp_path / "log.jsonl"
+    mooncake = pathlib.Path(__file__).resolve().parents[1] / "traces" / "mooncake_synthetic.jsonl"
+    with open(mooncake, "rb") as fh:
+        src.write_bytes(b"".join(fh.readline() for _ in range(40)))
+    out = tmp_path / "t.parquet"
+    assert CliRunner().invoke(cli, ["ingest", str(src), "-o", str(out)]).exit_code == 0
+    return out

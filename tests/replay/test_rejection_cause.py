@@ -11,19 +11,6 @@ from click.testing import CliRunner
 from tuner.cli import cli
 from tuner.metrics import rejection_warning
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-MOONCAKE = REPO / "traces" / "mooncake_synthetic.jsonl"
-
-
-@pytest.fixture
-def small_trace(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib.Path:
-    monkeypatch.setenv("TUNER_SALT", "test-salt")
-    src = tmp_path / "log.jsonl"
-    with open(MOONCAKE, "rb") as fh:
-        src.write_bytes(b"".join(fh.readline() for _ in range(40)))
-    out = tmp_path / "t.parquet"
-    assert CliRunner().invoke(cli, ["ingest", str(src), "-o", str(out)]).exit_code == 0
-    return out
 
 
 def _invoke(*args: str) -> tuple[int, str]:
@@ -33,12 +20,12 @@ def _invoke(*args: str) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("command", [["replay"], ["tune", "--trials", "2", "-o", "p.yaml"]])
-def test_a_tiny_kv_cache_is_named_and_is_an_error(small_trace: pathlib.Path,
+def test_a_tiny_kv_cache_is_named_and_is_an_error(mooncake_head_trace: pathlib.Path,
                                                   tmp_path: pathlib.Path,
                                                   monkeypatch: pytest.MonkeyPatch,
                                                   command: list[str]) -> None:
     monkeypatch.chdir(tmp_path)
-    code, out = _invoke(command[0], str(small_trace), "--model", "llama-3.1-8b",
+    code, out = _invoke(command[0], str(mooncake_head_trace), "--model", "llama-3.1-8b",
                         "--num-gpu-blocks", "2", *command[1:])
     assert code == 2, out
     last = out.strip().splitlines()[-1]
@@ -48,8 +35,8 @@ def test_a_tiny_kv_cache_is_named_and_is_an_error(small_trace: pathlib.Path,
     assert not (tmp_path / "p.yaml").exists()
 
 
-def test_max_model_len_is_named_when_it_binds(small_trace: pathlib.Path) -> None:
-    code, out = _invoke("replay", str(small_trace), "--model", "llama-3.1-8b",
+def test_max_model_len_is_named_when_it_binds(mooncake_head_trace: pathlib.Path) -> None:
+    code, out = _invoke("replay", str(mooncake_head_trace), "--model", "llama-3.1-8b",
                         "--max-model-len", "64")
     assert code == 2, out
     assert "longer than max_model_len=64" in out and "Raise --max-model-len" in out

@@ -12,8 +12,6 @@ from click.testing import CliRunner
 from tuner.cli import cli
 from tuner.processes import cap_workers, usable_cpus
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-MOONCAKE = REPO / "traces" / "mooncake_synthetic.jsonl"
 
 
 def test_cap_workers_reasons() -> None:
@@ -25,17 +23,6 @@ def test_cap_workers_reasons() -> None:
     assert n == usable_cpus() and why is not None and f"{usable_cpus()} CPUs" in why
 
 
-@pytest.fixture
-def small_trace(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib.Path:
-    monkeypatch.setenv("TUNER_SALT", "test-salt")
-    src = tmp_path / "log.jsonl"
-    with open(MOONCAKE, "rb") as fh:
-        src.write_bytes(b"".join(fh.readline() for _ in range(40)))
-    out = tmp_path / "t.parquet"
-    assert CliRunner().invoke(cli, ["ingest", str(src), "-o", str(out)]).exit_code == 0
-    return out
-
-
 def _tune(trace: pathlib.Path, out: pathlib.Path, workers: int) -> dict:
     res = CliRunner().invoke(cli, ["tune", str(trace), "--model", "llama-3.1-8b", "--trials",
                                    "2", "--workers", str(workers), "-o", str(out), "--json",
@@ -45,8 +32,8 @@ def _tune(trace: pathlib.Path, out: pathlib.Path, workers: int) -> dict:
 
 
 def test_many_workers_run_no_more_trials_than_one(tmp_path: pathlib.Path,
-                                                  small_trace: pathlib.Path) -> None:
-    one = _tune(small_trace, tmp_path / "one.yaml", 1)
-    many = _tune(small_trace, tmp_path / "many.yaml", 500)
+                                                  mooncake_head_trace: pathlib.Path) -> None:
+    one = _tune(mooncake_head_trace, tmp_path / "one.yaml", 1)
+    many = _tune(mooncake_head_trace, tmp_path / "many.yaml", 500)
     assert many["trials"]["complete"] == one["trials"]["complete"]
     assert any(n.startswith("--workers 500 capped to") for n in many["notes"])
