@@ -63,6 +63,7 @@ def test_window_keeps_warm_prefix_hit(child) -> None:  # type: ignore[no-untyped
     _, r = child
     assert r["warm0"]["cached"] == 0 and r["cold"]["cached"] == 0
     assert r["blocker"]["tokens"] == 30
+    assert r["both_queued"], f"the blocker ended before cold and warm queued ({r['attempts']} tries)"
     # warm was admitted before cold although it arrived later: the plugin reordered
     assert r["warm"]["first_s"] < r["cold"]["first_s"]
     assert r["warm"]["cached"] == 64  # its cached prefix survived (FCFS would evict it)

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 import polars as pl
 
 from tuner.errors import ConfigError
+from tuner.trace.schema import MAX_SPAN_S
 from tuner.trace.store import Trace
 
 
@@ -22,7 +23,8 @@ def slice_trace(trace: Trace, start_s: float | None = None, end_s: float | None 
 
     Raises:
         ConfigError: ``last_s`` mixed with ``start_s``/``end_s``, a non-positive
-            ``speedup``, or an empty window.
+            ``speedup``, an empty window, or a slowed window longer than a trace may
+            span (:data:`~tuner.trace.schema.MAX_SPAN_S`: it would not read back).
     """
     if last_s is not None and (start_s is not None or end_s is not None):
         raise ConfigError("use either --last or --start/--end, not both")
@@ -47,6 +49,11 @@ def slice_trace(trace: Trace, start_s: float | None = None, end_s: float | None 
     df = frame.collect()
     if df.height == 0:
         raise ConfigError(f"no requests in [{lo}, {hi}) (trace spans {first}..{last} s)")
+    span = df["arrival_s"].max() - df["arrival_s"].min()  # type: ignore[operator]
+    if span > MAX_SPAN_S:  # a slow-down (speedup < 1) can stretch a window past what reads back
+        raise ConfigError(
+            f"--speedup {speedup}: the window would span {span / 86400:.3g} days; a trace "
+            f"spans at most {MAX_SPAN_S / 86400:.0f} days (use a larger --speedup)")
     origin = trace.metadata.origin_utc
     if origin:
         origin = (datetime.fromisoformat(origin.replace("Z", "+00:00"))

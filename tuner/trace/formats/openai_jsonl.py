@@ -260,8 +260,11 @@ class OpenAIJsonlReader:
         if (ctx.token_count(line_no, "usage.prompt_tokens", input_len, raw, minimum=1) is None
                 or ctx.token_count(line_no, "usage.completion_tokens", output_len, raw) is None):
             return None
-        priority = ctx.bounded_int(line_no, "priority", body.get("priority") or 0, raw,
-                                   -(2**31), 2**31 - 1)
+        # Only an absent priority (or JSON null/false) means vLLM's default 0: "" or 0.0 is a
+        # value the log wrote, and is checked like any other.
+        given = body.get("priority")
+        priority = ctx.bounded_int(line_no, "priority", 0 if given in (None, False) else given,
+                                   raw, -(2**31), 2**31 - 1)
         if priority is None:
             return None
         for key in ("cache_salt", "model"):
