@@ -245,3 +245,22 @@ def test_summary_table_renders():
     text = console.export_text()
     assert "interactivity" in text and "prefix-cache hit rate" in text
     assert "0.3771" in text  # 132 / 350
+
+
+def test_queue_growth_slope_matches_polyfit_and_stays_quiet_at_huge_times() -> None:
+    """The backlog slope is np.polyfit's on ordinary times, and a finite number without a
+    RuntimeWarning on arrival times stretched past 1e200 s (--speedup 1e-201 printed numpy
+    warnings after the --json summary)."""
+    import warnings
+
+    import numpy as np
+
+    from tuner.metrics.summary import _least_squares_slope
+
+    rng = np.random.default_rng(7)
+    t = np.sort(rng.uniform(0, 3600, 500))
+    w = 0.3 * t + rng.normal(0, 5, 500)
+    assert abs(_least_squares_slope(t, w) - np.polyfit(t, w, 1)[0]) < 1e-9
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _least_squares_slope(t * 1e200, w) == pytest.approx(0.0, abs=1e-150)

@@ -18,7 +18,7 @@ from tuner.cli._replay import TargetFlags, make_load, target_options
 @click.option("--set", "assignments", multiple=True, metavar="FIELD=VALUE",
               help="Scheduler setting, vLLM field name (repeatable), e.g. --set "
                    "cache_aware_admission_window=16.")
-@click.option("--speedup", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--speedup", type=click.FloatRange(min=1e-6, max=1e6), default=None,
               help="Open loop: replay arrivals this many times faster.")
 @click.option("--concurrency", type=click.IntRange(min=1), default=None,
               help="Closed loop: keep this many requests in flight.")

@@ -223,7 +223,7 @@ def make_load(speedup: float | None, concurrency: int | None):  # type: ignore[n
               help="Scheduler setting by its SchedulerConfig name (repeatable), e.g. "
                    "--set cache_aware_admission_window=16. Unset fields keep vLLM's defaults "
                    "for the GPU.")
-@click.option("--speedup", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--speedup", type=click.FloatRange(min=1e-6, max=1e6), default=None,
               help="Open loop at the trace's arrival times divided by X [default: 1].")
 @click.option("--concurrency", type=click.IntRange(min=1), default=None,
               help="Closed loop: keep N requests in flight, issued in trace order.")

@@ -235,7 +235,7 @@ def calibrate_command(target_flags: TargetFlags, **kw: Any) -> None:
 @server_options
 @click.option("--baseline-endpoint", default=None, metavar="URL",
               help="With --endpoint: a second running server with the baseline settings.")
-@click.option("--speedup", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--speedup", type=click.FloatRange(min=1e-6, max=1e6), default=None,
               help="Open loop at the trace's arrival times divided by X [default: 1].")
 @click.option("--concurrency", type=click.IntRange(min=1), default=None,
               help="Closed loop: keep N requests in flight.")

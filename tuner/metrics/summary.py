@@ -174,9 +174,22 @@ def _load_stats(result: ReplayResult, counted: list[RequestResult]) -> dict[str,
     if t.size and waiting.size == t.size:
         mask = (t >= first) & (t <= last)
         if int(mask.sum()) >= 2 and float(np.ptp(t[mask])) > 0:
-            slope = float(np.polyfit(t[mask], waiting[mask], 1)[0])
+            slope = _least_squares_slope(t[mask], waiting[mask])
     return {"arrival_rate": _safe_div(len(live) - 1, last - first), "backlog_end": backlog,
             "queue_growth_per_s": slope}
+
+
+def _least_squares_slope(x: np.ndarray, y: np.ndarray) -> float:
+    """The least-squares slope of ``y`` over ``x``, NaN when it is not a finite number.
+
+    Closed form on centred values rather than ``np.polyfit``, which warned on stderr (and
+    spoiled ``--json`` output) for arrival times stretched to astronomic values.
+    """
+    with np.errstate(all="ignore"):
+        dx = x - x.mean()
+        den = float(np.dot(dx, dx))
+        slope = float(np.dot(dx, y - y.mean())) / den if den > 0 else _NAN
+    return slope if math.isfinite(slope) else _NAN
 
 
 #: Rejected share of the requests above which a replay's summary warns.
