@@ -55,6 +55,20 @@ def test_cli_errors_are_one_line() -> None:
     assert res.output.strip() == "Error: missing TRACE (or use --join STUDY --storage URL)"
 
 
+def test_profile_that_is_its_own_journal_is_refused(small_trace: pathlib.Path,
+                                                    tmp_path: pathlib.Path) -> None:
+    """-o NAME.optuna-journal made the profile and its study one file (the profile replaced
+    the study); the same for --storage X -o X. Refused before any trial runs."""
+    for extra, name in (([], "x.optuna-journal"), (["--storage", "j.journal"], "j.journal")):
+        out = tmp_path / name
+        res = CliRunner().invoke(cli, ["tune", str(small_trace), *TARGET, "--trials", "2",
+                                       *[a if a != "j.journal" else str(out) for a in extra],
+                                       "-o", str(out)])
+        assert res.exit_code == 2, res.output
+        assert res.output.startswith("Error: -o ") and "journal" in res.output
+        assert res.output.count("\n") == 1 and not out.exists()
+
+
 def test_export_errors(tmp_path: pathlib.Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nscheduler: {max_num_seqs: 0}\ntarget: {hardware: a, model: b}\n")

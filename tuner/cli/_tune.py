@@ -126,6 +126,7 @@ def _run_tune(trace: str, output: str, kw: dict[str, Any], flags: TargetFlags,
     ttft = kw["ttft_tolerance"]
     rule = PickRule(prefer=kw["prefer"], tolerance=kw["throughput_tolerance"] / 100.0,
                     ttft_tolerance=None if ttft.lower() == "off" else _percent(ttft))
+    _check_journal_is_not_output(output, kw["storage"])
     target = flags.target()
     inputs = TuneInputs(trace, target=target, backend=kw["backend"], holdout=kw["holdout"],
                         stage1_fraction=kw["stage1_fraction"], slo=kw["slo"])
@@ -267,6 +268,18 @@ def tune_command(trace: str | None, output: str | None, join_study: str | None,
     profile = _run_tune(trace, output, kw, flags, router_flags)
     if confirm_top is not None:
         _confirm_top(profile, trace, confirm_top, server_kw, flags, kw["as_json"])
+
+
+def _check_journal_is_not_output(output: str, storage: str | None) -> None:
+    """The study's journal (``--storage``, or NAME.optuna-journal beside the profile) must
+    not be the profile: ``-o x.optuna-journal`` made both the same file, and the profile
+    written last replaced the study."""
+    from tuner.tune.storage import default_journal_path, journal_path
+
+    journal = journal_path(storage) if storage else default_journal_path(output)
+    if journal is not None and journal.resolve() == pathlib.Path(output).resolve():
+        raise ConfigError(f"-o {output}: that is the study's journal file too; name the "
+                          f"profile NAME.yaml (the journal goes beside it) or give --storage")
 
 
 @click.command(name="tune-log", epilog=METRICS_HELP)
