@@ -24,8 +24,6 @@ import numpy as np
 
 from tuner.trace.reblock_vec import source_chains
 
-#: Source positions compared at a time (bounds the temporaries).
-_CHECK_CHUNK = 1 << 21
 _NO_IDS = np.zeros(0, dtype=np.int64)
 
 
