@@ -12,9 +12,13 @@ is printed with the number of requests and the replay time.
 
 Replay memory should be bounded by live state (waiting and running requests, the KV
 cache's blocks), not by trace length. Targets: <= 1.5 GB at 6 hours and flat (within
-20 %) from 6 to 24 hours.
+20 %) from 6 to 24 hours. Then a fleet: the ``--fleet-hours`` traces (6 by default) on
+``--fleet-engines`` replicas (8) of that deployment behind the default router
+(round-robin), which streams the trace as one engine does (``tuner.sim.hash_space.
+FleetIdSpace``): target <= 2 GB at 6 hours.
 
-Usage:  .venv/bin/python bench/memory.py [--hours 1 6 24] [--json OUT] [--keep DIR]
+Usage:  .venv/bin/python bench/memory.py [--hours 1 6 24] [--fleet-engines 8]
+        [--fleet-hours 6] [--json OUT] [--keep DIR]
 The child imports ``tuner`` from the interpreter running this script (run it with another
 checkout's Python to measure that checkout).
 """
@@ -41,6 +45,7 @@ SAMPLE = ROOT / "traces" / "mooncake_synthetic.jsonl"
 PERIOD_S = 1200.0
 TARGET = {"hardware": "mi355x", "model": "llama-3.1-70b", "tp": 8}
 MAX_6H_MIB = 1.5 * 1024
+MAX_6H_FLEET_MIB = 2.0 * 1024
 FLAT = 0.20
 _GOLDEN = 0x9E3779B97F4A7C15
 
@@ -111,7 +116,8 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     from tuner.perf.target import Target
 
     t0 = time.perf_counter()
-    result = replay.run(spec["trace"], target=Target(**TARGET))
+    result = replay.run(spec["trace"], target=Target(**TARGET,
+                                                     replicas=spec.get("replicas", 1)))
     wall = time.perf_counter() - t0
     s = summarize(result)
     return {"requests": s.num_requests, "finished": int(result.counters["num_finished"]),
@@ -123,15 +129,21 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("--hours", type=float, nargs="+", default=[1.0, 6.0, 24.0])
+    ap.add_argument("--hours", type=float, nargs="*", default=[1.0, 6.0, 24.0])
     ap.add_argument("--json", help="also write the figures to this JSON file")
     ap.add_argument("--keep", help="build (or reuse) the traces in this folder")
+    ap.add_argument("--fleet-engines", type=int, default=8,
+                    help="replicas of the fleet rows (0: no fleet rows)")
+    ap.add_argument("--fleet-hours", type=float, nargs="*", default=[6.0])
     args = ap.parse_args()
     if args.child:
         print(json.dumps(_child(json.loads(args.child))))
         return 0
     from tuner.trace import ingest
 
+    runs = [(hours, 1) for hours in args.hours]
+    if args.fleet_engines > 0:
+        runs += [(hours, args.fleet_engines) for hours in args.fleet_hours]
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
         work = Path(args.keep or tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -139,28 +151,30 @@ def main() -> int:
         if not sample.exists():
             ingest(SAMPLE, sample, format="mooncake", salt=b"bench-memory", progress=False)
         print("== Peak RSS of one replay: Mooncake sample repeated, Llama-3.1-70B TP8 MI355X ==")
-        print(f"{'hours':>6} {'requests':>9} {'finished':>9} {'peak waiting':>12} "
-              f"{'build s':>8} {'replay s':>9} {'peak RSS':>10} {'KB/request':>11}")
+        print(f"{'hours':>6} {'engines':>7} {'requests':>9} {'finished':>9} "
+              f"{'peak waiting':>12} {'build s':>8} {'replay s':>9} {'peak RSS':>10} "
+              f"{'KB/request':>11}")
         figures = []
-        for hours in args.hours:
+        for hours, engines in runs:
             path = work / f"mooncake_{hours:g}h.parquet"
             t0 = time.perf_counter()
             if not path.exists():
                 build_trace(hours, path, sample)
             build_s = time.perf_counter() - t0
             proc = subprocess.run([sys.executable, __file__, "--child",
-                                   json.dumps({"trace": str(path)})],
+                                   json.dumps({"trace": str(path), "replicas": engines})],
                                   capture_output=True, text=True)
             if proc.returncode != 0:
                 print(proc.stderr[-3000:], file=sys.stderr)
                 return 1
-            row = {"hours": hours, "build_s": build_s, **json.loads(proc.stdout.splitlines()[-1])}
+            row = {"hours": hours, "engines": engines, "build_s": build_s,
+                   **json.loads(proc.stdout.splitlines()[-1])}
             figures.append(row)
-            print(f"{hours:>6g} {row['requests']:>9,} {row['finished']:>9,} "
+            print(f"{hours:>6g} {engines:>7} {row['requests']:>9,} {row['finished']:>9,} "
                   f"{row['peak_waiting']:>12,} {build_s:>8.1f} "
                   f"{row['total_wall_s']:>9.1f} {row['peak_rss_mib']:>6.0f} MiB "
                   f"{1024 * row['peak_rss_mib'] / max(1, row['requests']):>11.1f}")
-    by_hours = {r["hours"]: r["peak_rss_mib"] for r in figures}
+    by_hours = {r["hours"]: r["peak_rss_mib"] for r in figures if r["engines"] == 1}
     if 6.0 in by_hours:
         ok = by_hours[6.0] <= MAX_6H_MIB
         print(f"6 h: {by_hours[6.0]:.0f} MiB (target <= {MAX_6H_MIB:.0f} MiB): "
@@ -169,6 +183,11 @@ def main() -> int:
             growth = by_hours[24.0] / by_hours[6.0] - 1.0
             print(f"6 h -> 24 h: {100 * growth:+.1f} % (target within {100 * FLAT:.0f} %): "
                   f"{'met' if abs(growth) <= FLAT else 'NOT met'}")
+    fleet = {r["hours"]: r["peak_rss_mib"] for r in figures if r["engines"] > 1}
+    if 6.0 in fleet:
+        ok = fleet[6.0] <= MAX_6H_FLEET_MIB
+        print(f"6 h, {args.fleet_engines} engines: {fleet[6.0]:.0f} MiB (target <= "
+              f"{MAX_6H_FLEET_MIB:.0f} MiB): {'met' if ok else 'NOT met'}")
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
     return 0

@@ -58,10 +58,11 @@ def main() -> None:
 
         trace = slice_trace(read_trace(args.trace), end_s=args.duration)
     target = Target(hardware="mi355x", model="llama-3.1-70b", tp=8, block_size=args.block_size)
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     evaluator = ReplayEvaluator(trace, target=target, stage1_fraction=args.stage1_fraction)
     print(f"trace {args.trace}{f' (first {args.duration:g} s)' if args.duration else ''}: "
-          f"{len(evaluator._all or [])} requests, loaded in {time.perf_counter() - t:.1f} s; "
+          f"{len(evaluator._all or [])} requests, loaded in {time.perf_counter() - t:.1f} s "
+          f"({time.process_time() - cpu:.1f} CPU s; goal <= 2 s); "
           f"stage-1 window {evaluator.windows.t_stage1 - evaluator.windows.t0:.0f} s; "
           f"cpu_count={os.cpu_count()}, load average {os.getloadavg()[0]:.1f}")
     config = StudyConfig(space=load_space("admission"), objectives=parse_objectives(None),

@@ -111,3 +111,58 @@ def _intern_in_child(reqs):
 
     assert tuner.IN_FORKED_CHILD
     return [np.asarray(r.block_hashes).tolist() for r in kv_request_ids(reqs, 64, 16)]
+
+
+def _session_trace():
+    """Sessions of growing turns (each turn's prompt = the previous prompt + output + new
+    blocks), one session whose third turn rewrites an early block (not a prefix), one
+    turn whose partial last block differs, and requests without a session."""
+    import dataclasses
+
+    reqs = make_requests(60, hbs=64, follow_ups=False)
+    out = []
+    for s in range(6):
+        prompt = list(reqs[s].block_hashes)
+        for turn in range(5):
+            n_full = len(prompt) - 1
+            L = n_full * 64 + 1 + 17 * turn
+            hashes = prompt[:n_full] + [hash((s, turn, "tail")) & (2**64 - 1)]
+            stored = list(hashes)
+            if s == 2 and turn == 3:
+                stored[1] ^= 1  # an edited history: shares only block 0 with the host
+            outs = tuple(hash((s, turn, j)) & (2**64 - 1) for j in range(2))
+            out.append(dataclasses.replace(
+                reqs[s], request_id=f"s{s}t{turn}", arrival_s=float(len(out)), input_len=L,
+                output_len=2 * 64, block_hashes=tuple(stored), output_block_hashes=outs,
+                session_id=f"s{s}"))
+            prompt = hashes[:n_full] + list(outs) + [hash((s, turn, "new")) & (2**64 - 1)] * 3
+    return out + [dataclasses.replace(r, session_id=None) for r in reqs[10:20]]
+
+
+@pytest.mark.parametrize("sizes", [(64, 16), (64, 64), (64, 32)])
+def test_session_prompts_share_their_hosts_ids(sizes):
+    """A turn whose prompt is a prefix of its session's longest prompt is a view of that
+    prompt's ids (memory shared, not copied), and the ids still name exactly the equal
+    KV hashes (an edited history and a partial last block get their own)."""
+    f, t = sizes
+    reqs = _session_trace()
+    raw = kv_requests(reqs, f, t)
+    interned = kv_request_ids(reqs, f, t)
+    pairs: dict[int, int] = {}
+    back: dict[int, int] = {}
+    for a, b in zip(raw, interned):
+        for hashes, ids in ((a.block_hashes, b.block_hashes),
+                            (a.output_block_hashes, b.output_block_hashes)):
+            assert len(hashes) == len(ids)
+            for h, i in zip(np.asarray(hashes).tolist(), np.asarray(ids).tolist()):
+                assert pairs.setdefault(h, i) == i and back.setdefault(i, h) == h
+                assert 0 <= i < interned.num_hash_ids
+    by_id = {r.request_id: r for r in interned}
+    bases = {id(np.asarray(by_id[f"s0t{turn}"].block_hashes).base) for turn in range(5)}
+    assert len(bases) == 1  # one session: one array
+    host = by_id["s0t4"].block_hashes  # the longest prompt
+    assert np.shares_memory(by_id["s0t1"].block_hashes, host)
+    edited, its_host = by_id["s2t3"].block_hashes, by_id["s2t4"].block_hashes
+    k = f // t
+    assert edited[:k].tolist() == its_host[:k].tolist()
+    assert edited[k:2 * k].tolist() != its_host[k:2 * k].tolist()

@@ -135,3 +135,51 @@ def test_string_and_request_columns() -> None:
     gaps.append((0.25, 1))
     assert gaps == [(0.5, 2), (0.25, 1)] and gaps[1] == (0.25, 1) and len(gaps) == 2
     assert nan != nan  # the table's nan defaults are real nans
+
+
+@pytest.mark.parametrize("router", ["round-robin", "least-loaded", "session"])
+@pytest.mark.parametrize("dp,replicas,moe", [(1, 3, False), (2, 2, True), (2, 1, False)])
+@pytest.mark.parametrize("load", [OpenLoop(), ClosedLoop(6)])
+def test_streamed_fleet_replays_like_the_loaded_one(tmp_path: Path, router: str, dp: int,
+                                                    replicas: int, moe: bool, load) -> None:  # type: ignore[no-untyped-def]
+    """A fleet reading the trace as it goes (one id space over every engine, renumbered
+    often, requests routed but not yet delivered included) replays exactly as the fleet
+    given the whole interned trace."""
+    import dataclasses as dc
+
+    from tuner.sim.fleet.router import RouterSettings
+    from tuner.sim.fleet.simulator import FleetSimulator
+    from tuner.trace import TraceRequest, read_trace, write_trace
+    from tuner.trace.schema import TraceMetadata
+
+    reqs = [dc.replace(r, session_id=f"s{i % 5}")
+            for i, r in enumerate(make_requests(90, seed=3, hbs=64, spacing_s=0.01))]
+    trace = read_trace(write_trace(tmp_path / "f.parquet", reqs, TraceMetadata(
+        hash_block_size=64, source_format="test")))
+    assert all(isinstance(r, TraceRequest) for r in reqs)
+    settings = SchedulerSettings(max_num_batched_tokens=256, max_num_seqs=8)
+    cache = CacheSettings(block_size=16, num_gpu_blocks=80, max_model_len=4096)
+    options = SimOptions(record_steps=True, check_invariants=True)
+    kw = dict(dp=dp, replicas=replicas, moe=moe, router=RouterSettings(policy=router),
+              options=options, load=load)
+    interned = kv_request_ids(load_trace_arrays(trace), 64, 16)
+    want = records(FleetSimulator(interned, settings, cache, step_time,
+                                  num_hash_ids=interned.num_hash_ids, **kw).run())
+    for window in (1, 5):
+        stream = TraceArrivals(trace, 16, window=window, min_compact_ids=16)
+        got = records(FleetSimulator(stream, settings, cache, step_time, **kw).run())
+        assert got == want, f"window {window}"
+        assert stream.num_renumberings > 0
+
+
+def test_prefix_aware_fleet_refuses_a_stream(tmp_path: Path) -> None:
+    from tuner.errors import ConfigError
+    from tuner.sim.fleet.router import RouterSettings
+    from tuner.sim.fleet.simulator import FleetSimulator
+    from tuner.trace import read_trace
+
+    trace = read_trace(write(tmp_path, 64))
+    with pytest.raises(ConfigError, match="prefix-aware"):
+        FleetSimulator(TraceArrivals(trace, 16), SchedulerSettings(),
+                       CacheSettings(block_size=16, num_gpu_blocks=80, max_model_len=4096),
+                       step_time, replicas=2, router=RouterSettings(policy="prefix-aware"))

@@ -42,6 +42,12 @@ class SimBackend(Backend):
         self.router: RouterSettings = router
         self._simulator: Any = None
 
+    @property
+    def streams_fleets(self) -> bool:
+        """Whether a fleet replay may stream the trace (``tuner.replay._stream``): every
+        router but the prefix-aware one, whose block counts are indexed by hash id."""
+        return self.router.policy != "prefix-aware"
+
     def prepare(self, requests: Sequence["TraceRequest"], settings: "SchedulerSettings",
                 target: Any, load: Any, options: "SimOptions") -> None:
         from tuner.sim.engine import Simulator

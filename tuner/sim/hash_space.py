@@ -20,7 +20,7 @@ It runs between steps, with no step in flight.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from tuner.sim.request import SimRequest
     from tuner.sim.scheduler import Scheduler
 
-__all__ = ["HashIdSpace"]
+__all__ = ["FleetIdSpace", "HashIdSpace"]
 
 _ID = np.int64
 
@@ -97,3 +97,51 @@ class HashIdSpace:
         self.manager.num_trace_hash_ids = len(live)
         for request in self._live_requests():
             request.renumber_hash_ids(live)
+
+
+class FleetIdSpace:
+    """:class:`HashIdSpace` over a fleet's engines: one trace-id space for all of them.
+
+    Why: a streamed trace interns a request's hashes before it is routed, so its ids must
+    mean the same on every engine. Each engine's pool also reserves synthetic ids of its
+    own (a request's unshared blocks, only that engine ever sees them), so the pools'
+    sizes drift apart; a trace range is reserved from the largest size on in every pool
+    (the smaller pools skip the gap), and a renumbering keeps the union of what any
+    engine references, plus the requests routed but not yet delivered to their engine
+    (``in_transit``: the fleet loop's input queues), whose ids it rewrites in place.
+    The same ids name the same hashes everywhere, and each engine's renumbering is
+    monotone as a single engine's is, so decisions do not change.
+    """
+
+    def __init__(self, spaces: list[HashIdSpace]) -> None:
+        self.spaces = spaces
+        self.in_transit: Any = lambda: ()  # -> the sources routed but not yet delivered
+
+    @property
+    def size(self) -> int:
+        return max(space.size for space in self.spaces)
+
+    def reserve(self, count: int) -> int:
+        base = self.size
+        for space in self.spaces:
+            space.reserve(base + count - space.size)
+        return base
+
+    def live_mask(self) -> np.ndarray:
+        self.reserve(0)  # every pool as large as the largest: one mask fits all
+        mask = np.zeros(self.size, dtype=bool)
+        for space in self.spaces:
+            mask |= space.live_mask()
+        for source in self.in_transit():
+            for ids in (source.block_hashes, source.output_block_hashes):
+                mask[np.asarray(ids, dtype=_ID)] = True
+        return mask
+
+    def renumber(self, live: np.ndarray) -> None:
+        live = np.asarray(live, dtype=_ID)
+        for space in self.spaces:
+            space.renumber(live)
+        for source in self.in_transit():
+            source.block_hashes = np.searchsorted(live, np.asarray(source.block_hashes, _ID))
+            source.output_block_hashes = np.searchsorted(
+                live, np.asarray(source.output_block_hashes, _ID))

@@ -18,6 +18,7 @@ against the reference on random and synthesized traces. pyarrow loads on first u
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -260,3 +261,64 @@ def _positions(k: int) -> np.ndarray:
     if pos is None:
         pos = _POSITIONS[k] = np.arange(k, dtype=np.int64)
     return pos
+
+
+# --------------------------------------------------------------------------- many requests
+
+@dataclass(frozen=True)
+class SourceChains:
+    """Where many requests' KV blocks come from, by ``reblock_request_hashes``'s rules:
+    each request's *source chain* is its prompt hashes, or its full prompt blocks and
+    then its output hashes (when those cover the prompt), and its KV block ``j`` is
+    sub-block ``j % k`` of chain element ``j // k``."""
+
+    prompt_starts: np.ndarray  # where each row's prompt hashes start in the values
+    output_starts: np.ndarray  # where each row's output hashes start in the values
+    chain_prompt: np.ndarray  # chain elements taken from the prompt (the rest: output)
+    n_target: np.ndarray  # KV blocks (prompt and output) of each row
+    n_sources: np.ndarray  # chain elements they use: ceil(n_target / k)
+
+    def positions(self, rows: np.ndarray, starts: np.ndarray,
+                  counts: np.ndarray) -> np.ndarray:
+        """Indices into the values of chain elements ``starts[i] .. + counts[i]`` of row
+        ``rows[i]``, row after row."""
+        pos = _ragged_arange(counts) + np.repeat(starts, counts)
+        owner = np.repeat(rows, counts)
+        cp = self.chain_prompt[owner]
+        return np.where(pos < cp, self.prompt_starts[owner] + pos,
+                        self.output_starts[owner] + (pos - cp))
+
+
+def source_chains(values: np.ndarray, prompt_starts: np.ndarray, prompt_counts: np.ndarray,
+                  output_starts: np.ndarray, output_counts: np.ndarray,
+                  input_lens: np.ndarray, output_lens: np.ndarray, from_block_size: int,
+                  to_block_size: int) -> SourceChains:
+    """The :class:`SourceChains` of rows whose hashes lie in ``values`` (row ``i``'s prompt
+    ``values[prompt_starts[i]:][:prompt_counts[i]]``, its output likewise), for a split
+    (``from_block_size % to_block_size == 0``).
+
+    Raises:
+        ConfigError: as the reference, for the first row with too few source hashes.
+    """
+    f, t = from_block_size, to_block_size
+    assert f > 0 and t > 0 and f % t == 0, "source chains split; grouping needs hashes"
+    k = f // t
+    p_count = np.asarray(prompt_counts, dtype=np.int64)
+    o_count = np.asarray(output_counts, dtype=np.int64)
+    L = np.asarray(input_lens, dtype=np.int64)
+    full_prompt = np.minimum(L // f, p_count)
+    joined_size = full_prompt + o_count
+    joined_covered = np.minimum(L + np.asarray(output_lens, dtype=np.int64), joined_size * f)
+    joined = (o_count > 0) & (L <= joined_covered)  # else: the prompt alone (reference)
+    n_target = np.where(joined, joined_covered, L) // t
+    n_sources = -(-n_target // k)
+    short = np.where(joined, joined_size, p_count) < n_sources
+    if short.any():
+        i = int(np.argmax(short))
+        p0, o0 = int(prompt_starts[i]), int(output_starts[i])
+        _kv_chain(values[p0:p0 + p_count[i]], values[o0:o0 + o_count[i]], int(L[i]),
+                  int(output_lens[i]), f, t)  # raises the reference's error
+        raise AssertionError("source_chains refused what the reference accepts")
+    return SourceChains(np.asarray(prompt_starts, dtype=np.int64),
+                        np.asarray(output_starts, dtype=np.int64),
+                        np.where(joined, full_prompt, p_count), n_target, n_sources)

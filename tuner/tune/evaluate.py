@@ -233,7 +233,8 @@ class ReplayEvaluator:
         from tuner.replay import intern_requests, load_requests, reblock_request
 
         if self._all is None:
-            requests, size = load_requests(self._trace)
+            # the twin's path interns arrays (fast); other backends take tuples of ints
+            requests, size = load_requests(self._trace, arrays=self.backend == "sim")
             self.fingerprint = requests_fingerprint(requests, size)
             self._arrivals = [r.arrival_s for r in requests]
             if self.backend == "sim":  # hash ids at the KV block size, interned once here

@@ -44,9 +44,11 @@ class FleetSimulator:
     """Replay ``requests`` on ``replicas`` copies of a ``dp``-rank deployment.
 
     Args:
-        requests: as ``Simulator`` (a request list, or an in-memory interned list with
-            ``num_hash_ids``); a streaming source that renumbers hash ids as it reads
-            is refused (it binds to one scheduler).
+        requests: as ``Simulator`` (a request list, an in-memory interned list with
+            ``num_hash_ids``, or a streaming source that interns as it reads: it binds
+            every engine's scheduler into one id space, ``tuner.sim.hash_space.
+            FleetIdSpace``; refused for the prefix-aware router, whose block counts are
+            indexed by hash id).
         settings, cache, step_time: per engine (one TP group), as ``Simulator``.
         dp: ranks per replica (vLLM ``--data-parallel-size``); ``replicas``: copies.
         moe: the model is a mixture of experts, so a replica's ranks run in lockstep
@@ -65,8 +67,9 @@ class FleetSimulator:
                  num_gpus: int = 1, num_hash_ids: int | None = None,
                  dp_sync_interval: int = DP_SYNC_INTERVAL) -> None:
         if hasattr(requests, "bind") and hasattr(requests, "table"):
-            if not isinstance(requests, ListArrivals):
-                raise ConfigError("a fleet replay reads the trace into memory; pass the "
+            if not isinstance(requests, ListArrivals) and router.policy == "prefix-aware":
+                raise ConfigError("a prefix-aware fleet replay reads the trace into memory "
+                                  "(its router counts blocks by hash id); pass the "
                                   "requests, not a streaming source")
             source = requests
         else:
@@ -88,6 +91,14 @@ class FleetSimulator:
             self.engines.append(FleetTwinEngine(scheduler, cache.block_size, rank_options,
                                                 self.table))
         engines = self.engines
+        if hasattr(source, "hold_in_transit"):  # a stream: its renumbering sees the queues
+            source.hold_in_transit(lambda: [s for queue in self.loop.pending
+                                            for _, s, _ in queue])
+        # The session router refuses a trace without session ids: a list is checked by its
+        # requests, a stream by its table's session column ([] = none carries one).
+        sources = getattr(source, "sources", None)
+        if sources is None and not any(self.table.session_id or ()):
+            sources = []
         router_obj = None
         if replicas > 1 or router.policy == "prefix-aware":
             router_obj = make_router(
@@ -95,7 +106,7 @@ class FleetSimulator:
                 num_hash_ids=source.num_hash_ids,
                 cached_blocks=lambda e, s: engines[e].cached_prefix_blocks(s),
                 first_token=lambda e, i: self.loop.first_token(e, i),
-                sources=source.sources)
+                sources=sources)
         self.loop = FleetLoop(engines, source, step_time, AdmissionRules.of(settings, cache),
                               self.table, dp=dp, replicas=replicas, lockstep=self.lockstep,
                               router=router_obj, load=load, num_requests=source.num_requests,
