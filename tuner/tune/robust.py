@@ -155,7 +155,8 @@ class RobustReport:
         for o in objectives:
             s = c.spread(o.key)
             if s is not None:
-                parts.append(f"{s[0]:+.1f} % to {s[1]:+.1f} % {metric_name(o.key)}")
+                lo, hi = _pct(s[0]), _pct(s[1])
+                parts.append(f"{lo if lo == hi else lo + ' to ' + hi} {metric_name(o.key)}")
         return head + ("; by " + ", ".join(parts) if parts else "")
 
     def lines(self, objectives: Sequence[Objective]) -> list[str]:
@@ -168,7 +169,7 @@ class RobustReport:
         for c in self.checked:
             out.append("  " + self.verdict(c.point, objectives))
             for i, o in enumerate(c.outcomes, 1):
-                deltas = ", ".join(f"{o.delta_pct[k.key]:+.1f} % {metric_name(k.key)}"
+                deltas = ", ".join(f"{_pct(o.delta_pct[k.key])} {metric_name(k.key)}"
                                    for k in objectives if k.key in o.delta_pct)
                 state = "holds" if o.holds else "fails: " + "; ".join(o.failed)
                 out.append(f"    variant {i} ({o.variant.describe()}): {deltas} -- {state}")
@@ -199,6 +200,12 @@ class RobustReport:
                             "outcomes": [o.to_dict() for o in c.outcomes]}
                            for c in self.checked]})
         return out
+
+
+def _pct(value: float) -> str:
+    """``+12.3 %`` (``+0.0 %``, never ``-0.0 %``)."""
+    text = f"{value:+.1f}"
+    return ("+0.0" if text == "-0.0" else text) + " %"
 
 
 # --------------------------------------------------------------------------- the variants
