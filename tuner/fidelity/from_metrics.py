@@ -71,6 +71,10 @@ COUNT_RATIO = 1.25
 #: Fixed-point rounds at most, and the relative error at which the fit stops.
 MAX_ROUNDS = 8
 TOLERANCE = 0.01
+#: Refits of the coefficients at most, and the relative error of the calibrated replay's
+#: fitted means at which they stop.
+COEFFICIENT_ROUNDS = 3
+COEFFICIENT_TOLERANCE = 0.03
 #: The factors stay inside this range (a fit outside it is a wrong window, not a GPU).
 FACTOR_RANGE = (0.02, 50.0)
 
@@ -471,18 +475,33 @@ def calibrate_from_metrics(trace: Any, target: Target, metrics: WindowMetrics, *
     shapes = probe_shapes(requests, fitted, int(settings.max_num_batched_tokens))
     probes = [Probe(kind, label, batch, scaled.step_time_s(batch), 1)  # type: ignore[arg-type]
               for kind, label, batch in shapes]
-    result = fit_probes(probes, hardware=target.hardware, model=target.model, tp=target.tp,
-                        quantization=target.quantization, kv_cache_dtype=target.kv_cache_dtype,
-                        extra_fit={"method_from_metrics": (
-                            "clock factors fitted to the window's prefill-time and "
-                            "inter-token means, then the coefficients to probe shapes of the "
-                            "window priced by that clock"),
-                            "from_metrics": metrics.source,
-                            "clock_factors": factors.to_dict()})
-    with tempfile.TemporaryDirectory(prefix="tuner-from-metrics-") as tmp:
-        path = save_calibration(Path(tmp) / "calibration.yaml", result.calibration)
-        calibrated = _replay(trace, dataclasses.replace(target, calibration=str(path)),
-                             settings)
+    extra = {"method_from_metrics": (
+        "clock factors fitted to the window's prefill-time and inter-token means, then the "
+        "coefficients to probe shapes of the window priced by that clock, the probe targets "
+        "corrected until the calibrated replay's means match"),
+        "from_metrics": metrics.source, "clock_factors": factors.to_dict()}
+    want = (_mean(metrics.histograms, PREFILL), _mean(metrics.histograms, ITL))
+    for attempt in range(COEFFICIENT_ROUNDS):
+        result = fit_probes(probes, hardware=target.hardware, model=target.model, tp=target.tp,
+                            quantization=target.quantization,
+                            kv_cache_dtype=target.kv_cache_dtype, extra_fit=extra)
+        with tempfile.TemporaryDirectory(prefix="tuner-from-metrics-") as tmp:
+            path = save_calibration(Path(tmp) / "calibration.yaml", result.calibration)
+            calibrated = _replay(trace, dataclasses.replace(target, calibration=str(path)),
+                                 settings)
+        got = twin_histograms(calibrated, metrics.histograms)
+        r_p, r_d = want[0] / _mean(got, PREFILL), want[1] / _mean(got, ITL)
+        if say := progress:
+            say(f"coefficients {attempt + 1}: calibrated replay prefill time "
+                f"{100 * (1 / r_p - 1):+.1f} %, inter-token latency {100 * (1 / r_d - 1):+.1f} %")
+        if max(abs(r_p - 1), abs(r_d - 1)) <= COEFFICIENT_TOLERANCE or not (
+                math.isfinite(r_p) and math.isfinite(r_d)):
+            break
+        # the coefficients could not follow the scaled clock on every shape: move each
+        # kind's targets by what the replay still misses, and refit
+        scale = {"prefill": r_p, "decode": r_d, "mixed": math.sqrt(r_p * r_d)}
+        probes = [dataclasses.replace(p, measured_s=p.measured_s * scale[p.kind])
+                  for p in probes]
     sides = {"nominal": twin_histograms(nominal, metrics.histograms),
              "fitted": twin_histograms(fitted, metrics.histograms),
              "calibrated": twin_histograms(calibrated, metrics.histograms)}
