@@ -320,9 +320,12 @@ class ReplayEvaluator:
         requests = self._requests(window)
         blocks = self.target.num_gpu_blocks
         # one copy = one deployment of the target's TP x DP (its replicas are the copies)
+        # a calibration file is fitted at one TP (resolve_target refuses it at another):
+        # other sizes are priced by the GPU's own coefficients
         target = dataclasses.replace(
             self.target, tp=tp, replicas=1,
-            num_gpu_blocks=None if blocks is None else int(blocks * tp / self.target.tp))
+            num_gpu_blocks=None if blocks is None else int(blocks * tp / self.target.tp),
+            calibration=self.target.calibration if tp == self.target.tp else None)
         if replicas == 1:
             return [self._replay(requests, settings, window, target)]
         shares: list[list[Any]] = [[] for _ in range(replicas)]
