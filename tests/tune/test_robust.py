@@ -204,3 +204,24 @@ def test_robust_check_needs_bands_on_the_baseline() -> None:
     report = robust_check(ClockFake(), Selection(pick, "rule", "why"), base, (), (),
                           PickRule(), RobustOptions())
     assert report.skipped and "no error bands" in report.skipped
+
+
+def test_a_point_the_failed_pick_beat_on_held_out_is_considered_again() -> None:
+    """The 2x budget loses to the plain pick on the held-out window (so it is no runner-up);
+    once the plain pick fails the clock variants, the rule re-selects without it."""
+
+    class HeldOutBeaten(ClockFake):
+        def evaluate(self, settings, window, *, clock=None):  # type: ignore[override]
+            out = super().evaluate(settings, window, clock=clock)
+            if window == "holdout" and settings.max_num_batched_tokens == 2 * self.base_tokens:
+                out["p90_interactivity"] = 10.4  # below the plain pick's 10.5
+            return out
+
+    fake = HeldOutBeaten()
+    result = tune(TuneInputs(evaluator=fake),
+                  SearchOptions(space=_space(fake), n_trials=9, n_survivors=3,
+                                robust=RobustOptions(variants=4, share=0.75)))
+    report = result.robust
+    assert int(report.plain.settings["max_num_batched_tokens"]) == 4 * fake.base_tokens
+    assert _tokens(result) == 2 * fake.base_tokens, result.selection.reason
+    assert [c.held for c in report.checked] == [2, 4]

@@ -133,6 +133,9 @@ class RobustReport:
     pick: Point | None = None  # the recommendation after the check
     reason: str = ""
     skipped: str | None = None  # why the check did not run (None: it ran)
+    #: the rule's selection the robust pick came from (after re-selecting without the
+    #: candidates that failed; None before the check ran)
+    selection: Selection | None = None
 
     @property
     def changed(self) -> bool:
@@ -289,12 +292,16 @@ def robust_check(evaluator: Any, selection: Selection, baseline: Point,
                  objectives: Sequence[Objective], constraints: Sequence[Constraint],
                  rule: PickRule, options: RobustOptions, *, workers: int = 1,
                  baseline_name: str = "the baseline", calibration: str | None = None,
-                 run_jobs: Callable[..., None] | None = None) -> RobustReport:
+                 run_jobs: Callable[..., None] | None = None,
+                 reselect: Callable[[list[Point]], Selection] | None = None) -> RobustReport:
     """Replay the plain pick (then its runner-ups) and the baseline under clock variants
     and return the recommendation whose advantage holds (module docstring).
 
     ``run_jobs`` is :func:`tuner.tune.survivors.evaluate_many`'s signature (tests pass
     their own); the default fans the replays out over ``workers`` forked processes.
+    ``reselect(failed)`` re-runs the pick rule without the candidates that failed (so a
+    point the failed pick beat on the held-out window is considered again); without it
+    the selection's runner-ups are tried in order.
     """
     from tuner.metrics.bands import bands_from_keys
     from tuner.tune.deployment_space import split_settings
@@ -319,9 +326,14 @@ def robust_check(evaluator: Any, selection: Selection, baseline: Point,
     report.variants = draw_variants(report.ranges, options.variants, options.seed)
     run = run_jobs or evaluate_many
     guard = ttft_guard_applies(rule, objectives, constraints)
-    candidates = [selection.point] + [p for p in selection.runner_ups if not p.is_baseline]
+    runner = iter([p for p in selection.runner_ups if not p.is_baseline])
     base_runs: list[dict[str, Any] | None] = [None] * len(report.variants)
-    for n, cand in enumerate(candidates[:MAX_CANDIDATES]):
+    cand: Point | None = selection.point
+    report.selection = selection
+    failed: list[Point] = []
+    for n in range(MAX_CANDIDATES):
+        if cand is None or cand.is_baseline:
+            break
         points = ([baseline] if n == 0 else []) + [cand]
         jobs = [(*split_settings(p.settings), "train", v)
                 for p in points for v in report.variants]
@@ -348,6 +360,12 @@ def robust_check(evaluator: Any, selection: Selection, baseline: Point,
                 report.reason += (f"; the plain pick, {selection.point.label}, holds in only "
                                   f"{first.held}")
             return report
+        failed.append(cand)
+        if reselect is not None:  # the rule's next point with the failed ones left out
+            report.selection = reselect(failed)
+            cand = report.selection.point
+        else:
+            cand = next(runner, None)
     report.pick = baseline
     tried = ", ".join(f"{c.point.label} in {c.held}" for c in report.checked)
     report.reason = (f"no candidate's advantage over {baseline_name} holds in "
@@ -362,12 +380,16 @@ def robust_selection(selection: Selection, report: RobustReport) -> Selection:
     if not report.changed or report.pick is None:
         return selection
     pick = report.pick
-    runner = tuple(p for p in (selection.point, *selection.runner_ups)
-                   if p is not pick and not p.is_baseline)[:3]
+    base = report.selection or selection
+    seen: list[Point] = []
+    for p in (selection.point, *base.runner_ups, *selection.runner_ups):
+        if p is not pick and not p.is_baseline and all(p is not q for q in seen):
+            seen.append(p)
+    runner = tuple(seen[:3])
     reason = (f"{pick.label}: the robust pick -- {report.reason}" if not pick.is_baseline
               else report.reason)
     return Selection(pick, selection.rule + "; the advantage re-checked under clock variants",
-                     reason, runner, selection.skipped, selection.excluded)
+                     reason, runner, base.skipped, base.excluded)
 
 
 __all__ = ["DEFAULT_SHARE", "DEFAULT_VARIANTS", "Outcome", "RobustOptions", "RobustReport",

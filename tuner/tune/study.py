@@ -172,7 +172,12 @@ def tune(inputs: TuneInputs, search: SearchOptions = SearchOptions(),
             evaluator, selection, baseline, objs, cons, rule, search.robust, workers=workers,
             baseline_name=("vLLM's defaults" if inputs.baseline is None and not fixed
                            else "the baseline"),
-            calibration=target.calibration)
+            calibration=target.calibration,
+            reselect=lambda failed: select(
+                [p for p in stage2 if all(p is not f for f in failed)], baseline, objs, rule,
+                cons, held_out=evaluator.windows.has_holdout,
+                replay_holdout=lambda pts: run_holdout(storage_obj, study_name, evaluator,
+                                                       pts, workers)))
         selection = robust_selection(selection, robust)
         timings["robust_s"] = time.perf_counter() - t
         t = time.perf_counter()
