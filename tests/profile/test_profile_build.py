@@ -8,7 +8,8 @@ routers (deployments and per-engine summaries in the profile), a study warm-star
 that profile, and ``tuner tune`` on the twin with a prefix-aware fleet (the CLI path:
 ``--router`` flags, ``_with_target``). Only the creation time, the tool version and the
 temporary folder are masked. The `predicted.bands` section (error bands, issue 27) was added to
-the pinned files afterwards, the only difference from the files the old code wrote.
+the pinned files afterwards, and `predicted.robust` (the robust check, issue 27) after that:
+the only differences from the files the old code wrote.
 """
 
 from __future__ import annotations

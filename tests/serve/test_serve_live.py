@@ -25,6 +25,7 @@ from tuner.perf.presets import resolve_target, save_calibration
 from tuner.sim.settings import SchedulerSettings
 from tuner.perf.target import Target
 from tuner.trace import TraceRequest
+from tuner.errors import ConfigError
 
 pytestmark = pytest.mark.vllm
 
@@ -160,6 +161,63 @@ def test_validate_prints_predicted_against_measured(server: VllmServer, calibrat
     # same hashes, no eviction); latencies carry the calibration's error
     assert prof.measured["prefix_cache_hit_rate"] == pytest.approx(
         prof.predicted["prefix_cache_hit_rate"], abs=0.05)
+
+
+def test_calibrate_from_metrics_fits_the_servers_own_histograms(server: VllmServer,
+                                                              tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """End to end: /metrics scraped before and after a replay of a trace on the server, then
+    ``calibrate --from-metrics`` fits the twin's clock to the window in between."""
+    import asyncio
+    import random
+
+    import tuner.serve.http as http
+    from tuner.fidelity.from_metrics import (FITTED, ITL, PREFILL, TTFT, calibrate_from_metrics,
+                                             read_window_metrics)
+    from tuner.trace import write_trace
+    from tuner.trace.schema import TraceMetadata
+
+    rng = random.Random(7)
+    reqs = []
+    for i in range(40):
+        blocks = rng.randint(2, 16)
+        reqs.append(_req(f"fm{i}", round(i * 0.4, 3),
+                         tuple(rng.getrandbits(62) for _ in range(blocks)), blocks * BS + 5,
+                         rng.randint(12, 32)))
+    trace = write_trace(tmp_path / "window.parquet", reqs,
+                        TraceMetadata(hash_block_size=BS, source_format="synth:tests-live"))
+
+    def raw(name: str) -> str:
+        status, body = asyncio.run(http.get(server.endpoint, "/metrics"))
+        assert status == 200
+        path = tmp_path / name
+        path.write_bytes(body)
+        return str(path)
+
+    before = raw("before.txt")
+    served = replay.run(reqs, SETTINGS, backend="vllm-serve", target=TARGET, load=OpenLoop(),
+                        running=server)
+    after = raw("after.txt")
+    assert [r.status for r in served.requests] == ["finished"] * 40, served.notes
+    metrics = read_window_metrics([before, after])
+    assert metrics.histograms[TTFT].count == 40
+    fit = calibrate_from_metrics(trace, TARGET, metrics, settings=SETTINGS,
+                                 served_model_name="tuner-replay")
+    by = {h.name: h for h in fit.histograms}
+    for h in fit.histograms:
+        print(f"{h.name}: measured {h.measured['mean']:.4g} nominal {h.nominal['mean']:.4g} "
+              f"calibrated {h.calibrated.get('mean')}: {h.error_pct('nominal'):+.1f} % -> "
+              f"{h.error_pct('calibrated'):+.1f} %")
+    print("factors", fit.factors)
+    for name in FITTED:
+        assert abs(by[name].error_pct("fitted")) < 5, by[name].to_dict()
+    assert abs(by[ITL].error_pct("calibrated")) < 25, by[ITL].to_dict()
+    assert by[PREFILL].measured["count"] == 40
+    # another deployment's metrics are refused in one line
+    with pytest.raises(ConfigError, match="cache_config_info.num_gpu_blocks is 512"):
+        calibrate_from_metrics(trace, Target(hardware=str(CPU_HARDWARE), model=str(MODEL_DIR),
+                                             block_size=BS, num_gpu_blocks=256,
+                                             max_model_len=2048), metrics,
+                               settings=SETTINGS, served_model_name="tuner-replay")
 
 
 def test_server_dying_mid_run_gives_clear_error_and_partial_results(server: VllmServer) -> None:

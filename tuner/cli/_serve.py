@@ -129,6 +129,65 @@ def _calibrate_from_benchmarks(csv_path: str, output: str, *, loso: bool, as_jso
                   if fit.loso is not None else ""))
 
 
+def _calibrate_from_metrics(files: tuple[str, ...], trace: str | None, flags: TargetFlags,
+                            output: str, *, served_name: str | None, server_flags: str | None,
+                            as_json: bool) -> None:
+    """``tuner calibrate --from-metrics``: fit the clock to /metrics, write, report."""
+    from tuner.fidelity.from_metrics import calibrate_from_metrics, read_window_metrics
+    from tuner.outputs import check_output
+    from tuner.perf.fit.calibration_file import save_calibration
+    from tuner.perf.presets import resolve_target
+    from tuner.tune.baseline import baseline_settings, parse_serve_flags
+
+    if trace is None:
+        raise ConfigError("--from-metrics needs --trace TRACE: the ingested logs of the window "
+                          "the metrics cover")
+    check_output(output, inputs=[*files, trace])
+    target = flags.target()
+    settings = None
+    if server_flags:
+        settings = baseline_settings(resolve_target(target).default_settings,
+                                     flags=parse_serve_flags(server_flags))
+    metrics = read_window_metrics(files)
+    say = (lambda m: click.echo(f"  {m}", err=True)) if not as_json else None
+    fit = calibrate_from_metrics(trace, target, metrics, settings=settings,
+                                 served_model_name=served_name, progress=say)
+    path = save_calibration(output, fit.calibration)
+    if as_json:
+        echo_json({"output": str(path), **fit.to_dict()})
+        return
+    f = fit.factors
+    click.echo(f"clock fitted to {metrics.source} in {len(fit.rounds)} replays: prefill "
+               f"x{f.prefill:.3f}, decode (and CPU, transfer) x{f.decode:.3f}")
+    for h in fit.histograms:
+        click.echo(_histogram_line(h))
+    click.echo(f"wrote {path} (load it with --calibration)")
+
+
+def _histogram_line(h: Any) -> str:
+    """``vllm:... (fitted): 363 samples; mean 2.81 ms measured, twin 3.98 ms (+41.8 %),
+    calibrated 2.83 ms (+0.9 %); p90 ...``."""
+    from tuner.units import duration
+
+    def show(x: Any) -> str:
+        if x is None:
+            return "-"
+        return duration(x) if h.name.endswith("_seconds") else f"{x:,.1f}"
+
+    def err(which: str) -> str:
+        e = h.error_pct(which)
+        return "" if e is None else f" ({e:+.1f} %)"
+
+    m, n, c = h.measured, h.nominal, h.calibrated
+    text = (f"{h.name}{' (fitted)' if h.fitted_to else ''}: {m['count']:,.0f} samples; mean "
+            f"{show(m['mean'])} measured, twin {show(n['mean'])}{err('nominal')}, calibrated "
+            f"{show(c.get('mean'))}{err('calibrated')}")
+    for q in ("p50", "p90"):
+        if m.get(q) is not None:
+            text += f"; {q} {show(m[q])} / {show(n.get(q))} / {show(c.get(q))}"
+    return text
+
+
 @click.command(name="calibrate")
 @target_options
 @server_options
@@ -138,6 +197,19 @@ def _calibrate_from_benchmarks(csv_path: str, output: str, *, loso: bool, as_jso
                                  "a server; -o gets the fitted-presets YAML "
                                  "(docs/step-time-model.md, layout of "
                                  "tuner/perf/data/benchmarks/published-train.csv).")
+@click.option("--from-metrics", "from_metrics", multiple=True,
+              type=click.Path(exists=True, dir_okay=False), metavar="FILE",
+              help="Fit the clock to a production server's /metrics over the window --trace "
+                   "holds: one text dump, two scrapes (before, after; give the flag twice) "
+                   "or a Prometheus range-query JSON export (docs/ground-truth.md).")
+@click.option("--trace", "metrics_trace", type=click.Path(exists=True), default=None,
+              help="With --from-metrics: the window's trace (ingested logs).")
+@click.option("--served-model-name", default=None, metavar="NAME",
+              help="With --from-metrics: the model_name the metrics carry [default: the "
+                   "target model's names].")
+@click.option("--server-flags", default=None, metavar="FLAGS",
+              help="With --from-metrics: the server's scheduler flags as `vllm serve` takes "
+                   "them [default: vLLM's defaults for the GPU].")
 @click.option("--leave-one-series-out", "loso", is_flag=True,
               help="With --from-benchmarks: also refit without each series and report how "
                    "well it is predicted.")
@@ -161,7 +233,10 @@ def _calibrate_from_benchmarks(csv_path: str, output: str, *, loso: bool, as_jso
 def calibrate_command(target_flags: TargetFlags, **kw: Any) -> None:
     """Fit the twin's step-time model to a real vLLM server and write a calibration file.
 
-    Runs controlled probes (lone prefills, decode batches of several sizes and contexts,
+    With --from-metrics FILE --trace TRACE it probes nothing: it fits the clock so the
+    replay of TRACE reproduces the server's /metrics histograms over the same window and
+    prints the fit per histogram (measured / twin / calibrated). Otherwise it
+    runs controlled probes (lone prefills, decode batches of several sizes and contexts,
     mixed steps), derives per-step times from client-side token timing, fits the
     per-kernel model's physical coefficients (bounded, with weak priors) and prints the fit error per
     probe class. --hardware and --model name what the twin will run with. The probes
@@ -177,6 +252,10 @@ def calibrate_command(target_flags: TargetFlags, **kw: Any) -> None:
           --serve-env VLLM_CPU_KVCACHE_SPACE=1 --serve-env VLLM_CPU_OMP_THREADS_BIND=nobind \\
           -o calib.yaml
       tuner replay trace.parquet --hardware ... --model ... --calibration calib.yaml
+      tuner calibrate --from-metrics before.txt --from-metrics after.txt \\
+          --trace window.parquet --hardware mi355x --model llama-3.1-70b --tp 8 -o calib.yaml
+      tuner calibrate --from-metrics range-export.json --trace window.parquet \\
+          --hardware mi355x --model llama-3.1-70b --tp 8 -o calib.yaml --json
     """
     flags = target_flags
     if flags.async_scheduling:
@@ -184,6 +263,16 @@ def calibrate_command(target_flags: TargetFlags, **kw: Any) -> None:
                           "async scheduling overlaps; it probes a --no-async-scheduling server, "
                           "and the fitted model prices both modes (docs/step-time-model.md §1.3)")
     from_benchmarks, loso = kw.pop("from_benchmarks"), kw.pop("loso")
+    from_metrics, metrics_trace = kw.pop("from_metrics"), kw.pop("metrics_trace")
+    served_name, server_flags = kw.pop("served_model_name"), kw.pop("server_flags")
+    if from_metrics:
+        _calibrate_from_metrics(from_metrics, metrics_trace, flags, kw["output"],
+                                served_name=served_name, server_flags=server_flags,
+                                as_json=kw["as_json"])
+        return
+    if metrics_trace or served_name or server_flags:
+        raise ConfigError("--trace, --served-model-name and --server-flags go with "
+                          "--from-metrics FILE")
     if from_benchmarks:
         _calibrate_from_benchmarks(from_benchmarks, kw["output"], loso=loso,
                                    as_json=kw["as_json"])

@@ -97,10 +97,41 @@ def search_options(func):  # type: ignore[no-untyped-def]
         click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
         click.option("--progress/--no-progress", default=None,
                      help="Progress bars [default: on when stderr is a terminal]."),
-    ]
+    ] + robust_flags()
     for opt in reversed(opts):
         func = opt(func)
     return func
+
+
+def robust_flags() -> list[Any]:
+    """The robust check's flags (``tuner.tune.robust``), in their own group."""
+    from tuner.tune.robust import DEFAULT_SHARE, DEFAULT_VARIANTS
+
+    return [
+        click.option("--robust", "robust", type=click.Choice(["on", "off"]), default="on",
+                     show_default=True,
+                     help="Before recommending, replay the pick and the baseline under clock "
+                          "variants drawn from the error bands; recommend a point whose "
+                          "advantage holds in --robust-share of them."),
+        click.option("--clock-variants", "clock_variants", type=click.IntRange(1, 64),
+                     default=DEFAULT_VARIANTS, show_default=True, metavar="N",
+                     help="Clock variants the robust check replays (prefill, decode, CPU "
+                          "and transfer times each at the low or high end of their band)."),
+        click.option("--robust-share", "robust_share",
+                     type=click.FloatRange(0, 1, min_open=True), default=DEFAULT_SHARE,
+                     show_default=True,
+                     help="Share of the clock variants in which the advantage must hold."),
+    ]
+
+
+def robust_options(kw: dict[str, Any]) -> Any:
+    """``RobustOptions`` from the flags (the variants are seeded by --seed)."""
+    from tuner.tune.robust import RobustOptions
+
+    return RobustOptions(enabled=kw.get("robust", "on") == "on",
+                         variants=kw.get("clock_variants") or RobustOptions().variants,
+                         share=kw.get("robust_share") or RobustOptions().share,
+                         seed=kw.get("seed") or 0)
 
 
 #: The flags of ``tuner.cli._serve.server_options`` (used by --confirm-top).
@@ -132,7 +163,8 @@ def _run_tune(trace: str, output: str, kw: dict[str, Any], flags: TargetFlags,
                         stage1_fraction=kw["stage1_fraction"], slo=kw["slo"])
     search = SearchOptions(space=kw["space"], objectives=_split(kw["objectives"]),
                            constraints=_split(kw["constraints"]) or (), n_trials=kw["trials"],
-                           n_survivors=kw["survivors"], prefer=rule, seed=kw["seed"])
+                           n_survivors=kw["survivors"], prefer=rule, seed=kw["seed"],
+                           robust=robust_options(kw))
     # the baseline's router (--router and its parameters), as the replay takes it
     deployment = DeploymentSearch(router=router_flags.settings(target),
                                   gpu_budget=kw["gpu_budget"], routers=_split(kw["routers"]))
@@ -224,8 +256,11 @@ def tune_command(trace: str | None, output: str | None, join_study: str | None,
     held-out window. vLLM's defaults (or --baseline) are trial 0. The pick: within
     --throughput-tolerance of the best throughput, the interactivity knee, never below the
     baseline's interactivity, mean and p90 TTFT within --ttft-tolerance of the baseline's, and
-    every constraint met on the held-out window too (docs/tuning.md). An overloaded
-    deployment is reported first, with the TP/replica count at which the twin keeps up.
+    every constraint met on the held-out window too (docs/tuning.md). Then the pick and the
+    baseline are replayed under --clock-variants clocks drawn from the error bands, and the
+    recommendation is a point whose advantage holds in --robust-share of them (--robust
+    off skips it). An overloaded deployment is reported first, with the TP/replica count
+    at which the twin keeps up.
 
     \b
     Example:
@@ -238,6 +273,7 @@ def tune_command(trace: str | None, output: str | None, join_study: str | None,
           --baseline "--max-num-batched-tokens 8192 --no-enable-chunked-prefill"
       tuner tune trace.parquet --tp 8 -o p.yaml --objective goodput,output_throughput_per_gpu \\
           --slo ttft:2000,tpot:50
+      tuner tune trace.parquet --tp 8 -o p.yaml --clock-variants 8 --robust-share 1
       tuner tune trace.parquet --model llama-3.1-70b --tp 8 --gpu-budget 8 \\
           --routers round-robin,prefix-aware -o profiles/fleet.yaml
       tuner tune trace.parquet --model /models/llama --tp 1 -o p.yaml \\

@@ -52,6 +52,16 @@ class RetuneConfig:
     salt: pathlib.Path | None = None
     hash_block_size: int | None = None
     on_error: str = "fail"
+    #: the tune's robust check (``tune --robust``, ``--clock-variants``, ``--robust-share``)
+    robust: str = "on"
+    clock_variants: int = 4
+    robust_share: float = 0.75
+    #: ``metrics``: before each tune, fit the clock to the server's /metrics over the
+    #: window (``tuner calibrate --from-metrics``) and tune and decide on that clock;
+    #: ``none``: the target's own clock (its ``calibration`` file, if any)
+    calibration: str = "none"
+    metrics: list[pathlib.Path] = field(default_factory=list)  # 1 or 2 files (see docs)
+    served_model_name: str | None = None  # the model_name label the metrics carry
 
     @property
     def window_dir(self) -> pathlib.Path:
@@ -75,7 +85,8 @@ _KNOWN = {"sources", "state_dir", "profile", "profiles_dir", "window", "target",
           "trials", "objectives", "constraints", "prefer", "holdout", "stage1_fraction",
           "decide_on", "margin", "confidence", "bootstrap_samples", "drift_threshold",
           "min_requests", "storage", "on_publish", "seed", "salt", "hash_block_size",
-          "on_error"}
+          "on_error", "robust", "clock_variants", "robust_share", "calibration", "metrics",
+          "served_model_name"}
 
 
 def load_config(path: str | pathlib.Path) -> RetuneConfig:
@@ -137,7 +148,9 @@ def load_config(path: str | pathlib.Path) -> RetuneConfig:
                       ("stage1_fraction", float), ("margin", float), ("confidence", float),
                       ("bootstrap_samples", int), ("drift_threshold", float),
                       ("min_requests", int), ("storage", str), ("on_publish", str),
-                      ("seed", int), ("hash_block_size", int), ("on_error", str)):
+                      ("seed", int), ("hash_block_size", int), ("on_error", str),
+                      ("robust", str), ("clock_variants", int), ("robust_share", float),
+                      ("calibration", str), ("served_model_name", str)):
         if raw.get(key) is not None:
             setattr(cfg, key, _typed(loaded.where(key), raw[key], kind))
     _check_ranges(cfg, loaded)
@@ -147,6 +160,16 @@ def load_config(path: str | pathlib.Path) -> RetuneConfig:
             setattr(cfg, key, [value] if isinstance(value, str) else [str(v) for v in value])
     if raw.get("salt") is not None:
         cfg.salt = rel(raw["salt"])
+    if raw.get("metrics") is not None:
+        files = raw["metrics"] if isinstance(raw["metrics"], list) else [raw["metrics"]]
+        if not 1 <= len(files) <= 2 or not all(isinstance(f, str) and f for f in files):
+            raise ConfigError(f"{loaded.where('metrics')}: one file (a /metrics dump or a "
+                              "Prometheus range-query JSON export) or two (scrapes before and "
+                              f"after), got {raw['metrics']!r}")
+        cfg.metrics = [rel(f) for f in files]
+    if cfg.calibration == "metrics" and not cfg.metrics:
+        raise ConfigError(f"{loaded.where('calibration')}: calibration: metrics needs the "
+                          "`metrics:` key (the files the server's /metrics are exported to)")
     try:
         check_objectives(cfg.decide_on)
     except ConfigError as exc:
@@ -178,10 +201,13 @@ _RANGES: dict[str, tuple[float, float, bool, bool]] = {
     "seed": (0, 2**32 - 1, True, True),
     "hash_block_size": (1, 16 * 1024 * 1024, True, True),
     "window_s": (1, 10 * 366 * 86400, True, True),
+    "clock_variants": (1, 64, True, True),
+    "robust_share": (0, 1, False, True),
 }
 
 #: Keys that take one of a few words.
-_CHOICES = {"on_error": ("fail", "skip"), "prefer": ("throughput", "interactivity", "balanced")}
+_CHOICES = {"on_error": ("fail", "skip"), "prefer": ("throughput", "interactivity", "balanced"),
+            "robust": ("on", "off"), "calibration": ("none", "metrics")}
 
 
 def _typed(where: str, value: Any, kind: type) -> Any:

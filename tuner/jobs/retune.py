@@ -225,12 +225,18 @@ def _tune(config: RetuneConfig, window_path: pathlib.Path, run_id: str,
     from tuner.profile.recommend import tuned_profile, warm_start_from
     from tuner.tune.options import SearchOptions, StudyOutput, TuneInputs
 
-    inputs = TuneInputs(str(window_path), target=config.make_target(), holdout=config.holdout,
+    from tuner.tune.robust import RobustOptions
+
+    target, calibration = calibrated_target(config, window_path)
+    inputs = TuneInputs(str(window_path), target=target, holdout=config.holdout,
                         stage1_fraction=config.stage1_fraction)
     search = SearchOptions(space=config.space, objectives=config.objectives,
                            constraints=config.constraints, n_trials=config.trials,
                            seed=config.seed, prefer=config.prefer,
-                           warm_start=None if full else warm_start_from(history.current_path()))
+                           warm_start=None if full else warm_start_from(history.current_path()),
+                           robust=RobustOptions(enabled=config.robust == "on",
+                                                variants=config.clock_variants,
+                                                share=config.robust_share, seed=config.seed))
     result, candidate = tuned_profile(
         config.profile, inputs, search,
         study=StudyOutput(storage=config.storage_url, study_name=f"{config.profile}-{run_id}",
@@ -238,8 +244,40 @@ def _tune(config: RetuneConfig, window_path: pathlib.Path, run_id: str,
         description=f"tuned by `tuner retune` (run {run_id})")
     info = {"study": result.study_name, "trials": result.to_dict()["trials"],
             "recommended": result.to_dict()["recommended"], "notes": result.notes,
-            "wall_s": round(result.wall_s, 3)}
+            "wall_s": round(result.wall_s, 3), "calibration": calibration,
+            "robust": result.to_dict()["robust"]}
     return candidate, info
+
+
+def calibrated_target(config: RetuneConfig, window_path: pathlib.Path
+                      ) -> tuple[Any, dict[str, Any] | None]:
+    """The target a run tunes and decides on, and what calibrated it.
+
+    ``calibration: metrics``: the clock fitted to the server's /metrics over the window
+    (``tuner calibrate --from-metrics``), written to ``state_dir/calibration.yaml``; a
+    window the metrics do not match (too short, another deployment) keeps the target's own
+    clock, and the run's changelog entry says why.
+    """
+    target = config.make_target()
+    if config.calibration != "metrics":
+        return target, None
+    from tuner.fidelity.from_metrics import calibrate_from_metrics, read_window_metrics
+    from tuner.perf.fit.calibration_file import save_calibration
+
+    try:
+        metrics = read_window_metrics(config.metrics)
+        fit = calibrate_from_metrics(str(window_path), dataclasses.replace(target,
+                                                                           calibration=None),
+                                     metrics, served_model_name=config.served_model_name)
+    except ConfigError as exc:
+        # an earlier run's fit is of another window: the decision must not use it
+        (config.state_dir / "calibration.yaml").unlink(missing_ok=True)
+        return target, {"source": "metrics", "used": False, "reason": str(exc)}
+    path = save_calibration(config.state_dir / "calibration.yaml", fit.calibration)
+    record = {"source": "metrics", "used": True, "file": str(path),
+              "factors": fit.factors.to_dict(),
+              "error_pct": {h.name: h.to_dict()["error_pct"] for h in fit.histograms}}
+    return dataclasses.replace(target, calibration=str(path)), record
 
 
 def _evaluate(config: RetuneConfig, window: Any, current: Any,
@@ -249,6 +287,9 @@ def _evaluate(config: RetuneConfig, window: Any, current: Any,
     from tuner.trace import slice_trace
 
     target = config.make_target()
+    fitted = config.state_dir / "calibration.yaml"
+    if config.calibration == "metrics" and fitted.exists():  # this run's fit (_tune)
+        target = dataclasses.replace(target, calibration=str(fitted))
     t0, t1 = window.time_range()
     held = slice_trace(window, start_s=t0 + (1 - config.holdout) * (t1 - t0))
     cur_settings = None if current is None else current.scheduler

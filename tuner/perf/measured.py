@@ -28,6 +28,8 @@ back to the analytic model and ``aic`` reports it.
 
 from __future__ import annotations
 
+import bisect
+
 import functools
 from array import array
 from typing import Any, Callable
@@ -353,6 +355,21 @@ class MeasuredStepTimeModel(RooflineStepTimeModel):
             return col[m_max] + self._moe_slope * (m - m_max)
         i = int(m)
         return col[i] + (col[i + 1] - col[i]) * (m - i)
+
+    def transfer_s(self, batch: StepBatch) -> float:
+        """The measured all-reduce at M = tokens plus the analytic all-to-all."""
+        tokens = batch.num_prefill_tokens + batch.num_decode_reqs
+        if tokens <= 0:
+            return 0.0
+        xs, ys = [0] + self._grid_m, [0.0] + self._grid["allreduce"]
+        i = bisect.bisect_left(xs, tokens)
+        if i >= len(xs):
+            ar = ys[-1] + (tokens - xs[-1]) * (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        else:
+            lo = max(i - 1, 0)
+            w = 0.0 if xs[i] == xs[lo] else (tokens - xs[lo]) / (xs[i] - xs[lo])
+            ar = ys[lo] + (ys[i] - ys[lo]) * w
+        return ar + self._a2a_fixed + self._a2a_tok * tokens
 
     def terms(self, npr: Any, ndr: Any, npt: Any, pctx: Any, pairs: Any, dctx: Any, *,
               maximum: Callable[[Any, Any], Any] = max,

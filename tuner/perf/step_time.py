@@ -315,6 +315,16 @@ class RooflineStepTimeModel(StepTimeModel):
         """The device part of the step: kernels, launch gaps, all-reduce, sampling."""
         return self.step_time_s(batch) - self.cpu_s(batch)
 
+    def transfer_s(self, batch: StepBatch) -> float:
+        """The link part of the step: all-reduce and the expert-parallel all-to-all (what a
+        clock variant scales as transfer time, ``tuner.perf.clock_variant``). Off the hot
+        path: only the robust check's replays ask."""
+        tokens = batch.num_prefill_tokens + batch.num_decode_reqs
+        if tokens <= 0:
+            return 0.0
+        t = self._ar_fixed + self._ar_tok * tokens + self._a2a_fixed + self._a2a_tok * tokens
+        return t + (self._ar_lib_extra if tokens > self._ar_lib_tokens else 0.0)
+
     # ------------------------------------------------- slow, explained paths
     def terms(self, npr: Any, ndr: Any, npt: Any, pctx: Any, pairs: Any, dctx: Any, *,
               maximum: Callable[[Any, Any], Any] = max,

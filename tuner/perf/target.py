@@ -11,7 +11,12 @@ import os
 import resource
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 from tuner.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tuner.perf.clock_variant import ClockVariant
 
 #: Memory one engine's twin (scheduler, KV block pool, queues) takes in a replay: about
 #: 4.8 MB measured at --replicas 10000 (48 GB), rounded up for larger KV caches.
@@ -69,6 +74,9 @@ class Target:
     #: vLLM ``--enable-expert-parallel``: MoE experts sharded over the TP x DP ranks
     #: (dispatch + combine all-to-all when dp > 1, tuner/perf/expert_parallel.py); MoE only
     enable_expert_parallel: bool = False
+    #: the step-time model with its parts scaled (``tuner.perf.clock_variant``): only the
+    #: robust check's replays set it (``tuner.tune.robust``); None = the nominal clock
+    clock: "ClockVariant | None" = None
 
     def __post_init__(self) -> None:
         """Refuse a deployment the twin cannot hold before anything is built for it

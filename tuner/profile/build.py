@@ -62,6 +62,8 @@ def _predicted(result: TuneResult, point: Point) -> dict[str, Any]:
     predicted["bands"] = result.band_record(point)
     if result.overload is not None:
         predicted["overload"] = result.overload.to_dict()
+    if result.robust is not None:  # the pick under clock variants (tuner.tune.robust)
+        predicted["robust"] = result.robust.to_dict(result.objectives)
     for window in ("train", "holdout"):
         engines = {role: _engines(p, window) for role, p in (("baseline", result.baseline),
                                                               ("tuned", point))}

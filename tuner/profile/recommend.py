@@ -189,6 +189,8 @@ def summary_lines(run: TunedProfile) -> list[str]:
     sel = result.selection
     lines.append(f"recommended: {sel.point.label} -- {sel.reason}")
     lines += likely_lines(result, sel.point, keys)
+    if result.robust is not None:
+        lines += result.robust.lines(result.objectives)
     if result.space.has_deployment:
         before, after = (Deployment.from_dict(result.deployment_of(p)).describe()
                          for p in (result.baseline, sel.point))

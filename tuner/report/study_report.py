@@ -101,6 +101,11 @@ def _summary_section(data: ReportData) -> Section:
     rows.append(["stage-2 points (training window)", fmt(len(data.stage2))])
     rows.append(["selection rule", data.rule or "\u2013"])
     rows.append(["why this point", data.reason or "\u2013"])
+    robust = (prof.predicted.get("robust") or {}) if prof is not None else {}
+    if robust:  # the pick under clock variants (tuner.tune.robust)
+        verdicts = [c.get("verdict", "") for c in robust.get("candidates") or []]
+        rows.append(["robust check", robust.get("skipped") and f"skipped: {robust['skipped']}"
+                     or "; ".join(v for v in verdicts if v) or "\u2013"])
     sec.blocks.append(Table(["", ""], rows))
     if data.baseline is not None and data.chosen is not None:
         deploy = [p.settings.get(DEPLOYMENT_KEY) for p in (data.baseline, data.chosen)]

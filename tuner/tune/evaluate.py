@@ -268,16 +268,26 @@ class ReplayEvaluator:
             return self._all.window(start, stop)
         return self._all[start:stop]
 
+    #: The robust check may replay this evaluator's windows under clock variants
+    #: (``evaluate(..., clock=ClockVariant)``, :mod:`tuner.tune.robust`): the sim prices
+    #: steps with the target's step-time model, which a variant scales.
+    supports_clock_variants = True
+
     def evaluate(self, settings: SchedulerSettings, window: WindowName, *,
-                 deployment: Deployment | None = None) -> dict[str, Any]:
+                 deployment: Deployment | None = None,
+                 clock: Any = None) -> dict[str, Any]:
         """Replay ``window`` under ``settings`` (on ``deployment``'s split and router, else
-        the target's) and summarise it.
+        the target's) and summarise it; ``clock``, a ``tuner.perf.clock_variant.
+        ClockVariant``, scales the step-time model's parts (the robust check).
 
         ``stage1``/``train`` replay the requests arriving before their end and are measured
         whole; ``holdout`` replays from its warm-up start and measures from ``t_split``.
         """
         use = deployment or self.default_deployment
-        return self._replay(self._requests(window), settings, window, use.apply(self.target),
+        target = use.apply(self.target)
+        if clock is not None:
+            target = dataclasses.replace(target, clock=clock)
+        return self._replay(self._requests(window), settings, window, target,
                             router=use.router)
 
     def _replay(self, requests: list[Any], settings: SchedulerSettings, window: WindowName,
@@ -311,9 +321,12 @@ class ReplayEvaluator:
         requests = self._requests(window)
         blocks = self.target.num_gpu_blocks
         # one copy = one deployment of the target's TP x DP (its replicas are the copies)
+        # a calibration file is fitted at one TP (resolve_target refuses it at another):
+        # other sizes are priced by the GPU's own coefficients
         target = dataclasses.replace(
             self.target, tp=tp, replicas=1,
-            num_gpu_blocks=None if blocks is None else int(blocks * tp / self.target.tp))
+            num_gpu_blocks=None if blocks is None else int(blocks * tp / self.target.tp),
+            calibration=self.target.calibration if tp == self.target.tp else None)
         if replicas == 1:
             return [self._replay(requests, settings, window, target)]
         shares: list[list[Any]] = [[] for _ in range(replicas)]

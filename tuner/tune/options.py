@@ -28,6 +28,7 @@ from tuner.perf.deployment import Deployment
 from tuner.perf.target import Target
 from tuner.sim.fleet import RouterSettings
 from tuner.sim.settings import SchedulerSettings
+from tuner.tune.robust import RobustOptions
 
 if TYPE_CHECKING:
     from tuner.progress import Progress
@@ -94,6 +95,9 @@ class SearchOptions:
     prefer: "str | PickRule" = "throughput"
     seed: int = 0  # sampler seed (worker ``i`` uses ``seed + i``)
     warm_start: WarmStart | None = None  # points replayed first (see WarmStart)
+    #: the pick re-checked under clock variants drawn from the error bands
+    #: (:mod:`tuner.tune.robust`; ``RobustOptions(enabled=False)``: the plain pick)
+    robust: RobustOptions = RobustOptions()
 
 
 @dataclass(frozen=True, slots=True)

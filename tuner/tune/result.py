@@ -24,6 +24,8 @@ from tuner.units import FRONT, cell
 if TYPE_CHECKING:
     from rich.table import Table
 
+    from tuner.tune.robust import RobustReport
+
 #: Metrics copied into a profile's ``predicted`` section (objectives/constraints are added).
 PROFILE_METRICS = ("p90_interactivity", "output_throughput_per_gpu", "total_throughput_per_gpu",
                    "prefix_cache_hit_rate", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s",
@@ -70,6 +72,8 @@ class TuneResult:
     rule: PickRule = PickRule()
     overload: OverloadReport | None = None  # set when the baseline cannot keep up
     max_model_len: int | None = None  # what the twin admitted (the target's resolved value)
+    #: the pick re-checked under clock variants (None: a result made before the check)
+    robust: "RobustReport | None" = None
 
     @property
     def recommended(self) -> Point:
@@ -153,6 +157,7 @@ class TuneResult:
                           "trade_off": trade_off(p, self.recommended, self.objectives)}
                          for p, why in self.selection.excluded],
             "overload": None if self.overload is None else self.overload.to_dict(),
+            "robust": None if self.robust is None else self.robust.to_dict(self.objectives),
             "front": [_point_dict(p, self.objectives) for p in self.front],
             "notes": self.notes, "wall_s": round(self.wall_s, 3), "seed": self.seed,
             "timings_s": {k: round(v, 3) for k, v in self.timings.items()},

@@ -16,7 +16,8 @@ Call order inside :func:`tune`::
 
     open/create study -> fail own dead trials -> enqueue baseline (+ warm start)
     -> stage 1 (1 process, or N forked workers sharing the storage; remote joiners too)
-    -> survivors -> stage 2 (train window) -> held-out window -> select -> TuneResult
+    -> survivors -> stage 2 (train window) -> held-out window -> select
+    -> robust check (the pick under clock variants, tuner.tune.robust) -> TuneResult
 
 A joiner (:func:`join`, ``tuner tune --join``) only runs stage-1 trials; the process that
 created the study runs stages 2 and 3 (:mod:`tuner.tune.survivors`).
@@ -51,6 +52,7 @@ from tuner.tune.options import (DeploymentSearch, SearchOptions, StudyOutput, Tu
                                 WarmStart)
 from tuner.tune.overload import overload_report
 from tuner.tune.result import TuneResult
+from tuner.tune.robust import robust_check, robust_selection
 from tuner.tune.select import PickRule, Point, pareto_front, rank, select
 from tuner.tune.space import SearchSpace, load_space
 from tuner.tune.storage import default_journal_path, open_storage, quiet_optuna, redact_url
@@ -166,6 +168,19 @@ def tune(inputs: TuneInputs, search: SearchOptions = SearchOptions(),
                                storage_obj, study_name, evaluator, pts, workers))
         timings["holdout_s"] = time.perf_counter() - t
         t = time.perf_counter()
+        robust = robust_check(
+            evaluator, selection, baseline, objs, cons, rule, search.robust, workers=workers,
+            baseline_name=("vLLM's defaults" if inputs.baseline is None and not fixed
+                           else "the baseline"),
+            calibration=target.calibration,
+            reselect=lambda failed: select(
+                [p for p in stage2 if all(p is not f for f in failed)], baseline, objs, rule,
+                cons, held_out=evaluator.windows.has_holdout,
+                replay_holdout=lambda pts: run_holdout(storage_obj, study_name, evaluator,
+                                                       pts, workers)))
+        selection = robust_selection(selection, robust)
+        timings["robust_s"] = time.perf_counter() - t
+        t = time.perf_counter()
         overload = overload_report(evaluator, baseline, evaluator.default_settings)
         timings["capacity_s"] = time.perf_counter() - t
         notes = input_warnings(baseline, evaluator) + size_notes + deploy_notes + notes
@@ -178,7 +193,7 @@ def tune(inputs: TuneInputs, search: SearchOptions = SearchOptions(),
             n_complete=counts["complete"], n_refused=counts["refused"],
             n_pruned=counts["pruned"], n_failed=counts["failed"],
             n_infeasible=sum(1 for p in stage1 if not p.feasible), prefer=rule.prefer,
-            rule=rule, overload=overload,
+            rule=rule, overload=overload, robust=robust,
             seed=seed, wall_s=time.perf_counter() - started, notes=notes,
             evaluator_spec=config.evaluator,
             num_gpus=int(getattr(evaluator, "num_gpus", 1)),

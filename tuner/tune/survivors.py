@@ -5,7 +5,7 @@ Split from :mod:`tuner.tune.study` (which drives the stages). Both stages store 
 replay in the stage-2 study ``<study>.full`` keyed by :func:`settings_key`
 (:class:`~tuner.tune.study_records.StudyRecords` owns the keys), so a resumed run replays
 only what is missing; both fan replays out over a forked process pool
-(:func:`_evaluate_many`).
+(:func:`evaluate_many`).
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ def pick_survivors(points: Sequence[Point], objectives: Sequence[Objective], n: 
 # --------------------------------------------------------------------------- stages 2 and 3
 
 _POOL_EVALUATOR: Evaluator | None = None  # set in the parent before forking a Pool
+#: what a pool worker calls with the evaluator and one job (set with the evaluator)
+_POOL_FN: Callable[..., dict[str, Any]] = evaluate_point
 
 #: One replay of a stored point: its scheduler settings, its deployment (None: the
 #: evaluator's own) and the window.
@@ -65,27 +67,31 @@ def _job(settings: dict[str, Any], window: str) -> Job:
     return scheduler, deployment, window
 
 
-def _pool_eval(job: Job) -> dict[str, Any]:
+def _pool_eval(job: tuple[Any, ...]) -> dict[str, Any]:
     assert _POOL_EVALUATOR is not None, "tuner bug: pool evaluator not set before fork"
-    return evaluate_point(_POOL_EVALUATOR, *job)
+    return _POOL_FN(_POOL_EVALUATOR, *job)
 
 
-def _evaluate_many(evaluator: Evaluator, jobs: list[Job], workers: int,
-                   on_done: Callable[[int, dict[str, Any]], None]) -> None:
-    """Evaluate ``jobs``, calling ``on_done(i, metrics)`` in the parent as each finishes
-    (so every result is stored before the next one)."""
-    global _POOL_EVALUATOR
+def evaluate_many(evaluator: Evaluator, jobs: Sequence[tuple[Any, ...]], workers: int,
+                  on_done: Callable[[int, dict[str, Any]], None],
+                  evaluate: Callable[..., dict[str, Any]] = evaluate_point) -> None:
+    """Evaluate ``jobs`` (``evaluate(evaluator, *job)`` each; by default one stored
+    point's replay), calling ``on_done(i, metrics)`` in the parent as each finishes (so
+    every result is stored before the next one). Stages 2 and 3 and the robust check's
+    clock variants (:mod:`tuner.tune.robust`) share this pool."""
+    global _POOL_EVALUATOR, _POOL_FN
     if workers <= 1 or len(jobs) <= 1:
         for i, job in enumerate(jobs):
-            on_done(i, evaluate_point(evaluator, *job))
+            on_done(i, evaluate(evaluator, *job))
         return
-    _POOL_EVALUATOR = evaluator
+    _POOL_EVALUATOR, _POOL_FN = evaluator, evaluate
     try:
         with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
             for i, metrics in enumerate(pool.imap(_pool_eval, jobs)):
                 on_done(i, metrics)
     finally:
-        _POOL_EVALUATOR = None
+        _POOL_EVALUATOR, _POOL_FN = None, evaluate_point
+
 
 
 def run_stage2(storage: Any, study_name: str, config: StudyConfig, evaluator: Evaluator,
@@ -135,7 +141,7 @@ def run_stage2(storage: Any, study_name: str, config: StudyConfig, evaluator: Ev
         _record_stage2(study2, config, results[i])  # type: ignore[arg-type]
         bar.update(sum(r is not None for r in results))
 
-    _evaluate_many(evaluator, [_job(s, "train") for _, s in jobs], workers, store)
+    evaluate_many(evaluator, [_job(s, "train") for _, s in jobs], workers, store)
     return [r for r in results if r is not None]
 
 
@@ -178,7 +184,7 @@ def run_holdout(storage: Any, study_name: str, evaluator: Evaluator, points: lis
         StudyRecords.write_holdout(study2, jobs[j].settings, metrics)
         stored[settings_key(jobs[j].settings)] = metrics
 
-    _evaluate_many(evaluator, [_job(p.settings, "holdout") for p in jobs], workers, store)
+    evaluate_many(evaluator, [_job(p.settings, "holdout") for p in jobs], workers, store)
     for p in points:  # the same settings may appear as two Point objects
         if p.holdout is None:
             p.holdout = stored.get(settings_key(p.settings))

@@ -127,6 +127,10 @@ def resolve_target(target: Target, *,
                 f"{model.name} on {target.tp}x {hardware.name} has room for "
                 f"{capacity.num_tokens}; pass a smaller --max-model-len, a larger --tp or "
                 "--gpu-memory-utilization (vLLM refuses to start here too)")
+    if target.clock is not None:  # the robust check's replays (tuner.tune.robust)
+        from tuner.perf.clock_variant import with_variant
+
+        step_time = with_variant(step_time, target.clock)
     cache = CacheSettings(block_size=block_size, num_gpu_blocks=blocks,
                           enable_prefix_caching=True, max_model_len=max_model_len)
     cache.validate()
@@ -139,7 +143,9 @@ def resolve_target(target: Target, *,
         f"{hardware.backend_for(model.backend_kind)} block {block_size}, {blocks:,} blocks = {tokens / 1e6:.2f}M tokens/engine"
         + (" (override)" if capacity is None else "")
         + (", calibrated" if target.calibration else "")
-        + f", step time: {source}")
+        + f", step time: {source}"
+        + ("" if target.clock is None or target.clock.nominal
+           else f" (clock variant: {target.clock.describe()})"))
     return ResolvedTarget(target=target, hardware=hardware, model=model, step_time=step_time,
                           cache=cache, num_gpus=target.num_gpus, default_settings=defaults,
                           description=description, capacity=capacity,
