@@ -83,6 +83,8 @@ def check_async_invariants(scheduler: AsyncHost, group: "DecodeGroup | None") ->
     request's placeholders, and no request skipped by the re-admission gate. Decode
     group members are read through the group's accessors (nothing is materialised)."""
     assert not scheduler.deferred_waiting, "the re-admission gate bound at depth 2"
+    spec = getattr(scheduler, "spec", None)  # speculative decoding: 1 + k per step
+    max_placeholders = 1 + (spec.k if spec is not None else 0)
     for request in scheduler.running:
         if group is not None and request.steady:
             p, in_flight = group.placeholders(request), group.in_flight(request)
@@ -90,7 +92,7 @@ def check_async_invariants(scheduler: AsyncHost, group: "DecodeGroup | None") ->
         else:
             p, in_flight = request.num_output_placeholders, request.num_in_flight_tokens
             computed, tokens = request.num_computed_tokens, request.num_tokens
-        assert 0 <= p <= 1, f"{request!r}: {p} placeholders"
+        assert 0 <= p <= max_placeholders, f"{request!r}: {p} placeholders"
         assert in_flight >= p, f"{request!r}: placeholder not in flight"
         assert 0 <= request.num_stale_output_tokens <= in_flight, request
         assert computed <= tokens + p, request
