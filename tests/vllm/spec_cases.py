@@ -11,6 +11,8 @@ block a follower then hits; PR #54625's eviction scenario with drafts.
 
 from __future__ import annotations
 
+import dataclasses
+
 from parity_cases import BS, agentic_trace, chat_trace, pr_eviction_requests, target
 
 from tuner.fidelity.parity import ParityCase
@@ -41,6 +43,14 @@ def follower_requests() -> list[TraceRequest]:
     a = TraceRequest("A", 0.0, 40, 30, _blocks(1, 2), output_block_hashes=_blocks(9, 2))
     b = TraceRequest("B", 0.05, 70, 4, _blocks(1, 2) + _blocks(9, 2)[:2])
     return [a, b]
+
+
+def padding_requests() -> list[TraceRequest]:
+    """C's 49-token prompt is A's 48 cached tokens plus one: admitted with one token left
+    while A decodes, vLLM pads it to 1 + k tokens with k placeholder drafts (never
+    accepted)."""
+    return [TraceRequest("A", 0.0, 48, 30, _blocks(5, 3)),
+            TraceRequest("C", 0.02, 49, 10, _blocks(5, 3))]
 
 
 def pressure_requests() -> list[TraceRequest]:
@@ -76,7 +86,12 @@ def cases(version: str = "0.33") -> list[ParityCase]:
         case("ngram-k5-a1", chat_trace(), chat, 600, spec("ngram", 5, "1"))
         case("mid-burst-k5-a1", mid_burst_requests(), small, 200, spec("ngram", 5, "1"))
         case("follower-k3-a1", follower_requests(), small, 200, spec("ngram", 3, "1"))
-        case("pr-eviction-k3", pr_eviction_requests(), small, 5, spec("ngram", 3, "0.7"))
+        case("padding-k3-a1", padding_requests(), small, 200, spec("ngram", 3, "1"))
+        eviction = [dataclasses.replace(r, output_len=3) for r in pr_eviction_requests()]
+        case("pr-eviction-k3", eviction, small, 6, spec("ngram", 3, "0.7"))
+        window = small.replace(cache_aware_admission_window=4,
+                               cache_aware_admission_threshold=0.0)  # the plugin's classes
+        case("pr-eviction-w4-k3", eviction, window, 6, spec("ngram", 3, "0.7"))
         case("agentic-pressure-k3", agentic_trace(), pressure, 200,
              spec("ngram", 3, "0.8,0.6,0.45"))
         case("eagle3-pressure-k3", pressure_requests(), small, 12,

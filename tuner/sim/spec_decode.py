@@ -66,7 +66,8 @@ def rates_from_length(length: float, k: int) -> tuple[float, ...]:
 def parse_acceptance(text: str, k: int) -> tuple[float, ...]:
     """``--spec-acceptance``: comma-separated per-position rates (``0.8,0.6,0.45``) or one
     mean acceptance length (``2.4``, a number above 1). Rates shorter than ``k`` are
-    extended by their last ratio ``a_n / a_(n-1)`` (a geometric tail); longer are cut."""
+    extended by their last ratio ``a_n / a_(n-1)`` (a geometric tail; one rate ``a``
+    means ``a_i = a ** i``, a constant per-draft acceptance); longer are cut."""
     parts = [p.strip() for p in str(text).split(",") if p.strip()]
     try:
         values = [float(p) for p in parts]
