@@ -211,3 +211,45 @@ def _as_object(config: str | dict[str, Any], where: str) -> dict[str, Any]:
         raise ConfigError(f"{where}: expected a JSON object like "
                           '{"method": "mtp", "num_speculative_tokens": 3}')
     return data
+
+
+def parse_server_log(text: str, where: str = "log") -> str:
+    """The acceptance of a vLLM server log: its last ``SpecDecoding metrics`` line
+    (v1/spec_decode/metrics.py:121), as ``--spec-acceptance`` text (the per-position
+    rates, else the mean acceptance length)."""
+    import re
+
+    lines = [ln for ln in text.splitlines() if "SpecDecoding metrics" in ln]
+    if not lines:
+        raise ConfigError(f"{where}: no 'SpecDecoding metrics' line (is it a vLLM server "
+                          "log with speculative decoding on?)")
+    last = lines[-1]
+    rates = re.search(r"Per-position acceptance rate: ([0-9., ]+?)(?:,\s*Avg|$)", last)
+    if rates:
+        return rates.group(1).strip().rstrip(",")
+    length = re.search(r"Mean acceptance length: ([0-9.]+)", last)
+    if length:
+        return length.group(1)
+    raise ConfigError(f"{where}: its last 'SpecDecoding metrics' line has no acceptance")
+
+
+def spec_summary(counters: dict[str, float], num_output_tokens: int) -> dict[str, Any]:
+    """Drafts, acceptance, mean acceptance length (vLLM's log line's convention) and
+    output tokens per step, from a replay's counters; empty when spec decode was off."""
+    if "spec_num_drafts" not in counters:
+        return {}
+    drafts = int(counters["spec_num_drafts"])
+    draft_tokens = int(counters["spec_num_draft_tokens"])
+    accepted = int(counters["spec_num_accepted_tokens"])
+    per_pos = []
+    i = 0
+    while f"spec_num_accepted_tokens_pos{i}" in counters:
+        per_pos.append(counters[f"spec_num_accepted_tokens_pos{i}"] / drafts if drafts else 0.0)
+        i += 1
+    steps = counters.get("num_steps", 0) or 0
+    return {"num_drafts": drafts, "num_draft_tokens": draft_tokens,
+            "num_accepted_tokens": accepted,
+            "draft_acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
+            "mean_acceptance_length": 1.0 + accepted / drafts if drafts else 1.0,
+            "acceptance_per_position": per_pos,
+            "tokens_per_step": num_output_tokens / steps if steps else 0.0}

@@ -31,14 +31,12 @@ File:line under ``vllm/v1/core/sched/`` (scheduler.py unless named):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from tuner.sim.async_update import AsyncHost
 from tuner.sim.request import RequestStatus, SimRequest
 from tuner.sim.scheduler_output import SchedulerOutput
 from tuner.sim.spec_decode import SpecDecoding
-
-if TYPE_CHECKING:
-    from tuner.sim.scheduler import Scheduler
 
 _RUNNING = RequestStatus.RUNNING
 _FINISHED = RequestStatus.FINISHED
@@ -127,7 +125,7 @@ class SpecDecodeState:
             per_pos[i] += 1
         return 1 + accepted, num_drafts - accepted
 
-    def update_sync(self, scheduler: "Scheduler", out: SchedulerOutput, now_s: float,
+    def update_sync(self, scheduler: AsyncHost, out: SchedulerOutput, now_s: float,
                     gaps: dict[float, int]) -> list[SimRequest]:
         """``update_from_output`` + ``update_draft_token_ids`` of a sync step."""
         kvm = scheduler.kv_cache_manager
@@ -153,7 +151,7 @@ class SpecDecodeState:
             scheduler.running = [r for r in scheduler.running if r.status == _RUNNING]
         return finished
 
-    def update_async(self, scheduler: "Scheduler", out: SchedulerOutput, now_s: float,
+    def update_async(self, scheduler: AsyncHost, out: SchedulerOutput, now_s: float,
                      gaps: dict[float, int]) -> list[SimRequest]:
         """``update_from_output`` of an async step (``tuner.sim.async_update`` plus the
         verify): placeholders and computed tokens roll back by the rejected drafts."""
