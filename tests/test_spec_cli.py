@@ -53,3 +53,20 @@ def test_bad_speculative_input_is_one_line_exit_2(mooncake_head_trace: pathlib.P
     assert r.exit_code == 2, r.output
     assert needle in r.output and "Traceback" not in r.output
     assert len(r.output.strip().splitlines()) == 1
+
+
+@pytest.mark.vllm
+def test_fidelity_with_drafts_is_identical(mooncake_head_trace: pathlib.Path) -> None:
+    """``tuner fidelity --speculative-config``: vLLM's AsyncScheduler (MTP on an H200
+    resolves to async scheduling) fed the same drafts and accepted counts, every step
+    identical."""
+    from tests.vllm.vllm_env import vllm_python
+
+    r = CliRunner().invoke(cli, [
+        "fidelity", str(mooncake_head_trace), "--vllm-python", vllm_python("0.33"),
+        "--hardware", "h200", "--model", "llama-3.1-8b", "--num-gpu-blocks", "3000",
+        "--speculative-config", MTP, "--spec-acceptance", "0.7,0.4", "--json"])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.output)
+    assert report["async_scheduling"] is True
+    assert report["identical_pct"] == 100.0 and report["num_compared"] > 0

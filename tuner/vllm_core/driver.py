@@ -362,7 +362,14 @@ class VllmCoreEngine:
         # An empty batch (every running request in flight on its last token, or a
         # priority request that preempted itself) costs nothing: vLLM's runner returns
         # at once.
-        return self._StepBatch.from_requests(step.items) if step.items else None
+        if not step.items:
+            return None
+        batch = self._StepBatch.from_requests(step.items)
+        drafts = step.output.scheduled_spec_decode_tokens if self.spec is not None else None
+        if drafts:  # verifies: the twin's batch carries the same two counts
+            batch = replace(batch, num_spec_reqs=len(drafts),
+                            num_spec_tokens=sum(len(d) for d in drafts.values()))
+        return batch
 
     def start(self, step: _Step, start_s: float, duration_s: float) -> None:
         from tuner.records import StepRecord
