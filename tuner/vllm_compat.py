@@ -182,7 +182,8 @@ Platform = Literal["cuda", "rocm", "cpu"]
 
 
 def resolve_async_scheduling(requested: bool | None, *, platform: Platform = "cuda",
-                             pipeline_parallel_size: int = 1, pooling: bool = False) -> bool:
+                             pipeline_parallel_size: int = 1, pooling: bool = False,
+                             spec_method: str | None = None) -> bool:
     """What vLLM 0.33.0 runs for ``SchedulerConfig.async_scheduling = requested``.
 
     vLLM's rules (config/scheduler.py:211 declares ``bool | None = None``;
@@ -207,6 +208,14 @@ def resolve_async_scheduling(requested: bool | None, *, platform: Platform = "cu
     """
     if platform not in ("cuda", "rocm", "cpu"):
         raise ConfigError(f"platform {platform!r}: expected cuda, rocm or cpu")
+    if spec_method is not None and spec_method not in SPEC_ASYNC_METHODS:
+        # config/vllm.py:1651-1683: the V1 model runner has no async scheduling with
+        # these drafters (n-gram on the CPU); explicit: refused, None: off
+        if requested and platform != "cpu":
+            raise ConfigError(f"--async-scheduling: vLLM 0.33.0's V1 model runner does not "
+                              f"support async scheduling with {spec_method}-based "
+                              "speculative decoding (use --no-async-scheduling)")
+        return False
     if requested and pipeline_parallel_size > 1:
         raise ConfigError("--async-scheduling: vLLM 0.33.0's V1 model runner does not "
                           "support async scheduling with pipeline parallelism")
@@ -215,6 +224,12 @@ def resolve_async_scheduling(requested: bool | None, *, platform: Platform = "cu
     if requested is not None:
         return bool(requested)
     return not (pooling or pipeline_parallel_size > 1)
+
+
+#: Speculative methods vLLM 0.33.0's V1 model runner runs under async scheduling
+#: (config/vllm.py:1651-1660: EagleModelTypes, ngram_gpu, draft_model, dspark, dflash).
+SPEC_ASYNC_METHODS = frozenset({"eagle", "eagle3", "mtp", "ngram_gpu", "draft_model",
+                                "dspark", "dflash"})
 
 
 def async_scheduling_flag(enabled: bool) -> str:

@@ -78,7 +78,10 @@ def check_result(requests, result) -> None:
         assert rr.first_scheduled_s <= rr.first_token_s <= rr.finish_s, rr
     tokens = sum(c for _, c in result.itl_samples)
     expected = sum(r.output_len - 1 for r in result.requests if r.status == "finished")
-    assert tokens == expected
+    if "spec_num_drafts" in result.counters:  # one gap per burst (per request and step)
+        assert expected - result.counters["spec_num_accepted_tokens"] <= tokens <= expected
+    else:
+        assert tokens == expected
 
 
 def random_trace(seed: int, n: int = 40, *, block_size: int = 16, families: int = 4,

@@ -14,6 +14,7 @@ from tuner.sim.engine import Simulator
 from tuner.sim.fast_path import FAST_PATH_FIELDS, fast_path_refusal
 from tuner.sim.load import ClosedLoop, OpenLoop
 from tuner.sim.scheduler import Scheduler
+from tuner.sim.spec_decode import from_vllm_config
 from tuner.sim.settings import CacheSettings, SchedulerSettings, SimOptions
 
 from sim_helpers import assert_identical, check_result, nonlinear_step as step_time, random_trace
@@ -46,6 +47,11 @@ FIELD_VALUES: dict[str, st.SearchStrategy] = {
     "SimOptions.async_scheduling": st.booleans(),
     "SimOptions.self_preemption_continues": st.booleans(),
     "SimOptions.extra": st.sampled_from([{}] * 7 + [{"unmodelled": 1}]),
+    # speculative decoding: refused by the fast path (both runs take the plain path, with
+    # the per-step invariants on: drafts, lookahead slots and bursts under every setting)
+    "SimOptions.speculative": st.sampled_from([None] * 6 + [
+        from_vllm_config({"method": "ngram", "num_speculative_tokens": 2}, "0.7"),
+        from_vllm_config({"method": "eagle3", "num_speculative_tokens": 3}, "0.8,0.5,0.2")]),
 }
 
 
@@ -143,7 +149,7 @@ def test_fast_path_is_identical_over_every_field(setup) -> None:
     assert checked_path == unchecked_path
     # What the example exercised (pytest --hypothesis-show-statistics).
     group_steps = sum(group for group, _ in unchecked_path)
-    event("fast path refused" if options["extra"] else
+    event("fast path refused" if options["extra"] or options["speculative"] else
           "group steps" if group_steps else "no group step")
     if plain.counters["preemptions"]:
         event("preempts")

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import click
 
 from tuner.cli._common import echo_json, handle_errors
 from tuner.cli._replay import TargetFlags, make_load, target_options
+from tuner.cli._spec import spec_options
 
 
 @click.command(name="fidelity")
@@ -15,6 +19,7 @@ from tuner.cli._replay import TargetFlags, make_load, target_options
               help="Python of an environment with vLLM 0.32/0.33 (.ci/setup-vllm.sh builds "
                    "one); the vllm-core side runs there.")
 @target_options
+@spec_options
 @click.option("--set", "assignments", multiple=True, metavar="FIELD=VALUE",
               help="Scheduler setting, vLLM field name (repeatable), e.g. --set "
                    "cache_aware_admission_window=16.")
@@ -31,7 +36,7 @@ from tuner.cli._replay import TargetFlags, make_load, target_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @handle_errors
 def fidelity_command(trace: str, vllm_python: str | None, target_flags: TargetFlags,
-                     assignments: tuple[str, ...],
+                     spec_flags: Any, assignments: tuple[str, ...],
                      speedup: float | None, concurrency: int | None,
                      prefill_interval_mode: str | None, context: int, as_json: bool) -> None:
     """Check that the twin schedules TRACE exactly as vLLM's own Scheduler does.
@@ -56,11 +61,14 @@ def fidelity_command(trace: str, vllm_python: str | None, target_flags: TargetFl
 
     python = vllm_compat.find_vllm_python(vllm_python, "core")
     target = target_flags.target()
+    speculative = spec_flags.build()  # drafts fed to vLLM's scheduler from the same draw
     load = make_load(speedup, concurrency)
     resolved = resolve_target(target)
     settings = replay.parse_settings(assignments, resolved.default_settings)
     report, _, _ = run_parity(trace, settings, vllm_python=python, target=target, load=load,
-                              options=twin_options_for(python, prefill_interval_mode),
+                              options=dataclasses.replace(
+                                  twin_options_for(python, prefill_interval_mode),
+                                  speculative=speculative),
                               context=context)
     if as_json:
         echo_json({**report.to_dict(), "settings": settings.to_dict(),

@@ -10,6 +10,7 @@ import click
 
 from tuner.cli._common import echo_json, handle_errors, make_console
 from tuner.cli._progress import progress_display
+from tuner.cli._spec import spec_lines, spec_options
 from tuner.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -218,6 +219,7 @@ def make_load(speedup: float | None, concurrency: int | None):  # type: ignore[n
 @click.option("--backend", default="sim", show_default=True,
               help="Replay backend: sim (the CPU twin), vllm-core, vllm-serve.")
 @target_options
+@spec_options
 @router_options
 @click.option("--set", "assignments", multiple=True, metavar="FIELD=VALUE",
               help="Scheduler setting by its SchedulerConfig name (repeatable), e.g. "
@@ -238,7 +240,7 @@ def make_load(speedup: float | None, concurrency: int | None):  # type: ignore[n
               help="Progress bar [default: on when stderr is a terminal].")
 @handle_errors
 def replay_command(trace: str, backend: str, target_flags: TargetFlags,
-                   router_flags: RouterFlags, assignments: tuple[str, ...],
+                   spec_flags: Any, router_flags: RouterFlags, assignments: tuple[str, ...],
                    speedup: float | None, concurrency: int | None,
                    measure_from: float | None, measure_to: float | None, out: str | None,
                    as_json: bool, progress: bool | None) -> None:
@@ -260,6 +262,8 @@ def replay_command(trace: str, backend: str, target_flags: TargetFlags,
                                summary_table, with_bands, write_requests_parquet)
     from tuner.outputs import check_output
     from tuner.perf.presets import resolve_target
+    from tuner.sim.settings import SimOptions
+    from tuner.sim.spec_decode import spec_summary
 
     if out is not None:
         check_output(out, inputs=[trace])
@@ -268,6 +272,7 @@ def replay_command(trace: str, backend: str, target_flags: TargetFlags,
         raise ConfigError(f"--measure-to ({measure_to}) must be greater than --measure-from "
                           f"({measure_from})")
     target = target_flags.target()
+    speculative = spec_flags.build()
     load = make_load(speedup, concurrency)
     router = router_flags.settings(target)
     settings = replay.parse_settings(assignments, resolve_target(target).default_settings)
@@ -276,9 +281,11 @@ def replay_command(trace: str, backend: str, target_flags: TargetFlags,
         raise ConfigError(f"--backend {backend} replays one deployment; --replicas and "
                           "--router run on the sim backend")
     fleet = {"router": router} if backend == "sim" and target.num_engines > 1 else {}
+    spec_kw = {} if speculative is None else {"options": SimOptions(speculative=speculative)}
     with progress_display(progress) as shown:
         result = replay.run(trace, settings, backend=backend, target=target, load=load,
-                            progress=shown, **fleet)
+                            progress=shown, **fleet, **spec_kw)
+    num_out = sum(int(r.output_len) for r in result.requests if r.status == "finished")
     summary = with_bands(summarize(result, measure_from_s=measure_from, measure_to_s=measure_to),
                          result, resolved)
     warning = rejection_warning(summary.to_dict(), resolved.cache.max_model_len,
@@ -288,9 +295,14 @@ def replay_command(trace: str, backend: str, target_flags: TargetFlags,
     if out is not None:
         write_requests_parquet(result, out, inputs=[trace])
     if as_json:
+        extra = {}
+        if speculative is not None:
+            extra = {"speculative": {**speculative.to_dict(),
+                                     **spec_summary(result.counters, num_out)}}
         echo_json({**summary.to_dict(), "settings": settings.to_dict(),
                    "target": resolved.description, "router": router.to_dict(),
-                   "step_time_source": resolved.step_time_source, "notes": result.notes})
+                   "step_time_source": resolved.step_time_source, "notes": result.notes,
+                   **extra})
         return
     click.echo(resolved.description)
     if warning:
@@ -300,6 +312,10 @@ def replay_command(trace: str, backend: str, target_flags: TargetFlags,
     console.print(summary_table(summary))
     if len(summary.engines) > 1:
         console.print(engine_table(summary))
+    if speculative is not None:
+        click.echo(f"speculative decoding: {speculative.describe()}")
+        for line in spec_lines(result.counters, num_out):
+            click.echo(line)
     click.echo(P90_HELP)
     if out is not None:
         click.echo(f"wrote {len(result.requests):,} request rows to {out}")

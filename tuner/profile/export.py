@@ -190,7 +190,7 @@ def flag_lines(args: list[str]) -> list[str]:
 
 
 def _flags(profile: Profile, plan: ExportPlan, header: list[str]) -> str:
-    args = plan.serve_args()
+    args = plan.serve_args() + speculative_args(profile)  # the drafts the replay assumed
     if profile.target.is_multi_engine:  # each engine also needs its parallel layout
         args = engine_args(profile) + args
         if profile.target.replicas > 1:
@@ -212,7 +212,17 @@ def target_args(profile: Profile) -> list[str]:
         args += ["--block-size", str(t.block_size)]
     if t.num_gpu_blocks is not None:
         args += ["--num-gpu-blocks-override", str(t.num_gpu_blocks)]
+    args += speculative_args(profile)
     return args  # --quantization / --kv-cache-dtype ride in the plan (plan_export)
+
+
+def speculative_args(profile: Profile) -> list[str]:
+    """``--speculative-config JSON`` as the profile replayed it (none when off)."""
+    spec = profile.target.speculative
+    if not spec:
+        return []
+    return ["--speculative-config", json.dumps(spec["speculative_config"], sort_keys=True,
+                                               separators=(",", ":"))]
 
 
 def serve_command(profile: Profile, plan: ExportPlan, *, use_async: bool) -> list[str]:
@@ -297,6 +307,9 @@ def _yaml(profile: Profile, plan: ExportPlan, header: list[str]) -> str:
     import yaml
 
     mapping = plan.config_mapping()
+    if profile.target.speculative:
+        mapping = {**mapping,
+                   "speculative-config": dict(profile.target.speculative["speculative_config"])}
     if profile.target.is_multi_engine:
         mapping = {**parallel_mapping(profile), **mapping}
         if profile.target.replicas > 1:

@@ -72,6 +72,9 @@ class ProfileTarget:
     step_time_source: str | None = None
     replicas: int = 1  # copies of the deployment behind the profile's router
     enable_expert_parallel: bool = False  # vLLM --enable-expert-parallel (MoE models)
+    #: speculative decoding the prediction assumed (``SpecDecoding.to_dict()``: vLLM's
+    #: ``--speculative-config`` object, the acceptance rates, the draw's seed); None: off
+    speculative: dict[str, Any] | None = None
 
     @property
     def is_multi_engine(self) -> bool:
@@ -89,6 +92,8 @@ class ProfileTarget:
             del out["replicas"]
         if not out["enable_expert_parallel"]:
             del out["enable_expert_parallel"]
+        if out["speculative"] is None:  # off: written as before
+            del out["speculative"]
         return out
 
 
@@ -309,7 +314,21 @@ def _target(raw: Any, fail: Any) -> ProfileTarget:
                          num_gpu_blocks=raw.get("num_gpu_blocks"), step_time_source=source,
                          replicas=replicas,
                          enable_expert_parallel=raw.get("enable_expert_parallel", False),
-                         **dtypes)
+                         speculative=_speculative(raw.get("speculative"), fail), **dtypes)
+
+
+def _speculative(raw: Any, fail: Any) -> dict[str, Any] | None:
+    """The ``target.speculative`` section, checked as the replay reads it."""
+    if raw is None:
+        return None
+    from tuner.sim.spec_decode import SpecDecoding
+
+    if not isinstance(raw, dict) or not isinstance(raw.get("speculative_config"), dict):
+        raise fail("target.speculative", "must be a mapping with a speculative_config object")
+    try:
+        return SpecDecoding.from_dict(raw).to_dict()
+    except ConfigError as exc:
+        raise fail("target.speculative", str(exc)) from None
 
 
 def _router(raw: Any, target: ProfileTarget, fail: Any) -> dict[str, Any] | None:

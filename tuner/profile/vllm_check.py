@@ -17,7 +17,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tuner.profile.export import parallel_mapping, plan_export
+from tuner.profile.export import parallel_mapping, plan_export, speculative_args
 from tuner.profile.fleet_export import engine_args
 from tuner.profile.model import Profile
 
@@ -125,6 +125,11 @@ def _payload(profile: Profile, *, vllm_version: str, native_admission: bool,
         config = {**parallel_mapping(profile), **config}
         expect.update(tensor_parallel_size=t.tp, data_parallel_size=t.dp,
                       enable_expert_parallel=t.enable_expert_parallel)
+    if t.speculative:  # vLLM's parser reads --speculative-config as a JSON object
+        spec = dict(t.speculative["speculative_config"])
+        serve_args = serve_args + speculative_args(profile)
+        config = {**config, "speculative-config": spec}
+        expect["speculative_config"] = spec
     return {
         "scheduler_kwargs": plan.scheduler_kwargs(),
         "serve_args": serve_args,

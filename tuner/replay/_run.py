@@ -185,6 +185,9 @@ def prepare(trace: TraceLike, settings: SchedulerSettings | None = None, *,
     settings.validate(max_model_len=resolved.cache.max_model_len)
     load = OpenLoop() if load is None else load
     options = dataclasses.replace(options, async_scheduling=resolved.async_scheduling)
+    if options.speculative is not None:  # drafts: the mode vLLM allows, verify pricing
+        from tuner.perf.spec_decode import spec_deployment
+        resolved, options = spec_deployment(resolved, options)
     instance = create_backend(backend, **backend_options)
     instance.async_scheduling = options.async_scheduling
     try:

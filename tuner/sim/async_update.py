@@ -15,7 +15,8 @@ vLLM 0.33.0 (file:line under ``vllm/v1/``):
 * ``AsyncScheduler._update_after_schedule`` (core/sched/async_scheduler.py:24-56): after
   the base update (computed += n, in-flight += n, ``is_prefill_chunk = computed <
   num_tokens + placeholders``, core/sched/scheduler.py:1845-1877) every scheduled request
-  that is not a prefill chunk gets one output placeholder (no spec decode: ``1 + 0``).
+  that is not a prefill chunk gets one output placeholder (``1 + 0``; with speculative
+  decoding ``1 + len(drafts)``, tuner.sim.spec_update.SpecDecodeState.place_outputs).
   The runner samples exactly those requests; the decision is taken here, at schedule
   time (:func:`place_outputs`), because by update time step N+1 has moved the counters.
 * ``update_from_output`` (core/sched/scheduler.py:2259-2560): per scheduled request,
@@ -77,12 +78,14 @@ def place_outputs(out: SchedulerOutput) -> None:
 
 
 def check_async_invariants(scheduler: AsyncHost, group: "DecodeGroup | None") -> None:
-    """What holds between any two calls at batch queue depth 2 (no spec decode): at most
-    one placeholder (only the step in flight can hold one), a placeholder only with
+    """What holds between any two calls at batch queue depth 2: at most 1 + k (k: the drafts;
+    0 without speculative decoding) placeholders (only the step in flight holds them), one only with
     tokens in flight, a stale share only inside the in-flight tokens, none in a waiting
     request's placeholders, and no request skipped by the re-admission gate. Decode
     group members are read through the group's accessors (nothing is materialised)."""
     assert not scheduler.deferred_waiting, "the re-admission gate bound at depth 2"
+    spec = getattr(scheduler, "spec", None)  # speculative decoding: 1 + k per step
+    max_placeholders = 1 + (spec.k if spec is not None else 0)
     for request in scheduler.running:
         if group is not None and request.steady:
             p, in_flight = group.placeholders(request), group.in_flight(request)
@@ -90,7 +93,7 @@ def check_async_invariants(scheduler: AsyncHost, group: "DecodeGroup | None") ->
         else:
             p, in_flight = request.num_output_placeholders, request.num_in_flight_tokens
             computed, tokens = request.num_computed_tokens, request.num_tokens
-        assert 0 <= p <= 1, f"{request!r}: {p} placeholders"
+        assert 0 <= p <= max_placeholders, f"{request!r}: {p} placeholders"
         assert in_flight >= p, f"{request!r}: placeholder not in flight"
         assert 0 <= request.num_stale_output_tokens <= in_flight, request
         assert computed <= tokens + p, request

@@ -26,6 +26,11 @@ class StepBatch:
     prefill_ctx_tokens: int = 0  # sum over prefill requests of tokens already in KV (cached/computed)
     prefill_attn_pairs: float = 0.0  # sum of new*(ctx + (new+1)/2): causal query-key pairs of prefill
     decode_ctx_tokens: int = 0  # sum over decode requests of the context each attends to (incl. itself)
+    # Speculative decoding: verifies are counted as prefill requests above (1 + drafts
+    # tokens each, as vLLM's SchedulerOutput lists them); these say how many of those
+    # requests verify drafts and how many draft tokens the step carries.
+    num_spec_reqs: int = 0  # requests verifying drafts this step
+    num_spec_tokens: int = 0  # draft tokens verified this step (each request's <= k)
 
     @property
     def num_reqs(self) -> int:

@@ -32,6 +32,7 @@ from tuner.sim.loop import AdmissionRules, ReplayLoop, StepTime
 from tuner.sim.request import SimRequest
 from tuner.sim.scheduler import Scheduler, SchedulerOutput
 from tuner.sim.settings import CacheSettings, SchedulerSettings, SimOptions
+from tuner.sim.spec_update import spec_counters
 
 TIMESERIES_MAX_POINTS = 200_000
 
@@ -306,6 +307,7 @@ class Simulator:
             "num_requests": len(table),
             "num_finished": engine.num_finished,
         }
+        counters.update(spec_counters(scheduler.spec))  # none without spec decoding
         first_arrival = min((a for a in table.arrival_s if a == a), default=0.0)
         now = self.loop.now_s
         notes = [f"timeseries stride: every {engine.ts_stride} step(s)"]

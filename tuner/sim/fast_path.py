@@ -95,6 +95,10 @@ FAST_PATH_FIELDS: dict[str, FieldContract] = {
     "SimOptions.self_preemption_continues": FieldContract(
         "priority only, and a priority step that would run out of blocks is a plain step, "
         "so only the plain running loop reads it"),
+    "SimOptions.speculative": FieldContract(
+        "group members take one token a step; drafts (1 + k tokens, bursts of accepted "
+        "tokens) are not modelled by the group, so speculative decoding runs the plain "
+        "path", refuses=lambda value: value is not None),
     "SimOptions.extra": FieldContract(
         "free-form: the fast path cannot know what an entry means, so any is refused",
         refuses=bool),

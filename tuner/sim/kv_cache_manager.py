@@ -2,7 +2,7 @@
 
 Mirrors ``vllm/v1/core/kv_cache_manager.py`` and the full-attention path of
 ``single_type_kv_cache_manager.py`` @ 0.33.0 (one KV-cache group, no sliding window,
-no connector, no speculative lookahead), plus PR #54625's side-effect-free probe
+no connector; speculative decoding's lookahead slots via ``num_lookahead_tokens``), plus PR #54625's side-effect-free probe
 ``get_num_cached_tokens``.
 
 Token ranges of ``allocate_slots`` (vLLM's map, without the connector part)::
@@ -34,7 +34,8 @@ class KVCacheManager:
     """Per-request block lists on top of a ``BlockPool``; the scheduler's only cache API."""
 
     __slots__ = ("block_pool", "block_size", "enable_caching", "max_model_len",
-                 "watermark_blocks", "num_trace_hash_ids", "register_on_free")
+                 "watermark_blocks", "num_trace_hash_ids", "register_on_free",
+                 "num_lookahead_tokens")
 
     def __init__(self, *, num_gpu_blocks: int, block_size: int, enable_caching: bool = True,
                  max_model_len: int = 1 << 30, watermark: float = 0.0,
@@ -53,6 +54,9 @@ class KVCacheManager:
         # a full block can be unregistered at free, completed by a token the update just
         # applied, and the group catches up when a member leaves instead.
         self.register_on_free = True
+        # Speculative decoding: KV slots reserved past the scheduled tokens (vLLM's
+        # num_lookahead_tokens, kv_cache_manager.py:550-553; tuner.sim.spec_decode).
+        self.num_lookahead_tokens = 0
 
     @property
     def usage(self) -> float:
@@ -200,8 +204,8 @@ class KVCacheManager:
         if full_sequence_must_fit:
             need_full = blocks_needed(min(request.num_tokens, self.max_model_len),
                                       held + num_hit, bs)
-        need = blocks_needed(min(total_computed + num_new_tokens, self.max_model_len),
-                             held + num_hit, bs)
+        need = blocks_needed(min(total_computed + num_new_tokens + self.num_lookahead_tokens,
+                                 self.max_model_len), held + num_hit, bs)
         # Both checks without the evictable hit blocks first: a request that fails
         # anyway skips counting them.
         if max(need, need_full) + watermark > free:

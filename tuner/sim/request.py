@@ -71,6 +71,7 @@ class SimRequest:
         "hit_memo", "hit_epoch", "hit_watched", "hash_array", "synthetic_base",
         "_num_known", "num_shared_hash_blocks",
         "num_output_placeholders", "num_in_flight_tokens", "num_stale_output_tokens",
+        "num_spec_tokens",
     )
 
     def __init__(self, *, request_id: str, index: int, arrival_s: float, num_prompt_tokens: int,
@@ -98,6 +99,9 @@ class SimRequest:
         self.num_output_placeholders = 0
         self.num_in_flight_tokens = 0
         self.num_stale_output_tokens = 0
+        # Speculative decoding: len(spec_token_ids), the drafts the request carries into
+        # its next step (tuner.sim.spec_update); always 0 without speculative decoding.
+        self.num_spec_tokens = 0
         # Block ids held, in sequence order (vLLM req_to_blocks): the first num_blocks
         # of block_buf, an array so a whole prompt's blocks are freed in one call.
         self.block_buf = _NO_IDS

@@ -18,7 +18,10 @@ of 2): the base-class rules keyed on output placeholders live here (the running 
 ``max_tokens`` skip and demand, stale output at preemption, the re-admission gate), the
 placeholders and the update in ``tuner.sim.async_update``.
 
-Deliberate divergences (docs/twin-vs-vllm.md lists them all): no spec decode, encoders,
+Speculative decoding (``SimOptions.speculative``): the drafts, lookahead slots, padding
+and verify rules live in ``tuner.sim.spec_update``; the hooks here are a few lines each.
+
+Deliberate divergences (docs/twin-vs-vllm.md lists them all): no encoders,
 LoRA, connectors, structured output or pause states, so the ``kv_holding_waiting`` queue
 is always empty and not modelled (preempted requests have ``num_computed_tokens == 0``);
 ``deferred_waiting`` exists for the async gate and stays empty at depth 2.
@@ -45,6 +48,7 @@ from tuner.sim.request import RequestStatus, SimRequest
 from tuner.sim.request_queue import FCFSRequestQueue, create_request_queue
 from tuner.sim.scheduler_output import GroupStep, SchedulerOutput
 from tuner.sim.settings import CacheSettings, SchedulerSettings, SimOptions
+from tuner.sim.spec_update import SpecDecodeState
 
 __all__ = ["Scheduler", "SchedulerOutput"]
 
@@ -124,6 +128,13 @@ class Scheduler:
         self.in_flight_steps: deque[SchedulerOutput] = deque()
         self._next_seq = 0
         self._last_group_step: GroupStep | None = None  # expired when the next step starts
+        # Speculative decoding (tuner.sim.spec_update), None when off: then no hook below
+        # costs more than reading a zero (a request's drafts, the lookahead slots).
+        self.spec: SpecDecodeState | None = None
+        if self.options.speculative is not None:
+            self.spec = SpecDecodeState(self.options.speculative, cache.max_model_len)
+            self.kv_cache_manager.num_lookahead_tokens = (
+                self.options.speculative.num_lookahead_tokens)
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request: SimRequest) -> None:
@@ -166,6 +177,8 @@ class Scheduler:
             token_budget, prefill_scheduled = self._schedule_running(out, token_budget,
                                                                      threshold, defer)
         prefill_admitted = False
+        if self.spec is not None:
+            self.spec.begin_admissions(out, prefill_scheduled)
         if not out.preempted:
             if self.cache_aware_window and not defer:
                 self._reorder_waiting_by_cached_prefix()
@@ -222,8 +235,9 @@ class Scheduler:
             if defer and request.is_prefill_chunk:
                 req_index += 1
                 continue
-            # Demand: num_tokens + placeholders - num_computed (839-843).
-            num_new = running_new_tokens(request.num_tokens + placeholders,
+            # Demand: num_tokens + drafts + placeholders - num_computed (839-843).
+            num_new = running_new_tokens(request.num_tokens + request.num_spec_tokens
+                                         + placeholders,
                                          request.num_computed_tokens, threshold,
                                          token_budget, max_model_len)
             if num_new <= 0:
@@ -242,6 +256,8 @@ class Scheduler:
                             del scheduled[j]
                             token_budget += n
                             out.total_num_scheduled_tokens -= n
+                            if self.spec is not None:
+                                self.spec.unschedule(out, victim)
                             break
                 self.preempt_request(victim)
                 out.preempted.append(victim)
@@ -253,6 +269,8 @@ class Scheduler:
                 token_budget -= num_new
                 if request.is_prefill_chunk:
                     prefill_scheduled = True
+                if request.num_spec_tokens:  # drafts (never without speculative decoding)
+                    self.spec.drafts_scheduled(request, num_new, out)  # type: ignore[union-attr]
                 req_index += 1
                 continue
             if self.self_preemption_continues and self.policy == "priority":
@@ -291,6 +309,7 @@ class Scheduler:
         request.is_prefill_chunk = False
         request.num_stale_output_tokens = request.num_in_flight_tokens
         request.num_output_placeholders = 0
+        request.num_spec_tokens = 0  # drafts are dropped (1823-1824)
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend_request(request)
@@ -334,6 +353,7 @@ class Scheduler:
         chunked = self.settings.enable_chunked_prefill
         full_fit = self.settings.scheduler_reserve_full_isl
         prefill_admitted = False
+        spec = self.spec
         skipped: list[SimRequest] = []
         while waiting and token_budget > 0:
             if len(running) >= self.max_num_running_reqs:
@@ -356,8 +376,12 @@ class Scheduler:
             needs_prefill = num_hit < request.num_tokens - 1
             if defer and needs_prefill:
                 break
-            num_new = clamp_new_tokens(request.num_tokens - num_hit, threshold, token_budget,
-                                       chunked)
+            num_new = request.num_tokens - num_hit
+            if spec is not None and num_new == 1:  # spec decode pads it to 1 + k (1306-1331)
+                num_new = spec.pad(num_hit, token_budget)
+                if num_new == 0:
+                    break
+            num_new = clamp_new_tokens(num_new, threshold, token_budget, chunked)
             if num_new <= 0:
                 break  # chunking off and the budget would cut it
             if not kvm.allocate_slots(request, num_new, num_hit, hit_blocks,
@@ -382,6 +406,8 @@ class Scheduler:
             request.num_computed_tokens = num_hit
             out.individual.append((request, num_new))
             out.admitted.append((request, num_hit))
+            if spec is not None and num_new > request.num_tokens - num_hit:
+                spec.admitted_padded(request, out)
             out.total_num_scheduled_tokens += num_new
             token_budget -= num_new
             if needs_prefill:
@@ -416,7 +442,8 @@ class Scheduler:
                 and blocks_needed(min(request.num_tokens, self.max_model_len), num_blocks, bs)
                 + watermark > free):
             return True
-        return (blocks_needed(min(num_hit + num_new, self.max_model_len), num_blocks, bs)
+        return (blocks_needed(min(num_hit + num_new + kvm.num_lookahead_tokens,
+                                  self.max_model_len), num_blocks, bs)
                 + watermark > free)
 
     def _update_after_schedule(self, out: SchedulerOutput) -> None:
@@ -442,9 +469,17 @@ class Scheduler:
         if step is not None:  # each member: one token over its whole sequence
             ndr += step.num_members
             dctx += step.sum_tokens
-        out.batch = StepBatch(npr, ndr, npt, pctx, pairs, dctx)
+        spec_tokens = out.spec_tokens
+        if spec_tokens:  # verifies: priced with their drafts (tuner.perf.spec_decode)
+            out.batch = StepBatch(npr, ndr, npt, pctx, pairs, dctx, len(spec_tokens),
+                                  sum(n for n, _ in spec_tokens.values()))
+        else:
+            out.batch = StepBatch(npr, ndr, npt, pctx, pairs, dctx)
         if self.async_scheduling:
-            place_outputs(out)
+            if self.spec is not None:
+                self.spec.place_outputs(out)
+            else:
+                place_outputs(out)
 
     # ----------------------------------------------------------------- outputs
     def update_from_output(self, out: SchedulerOutput, now_s: float = 0.0,
@@ -458,6 +493,12 @@ class Scheduler:
         """
         if gaps is None:
             gaps = {}
+        if self.spec is not None:  # verifies: tuner.sim.spec_update
+            if self.async_scheduling:
+                oldest = self.in_flight_steps.popleft()
+                assert oldest is out, "async steps are applied in the order scheduled"
+                return self.spec.update_async(self, out, now_s, gaps)
+            return self.spec.update_sync(self, out, now_s, gaps)
         if self.async_scheduling:
             oldest = self.in_flight_steps.popleft()
             assert oldest is out, "async steps are applied in the order scheduled (tuner bug)"

@@ -64,6 +64,10 @@ class SchedulerOutput:
     # Async fast path: entries were added to ``individual`` out of running order (a decode
     # group member left while the step was in flight); the update applies them in order.
     sort_individual: bool = False
+    # Speculative decoding: vLLM's ``scheduled_spec_decode_tokens`` as request ->
+    # (drafts verified this step, whether they are padding placeholders); None when the
+    # step verifies none (always without speculative decoding: no per-step cost).
+    spec_tokens: "dict[SimRequest, tuple[int, bool]] | None" = None
 
     def items(self) -> Iterator[tuple[SimRequest, int]]:
         """Every scheduled (request, tokens), in vLLM's order, whichever path ran.

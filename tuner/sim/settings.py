@@ -147,3 +147,6 @@ class SimOptions:
     #: it per release for parity runs.
     self_preemption_continues: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Speculative decoding (``tuner.sim.spec_decode.SpecDecoding``: vLLM's
+    #: ``--speculative-config`` and the acceptance profile), or None: off.
+    speculative: Any = None

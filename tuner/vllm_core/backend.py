@@ -108,6 +108,8 @@ class VllmCoreBackend(Backend):
             # data parallelism: one Scheduler per rank (tuner.vllm_core.dp_driver)
             "dp": int(getattr(deployment, "dp", 1)),
             "moe": bool(getattr(getattr(target, "model", None), "is_moe", False)),
+            # speculative decoding: tuner.sim.spec_decode.SpecDecoding (plain Python) or None
+            "speculative": getattr(options, "speculative", None),
         }
 
     def run(self, progress: ProgressCallback | None = None) -> "ReplayResult":

@@ -85,7 +85,8 @@ _DEFAULTS = {"long_prefill_token_threshold": 0, "enable_chunked_prefill": True,
 def build_scheduler(*, model_dir: str, settings: dict[str, Any], block_size: int,
                     num_gpu_blocks: int, enable_prefix_caching: bool = True,
                     max_model_len: int = 8192, async_scheduling: bool = False,
-                    scheduler_cls: type | str | None = None) -> Any:
+                    scheduler_cls: type | str | None = None,
+                    speculative: dict[str, Any] | None = None) -> Any:
     """The scheduler vLLM would build for ``settings``, over a fake KV cache.
 
     The class: ``scheduler_cls`` if given (a class or a dotted name, as
@@ -133,9 +134,12 @@ def build_scheduler(*, model_dir: str, settings: dict[str, Any], block_size: int
     cache_config = CacheConfig(block_size=block_size,
                                enable_prefix_caching=enable_prefix_caching)
     extra = {k: settings[k] for k in vllm_compat.ADMISSION_FIELDS if k in settings}
+    spec_kw = {}
+    if speculative is not None:
+        spec_kw["speculative_config"] = speculative_config(speculative, model_config, model_dir)
     vllm_config = VllmConfig(scheduler_config=sched_config, model_config=model_config,
                              cache_config=cache_config, device_config=DeviceConfig(device="cpu"),
-                             additional_config=extra)
+                             additional_config=extra, **spec_kw)
     # vLLM's CPU platform turns async scheduling off (platforms/cpu.py, "not required on
     # CPU"); the replay models the engine of the target, so its resolved mode goes back.
     vllm_config.scheduler_config.async_scheduling = async_scheduling
@@ -148,6 +152,23 @@ def build_scheduler(*, model_dir: str, settings: dict[str, Any], block_size: int
     return cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
                block_size=block_size, log_stats=True,
                structured_output_manager=StructuredOutputManager(vllm_config))
+
+
+def speculative_config(config: dict[str, Any], model_config: Any, model_dir: str) -> Any:
+    """vLLM's ``SpeculativeConfig`` for a ``--speculative-config`` object, over the fake
+    model. A drafter with a model of its own (eagle, eagle3) gets the fake model's folder
+    as its draft model; ``mtp`` needs a target with MTP layers, which the fake has not,
+    so it is built as ``eagle``: the scheduler's rules for both are the same
+    (``use_eagle()``, ``k`` lookahead slots, config/speculative.py:2116-2120)."""
+    from vllm.config import ParallelConfig, SpeculativeConfig
+
+    kw = {k: v for k, v in config.items() if k not in ("model",)}
+    if kw.get("method") == "mtp":
+        kw["method"] = "eagle"
+    if kw.get("method") != "ngram":
+        kw["model"] = model_dir
+    return SpeculativeConfig(target_model_config=model_config,
+                             target_parallel_config=ParallelConfig(), **kw)
 
 
 def make_block_hasher(block_size: int) -> Any:
@@ -230,7 +251,7 @@ class VllmCoreEngine:
     """
 
     def __init__(self, scheduler: Any, tokens: TokenFactory, hasher: Any, *,
-                 num_requests: int, record_steps: bool) -> None:
+                 num_requests: int, record_steps: bool, spec: Any = None) -> None:
         from tuner.sim.batch import StepBatch
 
         self._StepBatch = StepBatch
@@ -249,6 +270,13 @@ class VllmCoreEngine:
         self.notes: list[str] = []
         self.preempted_now: list[str] = []
         self.num_busy_in_flight = 0  # queued steps that scheduled tokens, not yet updated
+        #: speculative decoding: the twin's ``SpecDecoding`` (its seeded acceptance draw)
+        self.spec = spec
+        if spec is not None:
+            self.counters.update({"spec_num_drafts": 0.0, "spec_num_draft_tokens": 0.0,
+                                  "spec_num_accepted_tokens": 0.0})
+            for i in range(spec.num_speculative_tokens):
+                self.counters[f"spec_num_accepted_tokens_pos{i}"] = 0.0
         self._wrap_preempt()
 
     def _wrap_preempt(self) -> None:
@@ -334,7 +362,14 @@ class VllmCoreEngine:
         # An empty batch (every running request in flight on its last token, or a
         # priority request that preempted itself) costs nothing: vLLM's runner returns
         # at once.
-        return self._StepBatch.from_requests(step.items) if step.items else None
+        if not step.items:
+            return None
+        batch = self._StepBatch.from_requests(step.items)
+        drafts = step.output.scheduled_spec_decode_tokens if self.spec is not None else None
+        if drafts:  # verifies: the twin's batch carries the same two counts
+            batch = replace(batch, num_spec_reqs=len(drafts),
+                            num_spec_tokens=sum(len(d) for d in drafts.values()))
+        return batch
 
     def start(self, step: _Step, start_s: float, duration_s: float) -> None:
         from tuner.records import StepRecord
@@ -361,7 +396,12 @@ class VllmCoreEngine:
         out = step.output
         if out.num_scheduled_tokens:
             self.num_busy_in_flight -= 1
-        eco = sched.update_from_output(out, model_runner_output(out, step.sampled))
+        sampled = step.sampled if self.spec is None else self._verified(step)
+        eco = sched.update_from_output(out, model_runner_output(out, sampled))
+        if self.spec is not None:
+            self._spec_stats(eco)
+            if not sched.scheduler_config.async_scheduling and out.total_num_scheduled_tokens:
+                self._propose_drafts(out)  # EngineCore.post_step
         if step.record >= 0:
             self.steps[step.record] = replace(self.steps[step.record],
                                               kv_usage_at_update=_gauge(sched, eco))
@@ -386,6 +426,54 @@ class VllmCoreEngine:
                     live[o.request_id].finish_s = end_s
                     finished += 1
         return finished
+
+
+    # ----------------------------------------------------------------- spec decoding
+    def _verified(self, step: _Step) -> list[list[int]]:
+        """What the runner returns for a verify: ``1 + accepted`` tokens per sampling
+        request, the accepted count drawn from the twin's seeded profile at the
+        request's known tokens now (``SpecDecoding.num_accepted``), 0 for the placeholder
+        drafts of a padded admission; ids are the trace's tokens at the output positions."""
+        sched, spec = self.scheduler, self.spec
+        drafts = step.output.scheduled_spec_decode_tokens
+        out = []
+        for rid, samples in zip(step.output.num_scheduled_tokens, step.sampled):
+            r = sched.requests.get(rid)
+            if not samples or r is None:
+                out.append(samples)
+                continue
+            accepted = 0
+            scheduled = drafts.get(rid)
+            if scheduled and rid not in step.cached_now:  # admitted: padding drafts
+                accepted = spec.num_accepted(rid, r.num_tokens, len(scheduled))
+            first = len(r.output_token_ids)
+            outs = self.live[rid].outputs
+            out.append([outs[i] if i < len(outs) else VOCAB_LOW
+                        for i in range(first, first + 1 + accepted)])
+        return out
+
+    def _propose_drafts(self, output: Any) -> None:
+        """The drafter's ``k`` drafts for every request of the step (the scheduler keeps
+        them for requests that sampled and did not finish, ``update_draft_token_ids``)."""
+        from vllm.v1.outputs import DraftTokenIds
+
+        ids = list(output.num_scheduled_tokens)
+        k = self.spec.num_speculative_tokens
+        self.scheduler.update_draft_token_ids(
+            DraftTokenIds(req_ids=ids, draft_token_ids=[[VOCAB_LOW] * k for _ in ids]))
+
+    def _spec_stats(self, engine_core_outputs: dict[int, Any]) -> None:
+        """Sum vLLM's ``SpecDecodingStats`` of this update into the counters."""
+        c = self.counters
+        for eco in engine_core_outputs.values():
+            stats = getattr(getattr(eco, "scheduler_stats", None), "spec_decoding_stats", None)
+            if stats is None:
+                continue
+            c["spec_num_drafts"] += stats.num_drafts
+            c["spec_num_draft_tokens"] += stats.num_draft_tokens
+            c["spec_num_accepted_tokens"] += stats.num_accepted_tokens
+            for i, n in enumerate(stats.num_accepted_tokens_per_pos):
+                c[f"spec_num_accepted_tokens_pos{i}"] += n
 
 
 def _gauge(scheduler: Any, engine_core_outputs: dict[int, Any]) -> float:
@@ -421,12 +509,14 @@ class VllmCoreReplay:
             num_gpu_blocks=int(cache["num_gpu_blocks"]),
             enable_prefix_caching=bool(cache.get("enable_prefix_caching", True)),
             max_model_len=int(cache["max_model_len"]), async_scheduling=self.async_scheduling,
-            scheduler_cls=job.get("scheduler_cls"))
+            scheduler_cls=job.get("scheduler_cls"),
+            speculative=(job["speculative"].vllm_config if job.get("speculative") else None))
         self.build_s = time.perf_counter() - t0
         self.engine = VllmCoreEngine(self.scheduler, TokenFactory(self.block_size),
                                      make_block_hasher(self.block_size),
                                      num_requests=len(self.requests),
-                                     record_steps=self.record_steps)
+                                     record_steps=self.record_steps,
+                                     spec=job.get("speculative"))
 
     def run(self) -> Any:
         from tuner.records import ReplayResult, RequestResult
