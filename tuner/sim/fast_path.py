@@ -95,6 +95,10 @@ FAST_PATH_FIELDS: dict[str, FieldContract] = {
     "SimOptions.self_preemption_continues": FieldContract(
         "priority only, and a priority step that would run out of blocks is a plain step, "
         "so only the plain running loop reads it"),
+    "SimOptions.kv_offload": FieldContract(
+        "a KV connector changes admission (loads, deferred lookups) and adds per-step "
+        "stores; the decode group does not model it yet, so any tier runs the plain path",
+        refuses=lambda value: value is not None),
     "SimOptions.extra": FieldContract(
         "free-form: the fast path cannot know what an entry means, so any is refused",
         refuses=bool),

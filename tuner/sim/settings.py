@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from tuner.errors import ConfigError
+from tuner.sim.kv_connector.settings import OffloadSettings
 
 Policy = Literal["fcfs", "priority"]
 
@@ -147,3 +148,6 @@ class SimOptions:
     #: it per release for parity runs.
     self_preemption_continues: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
+    #: vLLM's host-memory KV tier (``--kv-offloading-size``; the ``OffloadingConnector``,
+    #: ``tuner.sim.kv_connector``), None = no connector (and no cost).
+    kv_offload: "OffloadSettings | None" = None
