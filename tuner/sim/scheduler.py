@@ -19,7 +19,8 @@ of 2): the base-class rules keyed on output placeholders live here (the running 
 placeholders and the update in ``tuner.sim.async_update``.
 
 Deliberate divergences (docs/twin-vs-vllm.md lists them all): no spec decode, encoders,
-LoRA, connectors, structured output or pause states, so the ``kv_holding_waiting`` queue
+LoRA, structured output or pause states; a KV connector (``tuner.sim.kv_connector``, off by
+default) brings the ``kv_holding_waiting`` queue (``kv_holding``), otherwise the queue
 is always empty and not modelled (preempted requests have ``num_computed_tokens == 0``);
 ``deferred_waiting`` exists for the async gate and stays empty at depth 2.
 

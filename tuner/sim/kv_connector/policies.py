@@ -111,28 +111,45 @@ class LRUPolicy:
         self._update_recency(reversed(list(keys)))
 
     def _update_recency(self, keys: Iterable[int]) -> None:
+        chunks, ranks, evictable = self.chunks, self._ranks, self._evictable
+        updated = []
+        rank = self._next_rank
         for key in keys:
-            if key not in self.chunks:
-                continue
-            self._next_rank += 1
-            self._ranks[key] = (self._next_rank, 0)
-            if key in self._evictable:
+            if key in chunks:
+                rank += 1
+                ranks[key] = (rank, 0)
+                if key in evictable:
+                    updated.append(key)
+        self._next_rank = rank
+        self._update_heap(updated)
+
+    def _update_heap(self, updated: list[int]) -> None:
+        """lru.py ``_update_heap``: rebuild for a long update, else push each."""
+        if not updated:
+            return
+        if len(updated) >= max(64, len(self._evictable) // 4):
+            self._heap = [(self._ranks[k], k) for k in self._evictable]
+            heapq.heapify(self._heap)
+        else:
+            for key in updated:
                 heapq.heappush(self._heap, (self._ranks[key], key))
-        self._compact()
+            self._compact()
 
     def on_request_access(self, keys: Iterable[int], ctx: ReqContext) -> None:
         rank_r = self._request_rank(ctx)
+        positions, chunks, ranks, evictable = ctx.positions, self.chunks, self._ranks, self._evictable
+        updated = []
         for key in keys:
-            position = ctx.position(key)
-            if position is None or key not in self.chunks:
+            position = positions.get(key)
+            if position is None or key not in chunks:
                 continue
             rank = (rank_r, -position)
-            if self._ranks[key] >= rank:
+            if ranks[key] >= rank:
                 continue
-            self._ranks[key] = rank
-            if key in self._evictable:
-                heapq.heappush(self._heap, (rank, key))
-        self._compact()
+            ranks[key] = rank
+            if key in evictable:
+                updated.append(key)
+        self._update_heap(updated)
 
     def on_request_finished(self, groups: Sequence[Sequence[int]], inserted_only: set[int],
                             reused: set[int], ctx: ReqContext) -> None:
