@@ -203,3 +203,49 @@ def test_offload_settings_refuse_bad_values() -> None:
             OffloadSettings(**bad).validate()
     assert dataclasses.replace(OffloadSettings(num_chunks=4, **LINK)).transfer_s(2, True) \
         == pytest.approx(1e-5 + 2 * (1 << 20) / 50e9)
+
+
+def test_lru_evicts_the_smallest_ranks_like_a_brute_force_scan() -> None:
+    """The lazy heap (ranks only grow; stale entries re-pushed at their true rank) evicts
+    exactly the n evictable, unprotected keys of smallest rank, over random operations."""
+    import random
+
+    from tuner.sim.kv_connector.policies import Chunk, LRUPolicy
+
+    rng = random.Random(1)
+    for _ in range(60):
+        p = LRUPolicy(50)
+        ctxs = [ReqContext() for _ in range(6)]
+        for c in ctxs:
+            for k in range(300):
+                c.positions[k] = rng.randint(1, 100) * 16
+        next_id = 0
+        for _ in range(300):
+            op, ctx = rng.random(), rng.choice(ctxs)
+            keys = rng.sample(range(300), rng.randint(1, 8))
+            if op < 0.35:
+                for k in keys:
+                    if k not in p.chunks:
+                        chunk = Chunk(next_id)
+                        next_id += 1
+                        p.insert(k, chunk, ctx)
+                        chunk.ref_cnt = 0
+                        p.mark_evictable(k)
+            elif op < 0.55:
+                p.on_request_access(keys, ctx)
+            elif op < 0.7:
+                p.on_request_finished((keys,), set(), set(keys), ctx)
+            elif op < 0.8:
+                k = keys[0]
+                if k in p._evictable:
+                    p.mark_non_evictable(k)
+                    p.chunks[k].ref_cnt = 1
+                elif k in p.chunks and p.chunks[k].ref_cnt == 1:
+                    p.chunks[k].ref_cnt = 0
+                    p.mark_evictable(k)
+            else:
+                n, protected = rng.randint(1, 4), set(rng.sample(range(300), 5))
+                ranked = sorted((p._ranks[k], k) for k in p._evictable if k not in protected)
+                want = None if len(ranked) < n else sorted(k for _, k in ranked[:n])
+                got = p.evict(n, protected)
+                assert want == (None if got is None else sorted(k for k, _ in got))

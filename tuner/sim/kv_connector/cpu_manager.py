@@ -67,15 +67,14 @@ class CPUOffloadingManager:
     def _record(self, keys: Iterable[int], ctx: ReqContext,
                 reused: Iterable[int] = ()) -> None:
         state = self._access(ctx)
-        new = []
-        for key in keys:
-            if key in state.seen:
-                continue
-            assert not state.finished, "new cache keys after request finalization (tuner bug)"
-            state.keys.append(key)
-            state.seen.add(key)
-            new.append(key)
+        seen = state.seen
+        new = [key for key in keys if key not in seen]
         if new:
+            assert not state.finished, "new cache keys after request finalization (tuner bug)"
+            if len(set(new)) != len(new):  # a hash repeated in the offer: first one counts
+                new = list(dict.fromkeys(new))
+            state.keys.extend(new)
+            seen.update(new)
             self.policy.on_request_access(new, ctx)
         state.reused.update(k for k in reused if k not in state.inserted)
 
@@ -166,11 +165,13 @@ class CPUOffloadingManager:
             return
         state.finished = True
         keys = list(state.keys)
-        pos = {k: p for k in keys if (p := ctx.position(k)) is not None}
-        if len(pos) == len(keys):
-            keys.sort(key=pos.__getitem__)
-        self.policy.on_request_finished((tuple(keys),), state.inserted - state.reused,
-                                        state.reused, ctx)
+        positions = ctx.positions
+        if all(k in positions for k in keys):  # head to tail (order_request_keys)
+            keys.sort(key=positions.__getitem__)
+        # One group, already in order: the policy's own order_request_keys sorts the same
+        # list again to the same order, so it gets the sorted keys and skips it.
+        self.policy.on_request_finished((keys,), state.inserted - state.reused,
+                                        state.reused, ctx, ordered=True)
 
     @property
     def num_used_chunks(self) -> int:

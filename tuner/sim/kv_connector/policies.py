@@ -89,7 +89,7 @@ class LRUPolicy:
 
     def insert(self, key: int, chunk: Chunk, ctx: ReqContext) -> None:
         self.chunks[key] = chunk
-        position = ctx.position(key)
+        position = ctx.positions.get(key)
         if position is None:
             self._next_rank += 1
             self._ranks[key] = (self._next_rank, 0)
@@ -111,49 +111,33 @@ class LRUPolicy:
         self._update_recency(reversed(list(keys)))
 
     def _update_recency(self, keys: Iterable[int]) -> None:
-        chunks, ranks, evictable = self.chunks, self._ranks, self._evictable
-        updated = []
+        """Fresh ranks, tail first. Ranks only grow, so the heap keeps the old (smaller)
+        entry and ``evict`` re-pushes it at its true rank when it surfaces (exact: every
+        heap rank is <= its key's true rank, so the first entry that is current holds the
+        smallest true rank; lru.py pushes eagerly, with the same result)."""
+        chunks, ranks = self.chunks, self._ranks
         rank = self._next_rank
         for key in keys:
             if key in chunks:
                 rank += 1
                 ranks[key] = (rank, 0)
-                if key in evictable:
-                    updated.append(key)
         self._next_rank = rank
-        self._update_heap(updated)
-
-    def _update_heap(self, updated: list[int]) -> None:
-        """lru.py ``_update_heap``: rebuild for a long update, else push each."""
-        if not updated:
-            return
-        if len(updated) >= max(64, len(self._evictable) // 4):
-            self._heap = [(self._ranks[k], k) for k in self._evictable]
-            heapq.heapify(self._heap)
-        else:
-            for key in updated:
-                heapq.heappush(self._heap, (self._ranks[key], key))
-            self._compact()
 
     def on_request_access(self, keys: Iterable[int], ctx: ReqContext) -> None:
         rank_r = self._request_rank(ctx)
-        positions, chunks, ranks, evictable = ctx.positions, self.chunks, self._ranks, self._evictable
-        updated = []
+        positions, chunks, ranks = ctx.positions, self.chunks, self._ranks
         for key in keys:
             position = positions.get(key)
             if position is None or key not in chunks:
                 continue
             rank = (rank_r, -position)
-            if ranks[key] >= rank:
-                continue
-            ranks[key] = rank
-            if key in evictable:
-                updated.append(key)
-        self._update_heap(updated)
+            if ranks[key] < rank:  # ranks only grow (lru.py: ``>= rank: continue``)
+                ranks[key] = rank
 
     def on_request_finished(self, groups: Sequence[Sequence[int]], inserted_only: set[int],
-                            reused: set[int], ctx: ReqContext) -> None:
-        self._update_recency(reversed(order_request_keys(groups, ctx)))
+                            reused: set[int], ctx: ReqContext, ordered: bool = False) -> None:
+        keys = groups[0] if ordered else order_request_keys(groups, ctx)
+        self._update_recency(reversed(keys))
 
     def _compact(self) -> None:
         if len(self._heap) >= max(64, 2 * len(self._evictable)):
@@ -171,7 +155,11 @@ class LRUPolicy:
         while heap and len(selected) < n:
             entry = heapq.heappop(heap)
             rank, key = entry
-            if key not in evictable or ranks.get(key) != rank or key in seen:
+            if key not in evictable or key in seen:
+                continue
+            current = ranks[key]
+            if current != rank:  # a lazy entry: back in at the key's true rank
+                heapq.heappush(heap, (current, key))
                 continue
             if key in protected:
                 deferred.append(entry)
@@ -268,8 +256,9 @@ class ARCPolicy:
         return
 
     def on_request_finished(self, groups: Sequence[Sequence[int]], inserted_only: set[int],
-                            reused: set[int], ctx: ReqContext) -> None:
-        for key in reversed(order_request_keys(groups, ctx)):
+                            reused: set[int], ctx: ReqContext, ordered: bool = False) -> None:
+        keys = groups[0] if ordered else order_request_keys(groups, ctx)
+        for key in reversed(keys):
             if key in inserted_only:
                 if key in self.t1:
                     self.t1.move_to_end(key)
