@@ -176,13 +176,21 @@ class TwinEngine:
     # ----------------------------------------------------------------- steps
     def schedule(self, now_s: float) -> tuple[SchedulerOutput, float, float]:
         scheduler = self.scheduler
+        connector = self.connector
+        # A connector's empty step is progress only if something was pending before it
+        # (a transfer to report, finished requests to finalize, a load to promote) or
+        # it issued a transfer; otherwise it would repeat forever (a stall: raised).
+        pending = connector is not None and (connector.can_progress()
+                                             or bool(scheduler.finished_recving))
         out = scheduler.schedule()
         # Async: a step may schedule nothing while the previous one is in flight (its
         # only runnable requests wait for their last token, the max_tokens skip); vLLM
         # queues that empty batch too (engine/core.py:740-757). With nothing in flight
         # an empty step would repeat forever.
         if (out.total_num_scheduled_tokens == 0 and not out.preempted
-                and not self.num_in_flight and self.connector is None):
+                and not self.num_in_flight
+                and not pending and not (connector is not None
+                                         and connector.can_progress())):
             raise RuntimeError(f"step at t={now_s} scheduled nothing with "
                                f"{len(scheduler.running)} running and "
                                f"{len(scheduler.waiting)} waiting (tuner bug)")

@@ -31,7 +31,9 @@ that calls them):
   promoted at the next ``schedule()``).
 * ``has_pending_work()``: transfers or finished requests not yet handled (the engine
   keeps stepping while True, as vLLM's ``has_pending_push_work``);
-  ``next_event_s(now_s)``: when an empty step waiting for a transfer ends.
+  ``next_event_s(now_s)``: when an empty step waiting for a transfer ends;
+  ``can_progress()``: whether anything is still to be reported or built (an empty step
+  with nothing in flight and no progress possible is a stall, raised, not looped).
 * ``counters()``: the replay counters it adds (only when a connector runs, so replays
   without one keep their records).
 """
@@ -66,6 +68,8 @@ class KVConnector(Protocol):
     def update_connector_output(self, now_s: float) -> set[str]: ...
 
     def has_pending_work(self) -> bool: ...
+
+    def can_progress(self) -> bool: ...
 
     def next_event_s(self, now_s: float) -> float: ...
 

@@ -333,6 +333,12 @@ class OffloadingConnector:
     def has_pending_work(self) -> bool:
         return bool(self._jobs) or bool(self._finished_ids)
 
+    def can_progress(self) -> bool:
+        """Whether an empty step can be followed by a different one: a transfer is still
+        to be reported, or finished requests' stores are still to be built (else an
+        empty step with nothing in flight would repeat forever)."""
+        return bool(self._batch_jobs or self._unreported or self._finished_ids)
+
     def next_event_s(self, now_s: float) -> float:
         """When the next unreported transfer ends (an empty step waits until then)."""
         ends = [j.end_s for j in self._unreported if j.end_s > now_s]
