@@ -253,6 +253,28 @@ def flag_value(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
+def kv_offloading_args(size_gib: float | None, backend: str, policy: str,
+                       blocks_per_chunk: int) -> list[tuple[str, str]]:
+    """The engine flags of vLLM 0.33.0's CPU KV tier (config/vllm.py 1151-1186):
+    ``--kv-offloading-size`` (GiB, CacheConfig), ``--kv-offloading-backend`` when not
+    native, and the connector's ``kv_connector_extra_config`` (``eviction_policy``,
+    ``blocks_per_chunk``) through ``--kv-transfer-config`` when not the defaults (vLLM
+    fills in the connector and ``cpu_bytes_to_use`` itself). Empty without a tier."""
+    if size_gib is None:
+        return []
+    out = [("kv_offloading_size", flag_value(float(size_gib)))]
+    if backend != "native":
+        out.append(("kv_offloading_backend", backend))
+    extra: dict[str, Any] = {}
+    if policy != "lru":
+        extra["eviction_policy"] = policy
+    if blocks_per_chunk != 1:
+        extra["blocks_per_chunk"] = blocks_per_chunk
+    if extra:
+        out.append(("kv_transfer_config", json.dumps({"kv_connector_extra_config": extra})))
+    return out
+
+
 @dataclass(slots=True)
 class SchedulerArgsPlan:
     """Which settings become native fields/flags and whether the plugin carries admission,

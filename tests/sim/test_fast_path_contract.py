@@ -14,8 +14,9 @@ from tuner.sim.engine import Simulator
 from tuner.sim.fast_path import FAST_PATH_FIELDS, fast_path_refusal
 from tuner.sim.load import ClosedLoop, OpenLoop
 from tuner.sim.scheduler import Scheduler
-from tuner.sim.spec_decode import from_vllm_config
+from tuner.sim.kv_connector.settings import OffloadSettings
 from tuner.sim.settings import CacheSettings, SchedulerSettings, SimOptions
+from tuner.sim.spec_decode import from_vllm_config
 
 from sim_helpers import assert_identical, check_result, nonlinear_step as step_time, random_trace
 
@@ -52,6 +53,13 @@ FIELD_VALUES: dict[str, st.SearchStrategy] = {
     "SimOptions.speculative": st.sampled_from([None] * 6 + [
         from_vllm_config({"method": "ngram", "num_speculative_tokens": 2}, "0.7"),
         from_vllm_config({"method": "eagle3", "num_speculative_tokens": 3}, "0.8,0.5,0.2")]),
+    # A CPU KV tier (refused: the plain path runs, with its invariants checked).
+    "SimOptions.kv_offload": st.sampled_from([None] * 6 + [
+        OffloadSettings(num_chunks=40, bytes_per_block=1 << 16, load_bytes_per_s=1e9,
+                        store_bytes_per_s=1e9, latency_s=1e-4),
+        OffloadSettings(num_chunks=400, blocks_per_chunk=2, policy="arc",
+                        bytes_per_block=1 << 16, load_bytes_per_s=1e9,
+                        store_bytes_per_s=1e9)]),
 }
 
 
@@ -149,7 +157,8 @@ def test_fast_path_is_identical_over_every_field(setup) -> None:
     assert checked_path == unchecked_path
     # What the example exercised (pytest --hypothesis-show-statistics).
     group_steps = sum(group for group, _ in unchecked_path)
-    event("fast path refused" if options["extra"] or options["speculative"] else
+    event("fast path refused" if options["extra"] or options["speculative"]
+          or options["kv_offload"] else
           "group steps" if group_steps else "no group step")
     if plain.counters["preemptions"]:
         event("preempts")

@@ -42,6 +42,10 @@ class TargetFlags:
     replicas: int = 1  # copies behind the router
     enable_expert_parallel: bool = False
     async_scheduling: bool | None = None  # None: what vLLM 0.33.0 resolves for the target
+    kv_offloading_size: float | None = None  # GiB of host memory for the CPU KV tier; None: off
+    kv_offloading_backend: str = "native"  # native | lmcache (a modelled tier)
+    kv_offloading_eviction_policy: str = "lru"  # lru | arc
+    kv_offloading_blocks_per_chunk: int = 1  # GPU blocks per CPU chunk
 
     @classmethod
     def from_click(cls, values: dict[str, Any]) -> "TargetFlags":
@@ -111,6 +115,29 @@ ASYNC_HELP = ("As vLLM's --async-scheduling/--no-async-scheduling: replay the en
               "[default: what vLLM 0.33.0 resolves for the target: on for GPU targets].")
 
 
+def kv_offloading_options() -> list[Any]:
+    """The CPU KV tier's flags (vLLM 0.33.0's names; docs/kv-offloading.md)."""
+    return [
+        click.option("--kv-offloading-size", type=click.FloatRange(min=0, min_open=True),
+                     default=None,
+                     help="As vLLM's flag: GiB of host memory for the CPU KV tier (vLLM's "
+                          "OffloadingConnector; over all TP ranks) [default: no tier]."),
+        click.option("--kv-offloading-backend", type=click.Choice(["native", "lmcache"]),
+                     default=None,
+                     help="As vLLM's flag: native = vLLM's OffloadingConnector, replayed "
+                          "exactly; lmcache = modelled as the same capacity tier, not "
+                          "LMCache's own code [default: native]."),
+        click.option("--kv-offloading-eviction-policy", type=click.Choice(["lru", "arc"]),
+                     default=None,
+                     help="The CPU pool's eviction_policy (kv_connector_extra_config) "
+                          "[default: lru]."),
+        click.option("--kv-offloading-blocks-per-chunk", type=click.IntRange(min=1),
+                     default=None,
+                     help="GPU blocks per CPU chunk (kv_connector_extra_config "
+                          "blocks_per_chunk) [default: 1]."),
+    ]
+
+
 def target_options(func):  # type: ignore[no-untyped-def]
     """The deployment flags shared by replay-like commands: the command gets them as one
     :class:`TargetFlags`, parameter ``target_flags`` (``.target()`` is the ``Target``)."""
@@ -166,6 +193,7 @@ def target_options(func):  # type: ignore[no-untyped-def]
                      help="Longest sequence [default: the model's]."),
         click.option("--calibration", type=click.Path(exists=True, dir_okay=False), default=None,
                      help="Calibration YAML from `tuner calibrate` (step-time coefficients)."),
+        *kv_offloading_options(),
     ]
     names = {f.name: f.name for f in fields(TargetFlags)}
     func = _collect(func, names, "target_flags", TargetFlags.from_click)

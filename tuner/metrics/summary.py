@@ -95,6 +95,10 @@ class Summary:
     #: How sure the figures are (:func:`tuner.metrics.bands.with_bands`); None until a
     #: caller that knows the deployment attaches them. Reporting only.
     bands: PredictionBands | None = None
+    #: The CPU KV tier's counters (``kv_offload_*`` of the replay, docs/kv-offloading.md)
+    #: with ``cpu_hit_rate`` and ``combined_hit_rate`` over ``prefix_cache_queries``;
+    #: None without a tier. Whole replay (not windowed).
+    kv_offload: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (JSON-ready apart from nan, which the CLI writes as null); ``bands``
@@ -326,7 +330,20 @@ def summarize(result: ReplayResult, *, measure_from_s: float | None = None,
         speed_ratio=_safe_div(result.simulated_s, result.wall_s),
         async_scheduling=result.async_scheduling,
         engines=engines,
+        kv_offload=kv_offload_counters(result.counters),
     )
+
+
+def kv_offload_counters(counters: dict[str, float]) -> dict[str, float] | None:
+    """The tier's counters without their prefix, plus its hit rates (None: no tier)."""
+    if "kv_offload_loads" not in counters:
+        return None
+    out = {k[len("kv_offload_"):]: v for k, v in counters.items() if k.startswith("kv_offload_")}
+    queries = counters.get("prefix_cache_queries", 0)
+    gpu = counters.get("prefix_cache_hits", 0)
+    out["cpu_hit_rate"] = _safe_div(out["external_hits"], queries)
+    out["combined_hit_rate"] = _safe_div(gpu + out["external_hits"], queries)
+    return out
 
 
 def _engine_summaries(result: ReplayResult, lo: float | None, hi: float | None,

@@ -60,6 +60,7 @@ def summary_table(summary: Summary) -> "Table":
         ("simulated / wall (s)", f"{_fixed(s.simulated_s, 1)} / {_fixed(s.wall_s, 2)}"),
         ("speed (simulated s per wall s)", _fixed(s.speed_ratio, 0, "x")),
     ]
+    rows.extend(kv_offload_rows(s.kv_offload))
     for name, value in rows:
         totals.add_row(name, value)
     table = Table.grid(padding=(1, 0))
@@ -86,3 +87,23 @@ def engine_table(summary: Summary) -> "Table":
                       f"{_fixed(e.kv_usage_mean, 3)} / {_fixed(e.kv_usage_max, 3)}",
                       f"{e.preemptions:,}", f"{e.num_steps:,}", f"{e.num_dummy_steps:,}")
     return table
+
+
+def kv_offload_rows(kv: dict[str, float] | None) -> list[tuple[str, str]]:
+    """The CPU KV tier's lines of the summary (none without a tier)."""
+    if kv is None:
+        return []
+    return [
+        ("CPU tier hit rate / GPU + CPU", f"{_fixed(kv['cpu_hit_rate'], 4)} / "
+                                          f"{_fixed(kv['combined_hit_rate'], 4)}"),
+        ("CPU tier loaded / stored tokens", f"{int(kv['loaded_tokens']):,} / "
+                                            f"{int(kv['stored_tokens']):,}"),
+        ("CPU tier load / store link time (s)", f"{_fixed(kv['load_s'], 2)} / "
+                                                f"{_fixed(kv['store_s'], 2)}"),
+        ("CPU tier waiting-for-KV time (s)", _fixed(kv['wait_s'], 2)),
+        ("CPU tier deferred lookups / store failures / evicted chunks",
+         f"{int(kv['deferred_lookups']):,} / {int(kv['store_failures']):,} / "
+         f"{int(kv['evicted_chunks']):,}"),
+        ("CPU tier chunks used / total", f"{int(kv['cpu_chunks_used']):,} / "
+                                         f"{int(kv['cpu_chunks']):,}"),
+    ]

@@ -77,6 +77,16 @@ class Target:
     #: the step-time model with its parts scaled (``tuner.perf.clock_variant``): only the
     #: robust check's replays set it (``tuner.tune.robust``); None = the nominal clock
     clock: "ClockVariant | None" = None
+    #: vLLM ``--kv-offloading-size`` (GiB of host memory for the CPU KV tier, over all TP
+    #: ranks of an engine); None = no tier (docs/kv-offloading.md)
+    kv_offloading_size: float | None = None
+    #: vLLM ``--kv-offloading-backend``: native (OffloadingConnector, exact) or lmcache
+    #: (modelled as the same capacity tier, not LMCache's own code)
+    kv_offloading_backend: str = "native"
+    #: the CPU pool's ``eviction_policy`` (kv_connector_extra_config): lru or arc
+    kv_offloading_eviction_policy: str = "lru"
+    #: GPU blocks per CPU chunk (kv_connector_extra_config ``blocks_per_chunk``)
+    kv_offloading_blocks_per_chunk: int = 1
 
     def __post_init__(self) -> None:
         """Refuse a deployment the twin cannot hold before anything is built for it

@@ -17,7 +17,7 @@ from typing import Any
 
 from tuner import VLLM_TWIN_VERSION, __version__
 from tuner.perf.deployment import Deployment
-from tuner.profile.model import Profile, ProfileTarget
+from tuner.profile.model import KV_OFFLOADING_FIELDS, Profile, ProfileTarget
 from tuner.sim.settings import SchedulerSettings
 from tuner.tune.deployment_space import DEPLOYMENT_KEY, scheduler_part
 from tuner.tune.evaluate import ENGINES_KEY, target_from_dict
@@ -125,7 +125,8 @@ def _target(result: TuneResult, point: Point, deployment: dict[str, Any]) -> Pro
                          vllm_versions=(VLLM_TWIN_VERSION,),
                          quantization=target.get("quantization"),
                          kv_cache_dtype=target.get("kv_cache_dtype"),
-                         step_time_source=target.get("step_time_source"))
+                         step_time_source=target.get("step_time_source"),
+                         **{k: target[k] for k in KV_OFFLOADING_FIELDS if k in target})
 
 
 def _replayed_mode(metrics: dict[str, Any], target: dict[str, Any]) -> bool:

@@ -123,6 +123,9 @@ def plan_export(profile: Profile, *, vllm_version: str = CHECKED_VLLM_VERSION,
         plan.engine.append(("quantization", str(t.quantization)))
     if t.kv_cache_dtype not in (None, "auto"):
         plan.engine.append(("kv_cache_dtype", str(t.kv_cache_dtype)))
+    plan.engine.extend(vllm_compat.kv_offloading_args(
+        t.kv_offloading_size, t.kv_offloading_backend, t.kv_offloading_eviction_policy,
+        t.kv_offloading_blocks_per_chunk))
     return plan
 
 

@@ -49,6 +49,34 @@ _TOP_KEYS = ("profile_version", "name", "description", "scheduler", "target", "r
              "predicted", "pareto", "provenance")
 
 
+#: The CPU KV tier's fields of a profile target (written only with a tier).
+KV_OFFLOADING_FIELDS = ("kv_offloading_size", "kv_offloading_backend",
+                        "kv_offloading_eviction_policy", "kv_offloading_blocks_per_chunk")
+
+
+def _kv_offloading(raw: dict[str, Any], fail: Any) -> dict[str, Any]:
+    """The tier's fields of a profile target, checked (one error naming the field)."""
+    out: dict[str, Any] = {}
+    size = raw.get("kv_offloading_size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, (int, float))
+                             or not size > 0):
+        raise fail("target.kv_offloading_size", f"must be a number of GiB > 0 or null "
+                                                f"(got {size!r})")
+    out["kv_offloading_size"] = None if size is None else float(size)
+    for key, choices in (("kv_offloading_backend", ("native", "lmcache")),
+                         ("kv_offloading_eviction_policy", ("lru", "arc"))):
+        value = raw.get(key, choices[0])
+        if value not in choices:
+            raise fail(f"target.{key}", f"must be {' or '.join(choices)} (got {value!r})")
+        out[key] = value
+    bpc = raw.get("kv_offloading_blocks_per_chunk", 1)
+    if isinstance(bpc, bool) or not isinstance(bpc, int) or bpc < 1:
+        raise fail("target.kv_offloading_blocks_per_chunk", f"must be an integer >= 1 "
+                                                            f"(got {bpc!r})")
+    out["kv_offloading_blocks_per_chunk"] = bpc
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class ProfileTarget:
     """The deployment a profile was tuned for."""
@@ -75,6 +103,11 @@ class ProfileTarget:
     #: speculative decoding the prediction assumed (``SpecDecoding.to_dict()``: vLLM's
     #: ``--speculative-config`` object, the acceptance rates, the draw's seed); None: off
     speculative: dict[str, Any] | None = None
+    #: vLLM --kv-offloading-size (GiB, the CPU KV tier) the twin replayed; None: no tier
+    kv_offloading_size: float | None = None
+    kv_offloading_backend: str = "native"  # vLLM --kv-offloading-backend
+    kv_offloading_eviction_policy: str = "lru"  # kv_connector_extra_config eviction_policy
+    kv_offloading_blocks_per_chunk: int = 1  # kv_connector_extra_config blocks_per_chunk
 
     @property
     def is_multi_engine(self) -> bool:
@@ -94,6 +127,9 @@ class ProfileTarget:
             del out["enable_expert_parallel"]
         if out["speculative"] is None:  # off: written as before
             del out["speculative"]
+        if out["kv_offloading_size"] is None:  # no tier: written as before
+            for key in KV_OFFLOADING_FIELDS:
+                del out[key]
         return out
 
 
@@ -314,7 +350,8 @@ def _target(raw: Any, fail: Any) -> ProfileTarget:
                          num_gpu_blocks=raw.get("num_gpu_blocks"), step_time_source=source,
                          replicas=replicas,
                          enable_expert_parallel=raw.get("enable_expert_parallel", False),
-                         speculative=_speculative(raw.get("speculative"), fail), **dtypes)
+                         speculative=_speculative(raw.get("speculative"), fail),
+                         **dtypes, **_kv_offloading(raw, fail))
 
 
 def _speculative(raw: Any, fail: Any) -> dict[str, Any] | None:

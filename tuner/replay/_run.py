@@ -184,7 +184,8 @@ def prepare(trace: TraceLike, settings: SchedulerSettings | None = None, *,
         settings = resolved.default_settings
     settings.validate(max_model_len=resolved.cache.max_model_len)
     load = OpenLoop() if load is None else load
-    options = dataclasses.replace(options, async_scheduling=resolved.async_scheduling)
+    options = dataclasses.replace(options, async_scheduling=resolved.async_scheduling,
+                                  kv_offload=options.kv_offload or resolved.kv_offload)
     if options.speculative is not None:  # drafts: the mode vLLM allows, verify pricing
         from tuner.perf.spec_decode import spec_deployment
         resolved, options = spec_deployment(resolved, options)

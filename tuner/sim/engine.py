@@ -27,6 +27,7 @@ from tuner.records import GapSamples, ReplayResult, RequestTable, StepRecord
 from tuner.sim.batch import StepBatch
 from tuner.sim.clock import batch_queue_depth
 from tuner.sim.hash_ids import intern_hashes
+from tuner.sim.kv_connector.hooks import wait_for_transfers
 from tuner.sim.load import ClosedLoop, OpenLoop
 from tuner.sim.loop import AdmissionRules, ReplayLoop, StepTime
 from tuner.sim.request import SimRequest
@@ -133,6 +134,11 @@ class TwinEngine:
         self.timeseries: dict[str, list[float]] = {k: [] for k in (
             "t_s", "kv_usage", "num_running", "num_waiting", "num_scheduled_tokens")}
         self.ts_stride = 1
+        # A KV connector: empty steps wait for transfers (ReplayLoop asks), and each
+        # launched step hands its transfers to the connector's fake worker.
+        self.connector = scheduler.connector
+        self.empty_step_s = (None if self.connector is None else
+                             lambda now, nxt: wait_for_transfers(scheduler, now, nxt))
 
     # ----------------------------------------------------------------- arrivals
     def add_request(self, index: int, source: Any, arrival_s: float) -> None:
@@ -171,13 +177,21 @@ class TwinEngine:
     # ----------------------------------------------------------------- steps
     def schedule(self, now_s: float) -> tuple[SchedulerOutput, float, float]:
         scheduler = self.scheduler
+        connector = self.connector
+        # A connector's empty step is progress only if something was pending before it
+        # (a transfer to report, finished requests to finalize, a load to promote) or
+        # it issued a transfer; otherwise it would repeat forever (a stall: raised).
+        pending = connector is not None and (connector.can_progress()
+                                             or bool(scheduler.finished_recving))
         out = scheduler.schedule()
         # Async: a step may schedule nothing while the previous one is in flight (its
         # only runnable requests wait for their last token, the max_tokens skip); vLLM
         # queues that empty batch too (engine/core.py:740-757). With nothing in flight
         # an empty step would repeat forever.
         if (out.total_num_scheduled_tokens == 0 and not out.preempted
-                and not self.num_in_flight):
+                and not self.num_in_flight
+                and not pending and not (connector is not None
+                                         and connector.can_progress())):
             raise RuntimeError(f"step at t={now_s} scheduled nothing with "
                                f"{len(scheduler.running)} running and "
                                f"{len(scheduler.waiting)} waiting (tuner bug)")
@@ -200,6 +214,8 @@ class TwinEngine:
               duration_s: float) -> None:
         out, _, usage = step
         scheduler = self.scheduler
+        if self.connector is not None:
+            self.connector.launch(start_s, duration_s)
         self.append_timeseries(start_s, usage, len(scheduler.running), len(scheduler.waiting),
                                out.total_num_scheduled_tokens)
         self.num_in_flight += 1
@@ -308,6 +324,8 @@ class Simulator:
             "num_finished": engine.num_finished,
         }
         counters.update(spec_counters(scheduler.spec))  # none without spec decoding
+        if scheduler.connector is not None:  # only then: replays without keep their records
+            counters.update(scheduler.connector.counters())
         first_arrival = min((a for a in table.arrival_s if a == a), default=0.0)
         now = self.loop.now_s
         notes = [f"timeseries stride: every {engine.ts_stride} step(s)"]

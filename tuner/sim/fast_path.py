@@ -99,6 +99,10 @@ FAST_PATH_FIELDS: dict[str, FieldContract] = {
         "group members take one token a step; drafts (1 + k tokens, bursts of accepted "
         "tokens) are not modelled by the group, so speculative decoding runs the plain "
         "path", refuses=lambda value: value is not None),
+    "SimOptions.kv_offload": FieldContract(
+        "a KV connector changes admission (loads, deferred lookups) and adds per-step "
+        "stores; the decode group does not model it yet, so any tier runs the plain path",
+        refuses=lambda value: value is not None),
     "SimOptions.extra": FieldContract(
         "free-form: the fast path cannot know what an entry means, so any is refused",
         refuses=bool),

@@ -55,7 +55,8 @@ class HashIdSpace:
 
     def _live_requests(self) -> list["SimRequest"]:
         scheduler = self.scheduler
-        return list(scheduler.running) + list(scheduler.waiting)
+        return (list(scheduler.running) + list(scheduler.waiting)
+                + list(scheduler.kv_holding))
 
     def live_mask(self) -> np.ndarray:
         """A mask over ``0 .. size - 1`` of the ids the twin still references: hashes of
@@ -66,6 +67,8 @@ class HashIdSpace:
         mask[hashes[hashes >= 0]] = True
         for request in self._live_requests():
             request.mark_hash_ids(mask)
+        if self.scheduler.connector is not None:  # the CPU tier's keys (kv_connector)
+            mask[self.scheduler.connector.live_hash_ids()] = True
         return mask
 
     def renumber(self, live: np.ndarray) -> None:
@@ -97,6 +100,8 @@ class HashIdSpace:
         self.manager.num_trace_hash_ids = len(live)
         for request in self._live_requests():
             request.renumber_hash_ids(live)
+        if self.scheduler.connector is not None:
+            self.scheduler.connector.renumber(live)
 
 
 class FleetIdSpace:

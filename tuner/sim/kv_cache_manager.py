@@ -177,8 +177,14 @@ class KVCacheManager:
                        num_new_computed_tokens: int = 0,
                        new_computed_blocks: np.ndarray = _NO_BLOCKS, *,
                        full_sequence_must_fit: bool = False,
-                       has_scheduled_reqs: bool = True) -> bool:
+                       has_scheduled_reqs: bool = True, reserved_blocks: int = 0,
+                       delay_cache_blocks: bool = False) -> bool:
         """Give ``request`` slots for ``num_new_tokens`` more tokens; False if it cannot fit.
+
+        KV connector (vLLM's ``reserved_blocks``/``delay_cache_blocks``, used for an
+        async load with ``num_new_tokens`` = the external tokens): keep
+        ``reserved_blocks`` free for in-flight prefills, and register no hash until the
+        load arrives (``cache_blocks`` then).
 
         Capacity counts new blocks *plus* hit blocks that sit in the free queue
         (touching them consumes free capacity). With ``full_sequence_must_fit``
@@ -199,7 +205,7 @@ class KVCacheManager:
         watermark = 0
         if has_scheduled_reqs and request.status != RequestStatus.RUNNING:
             watermark = self.watermark_blocks
-        free = pool.free_block_queue.num_free_blocks
+        free = pool.free_block_queue.num_free_blocks - reserved_blocks
         need_full = 0
         if full_sequence_must_fit:
             need_full = blocks_needed(min(request.num_tokens, self.max_model_len),
@@ -222,7 +228,7 @@ class KVCacheManager:
             request.append_block(pool.get_new_block())
         elif need:
             request.extend_blocks(pool.get_new_blocks(need))
-        if self.enable_caching:
+        if self.enable_caching and not delay_cache_blocks:
             num_full = min(total_computed + num_new_tokens, request.num_tokens) // bs
             cached = request.num_cached_blocks
             if num_full == cached + 1:  # one block filled (decode): the scalar path

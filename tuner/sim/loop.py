@@ -172,6 +172,7 @@ class ReplayLoop:
         engine, price, arrivals, batches = self.engine, self.price, self.arrivals, self.batches
         queue, depth, launch, pop = batches.queue, batches.depth, batches.launch, batches.pop
         total = max(1, self.num_requests)
+        wait = getattr(engine, "empty_step_s", None)
         while True:
             if arrivals.next_s <= self.now_s:
                 arrivals.issue_due(self.now_s, engine)
@@ -182,7 +183,12 @@ class ReplayLoop:
                     self.stopped = True
                     break
                 batch = engine.batch(step)
-                cpu, gpu = price(batch) if batch is not None else _EMPTY
+                if batch is not None:
+                    cpu, gpu = price(batch)
+                elif wait is None:
+                    cpu, gpu = _EMPTY
+                else:  # a KV connector's empty step waits for a transfer
+                    cpu, gpu = 0.0, wait(now, arrivals.next_s)
                 engine.start(step, launch(step, now, cpu, gpu), gpu)
                 self.num_steps += 1
                 self.now_s = now + cpu  # the CPU launched it

@@ -22,7 +22,8 @@ Speculative decoding (``SimOptions.speculative``): the drafts, lookahead slots, 
 and verify rules live in ``tuner.sim.spec_update``; the hooks here are a few lines each.
 
 Deliberate divergences (docs/twin-vs-vllm.md lists them all): no encoders,
-LoRA, connectors, structured output or pause states, so the ``kv_holding_waiting`` queue
+LoRA, structured output or pause states; a KV connector (``tuner.sim.kv_connector``, off by
+default) brings the ``kv_holding_waiting`` queue (``kv_holding``), otherwise the queue
 is always empty and not modelled (preempted requests have ``num_computed_tokens == 0``);
 ``deferred_waiting`` exists for the async gate and stays empty at depth 2.
 
@@ -35,15 +36,18 @@ requests' prefix hits are memoised (``KVCacheManager.num_hit_blocks``).
 
 from __future__ import annotations
 
-from tuner.sim._step_rules import blocks_needed, clamp_new_tokens, running_new_tokens
 from collections import deque
 
+from tuner.errors import ConfigError
+from tuner.sim._step_rules import blocks_needed, clamp_new_tokens, running_new_tokens
 from tuner.sim.async_group import AsyncDecodeGroup
 from tuner.sim.async_update import apply_outputs, check_async_invariants, place_outputs
 from tuner.sim.batch import StepBatch
 from tuner.sim.decode_group import DecodeGroup, seq_order
 from tuner.sim.fast_path import fast_path_refusal
 from tuner.sim.kv_cache_manager import KVCacheManager
+from tuner.sim.kv_connector.admission import schedule_waiting_with_connector
+from tuner.sim.kv_connector.hooks import connector_has_work, connector_update, make_connector
 from tuner.sim.request import RequestStatus, SimRequest
 from tuner.sim.request_queue import FCFSRequestQueue, create_request_queue
 from tuner.sim.scheduler_output import GroupStep, SchedulerOutput
@@ -111,6 +115,13 @@ class Scheduler:
         self.async_scheduling = self.options.async_scheduling
         self.self_preemption_continues = self.options.self_preemption_continues
         self.kv_cache_manager.register_on_free = not self.async_scheduling
+        # KV connector (tuner.sim.kv_connector): None, or the CPU tier with vLLM's
+        # kv_holding_waiting queue, the requests whose load is in flight and those whose
+        # load the worker reported (finished_recving_kv_req_ids).
+        self.connector = make_connector(self.options.kv_offload, cache)
+        self.kv_holding = create_request_queue(settings.policy)
+        self.loading: set[str] = set()
+        self.finished_recving: set[str] = set()
         self.deferred_waiting: set[SimRequest] = set()
         # Fast path: steady decoders advanced together (tuner.sim.decode_group), unless
         # a setting is outside its contract (tuner.sim.fast_path).
@@ -131,6 +142,9 @@ class Scheduler:
         # Speculative decoding (tuner.sim.spec_update), None when off: then no hook below
         # costs more than reading a zero (a request's drafts, the lookahead slots).
         self.spec: SpecDecodeState | None = None
+        if self.options.speculative is not None and self.connector is not None:
+            raise ConfigError("speculative decoding with a CPU KV tier (--kv-offloading-size) "
+                              "is not modelled yet: replay one or the other")
         if self.options.speculative is not None:
             self.spec = SpecDecodeState(self.options.speculative, cache.max_model_len)
             self.kv_cache_manager.num_lookahead_tokens = (
@@ -141,8 +155,12 @@ class Scheduler:
         self.kv_cache_manager.adopt(request)
         request.status = _WAITING
         self.waiting.add_request(request)
+        if self.connector is not None:
+            self.connector.on_new_request(request)
 
     def has_requests(self) -> bool:
+        if self.connector is not None:  # vLLM steps on while transfers are pending
+            return connector_has_work(self)
         return bool(self.running) or bool(self.waiting)
 
     # ----------------------------------------------------------------- schedule
@@ -182,9 +200,14 @@ class Scheduler:
         if not out.preempted:
             if self.cache_aware_window and not defer:
                 self._reorder_waiting_by_cached_prefix()
-            prefill_admitted = self._schedule_waiting(out, token_budget, threshold, defer)
+            if self.connector is None:
+                prefill_admitted = self._schedule_waiting(out, token_budget, threshold, defer)
+            else:
+                prefill_admitted = schedule_waiting_with_connector(self, out, token_budget,
+                                                                   threshold, defer)
             if not defer:  # 1614-1616: skipped (deferred) waiting requests do not count
-                self.prefill_capacity_bound = len(self.waiting) > len(self.deferred_waiting)
+                self.prefill_capacity_bound = (len(self.waiting) + len(self.kv_holding)
+                                               > len(self.deferred_waiting))
         # Cadence stamp (1618-1629).
         if out.total_num_scheduled_tokens > 0:
             self.num_executed_steps += 1
@@ -193,6 +216,8 @@ class Scheduler:
         self.dp_step_counter += 1
         assert out.total_num_scheduled_tokens <= self.max_num_scheduled_tokens
         assert len(running) <= self.max_num_running_reqs
+        if self.connector is not None:  # 1755-1758: before computed tokens advance
+            self.connector.build_connector_meta(out)
         self._update_after_schedule(out)
         if self.async_scheduling:
             self.in_flight_steps.append(out)
@@ -493,6 +518,12 @@ class Scheduler:
         """
         if gaps is None:
             gaps = {}
+        if self.connector is not None:
+            return connector_update(self, self._update_from_output, out, now_s, gaps)
+        return self._update_from_output(out, now_s, gaps)
+
+    def _update_from_output(self, out: SchedulerOutput, now_s: float,
+                            gaps: dict[float, int]) -> list[SimRequest]:
         if self.spec is not None:  # verifies: tuner.sim.spec_update
             if self.async_scheduling:
                 oldest = self.in_flight_steps.popleft()
@@ -552,7 +583,7 @@ class Scheduler:
         group = self.group
         if group is not None:
             group.check_invariants()
-        live = list(self.running) + list(self.waiting)
+        live = list(self.running) + list(self.waiting) + list(self.kv_holding)
         self.kv_cache_manager.check_invariants(live)
         assert len(self.running) <= self.max_num_running_reqs, "running > max_num_seqs"
         for request in self.waiting:

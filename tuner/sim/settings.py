@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from tuner.errors import ConfigError
+from tuner.sim.kv_connector.settings import OffloadSettings
 
 Policy = Literal["fcfs", "priority"]
 
@@ -150,3 +151,6 @@ class SimOptions:
     #: Speculative decoding (``tuner.sim.spec_decode.SpecDecoding``: vLLM's
     #: ``--speculative-config`` and the acceptance profile), or None: off.
     speculative: Any = None
+    #: vLLM's host-memory KV tier (``--kv-offloading-size``; the ``OffloadingConnector``,
+    #: ``tuner.sim.kv_connector``), None = no connector (and no cost).
+    kv_offload: "OffloadSettings | None" = None

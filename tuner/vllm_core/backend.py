@@ -86,6 +86,9 @@ class VllmCoreBackend(Backend):
         if getattr(options, "prefill_interval_mode", "local") == "dp":
             raise ConfigError("vllm-core drives one engine; prefill_interval_mode='dp' "
                               "(data-parallel cadence) cannot be replayed through it")
+        if getattr(options, "kv_offload", None) is not None:
+            raise ConfigError("vllm-core does not run vLLM's OffloadingConnector yet: replay "
+                              "--kv-offloading-size on the sim backend (docs/kv-offloading.md)")
         deployment = getattr(target, "target", None)
         if deployment is not None and deployment.replicas > 1:
             raise ConfigError("vllm-core replays one deployment (its DP ranks included); "

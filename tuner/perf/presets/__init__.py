@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tuner.errors import ConfigError
 from tuner.perf.fit.calibration_file import Calibration, load_calibration, save_calibration
@@ -20,6 +21,9 @@ from tuner.perf.hardware import HardwareSpec, list_hardware, load_hardware
 from tuner.perf.models import ModelSpec, list_models, load_model
 from tuner.sim.settings import CacheSettings, SchedulerSettings
 from tuner.perf.fit.coefficients import Coefficients
+
+if TYPE_CHECKING:
+    from tuner.sim.kv_connector.settings import OffloadSettings
 from tuner.perf.fit.published import default_coefficients
 from tuner.perf.step_time import RooflineStepTimeModel, StepTimeModel
 from tuner.perf.target import Target
@@ -65,6 +69,25 @@ class ResolvedTarget:
                                         platform=self.hardware.vllm_platform)
     def replicas(self) -> int:
         return self.target.replicas
+
+    @property
+    def kv_offload(self) -> "OffloadSettings | None":
+        """The CPU KV tier ``--kv-offloading-size`` asks for (None: none), sized and
+        timed for this GPU (``tuner.perf.host_link``)."""
+        t = self.target
+        if t.kv_offloading_size is None:
+            return None
+        if t.num_engines > 1:
+            raise ConfigError("--kv-offloading-size with --dp or --replicas > 1: the CPU "
+                              "tier is modelled for one engine only (docs/kv-offloading.md)")
+        from tuner.perf.host_link import offload_settings
+
+        return offload_settings(
+            size_gib=t.kv_offloading_size, backend=t.kv_offloading_backend,
+            policy=t.kv_offloading_eviction_policy,
+            blocks_per_chunk=t.kv_offloading_blocks_per_chunk,
+            hardware_name=self.hardware.name, tp=t.tp,
+            bytes_per_block=int(self.cache.block_size * self.model.kv_bytes_per_token(t.tp)))
 
 
 def default_scheduler_settings(hardware: str | HardwareSpec) -> SchedulerSettings:

@@ -1,0 +1,251 @@
+"""The CPU KV tier in the twin (tuner.sim.kv_connector): vLLM 0.33.0's OffloadingConnector
+scheduler side, its CPU pool and policies, and the replay clock's transfers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from sim_helpers import Req, prompt_hashes, replay
+from tuner.sim.kv_connector.cpu_manager import HIT, HIT_PENDING, MISS, CPUOffloadingManager
+from tuner.sim.kv_connector.offloading import OffloadingConnector
+from tuner.sim.kv_connector.policies import ReqContext
+from tuner.sim.kv_connector.settings import OffloadSettings
+from tuner.sim.request import SimRequest
+from tuner.sim.scheduler import Scheduler
+from tuner.sim.scheduler_output import SchedulerOutput
+from tuner.sim.settings import CacheSettings, SchedulerSettings, SimOptions
+
+BS = 16
+LINK = dict(bytes_per_block=1 << 20, load_bytes_per_s=50e9, store_bytes_per_s=50e9,
+            latency_s=1e-5)
+
+
+def _session_trace() -> list[Req]:
+    """Session A's first turn, a flood of unrelated prompts that evicts it from a small
+    GPU cache, then A's second turn (A's prompt + 256 new tokens)."""
+    reqs = [Req("a1", 0.0, 1024, 8, prompt_hashes(1, 1024))]
+    reqs += [Req(f"f{i}", 1.0 + 0.01 * i, 1024, 8, prompt_hashes(100 + i, 1024))
+             for i in range(6)]
+    reqs.append(Req("a2", 5.0, 1280, 8, prompt_hashes(1, 1280)))
+    return reqs
+
+
+def _by_id(result):
+    return {r.request_id: r for r in result.requests}
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_session_evicted_from_gpu_reloads_from_cpu(async_scheduling: bool) -> None:
+    cache = CacheSettings(block_size=BS, num_gpu_blocks=200)
+    trace = _session_trace()
+    _, off = replay(trace, cache=cache, async_scheduling=async_scheduling)
+    _, on = replay(trace, cache=cache, async_scheduling=async_scheduling,
+                   kv_offload=OffloadSettings(num_chunks=1000, **LINK))
+    assert off.counters["prefix_cache_hits"] == 0  # evicted from the GPU: recomputed
+    c = on.counters
+    assert c["kv_offload_external_hits"] == 1024  # a1's 64 blocks, loaded from the CPU
+    assert c["kv_offload_loads"] == 1 and c["kv_offload_loaded_tokens"] == 1024
+    # 8 prompts' full blocks are stored (a2 stores only its 16 new blocks).
+    assert c["kv_offload_stored_tokens"] == 7 * 1024 + 256
+    # The load took 64 blocks over the link, and a2 waited for it.
+    assert c["kv_offload_load_s"] == pytest.approx(1e-5 + 64 * (1 << 20) / 50e9)
+    assert c["kv_offload_wait_s"] >= c["kv_offload_load_s"]
+    a2_off, a2_on = _by_id(off)["a2"], _by_id(on)["a2"]
+    assert a2_on.first_token_s - a2_on.arrival_s < a2_off.first_token_s - a2_off.arrival_s
+    assert "kv_offload_loads" not in off.counters  # no tier: no new counters
+
+
+def test_a_slow_link_makes_the_load_cost_more_than_it_saves() -> None:
+    """At 10 MB/s the load takes ~6.7 s: the reloaded turn's TTFT is worse than
+    recomputing (the tier never checks; the numbers show it)."""
+    cache = CacheSettings(block_size=BS, num_gpu_blocks=200)
+    trace = _session_trace()
+    slow = dict(LINK, load_bytes_per_s=10e6)
+    _, off = replay(trace, cache=cache)
+    _, on = replay(trace, cache=cache, kv_offload=OffloadSettings(num_chunks=1000, **slow))
+    ttft = lambda r: _by_id(r)["a2"].first_token_s - _by_id(r)["a2"].arrival_s  # noqa: E731
+    assert ttft(on) > 6.0 > ttft(off)
+
+
+def _ctx(manager: CPUOffloadingManager, keys: list[int]) -> ReqContext:
+    ctx = ReqContext()
+    for i, key in enumerate(keys, 1):
+        ctx.positions[key] = i * BS
+    manager.on_new_request(ctx)
+    return ctx
+
+
+def _store(manager: CPUOffloadingManager, keys: list[int]) -> ReqContext:
+    ctx = _ctx(manager, keys)
+    result = manager.prepare_store(keys, ctx)
+    assert result is not None
+    manager.complete_store(result[0])
+    return ctx
+
+
+@pytest.mark.parametrize("policy, survivor", [("lru", "b"), ("arc", "a")])
+def test_full_pool_lru_and_arc_evict_different_chunks(policy: str, survivor: str) -> None:
+    """Pool of 4 chunks: A stored and then reused by a load (ARC: A moves to T2), B stored
+    later (the most recent). Storing C evicts two chunks: LRU the least recent (A),
+    ARC from T1 (B, used once)."""
+    m = CPUOffloadingManager(4, policy)
+    a, b, c = [1, 2], [3, 4], [5, 6]
+    m.on_request_finished(_store(m, a))
+    reader = _ctx(m, a)
+    assert [m.lookup(k) for k in a] == [HIT, HIT]
+    m.prepare_load(a, reader)
+    m.complete_load(a)
+    m.on_request_finished(reader)
+    m.on_request_finished(_store(m, b))
+    m.on_request_finished(_store(m, c))
+    present = {name for name, keys in (("a", a), ("b", b)) if m.lookup(keys[0]) == HIT}
+    assert present == {survivor}
+    assert m.num_evicted == 2 and all(m.lookup(k) == HIT for k in c)
+
+
+def test_full_pool_with_every_chunk_pinned_refuses_the_store() -> None:
+    m = CPUOffloadingManager(2, "lru")
+    ctx = _ctx(m, [1, 2])
+    assert m.prepare_store([1, 2], ctx) == ([1, 2], 0)  # in flight: not evictable
+    assert m.lookup(1) == HIT_PENDING
+    assert m.prepare_store([3], _ctx(m, [3])) is None
+    m.complete_store([1, 2])
+    assert m.prepare_store([3], _ctx(m, [3])) == ([3], 1)
+    assert m.lookup(3) == HIT_PENDING and MISS in (m.lookup(1), m.lookup(2))
+
+
+def _request(rid: str, family: int, n: int = 256) -> SimRequest:
+    return SimRequest(request_id=rid, index=0, arrival_s=0.0, num_prompt_tokens=n,
+                      max_tokens=4, block_size=BS,
+                      prompt_block_hashes=np.arange(family * 100, family * 100 + n // BS))
+
+
+def _connector(**kw) -> OffloadingConnector:
+    return OffloadingConnector(OffloadSettings(num_chunks=64, **{**LINK, **kw}), block_size=BS)
+
+
+def _scheduled(conn: OffloadingConnector, request: SimRequest, n: int) -> None:
+    """``request`` ran a prefill of ``n`` tokens: its blocks exist, the stores are built."""
+    request.bind_synthetic(10_000)
+    request.extend_blocks(np.arange(1, n // BS + 1))
+    out = SchedulerOutput()
+    out.individual.append((request, n))
+    conn.build_connector_meta(out)
+
+
+def test_lookup_is_deferred_while_the_hit_is_being_stored() -> None:
+    conn = _connector(store_bytes_per_s=1e9)
+    r1 = _request("r1", 1)
+    conn.on_new_request(r1)
+    _scheduled(conn, r1, 256)
+    conn.launch(0.0, 0.01)  # 16 blocks of 1 MiB at 1 GB/s: the store ends at ~0.027 s
+    r2 = _request("r2", 1)
+    r2.bind_synthetic(20_000)
+    conn.on_new_request(r2)
+    assert conn.get_num_new_matched_tokens(r2, 0) == (None, False)  # HIT_PENDING
+    assert conn.update_connector_output(0.02) == set()
+    assert conn.get_num_new_matched_tokens(r2, 0) == (None, False)
+    conn.update_connector_output(0.03)  # the store is reported
+    assert conn.get_num_new_matched_tokens(r2, 0) == (256, True)
+    assert conn.get_num_new_matched_tokens(r2, 64) == (192, True)  # beyond the GPU hit
+    assert conn.num_deferred_lookups == 2
+
+
+def test_a_request_with_transfers_in_flight_is_not_looked_up() -> None:
+    """A preempted request whose stores are still in flight: vLLM answers None until
+    they finish (get_num_new_matched_tokens 1245-1250)."""
+    conn = _connector(store_bytes_per_s=1e9)
+    r1 = _request("r1", 1)
+    conn.on_new_request(r1)
+    _scheduled(conn, r1, 256)
+    conn.launch(0.0, 0.01)
+    r1.num_blocks = 0  # preempted: blocks freed, stores still in flight
+    assert conn.get_num_new_matched_tokens(r1, 0) == (None, False)
+    conn.update_connector_output(1.0)
+    assert conn.get_num_new_matched_tokens(r1, 0) == (256, True)
+
+
+def test_a_chunk_being_loaded_defers_another_request() -> None:
+    conn = _connector()
+    r1 = _request("r1", 1)
+    conn.on_new_request(r1)
+    _scheduled(conn, r1, 256)
+    conn.launch(0.0, 0.01)
+    conn.update_connector_output(1.0)
+    loaders = []
+    for rid in ("r2", "r3"):
+        r = _request(rid, 1)
+        r.bind_synthetic(30_000 + len(loaders) * 100)
+        conn.on_new_request(r)
+        loaders.append(r)
+    assert conn.get_num_new_matched_tokens(loaders[0], 0) == (256, True)
+    conn.update_state_after_alloc(loaders[0], 256)
+    assert conn.get_num_new_matched_tokens(loaders[1], 0) == (None, False)
+
+
+def test_tier_off_costs_nothing_in_the_scheduler() -> None:
+    s = Scheduler(SchedulerSettings(), CacheSettings(), SimOptions())
+    assert s.connector is None and s.group is not None
+    t = Scheduler(SchedulerSettings(), CacheSettings(),
+                  SimOptions(kv_offload=OffloadSettings(num_chunks=8, **LINK)))
+    assert t.group is None and "kv_offload" in t.fast_path_refusal
+
+
+def test_offload_settings_refuse_bad_values() -> None:
+    from tuner.errors import ConfigError
+
+    for bad in (dict(num_chunks=0), dict(num_chunks=4, policy="fifo"),
+                dict(num_chunks=4, backend="nixl")):
+        with pytest.raises(ConfigError):
+            OffloadSettings(**bad).validate()
+    assert dataclasses.replace(OffloadSettings(num_chunks=4, **LINK)).transfer_s(2, True) \
+        == pytest.approx(1e-5 + 2 * (1 << 20) / 50e9)
+
+
+def test_lru_evicts_the_smallest_ranks_like_a_brute_force_scan() -> None:
+    """The lazy heap (ranks only grow; stale entries re-pushed at their true rank) evicts
+    exactly the n evictable, unprotected keys of smallest rank, over random operations."""
+    import random
+
+    from tuner.sim.kv_connector.policies import Chunk, LRUPolicy
+
+    rng = random.Random(1)
+    for _ in range(60):
+        p = LRUPolicy(50)
+        ctxs = [ReqContext() for _ in range(6)]
+        for c in ctxs:
+            for k in range(300):
+                c.positions[k] = rng.randint(1, 100) * 16
+        next_id = 0
+        for _ in range(300):
+            op, ctx = rng.random(), rng.choice(ctxs)
+            keys = rng.sample(range(300), rng.randint(1, 8))
+            if op < 0.35:
+                for k in keys:
+                    if k not in p.chunks:
+                        chunk = Chunk(next_id)
+                        next_id += 1
+                        p.insert(k, chunk, ctx)
+                        chunk.ref_cnt = 0
+                        p.mark_evictable(k)
+            elif op < 0.55:
+                p.on_request_access(keys, ctx)
+            elif op < 0.7:
+                p.on_request_finished((keys,), set(), set(keys), ctx)
+            elif op < 0.8:
+                k = keys[0]
+                if k in p._evictable:
+                    p.mark_non_evictable(k)
+                    p.chunks[k].ref_cnt = 1
+                elif k in p.chunks and p.chunks[k].ref_cnt == 1:
+                    p.chunks[k].ref_cnt = 0
+                    p.mark_evictable(k)
+            else:
+                n, protected = rng.randint(1, 4), set(rng.sample(range(300), 5))
+                ranked = sorted((p._ranks[k], k) for k in p._evictable if k not in protected)
+                want = None if len(ranked) < n else sorted(k for _, k in ranked[:n])
+                got = p.evict(n, protected)
+                assert want == (None if got is None else sorted(k for k, _ in got))

@@ -1,0 +1,178 @@
+"""``CPUOffloadingManager``: the host-memory chunk pool of vLLM 0.33.0's native offloading.
+
+Mirrors ``vllm/v1/kv_offload/cpu/manager.py`` @ 0.33.0 with ``store_threshold=1`` (the
+default: no admission counter) and no KV events: a fixed number of chunks, a free list,
+ref counts (-1 while a store is in flight, n while n loads read the chunk), and the
+policy (``tuner.sim.kv_connector.policies``) that orders them for eviction.
+
+``lookup`` -> HIT / HIT_PENDING (stored, not yet readable) / MISS; ``prepare_load`` pins
+hits, ``complete_load`` unpins; ``prepare_store`` evicts idle chunks (never the offered
+keys) and allocates chunks for the missing keys, or returns None when not enough chunks
+are idle; ``complete_store`` makes them readable. The per-request access record
+(``_Access``) feeds ``on_request_finished`` (LRU's recency commit, ARC's T1 -> T2 moves).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Collection, Iterable
+
+from tuner.sim.kv_connector.policies import Chunk, ReqContext, make_policy
+
+__all__ = ["CPUOffloadingManager", "HIT", "HIT_PENDING", "MISS"]
+
+MISS, HIT, HIT_PENDING = 0, 1, 2
+
+
+@dataclass(slots=True)
+class _Access:
+    """Cache keys one request observed, in first-seen order (manager.py _RequestCacheAccess)."""
+
+    keys: list[int] = field(default_factory=list)  # the one group's keys, first seen first
+    seen: set[int] = field(default_factory=set)
+    inserted: set[int] = field(default_factory=set)
+    reused: set[int] = field(default_factory=set)
+    store_misses: set[int] = field(default_factory=set)
+    finished: bool = False
+
+
+class CPUOffloadingManager:
+    """The CPU chunk pool; see the module doc. ``num_chunks`` from ``cpu_bytes_to_use``."""
+
+    def __init__(self, num_chunks: int, policy: str = "lru") -> None:
+        self.num_chunks = num_chunks
+        self._num_allocated = 0
+        self._free: list[int] = []
+        self.policy = make_policy(policy, num_chunks)
+        self.num_evictable = 0  # ready chunks with ref_cnt 0
+        self.num_write_pending = 0
+        self.num_evicted = 0  # chunks evicted so far (counter)
+
+    def _num_free(self) -> int:
+        return len(self._free) + self.num_chunks - self._num_allocated
+
+    def _allocate(self, n: int) -> list[Chunk]:
+        fresh = min(n, self.num_chunks - self._num_allocated)
+        chunks = [Chunk(self._num_allocated + i) for i in range(fresh)]
+        self._num_allocated += fresh
+        for _ in range(n - fresh):
+            chunks.append(Chunk(self._free.pop()))
+        return chunks
+
+    def _access(self, ctx: ReqContext) -> _Access:
+        if ctx.access is None:
+            ctx.access = _Access()
+        return ctx.access  # type: ignore[return-value]
+
+    def _record(self, keys: Iterable[int], ctx: ReqContext,
+                reused: Iterable[int] = ()) -> None:
+        state = self._access(ctx)
+        seen = state.seen
+        new = [key for key in keys if key not in seen]
+        if new:
+            assert not state.finished, "new cache keys after request finalization (tuner bug)"
+            if len(set(new)) != len(new):  # a hash repeated in the offer: first one counts
+                new = list(dict.fromkeys(new))
+            state.keys.extend(new)
+            seen.update(new)
+            self.policy.on_request_access(new, ctx)
+        state.reused.update(k for k in reused if k not in state.inserted)
+
+    # ----------------------------------------------------------------- interface
+    def on_new_request(self, ctx: ReqContext) -> None:
+        self._access(ctx)
+
+    def lookup(self, key: int) -> int:
+        chunk = self.policy.get(key)
+        if chunk is None:
+            return MISS
+        return HIT if chunk.ref_cnt >= 0 else HIT_PENDING
+
+    def prepare_load(self, keys: Collection[int], ctx: ReqContext) -> None:
+        policy = self.policy
+        for key in keys:
+            chunk = policy.get(key)
+            assert chunk is not None and chunk.is_ready, f"chunk {key} not loadable (tuner bug)"
+            if chunk.ref_cnt == 0:
+                policy.mark_non_evictable(key)
+                self.num_evictable -= 1
+            chunk.ref_cnt += 1
+        self._record(keys, ctx, reused=keys)
+
+    def complete_load(self, keys: Iterable[int]) -> None:
+        policy = self.policy
+        for key in keys:
+            chunk = policy.get(key)
+            assert chunk is not None and chunk.ref_cnt > 0, f"chunk {key} not loading (tuner bug)"
+            chunk.ref_cnt -= 1
+            if chunk.ref_cnt == 0:
+                self.num_evictable += 1
+                policy.mark_evictable(key)
+
+    def prepare_store(self, keys: list[int], ctx: ReqContext) -> tuple[list[int], int] | None:
+        """(keys to store, chunks evicted for them), or None: not enough idle chunks."""
+        policy = self.policy
+        to_store: list[int] = []
+        ready_existing: list[int] = []
+        for key in keys:
+            chunk = policy.get(key)
+            if chunk is None:
+                to_store.append(key)
+            elif chunk.is_ready:
+                ready_existing.append(key)
+        state = self._access(ctx)
+        misses = [k for k in to_store if k not in state.store_misses]
+        if misses:
+            policy.on_store_miss(misses, ctx)
+            state.store_misses.update(misses)
+        recorded = set(to_store)
+        recorded.update(ready_existing)
+        self._record((k for k in keys if k in recorded), ctx, reused=ready_existing)
+        if not to_store:
+            return [], 0
+        num_evict = len(to_store) - self._num_free()
+        num_evicted = 0
+        if num_evict > 0:
+            if num_evict > self.num_evictable:
+                return None
+            evicted = policy.evict(num_evict, set(keys))
+            if evicted is None:
+                return None
+            self.num_evictable -= len(evicted)
+            for _, chunk in evicted:
+                self._free.append(chunk.chunk_id)
+            num_evicted = len(evicted)
+            self.num_evicted += num_evicted
+        for key, chunk in zip(to_store, self._allocate(len(to_store))):
+            policy.insert(key, chunk, ctx)
+        self.num_write_pending += len(to_store)
+        state.inserted.update(to_store)
+        return to_store, num_evicted
+
+    def complete_store(self, keys: Iterable[int]) -> None:
+        policy = self.policy
+        for key in keys:
+            chunk = policy.get(key)
+            if chunk is not None and not chunk.is_ready:
+                chunk.ref_cnt = 0
+                self.num_write_pending -= 1
+                self.num_evictable += 1
+                policy.mark_evictable(key)
+
+    def on_request_finished(self, ctx: ReqContext) -> None:
+        state = ctx.access
+        if not isinstance(state, _Access) or state.finished:
+            return
+        state.finished = True
+        keys = list(state.keys)
+        positions = ctx.positions
+        if all(k in positions for k in keys):  # head to tail (order_request_keys)
+            keys.sort(key=positions.__getitem__)
+        # One group, already in order: the policy's own order_request_keys sorts the same
+        # list again to the same order, so it gets the sorted keys and skips it.
+        self.policy.on_request_finished((keys,), state.inserted - state.reused,
+                                        state.reused, ctx, ordered=True)
+
+    @property
+    def num_used_chunks(self) -> int:
+        return self._num_allocated - len(self._free)

@@ -1,0 +1,64 @@
+"""The scheduler's connector hooks, kept here so ``tuner.sim.scheduler`` only calls them
+(one line each) and a replay without a connector never reaches this module's code."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from tuner.sim.kv_connector.offloading import OffloadingConnector
+
+if TYPE_CHECKING:
+    from tuner.sim.kv_connector.settings import OffloadSettings
+    from tuner.sim.request import SimRequest
+
+    from tuner.sim.scheduler_output import SchedulerOutput
+    from tuner.sim.settings import CacheSettings
+
+__all__ = ["connector_has_work", "connector_update", "make_connector", "wait_for_transfers"]
+
+
+def make_connector(settings: "OffloadSettings | None",
+                   cache: "CacheSettings") -> OffloadingConnector | None:
+    """The connector ``SimOptions.kv_offload`` asks for (None: none). ``lmcache`` runs the
+    same pool and link as ``native``: a modelled capacity tier, not LMCache's own code."""
+    if settings is None:
+        return None
+    return OffloadingConnector(settings, block_size=cache.block_size,
+                               enable_prefix_caching=cache.enable_prefix_caching)
+
+
+def connector_has_work(scheduler: Any) -> bool:
+    """``has_requests`` with a connector: requests waiting for KV count, and so do
+    requests finished since the last step (their last stores are built next step, as
+    vLLM steps once more for ``finished_req_ids``)."""
+    connector = scheduler.connector
+    return (bool(scheduler.running) or bool(scheduler.waiting) or bool(scheduler.kv_holding)
+            or bool(connector is not None and connector._finished_ids))
+
+
+def connector_update(scheduler: Any,
+                     update: Callable[["SchedulerOutput", float, dict[float, int]],
+                                      "list[SimRequest]"],
+                     out: "SchedulerOutput", now_s: float,
+                     gaps: dict[float, int]) -> "list[SimRequest]":
+    """``update_from_output`` with a connector: the step's outputs, then
+    ``request_finished`` for each finished request and the worker's finished transfers
+    (``_update_from_kv_xfer_finished``)."""
+    finished = update(out, now_s, gaps)
+    connector = scheduler.connector
+    assert connector is not None
+    for request in finished:
+        connector.request_finished(request)
+    recving = connector.update_connector_output(now_s)
+    if recving:
+        scheduler.finished_recving |= recving
+    return finished
+
+
+def wait_for_transfers(scheduler: Any, now_s: float, next_arrival_s: float) -> float:
+    """GPU seconds of an empty step: until the next transfer ends or the next request
+    arrives, whichever is first (vLLM spins through empty steps meanwhile)."""
+    connector = scheduler.connector
+    assert connector is not None
+    end = min(connector.next_event_s(now_s), next_arrival_s)
+    return max(0.0, end - now_s)

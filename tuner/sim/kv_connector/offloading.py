@@ -1,0 +1,395 @@
+"""``OffloadingConnector``: vLLM 0.33.0's ``OffloadingConnectorScheduler`` in the twin,
+with a fake worker that finishes transfers at the times the host link gives.
+
+Mirrors ``vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py`` @ 0.33.0
+for one full-attention KV group, no speculative decoding, no partial tails (they need a
+recurrent group), ``offload_prompt_only`` (the default: only prompt chunks are stored),
+``sync_load_budget_bytes = 0`` (the default: every load is asynchronous) and the
+chunk-level store policy:
+
+* keys: the hash id of every ``blocks_per_chunk``-th block (a chunk's last block,
+  ``update_offload_keys``), at position ``(i + 1) * tokens_per_chunk``;
+* lookup (``_lookup_complete_chunks``): consecutive CPU hits from the chunk holding the
+  local hit's end, capped at ``num_tokens``; 0 unless a whole chunk beyond the local hit;
+  ``None`` (deferred) if any hit is still being stored (HIT_PENDING), if any hit chunk is
+  being loaded for another request, or while the request has transfers in flight;
+* a load pins its chunks (``prepare_load``) and moves only the GPU blocks not hit
+  locally; loaded chunks are not stored again (``next_stored_chunk_idx = num_chunks``);
+* stores (``_build_store_jobs``): each scheduled request, and each request finished in the
+  previous update, offers its chunks ``next_stored_chunk_idx ..
+  min(offloadable // tokens_per_chunk, allocated blocks // blocks_per_chunk, keys)``
+  where offloadable = min(computed + scheduled, num_tokens, num_prompt_tokens); a failed
+  ``prepare_store`` (no idle chunk to evict) leaves the index for the next step;
+* finished requests: blocks are freed at once (``request_finished`` returns False in
+  0.33.0); their last stores are built at the next step from the keys saved at finish.
+
+The fake worker (vLLM's ``OffloadingWorker`` + ``get_finished``): a step's loads start
+when the step starts on the GPU, its stores when it ends (the KV they read is written by
+that step); each direction of the host link runs one job at a time (PCIe is full duplex:
+loads and stores do not share a direction), and a job takes ``latency + blocks x
+bytes_per_block / bandwidth`` on each TP rank, in parallel. A job is reported finished at
+the first update at or after its end.
+
+Not modelled (docs/kv-offloading.md): the flush of a store whose source blocks are
+reallocated (the worker waits for it before the step; the twin does not delay the step),
+transfer failures, KV events, and the cache-hit-source histogram.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tuner.sim.kv_connector.cpu_manager import HIT_PENDING, MISS, CPUOffloadingManager
+from tuner.sim.kv_connector.policies import ReqContext
+from tuner.sim.kv_connector.settings import OffloadSettings
+
+if TYPE_CHECKING:
+    from tuner.sim.request import SimRequest
+    from tuner.sim.scheduler_output import SchedulerOutput
+
+__all__ = ["OffloadingConnector"]
+
+_INF = float("inf")
+
+
+@dataclass(slots=True)
+class _Job:
+    """One transfer job (vLLM ``TransferJobStatus`` + the fake worker's times)."""
+
+    job_id: int
+    req_id: str
+    keys: list[int]
+    is_store: bool
+    num_blocks: int  # GPU blocks moved (per rank)
+    start_s: float = -1.0
+    end_s: float = _INF  # when the worker reports it (set at launch)
+
+
+@dataclass(slots=True)
+class _ReqState:
+    """vLLM ``RequestOffloadState`` for one group."""
+
+    request: "SimRequest"
+    ctx: ReqContext = field(default_factory=ReqContext)
+    keys: list[int] = field(default_factory=list)  # offload keys known so far
+    next_stored: int = 0  # next_stored_chunk_idx
+    num_block_ids: int = 0  # len(group_state.block_ids)
+    num_local: int = 0  # num_locally_computed_tokens
+    jobs: set[int] = field(default_factory=set)
+    finished_signaled: bool = False
+    finished: bool = False
+    load_issued_s: float = -1.0  # when its pending load was launched (wait-for-KV counter)
+
+
+class OffloadingConnector:
+    """The CPU KV tier; implements :class:`tuner.sim.kv_connector.base.KVConnector`."""
+
+    def __init__(self, settings: OffloadSettings, *, block_size: int,
+                 enable_prefix_caching: bool = True) -> None:
+        settings.validate()
+        self.settings = settings
+        self.block_size = block_size
+        self.bpc = settings.blocks_per_chunk
+        self.tokens_per_chunk = block_size * settings.blocks_per_chunk
+        self.manager = CPUOffloadingManager(settings.num_chunks, settings.policy)
+        self._req: dict[str, _ReqState] = {}
+        self._jobs: dict[int, _Job] = {}
+        self._batch_jobs: list[_Job] = []  # built by this step, not launched yet
+        self._finished_ids: list[str] = []  # finished since the last build (finished_req_ids)
+        self._being_loaded: set[int] | None = set() if enable_prefix_caching else None
+        self._job_counter = 0
+        self._h2d_free_s = 0.0  # when each direction of the link is next idle
+        self._d2h_free_s = 0.0
+        self._unreported: list[_Job] = []  # launched, not yet reported
+        # Counters (docs/kv-offloading.md).
+        self.external_queries = 0  # connector_prefix_cache_queries of first admissions
+        self.external_hits = 0  # their external hit tokens (loads issued)
+        self.loaded_tokens = 0
+        self.stored_tokens = 0
+        self.num_loads = 0
+        self.num_stores = 0
+        self.load_s = 0.0  # link time of loads (one rank)
+        self.store_s = 0.0
+        self.wait_s = 0.0  # request time in WAITING_FOR_REMOTE_KVS (launch -> report)
+        self.num_deferred_lookups = 0
+        self.num_store_failures = 0
+
+    # ----------------------------------------------------------------- keys
+    def _update_keys(self, state: _ReqState) -> None:
+        """``update_offload_keys``: one key per full chunk of the known block hashes."""
+        request = state.request
+        bpc = self.bpc
+        have = len(state.keys)
+        n = request.num_hashes // bpc
+        if n <= have:
+            return
+        hashes = request.hashes_upto(n * bpc)
+        new = hashes[(have + 1) * bpc - 1::bpc].tolist()
+        positions = state.ctx.positions
+        tpc = self.tokens_per_chunk
+        for i, key in enumerate(new, have + 1):
+            positions[key] = i * tpc
+        state.keys.extend(new)
+
+    # ----------------------------------------------------------------- admission
+    def on_new_request(self, request: "SimRequest") -> None:
+        state = _ReqState(request)
+        self.manager.on_new_request(state.ctx)
+        self._req[request.request_id] = state
+
+    def get_num_new_matched_tokens(self, request: "SimRequest",
+                                   num_local: int) -> tuple[int | None, bool]:
+        state = self._req[request.request_id]
+        state.num_block_ids = 0
+        state.next_stored = 0
+        if state.jobs:
+            self.num_deferred_lookups += 1
+            return None, False
+        self._update_keys(state)
+        state.num_local = num_local
+        hit = self._lookup(state, num_local)
+        if hit is None:
+            self.num_deferred_lookups += 1
+        return hit, bool(hit)
+
+    def _lookup(self, state: _ReqState, num_local: int) -> int | None:
+        tpc = self.tokens_per_chunk
+        keys = state.keys
+        max_hit = min(state.request.num_tokens, len(keys) * tpc)
+        if max_hit - num_local < tpc:
+            return 0
+        num_chunks = min(-(-max_hit // tpc), len(keys))
+        start = num_local // tpc
+        lookup = self.manager.lookup
+        hits = 0
+        pending = False
+        for key in keys[start:num_chunks]:
+            result = lookup(key)
+            if result == MISS:
+                break
+            hits += 1
+            pending |= result == HIT_PENDING
+        if hits == 0:
+            return 0
+        if pending:
+            return None
+        max_hit = min(max_hit, tpc * (start + hits))
+        num_hit = max_hit - num_local
+        if num_hit < tpc:
+            return 0
+        if self._being_loaded:
+            end = -(-(num_local + num_hit) // tpc)
+            if any(k in self._being_loaded for k in keys[start:end]):
+                return None
+        return num_hit
+
+    def update_state_after_alloc(self, request: "SimRequest", num_external: int) -> None:
+        if num_external == 0:
+            return
+        state = self._req[request.request_id]
+        bs, tpc = self.block_size, self.tokens_per_chunk
+        num_cached = state.num_local + num_external
+        num_gpu_blocks = -(-num_cached // bs)
+        first_fresh = -(-state.num_local // bs)
+        num_pending = num_gpu_blocks - first_fresh
+        num_chunks = -(-num_cached // tpc)
+        keys = state.keys[first_fresh // self.bpc:num_chunks] if num_pending else []
+        state.next_stored = num_chunks  # OffloadPolicy.CHUNK_LEVEL
+        self.manager.prepare_load(keys, state.ctx)
+        job = self._new_job(state, keys, False, num_pending)
+        if self._being_loaded is not None:
+            self._being_loaded.update(keys)
+        if request.num_preemptions == 0:
+            self.external_hits += num_external
+        self.loaded_tokens += num_external
+        self.num_loads += 1
+        self._batch_jobs.append(job)
+
+    def local_hit(self, request: "SimRequest") -> int:
+        """The local prefix hit the request's last lookup saw (its load's start)."""
+        state = self._req.get(request.request_id)
+        return state.num_local if state is not None else 0
+
+    def count_query(self, request: "SimRequest", num_local: int) -> None:
+        """vLLM's ``connector_prefix_cache_stats`` query (first admissions only)."""
+        if request.num_preemptions == 0:
+            self.external_queries += request.num_tokens - num_local
+
+    def _new_job(self, state: _ReqState, keys: list[int], is_store: bool,
+                 num_blocks: int) -> _Job:
+        job = _Job(self._job_counter, state.request.request_id, keys, is_store, num_blocks)
+        self._job_counter += 1
+        state.jobs.add(job.job_id)
+        self._jobs[job.job_id] = job
+        return job
+
+    # ----------------------------------------------------------------- stores
+    def build_connector_meta(self, out: "SchedulerOutput") -> None:
+        """The step's store jobs (``_build_store_jobs``) and the finished requests'
+        finalization; call before ``num_computed_tokens`` advance."""
+        req = self._req
+        for request, n in out.individual:
+            state = req[request.request_id]
+            self._update_keys(state)
+            state.num_block_ids = request.num_blocks
+            self._store(state, request.num_computed_tokens + n)
+        finished, self._finished_ids = self._finished_ids, []
+        for req_id in finished:
+            state = req.get(req_id)
+            if state is None:
+                continue
+            request = state.request
+            self._store(state, max(request.num_prompt_tokens, request.num_tokens - 1))
+        for req_id in finished:
+            state = req.get(req_id)
+            if state is None:
+                continue
+            state.finished_signaled = True
+            self.manager.on_request_finished(state.ctx)
+            if not state.jobs:
+                del req[req_id]
+
+    def _store(self, state: _ReqState, num_after: int) -> None:
+        request = state.request
+        offloadable = min(num_after, request.num_tokens, request.num_prompt_tokens)
+        tpc, bpc = self.tokens_per_chunk, self.bpc
+        num_chunks = min(offloadable // tpc, state.num_block_ids // bpc, len(state.keys))
+        start = state.next_stored
+        if num_chunks <= start:
+            state.next_stored = max(start, num_chunks)
+            return
+        offered = state.keys[start:num_chunks]
+        result = self.manager.prepare_store(offered, state.ctx)
+        if result is None:
+            self.num_store_failures += 1
+            return
+        to_store, _ = result
+        state.next_stored = max(start, num_chunks)
+        if not to_store:
+            return
+        job = self._new_job(state, to_store, True, len(to_store) * bpc)
+        self.stored_tokens += len(to_store) * tpc
+        self.num_stores += 1
+        self._batch_jobs.append(job)
+
+    # ----------------------------------------------------------------- the worker
+    def launch(self, start_s: float, duration_s: float) -> None:
+        """The step reaches the GPU at ``start_s`` and runs ``duration_s``: its loads
+        start now, its stores at its end, each behind its direction's earlier jobs."""
+        if not self._batch_jobs:
+            return
+        transfer_s = self.settings.transfer_s
+        for job in self._batch_jobs:
+            if job.is_store:
+                begin = max(start_s + duration_s, self._d2h_free_s)
+                job.end_s = self._d2h_free_s = begin + transfer_s(job.num_blocks, False)
+                self.store_s += job.end_s - begin
+            else:
+                begin = max(start_s, self._h2d_free_s)
+                job.end_s = self._h2d_free_s = begin + transfer_s(job.num_blocks, True)
+                self.load_s += job.end_s - begin
+                self._req[job.req_id].load_issued_s = start_s
+            job.start_s = begin
+            self._unreported.append(job)
+        self._batch_jobs = []
+
+    def request_finished(self, request: "SimRequest") -> bool:
+        state = self._req.get(request.request_id)
+        if state is not None:
+            self._update_keys(state)  # the final block hashes, before the arrays go
+            state.finished = True
+            self._finished_ids.append(request.request_id)
+        return False
+
+    def update_connector_output(self, now_s: float) -> set[str]:
+        """Complete the jobs that ended by ``now_s``; the requests whose load finished."""
+        if not self._unreported:
+            return set()
+        done = [j for j in self._unreported if j.end_s <= now_s]
+        if not done:
+            return set()
+        self._unreported = [j for j in self._unreported if j.end_s > now_s]
+        done.sort(key=lambda j: j.job_id)
+        recving: set[str] = set()
+        for job in done:
+            state = self._req[job.req_id]
+            if job.is_store:
+                self.manager.complete_store(job.keys)
+            else:
+                self.manager.complete_load(job.keys)
+                if self._being_loaded:
+                    self._being_loaded.difference_update(job.keys)
+                recving.add(job.req_id)
+                self.wait_s += now_s - state.load_issued_s
+            del self._jobs[job.job_id]
+            state.jobs.discard(job.job_id)
+            if state.finished_signaled and not state.jobs:
+                del self._req[job.req_id]
+        return recving
+
+    def has_pending_work(self) -> bool:
+        return bool(self._jobs) or bool(self._finished_ids)
+
+    def can_progress(self) -> bool:
+        """Whether an empty step can be followed by a different one: a transfer is still
+        to be reported, or finished requests' stores are still to be built (else an
+        empty step with nothing in flight would repeat forever)."""
+        return bool(self._batch_jobs or self._unreported or self._finished_ids)
+
+    def next_event_s(self, now_s: float) -> float:
+        """When the next unreported transfer ends (an empty step waits until then)."""
+        ends = [j.end_s for j in self._unreported if j.end_s > now_s]
+        return min(ends) if ends else now_s
+
+    # ----------------------------------------------------------------- hash ids
+    def live_hash_ids(self) -> np.ndarray:
+        """Every hash id the tier holds (pool, ghost lists, request keys): a renumbering
+        of the id space must keep them (``tuner.sim.hash_space``)."""
+        ids = list(self.manager.policy.keys())
+        for state in self._req.values():
+            ids.extend(state.keys)
+        return np.asarray(ids, dtype=np.int64)
+
+    def renumber(self, live: np.ndarray) -> None:
+        """Hash id ``live[i]`` becomes ``i`` everywhere the tier holds ids (monotone)."""
+        old = np.unique(self.live_hash_ids())
+        if not len(old):
+            return
+        new_of = dict(zip(old.tolist(), np.searchsorted(live, old).tolist()))
+        self.manager.policy.renumber(new_of)
+        for state in self._req.values():
+            state.keys = [new_of[k] for k in state.keys]
+            ctx = state.ctx
+            ctx.positions = {new_of[k]: p for k, p in ctx.positions.items()}
+            access = ctx.access
+            if access is not None:
+                access.keys = [new_of[k] for k in access.keys]  # type: ignore[attr-defined]
+                for name in ("seen", "inserted", "reused", "store_misses"):
+                    setattr(access, name, {new_of[k] for k in getattr(access, name)})
+        for job in self._jobs.values():
+            job.keys = [new_of[k] for k in job.keys]
+        if self._being_loaded:
+            self._being_loaded = {new_of[k] for k in self._being_loaded}
+
+    # ----------------------------------------------------------------- results
+    def counters(self) -> dict[str, float]:
+        m = self.manager
+        return {
+            "kv_offload_external_queries": self.external_queries,
+            "kv_offload_external_hits": self.external_hits,
+            "kv_offload_loaded_tokens": self.loaded_tokens,
+            "kv_offload_stored_tokens": self.stored_tokens,
+            "kv_offload_loads": self.num_loads,
+            "kv_offload_stores": self.num_stores,
+            "kv_offload_load_s": self.load_s,
+            "kv_offload_store_s": self.store_s,
+            "kv_offload_wait_s": self.wait_s,
+            "kv_offload_deferred_lookups": self.num_deferred_lookups,
+            "kv_offload_store_failures": self.num_store_failures,
+            "kv_offload_evicted_chunks": m.num_evicted,
+            "kv_offload_cpu_chunks": m.num_chunks,
+            "kv_offload_cpu_chunks_used": m.num_used_chunks,
+        }

@@ -1,0 +1,342 @@
+"""The CPU pool's eviction policies: vLLM 0.33.0's ``LRUCachePolicy`` and ``ARCCachePolicy``.
+
+Mirrors ``vllm/v1/kv_offload/cpu/policies/{base,lru,arc}.py`` @ 0.33.0 for one KV-cache
+group (the twin models full attention only). Keys are the twin's hash ids of a chunk's
+last block (vLLM: ``make_offload_key(block_hash, group_idx)``); a ``ChunkStatus`` is a
+``[ref_cnt, chunk_id]`` pair (``ref_cnt == -1``: a store is in flight, not readable).
+
+Why a port and not a model: which prefix survives in host memory decides which request
+loads and which recomputes, so the twin must evict exactly the chunk vLLM evicts.
+
+LRU ranks: every key carries a rank; the smallest evictable, unprotected rank goes
+first. A request's keys share one request rank (taken at its first access) and order by
+``-position`` (tails before heads); when the request finishes, its keys get fresh ranks
+tail first, so its head is the most recent. Ranks are unique, so vLLM's lazy heap and
+this one pop the same keys.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from typing import Iterable, Iterator, Sequence
+
+__all__ = ["ARCPolicy", "Chunk", "LRUPolicy", "ReqContext", "make_policy"]
+
+
+class Chunk:
+    """One CPU chunk (vLLM ``ChunkStatus``): ``ref_cnt`` -1 while its store is in flight,
+    else the number of loads reading it."""
+
+    __slots__ = ("ref_cnt", "chunk_id")
+
+    def __init__(self, chunk_id: int) -> None:
+        self.ref_cnt = -1
+        self.chunk_id = chunk_id
+
+    @property
+    def is_ready(self) -> bool:
+        return self.ref_cnt >= 0
+
+
+class ReqContext:
+    """vLLM's per-request ``ReqContext``: offload-key positions (tokens up to the end of
+    the key's chunk) and the policy/manager state kept per request."""
+
+    __slots__ = ("positions", "lru_rank", "lru_owner", "access")
+
+    def __init__(self) -> None:
+        self.positions: dict[int, int] = {}
+        self.lru_rank = 0  # 0: not ranked yet (LRUPolicy._request_rank)
+        self.lru_owner: object | None = None
+        self.access: object | None = None  # the manager's _RequestCacheAccess
+
+    def position(self, key: int) -> int | None:
+        return self.positions.get(key)
+
+
+def order_request_keys(groups: Sequence[Sequence[int]], ctx: ReqContext) -> list[int]:
+    """Head-to-tail order over the request's groups (base.py ``order_request_keys``)."""
+    keys = [k for g in groups for k in g]
+    pos = {k: p for k in keys if (p := ctx.position(k)) is not None}
+    if len(pos) == len(keys):
+        keys.sort(key=pos.__getitem__)
+    return keys
+
+
+class LRUPolicy:
+    """``LRUCachePolicy`` (lru.py): ranks with a lazily invalidated min-heap."""
+
+    name = "lru"
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.chunks: dict[int, Chunk] = {}
+        self._ranks: dict[int, tuple[int, int]] = {}
+        self._evictable: set[int] = set()
+        self._heap: list[tuple[tuple[int, int], int]] = []
+        self._next_rank = 0
+
+    def _request_rank(self, ctx: ReqContext) -> int:
+        if ctx.lru_owner is not self:
+            self._next_rank += 1
+            ctx.lru_rank = self._next_rank
+            ctx.lru_owner = self
+        return ctx.lru_rank
+
+    def get(self, key: int) -> Chunk | None:
+        return self.chunks.get(key)
+
+    def insert(self, key: int, chunk: Chunk, ctx: ReqContext) -> None:
+        self.chunks[key] = chunk
+        position = ctx.positions.get(key)
+        if position is None:
+            self._next_rank += 1
+            self._ranks[key] = (self._next_rank, 0)
+        else:
+            self._ranks[key] = (self._request_rank(ctx), -position)
+        if chunk.ref_cnt == 0:
+            self._evictable.add(key)
+            heapq.heappush(self._heap, (self._ranks[key], key))
+
+    def remove(self, key: int) -> None:
+        del self.chunks[key]
+        self._ranks.pop(key, None)
+        self._evictable.discard(key)
+
+    def on_store_miss(self, keys: Iterable[int], ctx: ReqContext) -> None:
+        self.touch(keys, ctx)  # CachePolicy.on_store_miss default
+
+    def touch(self, keys: Iterable[int], ctx: ReqContext) -> None:
+        self._update_recency(reversed(list(keys)))
+
+    def _update_recency(self, keys: Iterable[int]) -> None:
+        """Fresh ranks, tail first. Ranks only grow, so the heap keeps the old (smaller)
+        entry and ``evict`` re-pushes it at its true rank when it surfaces (exact: every
+        heap rank is <= its key's true rank, so the first entry that is current holds the
+        smallest true rank; lru.py pushes eagerly, with the same result)."""
+        chunks, ranks = self.chunks, self._ranks
+        rank = self._next_rank
+        for key in keys:
+            if key in chunks:
+                rank += 1
+                ranks[key] = (rank, 0)
+        self._next_rank = rank
+
+    def on_request_access(self, keys: Iterable[int], ctx: ReqContext) -> None:
+        rank_r = self._request_rank(ctx)
+        positions, chunks, ranks = ctx.positions, self.chunks, self._ranks
+        for key in keys:
+            position = positions.get(key)
+            if position is None or key not in chunks:
+                continue
+            rank = (rank_r, -position)
+            if ranks[key] < rank:  # ranks only grow (lru.py: ``>= rank: continue``)
+                ranks[key] = rank
+
+    def on_request_finished(self, groups: Sequence[Sequence[int]], inserted_only: set[int],
+                            reused: set[int], ctx: ReqContext, ordered: bool = False) -> None:
+        keys = groups[0] if ordered else order_request_keys(groups, ctx)
+        self._update_recency(reversed(keys))
+
+    def _compact(self) -> None:
+        if len(self._heap) >= max(64, 2 * len(self._evictable)):
+            self._heap = [(self._ranks[k], k) for k in self._evictable]
+            heapq.heapify(self._heap)
+
+    def evict(self, n: int, protected: set[int]) -> list[tuple[int, Chunk]] | None:
+        """The ``n`` evictable, unprotected keys of smallest rank, or None (no change)."""
+        if n == 0:
+            return []
+        heap, ranks, evictable = self._heap, self._ranks, self._evictable
+        selected: list[tuple[tuple[int, int], int]] = []
+        seen: set[int] = set()
+        deferred: list[tuple[tuple[int, int], int]] = []
+        while heap and len(selected) < n:
+            entry = heapq.heappop(heap)
+            rank, key = entry
+            if key not in evictable or key in seen:
+                continue
+            current = ranks[key]
+            if current != rank:  # a lazy entry: back in at the key's true rank
+                heapq.heappush(heap, (current, key))
+                continue
+            if key in protected:
+                deferred.append(entry)
+                continue
+            selected.append(entry)
+            seen.add(key)
+        if len(selected) < n:
+            for entry in selected + deferred:
+                heapq.heappush(heap, entry)
+            return None
+        for entry in deferred:
+            heapq.heappush(heap, entry)
+        out = []
+        for _, key in selected:
+            evictable.remove(key)
+            out.append((key, self.chunks.pop(key)))
+            del ranks[key]
+        self._compact()
+        return out
+
+    def mark_evictable(self, key: int) -> None:
+        self._evictable.add(key)
+        heapq.heappush(self._heap, (self._ranks[key], key))
+        self._compact()
+
+    def mark_non_evictable(self, key: int) -> None:
+        self._evictable.remove(key)
+
+    def keys(self) -> Iterator[int]:
+        return iter(self.chunks)
+
+    def renumber(self, new_of: dict[int, int]) -> None:
+        """Hash ids renumbered (monotone, ``tuner.sim.hash_space``): same order, new keys."""
+        self.chunks = {new_of[k]: c for k, c in self.chunks.items()}
+        self._ranks = {new_of[k]: r for k, r in self._ranks.items()}
+        self._evictable = {new_of[k] for k in self._evictable}
+        self._heap = [(self._ranks[k], k) for k in self._evictable]
+        heapq.heapify(self._heap)
+
+
+class ARCPolicy:
+    """``ARCCachePolicy`` (arc.py): T1/T2 with ghost lists B1/B2 and an adaptive target."""
+
+    name = "arc"
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.target_t1_size = 0.0
+        self.t1: OrderedDict[int, Chunk] = OrderedDict()
+        self.t2: OrderedDict[int, Chunk] = OrderedDict()
+        self.b1: OrderedDict[int, None] = OrderedDict()
+        self.b2: OrderedDict[int, None] = OrderedDict()
+
+    def get(self, key: int) -> Chunk | None:
+        return self.t1.get(key) or self.t2.get(key)
+
+    def insert(self, key: int, chunk: Chunk, ctx: ReqContext) -> None:
+        self.t1[key] = chunk
+        self.b1.pop(key, None)
+        self.b2.pop(key, None)
+
+    def remove(self, key: int) -> None:
+        if self.t1.pop(key, None) is None:
+            self.t2.pop(key, None)
+
+    def _adapt_to_ghost_hit(self, key: int) -> None:
+        if key in self.b1:
+            delta = max(1, len(self.b2) / len(self.b1))
+            self.target_t1_size = min(self.target_t1_size + delta, self.capacity)
+            self.b1.move_to_end(key)
+        elif key in self.b2:
+            delta = max(1, len(self.b1) / len(self.b2))
+            self.target_t1_size = max(self.target_t1_size - delta, 0)
+            self.b2.move_to_end(key)
+
+    def on_store_miss(self, keys: Iterable[int], ctx: ReqContext) -> None:
+        for key in reversed(list(keys)):
+            self._adapt_to_ghost_hit(key)
+
+    def touch(self, keys: Iterable[int], ctx: ReqContext) -> None:
+        for key in reversed(list(keys)):
+            if key in self.t1:
+                chunk = self.t1.pop(key)
+                if not chunk.is_ready:
+                    self.t1[key] = chunk
+                else:
+                    self.t2[key] = chunk
+            elif key in self.t2:
+                self.t2.move_to_end(key)
+            else:
+                self._adapt_to_ghost_hit(key)
+
+    def on_request_access(self, keys: Iterable[int], ctx: ReqContext) -> None:
+        return
+
+    def on_request_finished(self, groups: Sequence[Sequence[int]], inserted_only: set[int],
+                            reused: set[int], ctx: ReqContext, ordered: bool = False) -> None:
+        keys = groups[0] if ordered else order_request_keys(groups, ctx)
+        for key in reversed(keys):
+            if key in inserted_only:
+                if key in self.t1:
+                    self.t1.move_to_end(key)
+                elif key in self.t2:
+                    self.t2.move_to_end(key)
+                continue
+            if key in reused and key in self.t1:
+                self.t2[key] = self.t1.pop(key)
+            elif key in reused and key in self.t2:
+                self.t2.move_to_end(key)
+
+    def evict(self, n: int, protected: set[int]) -> list[tuple[int, Chunk]] | None:
+        if n == 0:
+            return []
+        candidates: list[tuple[int, Chunk, bool]] = []
+        virtual_t1 = len(self.t1)
+        t1_iter, t2_iter = iter(self.t1.items()), iter(self.t2.items())
+
+        def nxt(entries: Iterator[tuple[int, Chunk]]) -> tuple[int, Chunk] | None:
+            for key, chunk in entries:
+                if chunk.ref_cnt == 0 and key not in protected:
+                    return key, chunk
+            return None
+
+        for _ in range(n):
+            cand: tuple[int, Chunk, bool] | None = None
+            if virtual_t1 >= int(self.target_t1_size):
+                entry = nxt(t1_iter)
+                if entry is not None:
+                    cand = (*entry, True)
+                    virtual_t1 -= 1
+            if cand is None:
+                entry = nxt(t2_iter)
+                if entry is not None:
+                    cand = (*entry, False)
+            if cand is None:
+                entry = nxt(t1_iter)
+                if entry is None:
+                    return None
+                cand = (*entry, True)
+                virtual_t1 -= 1
+            candidates.append(cand)
+        out = []
+        for key, chunk, from_t1 in candidates:
+            if from_t1:
+                del self.t1[key]
+                self.b1[key] = None
+            else:
+                del self.t2[key]
+                self.b2[key] = None
+            out.append((key, chunk))
+        for ghost in (self.b1, self.b2):
+            for _ in range(len(ghost) - self.capacity):
+                ghost.popitem(last=False)
+        return out
+
+    def mark_evictable(self, key: int) -> None:
+        return
+
+    def mark_non_evictable(self, key: int) -> None:
+        return
+
+    def keys(self) -> Iterator[int]:
+        yield from self.t1
+        yield from self.t2
+        yield from self.b1
+        yield from self.b2
+
+    def renumber(self, new_of: dict[int, int]) -> None:
+        for name in ("t1", "t2", "b1", "b2"):
+            old = getattr(self, name)
+            setattr(self, name, OrderedDict((new_of[k], v) for k, v in old.items()))
+
+
+def make_policy(name: str, capacity: int) -> LRUPolicy | ARCPolicy:
+    """vLLM's ``CachePolicyFactory`` for the two built-in names."""
+    if name == "lru":
+        return LRUPolicy(capacity)
+    if name == "arc":
+        return ARCPolicy(capacity)
+    raise ValueError(f"eviction policy {name!r}: vLLM 0.33.0 has 'lru' and 'arc'")
