@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from replay_traces import make_requests
+from test_shared_prompts import assert_ids_name_the_hashes
 
 from tuner.errors import ConfigError
 from tuner.replay._kv_requests import (kv_request_ids, kv_requests, load_trace_arrays,
@@ -146,17 +147,8 @@ def test_session_prompts_share_their_hosts_ids(sizes):
     KV hashes (an edited history and a partial last block get their own)."""
     f, t = sizes
     reqs = _session_trace()
-    raw = kv_requests(reqs, f, t)
     interned = kv_request_ids(reqs, f, t)
-    pairs: dict[int, int] = {}
-    back: dict[int, int] = {}
-    for a, b in zip(raw, interned):
-        for hashes, ids in ((a.block_hashes, b.block_hashes),
-                            (a.output_block_hashes, b.output_block_hashes)):
-            assert len(hashes) == len(ids)
-            for h, i in zip(np.asarray(hashes).tolist(), np.asarray(ids).tolist()):
-                assert pairs.setdefault(h, i) == i and back.setdefault(i, h) == h
-                assert 0 <= i < interned.num_hash_ids
+    assert_ids_name_the_hashes(kv_requests(reqs, f, t), interned)
     by_id = {r.request_id: r for r in interned}
     bases = {id(np.asarray(by_id[f"s0t{turn}"].block_hashes).base) for turn in range(5)}
     assert len(bases) == 1  # one session: one array

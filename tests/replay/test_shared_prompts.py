@@ -36,8 +36,11 @@ def test_ids_name_exactly_the_equal_hashes(turns, sizes):
             block_hashes=tuple(hashes),
             output_block_hashes=tuple(2 * 10**6 + 100 * i + j for j in range(n_out)),
             session_id=None if s == 3 else f"s{s}"))
-    raw = kv_requests(reqs, f, t)
-    interned = kv_request_ids(reqs, f, t)
+    assert_ids_name_the_hashes(kv_requests(reqs, f, t), kv_request_ids(reqs, f, t))
+
+
+def assert_ids_name_the_hashes(raw, interned) -> None:  # type: ignore[no-untyped-def]
+    """Each interned id stands for exactly one raw hash and each hash for one id."""
     pairs: dict[int, int] = {}
     back: dict[int, int] = {}
     for a, b in zip(raw, interned):
