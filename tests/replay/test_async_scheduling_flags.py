@@ -108,7 +108,10 @@ def test_fidelity_takes_the_flag(monkeypatch: pytest.MonkeyPatch, trace_path: st
 
     monkeypatch.setattr(parity, "run_parity", stand_in)
     monkeypatch.setattr(vllm_compat, "find_vllm_python", lambda explicit, purpose: explicit)
-    monkeypatch.setattr(runs, "twin_options_for", lambda python, mode: None)
+    from tuner.sim.settings import SimOptions
+
+    # the command adds its drafts (--speculative-config) to these: a real SimOptions
+    monkeypatch.setattr(runs, "twin_options_for", lambda python, mode: SimOptions())
     assert _invoke(["fidelity", trace_path, "--vllm-python", sys.executable, *BASE,
                     *flags]) is mode
 

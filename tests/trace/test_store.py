@@ -54,6 +54,20 @@ def test_writer_error_leaves_nothing(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_writer_refuses_a_span_the_readers_refuse(tmp_path: Path) -> None:
+    """Rows over more than 366 days (across batches too) are refused before the file is
+    placed: `trace synth --rate 1e-190` wrote a trace that read_trace then refused."""
+    out = tmp_path / "t.parquet"
+    far = dataclasses.replace(_reqs()[1], request_id="z", arrival_s=367 * 86400.0 + 0.5)
+    with pytest.raises(TraceSchemaError, match="at most 366 days"):
+        with TraceWriter(out, META) as w:
+            w.write(_reqs())
+            w.write([far])
+    assert list(tmp_path.iterdir()) == []
+    near = dataclasses.replace(far, arrival_s=365 * 86400.0)
+    assert len(read_trace(write_trace(out, [*_reqs(), near], META))) == 4
+
+
 def test_fingerprint_stable_and_content_sensitive(tmp_path: Path) -> None:
     a = Trace.from_requests(_reqs(), META)
     b = read_trace(write_trace(tmp_path / "t.parquet", list(reversed(_reqs())), META))

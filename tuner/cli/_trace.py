@@ -170,7 +170,7 @@ def slice_cmd(trace: str, start: float | None, end: float | None, last: float | 
 @click.option("--duration", type=DURATION, default=None, help="Trace length (e.g. 1h, 30m).")
 @click.option("--rate", type=float, default=None,
               help="Mean requests per second (random: Poisson rate; omit for all at t=0).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True)
 @click.option("--hash-block-size", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--isl", type=int, default=None, help="random: max input length.")
 @click.option("--osl", type=int, default=None, help="random: max output length.")

@@ -53,6 +53,7 @@ class TraceWriter:
                  announce: bool = True) -> None:
         self.metadata = metadata
         self.num_rows = 0
+        self._lo, self._hi = float("inf"), float("-inf")  # arrival_s written so far
         self._out = AtomicOutput(path, inputs=inputs, announce=announce)
         self.path = self._out.path
         self.tmp_path = self._out.tmp_path
@@ -75,8 +76,23 @@ class TraceWriter:
         if isinstance(data, pa.RecordBatch):
             data = pa.Table.from_batches([data])
         data = data.select(list(TRACE_COLUMNS)).cast(SCHEMA)
+        self._check_span(data.column("arrival_s"))
         self._writer.write_table(data, row_group_size=ROW_GROUP_SIZE)
         self.num_rows += data.num_rows
+
+    def _check_span(self, arrivals: pa.ChunkedArray) -> None:
+        """Refuse rows that stretch the trace past :data:`MAX_SPAN_S`: the readers refuse
+        such a file, so writing it would be an exit 0 with an unreadable output (a
+        ``trace synth --rate 1e-190`` did that). Every writer of traces goes through here."""
+        if len(arrivals) == 0:
+            return
+        lo, hi = (float(np.min(arrivals)), float(np.max(arrivals)))
+        self._lo, self._hi = min(lo, self._lo), max(hi, self._hi)
+        if self._hi - self._lo > MAX_SPAN_S:  # NaN compares false: the readers name it
+            raise TraceSchemaError(
+                f"{self.path}: arrivals would span {(self._hi - self._lo) / 86400:.3g} days; "
+                f"a trace spans at most {MAX_SPAN_S / 86400:.0f} days (see "
+                f"docs/trace-format.md); nothing was written")
 
     def finish(self) -> Path:
         """Finish the temporary file (final ``num_rows`` and metadata) without placing it."""
