@@ -249,3 +249,17 @@ def test_lru_evicts_the_smallest_ranks_like_a_brute_force_scan() -> None:
                 want = None if len(ranked) < n else sorted(k for _, k in ranked[:n])
                 got = p.evict(n, protected)
                 assert want == (None if got is None else sorted(k for k, _ in got))
+
+
+def test_a_tier_with_speculative_decoding_is_refused_in_one_line() -> None:
+    """The two are not modelled together yet: the scheduler says so instead of replaying an
+    untested combination (docs/kv-offloading.md, "Not modelled")."""
+    from tuner.errors import ConfigError
+    from tuner.sim.spec_decode import from_vllm_config
+
+    spec = from_vllm_config({"method": "mtp", "num_speculative_tokens": 1}, "0.8")
+    with pytest.raises(ConfigError, match="not modelled yet") as err:
+        Scheduler(SchedulerSettings(), CacheSettings(),
+                  SimOptions(kv_offload=OffloadSettings(num_chunks=8, **LINK), speculative=spec))
+    assert "\n" not in str(err.value)
+    Scheduler(SchedulerSettings(), CacheSettings(), SimOptions(speculative=spec))  # alone: fine
