@@ -159,3 +159,24 @@ def test_signal_during_ingest_leaves_no_temporary_file(tmp_path: pathlib.Path,
     assert proc.returncode == 128 + sig, output
     assert "Traceback" not in output
     assert list(out.parent.iterdir()) == [], list(out.parent.iterdir())
+
+
+def test_a_command_run_in_process_gives_back_the_callers_signal_handlers() -> None:
+    """The CLI's SIGTERM/SIGHUP cleanup lasts for the command only: a notebook or a test
+    worker that runs a command through Click's runner keeps its own handlers afterwards
+    (left installed, a later fork pool's workers inherited the CLI's handler)."""
+    import signal
+
+    from click.testing import CliRunner
+
+    from tuner.cli import cli
+
+    def mine(signum, frame):  # type: ignore[no-untyped-def]
+        return None
+
+    before = signal.signal(signal.SIGTERM, mine)
+    try:
+        assert CliRunner().invoke(cli, ["trace", "--help"]).exit_code == 0
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, before)

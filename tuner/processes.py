@@ -9,7 +9,11 @@ may ask).
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
+import multiprocessing.pool
 import os
+from collections.abc import Iterator
 from typing import Callable
 
 
@@ -58,3 +62,25 @@ def cap_workers(requested: int, n_trials: int) -> tuple[int, str | None]:
     if usable_cpus() < requested:
         why.append(f"{usable_cpus()} CPUs")
     return cap, f"--workers {requested} capped to {cap} ({' and '.join(why)})"
+
+
+@contextlib.contextmanager
+def forked_pool(workers: int) -> Iterator[multiprocessing.pool.Pool]:
+    """A ``fork`` pool that, once its work is done, is closed and joined, not terminated.
+
+    Why: ``with Pool() as pool`` ends in ``terminate()``, which SIGTERMs the workers while
+    one may wait on the task queue's lock; a report's pool under pytest-xdist was left
+    with a worker asleep on that lock and the parent joining it forever (12 minutes, in a
+    CI run). ``close()`` hands every worker the stop sentinel and they exit on their own;
+    only an error (or Ctrl-C) in the parent terminates them. Forked, so the workers
+    inherit what the parent prepared (interned traces, an evaluator) without pickling.
+    """
+    pool = multiprocessing.get_context("fork").Pool(workers)
+    try:
+        yield pool
+    except BaseException:
+        pool.terminate()
+        pool.join()
+        raise
+    pool.close()
+    pool.join()

@@ -56,7 +56,7 @@ def cli() -> None:
     from tuner.outputs import set_notifier
 
     set_notifier(_note_replaced)
-    install_signal_cleanup()
+    click.get_current_context().call_on_close(install_signal_cleanup())
 
 
 def _note_replaced(message: str) -> None:

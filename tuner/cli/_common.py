@@ -57,15 +57,28 @@ def _raise_terminated(signum: int, frame: Any) -> None:
     raise Terminated(signum)
 
 
-def install_signal_cleanup() -> None:
-    """SIGTERM and SIGHUP end the command through :class:`Terminated` (main thread only)."""
+def install_signal_cleanup() -> Callable[[], None]:
+    """SIGTERM and SIGHUP end the command through :class:`Terminated` (main thread only).
+
+    Returns the function that puts the previous handlers back: the CLI calls it when the
+    command's context closes, so a process that runs commands in-process (a notebook, a
+    test worker through Click's runner) keeps its own handlers afterwards.
+    """
     global _handler_pid
     if threading.current_thread() is not threading.main_thread():
-        return
+        return lambda: None
     _handler_pid = os.getpid()
+    previous: dict[int, Any] = {}
     for sig in (signal.SIGTERM, signal.SIGHUP):
         with contextlib.suppress(ValueError, OSError):
-            signal.signal(sig, _raise_terminated)
+            previous[sig] = signal.signal(sig, _raise_terminated)
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+    return restore
 
 
 def note_file_params(params: dict[str, Any]) -> None:

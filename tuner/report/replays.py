@@ -13,7 +13,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
-import multiprocessing
 import os
 import pathlib
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from tuner.processes import forked_pool
 from tuner.records import ReplayResult
 from tuner.report.study_trace import CompactTrace, load_compact
 from tuner.sim.settings import SchedulerSettings
@@ -284,7 +284,7 @@ def _replay_all(jobs: list[tuple[Any, SchedulerSettings, float | None, Any, Any]
     try:
         if workers <= 1 or len(jobs) <= 1 or backend != "sim":
             return [_replay_one(i) for i in range(len(jobs))]
-        with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
+        with forked_pool(min(workers, len(jobs))) as pool:
             return pool.map(_replay_one, range(len(jobs)), chunksize=1)
     finally:
         _POOL_JOBS, _POOL_ARGS = [], ("sim", 0)

@@ -11,9 +11,9 @@ only what is missing; both fan replays out over a forked process pool
 from __future__ import annotations
 
 import math
-import multiprocessing
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from tuner.processes import forked_pool
 from tuner.progress import Reporter
 from tuner.sim.settings import SchedulerSettings
 from tuner.tune.deployment_space import (base_deployment_of, evaluate_point, join_settings,
@@ -86,7 +86,7 @@ def evaluate_many(evaluator: Evaluator, jobs: Sequence[tuple[Any, ...]], workers
         return
     _POOL_EVALUATOR, _POOL_FN = evaluator, evaluate
     try:
-        with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
+        with forked_pool(min(workers, len(jobs))) as pool:
             for i, metrics in enumerate(pool.imap(_pool_eval, jobs)):
                 on_done(i, metrics)
     finally:
