@@ -72,8 +72,11 @@ OPENAI = {"timestamp": 1_700_000_000, "request": {"prompt": "hi there"},
 
 def _hashed(tmp: Path, base: dict[str, Any], field: str, value: Any) -> Path:
     bad = {**base, "timestamp": 1, field: value}
+    later = {**base, "timestamp": 2}
     src = tmp / "in.jsonl"
-    src.write_text(_dump(base) + "\n" + _dump(bad) + "\n")
+    # good, bad, good: the span is anchored on the records' median, a good one (with one
+    # good record beside a far timestamp either could be the corrupt one)
+    src.write_text(_dump(base) + "\n" + _dump(bad) + "\n" + _dump(later) + "\n")
     return src
 
 
