@@ -151,6 +151,23 @@ class SpecDecoding:
         return from_vllm_config(data["speculative_config"], acceptance,
                                 seed=int(data.get("seed", 0)))
 
+    def with_k(self, k: int) -> "SpecDecoding":
+        """The same drafter and acceptance at ``k`` drafts per step (a search point of
+        ``num_speculative_tokens``): the rates cut or continued geometrically
+        (:func:`extend_rates`), the config's ``num_speculative_tokens`` set to ``k`` and
+        its synthetic rates, if it had any, replaced by the new ones."""
+        if k == self.num_speculative_tokens:
+            return self
+        rates = extend_rates(list(self.acceptance), k)
+        config = {key: v for key, v in self.vllm_config.items()
+                  if key not in ("synthetic_acceptance_rates", "synthetic_acceptance_length")}
+        config["num_speculative_tokens"] = k
+        if any(key in self.vllm_config for key in ("synthetic_acceptance_rates",
+                                                   "synthetic_acceptance_length")):
+            config["synthetic_acceptance_rates"] = list(rates)
+        return SpecDecoding(method=self.method, num_speculative_tokens=k, acceptance=rates,
+                            seed=self.seed, vllm_config=config)
+
     def describe(self) -> str:
         rates = ",".join(f"{a:.3g}" for a in self.acceptance)
         return (f"{self.method} k={self.num_speculative_tokens}, acceptance {rates} "
