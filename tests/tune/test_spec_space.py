@@ -57,6 +57,12 @@ def test_the_dimension_needs_a_drafter_and_refuses_bad_values() -> None:
     assert space.names[-1] == SPEC_TOKENS and space.has_deployment
     with pytest.raises(ConfigError, match="needs --speculative-config"):
         with_spec_tokens(admission_space(), None, (0, 1))
+    per_batch = from_vllm_config({"method": "mtp", "num_speculative_tokens": 2,
+                                  "num_speculative_tokens_per_batch_size": [[1, 64, 2],
+                                                                            [65, 4096, 1]]},
+                                 default_rates=default_acceptance)
+    with pytest.raises(ConfigError, match="search one or the other"):
+        with_spec_tokens(admission_space(), per_batch, (0, 1))
     for bad in ("1,x", "-1,2", "1,1", "0"):
         with pytest.raises(ConfigError, match="--spec-tokens"):
             parse_spec_tokens(bad)

@@ -87,6 +87,8 @@ class SpecDecodeStepTime(StepTimeModel):
         self._sample = float(getattr(base, "_sample", 0.0))
         self._launch_saving = max(0.0, float(getattr(base, "_gpu_mixed", 0.0))
                                   - float(getattr(base, "_gpu_decode", 0.0)))
+        if spec.per_batch_size:  # dynamic k: vLLM runs PIECEWISE graphs (config/vllm.py:1069-1086)
+            self._launch_saving = 0.0
         self._gpu_drafter = spec.method != "ngram"
 
     # ------------------------------------------------------------- parts
@@ -110,17 +112,18 @@ class SpecDecodeStepTime(StepTimeModel):
     def drafter_s(self, batch: StepBatch) -> float:
         """GPU seconds of the drafts proposed after this step (none for n-gram)."""
         reqs = batch.num_prefill_reqs + batch.num_decode_reqs
-        if not self._gpu_drafter or reqs <= 0 or not self._per_layer:
+        k = self.spec.k_for_batch(reqs) if self.spec.per_batch_size else self.k
+        if not self._gpu_drafter or reqs <= 0 or not self._per_layer or not k:
             return 0.0
         base = self.base
         first = (base.step_time_s(batch) - base.cpu_s(batch)) * self._per_layer
         rest = 0.0
-        if self.k > 1:
+        if k > 1:
             ctx = (batch.decode_ctx_tokens + batch.prefill_ctx_tokens
                    + batch.num_prefill_tokens)
             one = StepBatch(num_decode_reqs=reqs, decode_ctx_tokens=ctx)
-            rest = (self.k - 1) * (base.step_time_s(one) - base.cpu_s(one)) * self._per_layer
-        return first + rest + self.k * self._lm_s(reqs)
+            rest = (k - 1) * (base.step_time_s(one) - base.cpu_s(one)) * self._per_layer
+        return first + rest + k * self._lm_s(reqs)
 
     def drafter_cpu_s(self, batch: StepBatch) -> float:
         if self._gpu_drafter:
@@ -166,6 +169,11 @@ def spec_deployment(resolved: Any, options: Any) -> tuple[Any, Any]:
     from tuner.vllm_compat import resolve_async_scheduling
 
     spec = options.speculative
+    if spec.per_batch_size and resolved.target.dp > 1:
+        # vLLM turns the per-batch-size k off with DP ranks (they could pick different
+        # k and deadlock) and runs the fixed k (config/vllm.py:1111-1127)
+        spec = dataclasses.replace(spec, per_batch_size=())
+        options = dataclasses.replace(options, speculative=spec)
     mode = resolve_async_scheduling(resolved.target.async_scheduling,
                                     platform=resolved.hardware.vllm_platform,
                                     spec_method=spec.method)
