@@ -176,7 +176,7 @@ def _run_tune(trace: str, output: str, kw: dict[str, Any], flags: TargetFlags,
     target = flags.target()
     inputs = TuneInputs(trace, target=target, backend=kw["backend"], holdout=kw["holdout"],
                         stage1_fraction=kw["stage1_fraction"], slo=kw["slo"],
-                        speculative=kw["spec_flags"].build())
+                        speculative=kw["spec_flags"].build(trace))
     search = SearchOptions(space=kw["space"], objectives=_split(kw["objectives"]),
                            constraints=_split(kw["constraints"]) or (), n_trials=kw["trials"],
                            n_survivors=kw["survivors"], prefer=rule, seed=kw["seed"],

@@ -186,10 +186,13 @@ def load_config(path: str | pathlib.Path) -> RetuneConfig:
 def _speculative(raw: Any, loaded: Any, rel: Any) -> tuple[Any, tuple[int, ...] | None]:
     """``speculative: {config: {...} | JSON, acceptance: RATES|LENGTH|LOG, seed: N,
     tokens: [0, 1, 2]}``, checked as ``tune --speculative-config --spec-acceptance
-    --spec-seed --spec-tokens`` check them (an acceptance naming a file reads its last
-    ``SpecDecoding metrics`` line, the path relative to the config)."""
+    --spec-seed --spec-tokens`` check them (an acceptance naming a file reads a server
+    log's ``SpecDecoding metrics`` lines or a /metrics scrape, the path relative to the
+    config)."""
     from tuner.perf.spec_decode import default_acceptance
-    from tuner.sim.spec_decode import from_vllm_config, parse_server_log
+    from tuner.errors import TunerError
+    from tuner.sim.spec_decode import from_vllm_config
+    from tuner.trace.spec_acceptance import read_spec_acceptance
     from tuner.tune.spec_space import parse_spec_tokens
 
     where = loaded.where("speculative")
@@ -205,8 +208,7 @@ def _speculative(raw: Any, loaded: Any, rel: Any) -> tuple[Any, tuple[int, ...] 
         if acceptance is not None:
             acceptance = str(acceptance)
             if rel(acceptance).is_file():
-                log = rel(acceptance)
-                acceptance = parse_server_log(log.read_text(errors="replace"), str(log))
+                acceptance = read_spec_acceptance([rel(acceptance)]).acceptance_text()
         seed = _typed(loaded.where("speculative", "seed"), raw.get("seed", 0), int)
         spec = from_vllm_config(raw["config"], acceptance, seed=seed,
                                 default_rates=default_acceptance, where=f"{where}.config")
@@ -216,7 +218,7 @@ def _speculative(raw: Any, loaded: Any, rel: Any) -> tuple[Any, tuple[int, ...] 
                 raise ConfigError("tokens: a list of num_speculative_tokens values, e.g. "
                                   "[0, 1, 2, 3]")
             tokens = parse_spec_tokens(",".join(str(t) for t in tokens))
-    except ConfigError as exc:
+    except TunerError as exc:
         text = str(exc)
         raise ConfigError(text if text.startswith(where) else f"{where}: {text}") from None
     return spec, tokens

@@ -300,26 +300,6 @@ def _as_object(config: str | dict[str, Any], where: str) -> dict[str, Any]:
     return data
 
 
-def parse_server_log(text: str, where: str = "log") -> str:
-    """The acceptance of a vLLM server log: its last ``SpecDecoding metrics`` line
-    (v1/spec_decode/metrics.py:121), as ``--spec-acceptance`` text (the per-position
-    rates, else the mean acceptance length)."""
-    import re
-
-    lines = [ln for ln in text.splitlines() if "SpecDecoding metrics" in ln]
-    if not lines:
-        raise ConfigError(f"{where}: no 'SpecDecoding metrics' line (is it a vLLM server "
-                          "log with speculative decoding on?)")
-    last = lines[-1]
-    rates = re.search(r"Per-position acceptance rate: ([0-9., ]+?)(?:,\s*Avg|$)", last)
-    if rates:
-        return rates.group(1).strip().rstrip(",")
-    length = re.search(r"Mean acceptance length: ([0-9.]+)", last)
-    if length:
-        return length.group(1)
-    raise ConfigError(f"{where}: its last 'SpecDecoding metrics' line has no acceptance")
-
-
 def spec_summary(counters: dict[str, float], num_output_tokens: int) -> dict[str, Any]:
     """Drafts, acceptance, mean acceptance length (vLLM's log line's convention) and
     output tokens per step, from a replay's counters; empty when spec decode was off."""
