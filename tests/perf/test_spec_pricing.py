@@ -46,3 +46,27 @@ def test_per_batch_size_k_prices_the_steps_own_k() -> None:
     assert dynamic.drafter_s(_decode(16)) == 0.0 < fixed.drafter_s(_decode(16))
     verify = _decode(8, drafts=3)
     assert dynamic.verify_extra_s(verify) >= fixed.verify_extra_s(verify)
+
+
+def test_drafter_layers_take_their_kv_and_weights() -> None:
+    """MTP / EAGLE-3 keep their layer's KV in the same cache (one more layer per block)
+    and their weights before it is sized; n-gram and a --num-gpu-blocks override do not
+    change the cache."""
+    from tuner.perf.spec_decode import spec_deployment
+    from tuner.sim.settings import SimOptions
+
+    plain = resolve_target(Target(hardware="mi355x", model="deepseek-v3", tp=8))
+    layers = plain.model.num_layers
+
+    def blocks(method: str, resolved=plain) -> int:  # type: ignore[no-untyped-def]
+        spec = from_vllm_config({"method": method, "num_speculative_tokens": 2}, "0.7")
+        return spec_deployment(resolved, SimOptions(speculative=spec))[0].cache.num_gpu_blocks
+
+    base = plain.cache.num_gpu_blocks
+    assert blocks("ngram") == base
+    mtp = blocks("mtp")
+    assert mtp < base * layers / (layers + 1) <= base  # the KV share, and the weights too
+    assert mtp > 0.9 * base
+    fixed = resolve_target(Target(hardware="mi355x", model="deepseek-v3", tp=8,
+                                  num_gpu_blocks=5000))
+    assert blocks("mtp", fixed) == 5000

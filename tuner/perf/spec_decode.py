@@ -42,6 +42,7 @@ from typing import Any
 from tuner.errors import ConfigError
 from tuner.perf.step_time import StepTimeModel
 from tuner.sim.batch import StepBatch
+from tuner.sim.spec_decode import METHODS as METHODS_WITH_LAYERS
 from tuner.sim.spec_decode import SpecDecoding
 
 #: CPU seconds of one request's n-gram lookup (a KMP match of the last 1-4 tokens over
@@ -162,10 +163,51 @@ def with_spec_decode(step_time: StepTimeModel, spec: SpecDecoding | None) -> Ste
     return SpecDecodeStepTime(step_time, spec)
 
 
+#: Decoder layers of a drafter with its own forward pass: DeepSeek-V3's MTP module is one
+#: (``num_nextn_predict_layers`` = 1, arXiv 2412.19437 §2.2), an EAGLE / EAGLE-3 head one
+#: (arXiv 2503.01840 §3).
+DRAFTER_LAYERS = 1
+
+
+def with_drafter_kv(resolved: Any, spec: SpecDecoding) -> Any:
+    """``resolved`` with the KV blocks left after the drafter's own layer.
+
+    vLLM gives a drafter with attention layers of its own (eagle, eagle3, mtp:
+    ``SpeculativeConfig.uses_draft_kv_cache``, config/speculative.py:2172) KV in the same
+    cache, so every block holds one more layer's K and V, and the drafter's weights come
+    out of the memory before the KV cache is sized. Priced as one more layer of the
+    target's KV shape and one target layer's share of the weights (an upper bound for a
+    dense EAGLE head on an MoE target). A ``--num-gpu-blocks`` override (``capacity`` None)
+    is taken as given, as vLLM takes ``num_gpu_blocks_override``.
+
+    Raises:
+        ConfigError: the smaller cache no longer holds ``max_model_len`` (vLLM refuses to
+            start there too).
+    """
+    capacity = getattr(resolved, "capacity", None)
+    layers = int(getattr(resolved.model, "num_layers", 0) or 0)
+    if capacity is None or not METHODS_WITH_LAYERS.get(spec.method) or layers <= 0:
+        return resolved
+    per_block = capacity.bytes_per_block * (layers + DRAFTER_LAYERS) / layers
+    kv_bytes = capacity.kv_bytes - capacity.weight_bytes * DRAFTER_LAYERS / layers
+    blocks = int(kv_bytes // per_block) if kv_bytes > 0 else 0
+    cache = resolved.cache
+    if (blocks - 1) * cache.block_size < cache.max_model_len:
+        raise ConfigError(f"{spec.method} drafts: its layer's weights and KV leave "
+                          f"{max(0, blocks - 1) * cache.block_size:,} KV tokens per engine, "
+                          f"fewer than max_model_len={cache.max_model_len}; pass a smaller "
+                          "--max-model-len or a larger --tp")
+    capacity = dataclasses.replace(capacity, num_gpu_blocks=blocks, bytes_per_block=per_block,
+                                   kv_bytes=kv_bytes)
+    return dataclasses.replace(resolved, capacity=capacity,
+                               cache=dataclasses.replace(cache, num_gpu_blocks=blocks))
+
+
 def spec_deployment(resolved: Any, options: Any) -> tuple[Any, Any]:
     """A resolved target and twin options for ``options.speculative``: the scheduling mode
     vLLM 0.33.0 resolves with this drafter (n-gram: no async scheduling on the V1 model
-    runner, ``tuner.vllm_compat``) and the step-time model priced for verifies."""
+    runner, ``tuner.vllm_compat``), the KV blocks left after the drafter's own layer
+    (:func:`with_drafter_kv`) and the step-time model priced for verifies."""
     from tuner.vllm_compat import resolve_async_scheduling
 
     spec = options.speculative
@@ -177,5 +219,6 @@ def spec_deployment(resolved: Any, options: Any) -> tuple[Any, Any]:
     mode = resolve_async_scheduling(resolved.target.async_scheduling,
                                     platform=resolved.hardware.vllm_platform,
                                     spec_method=spec.method)
+    resolved = with_drafter_kv(resolved, spec)
     resolved = dataclasses.replace(resolved, step_time=with_spec_decode(resolved.step_time, spec))
     return resolved, dataclasses.replace(options, async_scheduling=mode)
