@@ -14,6 +14,7 @@ from tuner.sim import CacheSettings, SchedulerSettings, SimOptions, Simulator
 from tuner.sim.scheduler import Scheduler
 from tuner.sim.request import SimRequest
 from tuner.sim.spec_decode import from_vllm_config, parse_acceptance, rates_from_length
+from tuner.sim.spec_update import SpecDecodeState
 
 
 def _spec(k: int, acceptance: str, method: str = "ngram"):  # type: ignore[no-untyped-def]
@@ -56,7 +57,15 @@ def test_bad_acceptance_is_refused(text: str) -> None:
     ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
     ({"method": "ngram", "num_speculative_tokens": 2, "bogus": 1}, "bogus"),
     ({"method": "mtp", "num_speculative_tokens": 2,
-      "num_speculative_tokens_per_batch_size": [[1, 8, 2]]}, "per_batch_size"),
+      "num_speculative_tokens_per_batch_size": [[2, 8, 2]]}, "must start at 1"),
+    ({"method": "mtp", "num_speculative_tokens": 2,
+      "num_speculative_tokens_per_batch_size": [[1, 8, 2], [8, 9, 1]]}, "overlap"),
+    ({"method": "mtp", "num_speculative_tokens": 2,
+      "num_speculative_tokens_per_batch_size": [[1, 8]]}, r"per_batch_size\[0\]"),
+    ({"method": "mtp", "num_speculative_tokens": 2,
+      "num_speculative_tokens_per_batch_size": [[1, 8, -1]]}, "must be >= 0"),
+    ({"method": "mtp", "num_speculative_tokens": 2, "parallel_drafting": True},
+     "parallel_drafting"),
     ('{"method": "mtp", ', "not JSON"),
     ('[1]', "JSON object"),
 ])
@@ -168,3 +177,46 @@ def test_preemption_drops_the_drafts() -> None:
     sim, result = _replay(reqs, _spec(3, "0.7,0.5,0.3", "eagle3"), blocks=12)
     assert result.counters["preemptions"] > 0
     assert all(r.status == "finished" and r.output_len == 40 for r in result.requests)
+
+
+# ----------------------------------------------------------------- per-batch-size k
+def _dynamic(k: int, schedule: list[list[int]], acceptance: str = "1",
+             method: str = "ngram"):  # type: ignore[no-untyped-def]
+    return from_vllm_config({"method": method, "num_speculative_tokens": k,
+                             "num_speculative_tokens_per_batch_size": schedule}, acceptance)
+
+
+def test_per_batch_size_k_matches_vllms_dense_lookup() -> None:
+    """``build_dynamic_sd_schedule_lookup`` (v1/spec_decode/dynamic/utils.py): a gap and
+    the tail carry the previous range's k, every k capped by num_speculative_tokens."""
+    sd = _dynamic(3, [[1, 2, 5], [5, 6, 1], [9, 9, 0]])
+    assert sd.k_lookup(12) == [3, 3, 3, 3, 3, 1, 1, 1, 1, 0, 0, 0, 0]
+    assert sd.k_for_batch(0) == 3 and "per batch size 1-2: 3, 5-6: 1, 9-9: 0" in sd.describe()
+    assert _spec(2, "1").k_lookup(4) is None
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_per_batch_size_k_follows_the_steps_batch(async_scheduling: bool) -> None:
+    """k = 3 for one request, 1 from two: a lone request verifies 3 drafts per step; once
+    a second one runs, each gets 1 (sync: the drafter's k of the step that ran; async:
+    the placeholders of the step scheduled)."""
+    sd = _dynamic(3, [[1, 1, 3], [2, 16, 1]])
+    sim, result = _replay([_req("a", 20, 40), _req("b", 20, 40, arrival=0.035)], sd,
+                          async_scheduling=async_scheduling)
+    spec = [s for s in result.steps if len(s.num_scheduled_tokens) == 1
+            and s.num_scheduled_tokens.get("a") == 4]
+    both = [s for s in result.steps if s.num_scheduled_tokens.get("a") == 2
+            and s.num_scheduled_tokens.get("b") == 2]
+    assert spec and both, _scheduled(result)
+    c = result.counters  # verifies of 3 and of 1 draft
+    assert c["spec_num_drafts"] < c["spec_num_draft_tokens"] < 3 * c["spec_num_drafts"]
+    assert all(r.status == "finished" and r.output_len == 40 for r in result.requests)
+
+
+def test_per_batch_size_turns_the_padding_off() -> None:
+    """vLLM pads a full-hit admission to 1 + k only with a fixed k (scheduler.py:1312)."""
+    sd = _dynamic(3, [[1, 16, 3]])
+    assert SpecDecodeState(sd, 4096, 16).pad(10, 100) == 1
+    fixed = SpecDecodeState(_spec(3, "1"), 4096)
+    fixed._running_scheduled = True
+    assert fixed.pad(10, 100) == 4

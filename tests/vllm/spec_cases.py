@@ -6,7 +6,9 @@ Each case is small and aimed at one rule (tuner/sim/spec_update.py): k = 1, 3, 5
 acceptance 0 (every draft rejected, computed tokens rolled back) and 1 (every burst
 complete); bursts that end a request mid-burst (``max_tokens`` inside the accepted
 tokens); lookahead slots (eagle3) with KV pressure and preemption; a burst completing a
-block a follower then hits; PR #54625's eviction scenario with drafts.
+block a follower then hits; PR #54625's eviction scenario with drafts; a per-batch-size
+k (``num_speculative_tokens_per_batch_size``, with a gap between ranges) on chat and on
+agentic traffic under KV pressure.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ def _blocks(tag: int, n: int) -> tuple[int, ...]:
     return tuple(tag * 1000 + i for i in range(n))
 
 
-def spec(method: str, k: int, acceptance: str):  # type: ignore[no-untyped-def]
-    return from_vllm_config({"method": method, "num_speculative_tokens": k}, acceptance,
-                            seed=7)
+def spec(method: str, k: int, acceptance: str,  # type: ignore[no-untyped-def]
+         per_batch: list[list[int]] | None = None):
+    extra = {} if per_batch is None else {"num_speculative_tokens_per_batch_size": per_batch}
+    return from_vllm_config({"method": method, "num_speculative_tokens": k, **extra},
+                            acceptance, seed=7)
 
 
 def mid_burst_requests() -> list[TraceRequest]:
@@ -75,7 +79,9 @@ def cases(version: str = "0.33") -> list[ParityCase]:
                 # vLLM's V1 runner has no async scheduling with n-gram drafts
                 # (config/vllm.py:1651-1683): the async twin of the case drafts with MTP
                 sd = spec("mtp", sd.num_speculative_tokens,  # type: ignore[attr-defined]
-                          ",".join(map(str, sd.acceptance)))  # type: ignore[attr-defined]
+                          ",".join(map(str, sd.acceptance)),  # type: ignore[attr-defined]
+                          sd.vllm_config.get(  # type: ignore[attr-defined]
+                              "num_speculative_tokens_per_batch_size"))
             opts = SimOptions(async_scheduling=mode, speculative=sd)
             tgt = target(blocks, async_scheduling=mode)
             out.append(ParityCase(f"{name}-{tag}", trace, settings, tgt, options=opts,
@@ -98,4 +104,9 @@ def cases(version: str = "0.33") -> list[ParityCase]:
              spec("eagle3", 3, "0.7,0.5,0.3"))
         case("eagle3-agentic-k4", agentic_trace(), pressure, 200,
              spec("eagle3", 4, "2.5"))
+        # num_speculative_tokens_per_batch_size: each step's k by its batch (no padding)
+        case("dynamic-chat-k3", chat_trace(), chat, 600,
+             spec("ngram", 3, "0.8,0.6,0.45", [[1, 1, 3], [3, 3, 2], [4, 1024, 1]]))
+        case("dynamic-eagle3-agentic-k4", agentic_trace(), pressure, 200,
+             spec("eagle3", 4, "0.8,0.6,0.45,0.3", [[1, 2, 4], [4, 5, 2], [6, 64, 1]]))
     return out

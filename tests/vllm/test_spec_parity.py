@@ -72,3 +72,8 @@ def test_spec_case_exercised(name: str) -> None:
         assert next(r.num_cached_tokens for r in vllm.requests if r.request_id == "B") == 64
     if "pressure" in name or "agentic" in name:
         assert c["preemptions"] > 0
+    if name.startswith("dynamic"):
+        # the k followed the batch: verifies of k drafts and of fewer
+        assert c["spec_num_drafts"] < drafts < k * c["spec_num_drafts"]
+        spec = next(c for c in cases() if c.name == name).options.speculative
+        assert len({spec.k_for_batch(len(s)) for s in steps if s}) == 3  # every range

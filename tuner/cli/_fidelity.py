@@ -61,7 +61,7 @@ def fidelity_command(trace: str, vllm_python: str | None, target_flags: TargetFl
 
     python = vllm_compat.find_vllm_python(vllm_python, "core")
     target = target_flags.target()
-    speculative = spec_flags.build()  # drafts fed to vLLM's scheduler from the same draw
+    speculative = spec_flags.build(trace)  # drafts fed to vLLM's scheduler from the same draw
     load = make_load(speedup, concurrency)
     resolved = resolve_target(target)
     settings = replay.parse_settings(assignments, resolved.default_settings)

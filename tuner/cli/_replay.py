@@ -300,7 +300,7 @@ def replay_command(trace: str, backend: str, target_flags: TargetFlags,
         raise ConfigError(f"--measure-to ({measure_to}) must be greater than --measure-from "
                           f"({measure_from})")
     target = target_flags.target()
-    speculative = spec_flags.build()
+    speculative = spec_flags.build(trace)
     load = make_load(speedup, concurrency)
     router = router_flags.settings(target)
     settings = replay.parse_settings(assignments, resolve_target(target).default_settings)

@@ -3,8 +3,9 @@ that model a deployment (docs/speculative-decoding.md).
 
 The command gets one ``speculative`` parameter: a ``tuner.sim.spec_decode.SpecDecoding``
 or None (off). The acceptance is ``--spec-acceptance`` (rates, a mean acceptance length,
-or a vLLM server log whose last ``SpecDecoding metrics`` line gives it), else the
-config's own ``synthetic_acceptance_*``, else the method's published default.
+or a vLLM server log / ``/metrics`` scrape, ``tuner.trace.spec_acceptance``), else the
+config's own ``synthetic_acceptance_*``, else what the trace's metadata measured
+(``tuner ingest --spec-metrics``), else the method's published default.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ SPEC_HELP = ("vLLM's --speculative-config JSON, e.g. '{\"method\": \"mtp\", "
              "\"num_speculative_tokens\": 3}' (methods: mtp, eagle, eagle3, ngram) "
              "[default: no speculative decoding].")
 ACCEPTANCE_HELP = ("Per-position acceptance rates P(accepted >= i) (0.8,0.6,0.45), a mean "
-                   "acceptance length (2.4), or a vLLM server log file: its last "
-                   "'SpecDecoding metrics' line [default: the config's synthetic_acceptance_*, "
-                   "else the method's published default (mtp only)].")
+                   "acceptance length (2.4), or a file: a vLLM server log (its 'SpecDecoding "
+                   "metrics' lines, summed) or a /metrics scrape [default: the config's "
+                   "synthetic_acceptance_*, else the trace's measured acceptance (ingest "
+                   "--spec-metrics), else the method's published default (mtp only)].")
 
 
 @dataclass(frozen=True)
@@ -36,8 +38,10 @@ class SpecFlags:
     acceptance: str | None = None  # --spec-acceptance
     seed: int = 0  # --spec-seed
 
-    def build(self) -> Any:
-        return build_spec(self.config, self.acceptance, self.seed)
+    def build(self, trace: Any = None) -> Any:
+        """The ``SpecDecoding`` (None: off); ``trace`` (a path) may hold the measured
+        acceptance in its metadata (``tuner ingest --spec-metrics``)."""
+        return build_spec(self.config, self.acceptance, self.seed, trace=trace)
 
 
 def spec_options(func):  # type: ignore[no-untyped-def]
@@ -61,19 +65,32 @@ def spec_options(func):  # type: ignore[no-untyped-def]
     return with_spec
 
 
-def build_spec(config: str | None, acceptance: str | None, seed: int = 0) -> Any:
-    """The ``SpecDecoding`` of the flags, or None; bad input is a one-line ConfigError."""
+def build_spec(config: str | None, acceptance: str | None, seed: int = 0, *,
+               trace: Any = None) -> Any:
+    """The ``SpecDecoding`` of the flags, or None; bad input is a one-line error.
+
+    The acceptance, first given wins: ``--spec-acceptance`` (rates, a length, or a file:
+    a server log or a /metrics scrape, ``tuner.trace.spec_acceptance``), the config's
+    ``synthetic_acceptance_*``, the trace's measured one (its metadata), the method's
+    published default."""
     from tuner.perf.spec_decode import default_acceptance
-    from tuner.sim.spec_decode import from_vllm_config, parse_server_log
+    from tuner.sim.spec_decode import from_vllm_config
+    from tuner.trace.spec_acceptance import read_spec_acceptance, trace_spec_acceptance
 
     if config is None:
         if acceptance is not None:
             raise ConfigError("--spec-acceptance needs --speculative-config")
         return None
     if acceptance is not None and os.path.isfile(acceptance):
-        with open(acceptance, encoding="utf-8", errors="replace") as f:
-            acceptance = parse_server_log(f.read(), acceptance)
-    return from_vllm_config(config, acceptance, seed=seed, default_rates=default_acceptance)
+        acceptance = read_spec_acceptance([acceptance]).acceptance_text()
+    spec = from_vllm_config(config, acceptance, seed=seed, default_rates=default_acceptance)
+    synthetic = any(k in spec.vllm_config for k in ("synthetic_acceptance_rates",
+                                                    "synthetic_acceptance_length"))
+    if acceptance is None and not synthetic and trace is not None:
+        measured = trace_spec_acceptance(trace)
+        if measured is not None:
+            spec = from_vllm_config(config, measured.acceptance_text(), seed=seed)
+    return spec
 
 
 def spec_lines(counters: dict[str, float], num_output_tokens: int) -> list[str]:

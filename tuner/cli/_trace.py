@@ -50,11 +50,16 @@ DURATION = Duration()
 @click.option("--output-len", type=click.IntRange(min=1), default=None,
               help="vllm-log: output length of requests whose log holds no output "
                    "[default: their logged max_tokens, an upper bound].")
+@click.option("--spec-metrics", "spec_metrics", multiple=True, type=click.Path(dir_okay=False),
+              metavar="FILE",
+              help="A vLLM server log (its 'SpecDecoding metrics' lines, summed) or one or "
+                   "two /metrics scrapes (before, after): the measured speculative-decoding "
+                   "acceptance, stored in the trace for replays without --spec-acceptance.")
 @click.option("--json", "as_json", is_flag=True, help="Print the ingest report as JSON.")
 @handle_errors
 def ingest_cmd(sources: tuple[str, ...], output: str, fmt: str, hash_block_size: int | None,
                salt_file: str | None, tokenizer: str | None, on_error: str,
-               output_len: int | None, as_json: bool) -> None:
+               output_len: int | None, spec_metrics: tuple[str, ...], as_json: bool) -> None:
     """Ingest request logs into a canonical Parquet trace (salted block hashes, no text).
 
     Formats: mooncake, bailian, vllm-log, openai-jsonl, azure-csv, burstgpt-csv; gzip and
@@ -65,6 +70,7 @@ def ingest_cmd(sources: tuple[str, ...], output: str, fmt: str, hash_block_size:
     Example:
       tuner ingest traces/mooncake_synthetic.jsonl -o mooncake.parquet
       tuner ingest vllm-*.log.gz -o trace.parquet --salt-file ~/.tuner-salt --on-error skip
+      tuner ingest requests.jsonl -o trace.parquet --spec-metrics vllm-server.log
     """
     from tuner.cli._progress import progress_display
     from tuner.trace import ingest
@@ -72,7 +78,8 @@ def ingest_cmd(sources: tuple[str, ...], output: str, fmt: str, hash_block_size:
     with progress_display(False if as_json else None) as shown:
         report = ingest(list(sources), output, format=fmt, hash_block_size=hash_block_size,
                         salt=salt_file, tokenizer=tokenizer, on_error=on_error,  # type: ignore[arg-type]
-                        progress=shown, output_len=output_len)
+                        progress=shown, output_len=output_len,
+                        spec_metrics=list(spec_metrics) or None)
     for warning in report.warnings:
         click.echo(f"Warning: {warning}", err=True)
     if report.output_len_filled:

@@ -13,6 +13,7 @@ from tuner.cli._common import echo_json, handle_errors
 from tuner.cli._progress import progress_display
 from tuner.cli._serve import server_options
 from tuner.cli._replay import RouterFlags, TargetFlags, router_options, target_options
+from tuner.cli._spec import spec_options
 from tuner.errors import ConfigError
 
 METRICS_HELP = (
@@ -98,7 +99,7 @@ def search_options(func):  # type: ignore[no-untyped-def]
         click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
         click.option("--progress/--no-progress", default=None,
                      help="Progress bars [default: on when stderr is a terminal]."),
-    ] + robust_flags()
+    ] + robust_flags() + spec_search_flags()
     for opt in reversed(opts):
         func = opt(func)
     return func
@@ -122,6 +123,18 @@ def robust_flags() -> list[Any]:
                      type=click.FloatRange(0, 1, min_open=True), default=DEFAULT_SHARE,
                      show_default=True,
                      help="Share of the clock variants in which the advantage must hold."),
+    ]
+
+
+def spec_search_flags() -> list[Any]:
+    """Speculative decoding in the search (``tuner.tune.spec_space``); the config itself is
+    ``--speculative-config`` (``tuner.cli._spec.spec_options``)."""
+    return [
+        click.option("--spec-tokens", "spec_tokens", default=None, metavar="K[,K...]",
+                     help="Search num_speculative_tokens over these values (0 = speculative "
+                          "decoding off), e.g. 0,1,2,3; needs --speculative-config (the "
+                          "drafter and its acceptance; its k is the baseline's) "
+                          "[default: k held at the config's]."),
     ]
 
 
@@ -154,6 +167,7 @@ def _run_tune(trace: str, output: str, kw: dict[str, Any], flags: TargetFlags,
     from tuner.profile.recommend import summary_lines, tune_to_profile
     from tuner.tune.options import DeploymentSearch, SearchOptions, StudyOutput, TuneInputs
     from tuner.tune.select import PickRule
+    from tuner.tune.spec_space import parse_spec_tokens
 
     ttft = kw["ttft_tolerance"]
     rule = PickRule(prefer=kw["prefer"], tolerance=kw["throughput_tolerance"] / 100.0,
@@ -161,11 +175,13 @@ def _run_tune(trace: str, output: str, kw: dict[str, Any], flags: TargetFlags,
     _check_journal_is_not_output(output, kw["storage"])
     target = flags.target()
     inputs = TuneInputs(trace, target=target, backend=kw["backend"], holdout=kw["holdout"],
-                        stage1_fraction=kw["stage1_fraction"], slo=kw["slo"])
+                        stage1_fraction=kw["stage1_fraction"], slo=kw["slo"],
+                        speculative=kw["spec_flags"].build(trace))
     search = SearchOptions(space=kw["space"], objectives=_split(kw["objectives"]),
                            constraints=_split(kw["constraints"]) or (), n_trials=kw["trials"],
                            n_survivors=kw["survivors"], prefer=rule, seed=kw["seed"],
-                           robust=robust_options(kw))
+                           robust=robust_options(kw),
+                           spec_tokens=parse_spec_tokens(kw["spec_tokens"]))
     # the baseline's router (--router and its parameters), as the replay takes it
     deployment = DeploymentSearch(router=router_flags.settings(target),
                                   gpu_budget=kw["gpu_budget"], routers=_split(kw["routers"]))
@@ -237,6 +253,7 @@ def _confirm_top(profile: Any, trace: str, top_k: int, server_kw: dict[str, Any]
 @click.command(name="tune", epilog=METRICS_HELP)
 @click.argument("trace", type=click.Path(exists=True), required=False)
 @target_options
+@spec_options
 @router_options
 @search_options
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
@@ -324,6 +341,7 @@ def _check_journal_is_not_output(output: str, storage: str | None) -> None:
 @click.option("--format", "log_format", default="auto", show_default=True,
               help="Log format (as `tuner ingest --format`).")
 @target_options
+@spec_options
 @router_options
 @search_options
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,

@@ -62,6 +62,10 @@ class RetuneConfig:
     calibration: str = "none"
     metrics: list[pathlib.Path] = field(default_factory=list)  # 1 or 2 files (see docs)
     served_model_name: str | None = None  # the model_name label the metrics carry
+    #: ``speculative:`` (docs/retune.md): the deployment's ``--speculative-config`` as a
+    #: ``tuner.sim.spec_decode.SpecDecoding`` (None: off), and the k values searched
+    speculative: Any = None
+    spec_tokens: tuple[int, ...] | None = None
 
     @property
     def window_dir(self) -> pathlib.Path:
@@ -86,7 +90,7 @@ _KNOWN = {"sources", "state_dir", "profile", "profiles_dir", "window", "target",
           "decide_on", "margin", "confidence", "bootstrap_samples", "drift_threshold",
           "min_requests", "storage", "on_publish", "seed", "salt", "hash_block_size",
           "on_error", "robust", "clock_variants", "robust_share", "calibration", "metrics",
-          "served_model_name"}
+          "served_model_name", "speculative"}
 
 
 def load_config(path: str | pathlib.Path) -> RetuneConfig:
@@ -170,11 +174,54 @@ def load_config(path: str | pathlib.Path) -> RetuneConfig:
     if cfg.calibration == "metrics" and not cfg.metrics:
         raise ConfigError(f"{loaded.where('calibration')}: calibration: metrics needs the "
                           "`metrics:` key (the files the server's /metrics are exported to)")
+    if raw.get("speculative") is not None:
+        cfg.speculative, cfg.spec_tokens = _speculative(raw["speculative"], loaded, rel)
     try:
         check_objectives(cfg.decide_on)
     except ConfigError as exc:
         raise ConfigError(f"{p}: {exc}") from None
     return cfg
+
+
+def _speculative(raw: Any, loaded: Any, rel: Any) -> tuple[Any, tuple[int, ...] | None]:
+    """``speculative: {config: {...} | JSON, acceptance: RATES|LENGTH|LOG, seed: N,
+    tokens: [0, 1, 2]}``, checked as ``tune --speculative-config --spec-acceptance
+    --spec-seed --spec-tokens`` check them (an acceptance naming a file reads a server
+    log's ``SpecDecoding metrics`` lines or a /metrics scrape, the path relative to the
+    config)."""
+    from tuner.perf.spec_decode import default_acceptance
+    from tuner.errors import TunerError
+    from tuner.sim.spec_decode import from_vllm_config
+    from tuner.trace.spec_acceptance import read_spec_acceptance
+    from tuner.tune.spec_space import parse_spec_tokens
+
+    where = loaded.where("speculative")
+    if not isinstance(raw, dict) or raw.get("config") is None:
+        raise ConfigError(f"{where}: expected a mapping with 'config' (vLLM's "
+                          "--speculative-config object) and optional acceptance, seed, tokens")
+    unknown = sorted(set(raw) - {"config", "acceptance", "seed", "tokens"})
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; use config, "
+                          "acceptance, seed, tokens")
+    acceptance = raw.get("acceptance")
+    try:
+        if acceptance is not None:
+            acceptance = str(acceptance)
+            if rel(acceptance).is_file():
+                acceptance = read_spec_acceptance([rel(acceptance)]).acceptance_text()
+        seed = _typed(loaded.where("speculative", "seed"), raw.get("seed", 0), int)
+        spec = from_vllm_config(raw["config"], acceptance, seed=seed,
+                                default_rates=default_acceptance, where=f"{where}.config")
+        tokens = raw.get("tokens")
+        if tokens is not None:
+            if not isinstance(tokens, list):
+                raise ConfigError("tokens: a list of num_speculative_tokens values, e.g. "
+                                  "[0, 1, 2, 3]")
+            tokens = parse_spec_tokens(",".join(str(t) for t in tokens))
+    except TunerError as exc:
+        text = str(exc)
+        raise ConfigError(text if text.startswith(where) else f"{where}: {text}") from None
+    return spec, tokens
 
 
 def check_runnable(cfg: RetuneConfig) -> None:

@@ -212,6 +212,20 @@ def _canonical(target: dict[str, Any]) -> str:
     return json.dumps(target, sort_keys=True, default=str)
 
 
+def profile_options(profile: Any, default: Any) -> Any:
+    """``SimOptions`` with the speculative decoding ``profile`` deploys (its
+    ``target.speculative``; no profile: ``default``, the config's)."""
+    from tuner.sim.settings import SimOptions
+    from tuner.sim.spec_decode import SpecDecoding
+
+    if profile is None:
+        spec = default
+    else:
+        raw = profile.target.speculative
+        spec = None if raw is None else SpecDecoding.from_dict(raw)
+    return SimOptions(speculative=spec)
+
+
 def _load_current(history: ProfileHistory):  # type: ignore[no-untyped-def]
     from tuner.profile import load_profile
 
@@ -229,14 +243,16 @@ def _tune(config: RetuneConfig, window_path: pathlib.Path, run_id: str,
 
     target, calibration = calibrated_target(config, window_path)
     inputs = TuneInputs(str(window_path), target=target, holdout=config.holdout,
-                        stage1_fraction=config.stage1_fraction)
+                        stage1_fraction=config.stage1_fraction,
+                        speculative=config.speculative)
     search = SearchOptions(space=config.space, objectives=config.objectives,
                            constraints=config.constraints, n_trials=config.trials,
                            seed=config.seed, prefer=config.prefer,
                            warm_start=None if full else warm_start_from(history.current_path()),
                            robust=RobustOptions(enabled=config.robust == "on",
                                                 variants=config.clock_variants,
-                                                share=config.robust_share, seed=config.seed))
+                                                share=config.robust_share, seed=config.seed),
+                           spec_tokens=config.spec_tokens)
     result, candidate = tuned_profile(
         config.profile, inputs, search,
         study=StudyOutput(storage=config.storage_url, study_name=f"{config.profile}-{run_id}",
@@ -296,15 +312,18 @@ def _evaluate(config: RetuneConfig, window: Any, current: Any,
     out: dict[str, Any] = {"current": "vLLM defaults" if current is None else "current profile",
                            "confidence": config.confidence, "margin": config.margin}
     slices: dict[str, list[Any]] = {}
+    # each with the drafts it deploys (the current one without a profile: the config's)
+    cur_opts, cand_opts = (profile_options(p, config.speculative) for p in (current, candidate))
     for where, trace in (("window", window), ("holdout", held)):
-        a = run(trace, cur_settings, target=target)
-        b = run(trace, candidate.scheduler, target=target)
+        a = run(trace, cur_settings, target=target, options=cur_opts)
+        b = run(trace, candidate.scheduler, target=target, options=cand_opts)
         comps = compare_replays(a, b, config.decide_on, confidence=config.confidence,
                                 n_boot=config.bootstrap_samples, seed=config.seed,
                                 num_gpus=target.num_gpus)
         slices[where] = comps
         out[where] = {"requests": len(trace), **{c.objective: c.to_dict() for c in comps}}
-    same = cur_settings is not None and cur_settings.to_dict() == candidate.scheduler.to_dict()
+    same = (cur_settings is not None and cur_settings.to_dict() == candidate.scheduler.to_dict()
+            and cur_opts == cand_opts)
     decision, reason = decide(slices["window"], slices["holdout"], margin=config.margin,
                               same_settings=same)
     return out, decision, reason

@@ -108,6 +108,10 @@ class Deployment:
     #: The router's settings; None where nothing is routed. Fields its policy does not read
     #: are reset to their defaults, so two deployments that route alike compare equal.
     router: RouterSettings | None = None
+    #: drafts per request per step where the study searches ``num_speculative_tokens``
+    #: (``tuner.tune.spec_space``): 0 = speculative decoding off; None = the study's own
+    #: ``--speculative-config`` (or none), recorded nowhere so older records stay the same
+    num_speculative_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.router is None:
@@ -130,6 +134,9 @@ class Deployment:
             params = ", ".join(f"{k} {v}" for k, v in self.router.to_dict().items()
                                if k != "policy")
             text += f", router {self.router.policy}" + (f" ({params})" if params else "")
+        if self.num_speculative_tokens is not None:
+            k = self.num_speculative_tokens
+            text += f", num_speculative_tokens {k}" if k else ", no speculative decoding"
         return text
 
     def to_dict(self) -> dict[str, Any]:
@@ -137,14 +144,17 @@ class Deployment:
         s = self.split
         return {"tp": s.tp, "dp": s.dp, "replicas": s.replicas,
                 "enable_expert_parallel": s.enable_expert_parallel,
-                "router": None if self.router is None else self.router.to_dict()}
+                "router": None if self.router is None else self.router.to_dict(),
+                **({} if self.num_speculative_tokens is None
+                   else {"num_speculative_tokens": self.num_speculative_tokens})}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, where: str = "deployment") -> "Deployment":
         """Read :meth:`to_dict`'s form back; a bad field raises a one-line ConfigError."""
         if not isinstance(data, dict):
             raise ConfigError(f"{where}: must be a mapping (tp, dp, replicas, ...)")
-        unknown = set(data) - {"tp", "dp", "replicas", "enable_expert_parallel", "router"}
+        unknown = set(data) - {"tp", "dp", "replicas", "enable_expert_parallel", "router",
+                               "num_speculative_tokens"}
         if unknown:
             raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown field; known: tp, dp, "
                               "replicas, enable_expert_parallel, router")
@@ -159,6 +169,10 @@ class Deployment:
         if raw is not None and not isinstance(raw, dict):
             raise ConfigError(f"{where}.router: must be a mapping with a 'policy' key or null")
         split = Split(data.get("tp", 1), data.get("dp", 1), data.get("replicas", 1), ep)
+        k = data.get("num_speculative_tokens")
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+            raise ConfigError(f"{where}.num_speculative_tokens: must be an integer >= 0 "
+                              f"(got {k!r})")
         try:
             if raw is not None and not routes(split.replicas, split.dp, raw.get("policy")):
                 raise ConfigError("router: a router needs replicas > 1 (or, for prefix-aware, "
@@ -167,7 +181,7 @@ class Deployment:
                 router = None if raw is None else router_settings(raw)
             except ConfigError as exc:
                 raise ConfigError(f"router.{exc}") from None
-            return cls(split, router)
+            return cls(split, router, k)
         except ConfigError as exc:
             raise ConfigError(f"{where}.{exc}") from None
 

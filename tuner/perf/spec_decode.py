@@ -42,6 +42,7 @@ from typing import Any
 from tuner.errors import ConfigError
 from tuner.perf.step_time import StepTimeModel
 from tuner.sim.batch import StepBatch
+from tuner.sim.spec_decode import METHODS as METHODS_WITH_LAYERS
 from tuner.sim.spec_decode import SpecDecoding
 
 #: CPU seconds of one request's n-gram lookup (a KMP match of the last 1-4 tokens over
@@ -87,6 +88,8 @@ class SpecDecodeStepTime(StepTimeModel):
         self._sample = float(getattr(base, "_sample", 0.0))
         self._launch_saving = max(0.0, float(getattr(base, "_gpu_mixed", 0.0))
                                   - float(getattr(base, "_gpu_decode", 0.0)))
+        if spec.per_batch_size:  # dynamic k: vLLM runs PIECEWISE graphs (config/vllm.py:1069-1086)
+            self._launch_saving = 0.0
         self._gpu_drafter = spec.method != "ngram"
 
     # ------------------------------------------------------------- parts
@@ -110,17 +113,18 @@ class SpecDecodeStepTime(StepTimeModel):
     def drafter_s(self, batch: StepBatch) -> float:
         """GPU seconds of the drafts proposed after this step (none for n-gram)."""
         reqs = batch.num_prefill_reqs + batch.num_decode_reqs
-        if not self._gpu_drafter or reqs <= 0 or not self._per_layer:
+        k = self.spec.k_for_batch(reqs) if self.spec.per_batch_size else self.k
+        if not self._gpu_drafter or reqs <= 0 or not self._per_layer or not k:
             return 0.0
         base = self.base
         first = (base.step_time_s(batch) - base.cpu_s(batch)) * self._per_layer
         rest = 0.0
-        if self.k > 1:
+        if k > 1:
             ctx = (batch.decode_ctx_tokens + batch.prefill_ctx_tokens
                    + batch.num_prefill_tokens)
             one = StepBatch(num_decode_reqs=reqs, decode_ctx_tokens=ctx)
-            rest = (self.k - 1) * (base.step_time_s(one) - base.cpu_s(one)) * self._per_layer
-        return first + rest + self.k * self._lm_s(reqs)
+            rest = (k - 1) * (base.step_time_s(one) - base.cpu_s(one)) * self._per_layer
+        return first + rest + k * self._lm_s(reqs)
 
     def drafter_cpu_s(self, batch: StepBatch) -> float:
         if self._gpu_drafter:
@@ -159,15 +163,62 @@ def with_spec_decode(step_time: StepTimeModel, spec: SpecDecoding | None) -> Ste
     return SpecDecodeStepTime(step_time, spec)
 
 
+#: Decoder layers of a drafter with its own forward pass: DeepSeek-V3's MTP module is one
+#: (``num_nextn_predict_layers`` = 1, arXiv 2412.19437 §2.2), an EAGLE / EAGLE-3 head one
+#: (arXiv 2503.01840 §3).
+DRAFTER_LAYERS = 1
+
+
+def with_drafter_kv(resolved: Any, spec: SpecDecoding) -> Any:
+    """``resolved`` with the KV blocks left after the drafter's own layer.
+
+    vLLM gives a drafter with attention layers of its own (eagle, eagle3, mtp:
+    ``SpeculativeConfig.uses_draft_kv_cache``, config/speculative.py:2172) KV in the same
+    cache, so every block holds one more layer's K and V, and the drafter's weights come
+    out of the memory before the KV cache is sized. Priced as one more layer of the
+    target's KV shape and one target layer's share of the weights (an upper bound for a
+    dense EAGLE head on an MoE target). A ``--num-gpu-blocks`` override (``capacity`` None)
+    is taken as given, as vLLM takes ``num_gpu_blocks_override``.
+
+    Raises:
+        ConfigError: the smaller cache no longer holds ``max_model_len`` (vLLM refuses to
+            start there too).
+    """
+    capacity = getattr(resolved, "capacity", None)
+    layers = int(getattr(resolved.model, "num_layers", 0) or 0)
+    if capacity is None or not METHODS_WITH_LAYERS.get(spec.method) or layers <= 0:
+        return resolved
+    per_block = capacity.bytes_per_block * (layers + DRAFTER_LAYERS) / layers
+    kv_bytes = capacity.kv_bytes - capacity.weight_bytes * DRAFTER_LAYERS / layers
+    blocks = int(kv_bytes // per_block) if kv_bytes > 0 else 0
+    cache = resolved.cache
+    if (blocks - 1) * cache.block_size < cache.max_model_len:
+        raise ConfigError(f"{spec.method} drafts: its layer's weights and KV leave "
+                          f"{max(0, blocks - 1) * cache.block_size:,} KV tokens per engine, "
+                          f"fewer than max_model_len={cache.max_model_len}; pass a smaller "
+                          "--max-model-len or a larger --tp")
+    capacity = dataclasses.replace(capacity, num_gpu_blocks=blocks, bytes_per_block=per_block,
+                                   kv_bytes=kv_bytes)
+    return dataclasses.replace(resolved, capacity=capacity,
+                               cache=dataclasses.replace(cache, num_gpu_blocks=blocks))
+
+
 def spec_deployment(resolved: Any, options: Any) -> tuple[Any, Any]:
     """A resolved target and twin options for ``options.speculative``: the scheduling mode
     vLLM 0.33.0 resolves with this drafter (n-gram: no async scheduling on the V1 model
-    runner, ``tuner.vllm_compat``) and the step-time model priced for verifies."""
+    runner, ``tuner.vllm_compat``), the KV blocks left after the drafter's own layer
+    (:func:`with_drafter_kv`) and the step-time model priced for verifies."""
     from tuner.vllm_compat import resolve_async_scheduling
 
     spec = options.speculative
+    if spec.per_batch_size and resolved.target.dp > 1:
+        # vLLM turns the per-batch-size k off with DP ranks (they could pick different
+        # k and deadlock) and runs the fixed k (config/vllm.py:1111-1127)
+        spec = dataclasses.replace(spec, per_batch_size=())
+        options = dataclasses.replace(options, speculative=spec)
     mode = resolve_async_scheduling(resolved.target.async_scheduling,
                                     platform=resolved.hardware.vllm_platform,
                                     spec_method=spec.method)
+    resolved = with_drafter_kv(resolved, spec)
     resolved = dataclasses.replace(resolved, step_time=with_spec_decode(resolved.step_time, spec))
     return resolved, dataclasses.replace(options, async_scheduling=mode)

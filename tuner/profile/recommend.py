@@ -196,6 +196,8 @@ def summary_lines(run: TunedProfile) -> list[str]:
                          for p in (result.baseline, sel.point))
         lines.append(f"deployment: {before} -> {after}" if before != after
                      else f"deployment: {after} (the baseline's)")
+    if result.spec_gain is not None:
+        lines.append(result.spec_gain.line())
     lines.append(f"rule: {sel.rule}")
     for skipped in sel.skipped:
         lines.append(f"  not picked: {skipped}")

@@ -146,7 +146,8 @@ class Scheduler:
             raise ConfigError("speculative decoding with a CPU KV tier (--kv-offloading-size) "
                               "is not modelled yet: replay one or the other")
         if self.options.speculative is not None:
-            self.spec = SpecDecodeState(self.options.speculative, cache.max_model_len)
+            self.spec = SpecDecodeState(self.options.speculative, cache.max_model_len,
+                                        self.settings.max_num_seqs)
             self.kv_cache_manager.num_lookahead_tokens = (
                 self.options.speculative.num_lookahead_tokens)
 

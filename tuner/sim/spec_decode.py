@@ -46,10 +46,45 @@ METHODS: dict[str, bool] = {"ngram": False, "eagle": True, "eagle3": True, "mtp"
 _KNOWN_KEYS = {"method", "num_speculative_tokens", "model", "prompt_lookup_max",
                "prompt_lookup_min", "rejection_sample_method", "synthetic_acceptance_rates",
                "synthetic_acceptance_length", "draft_tensor_parallel_size", "quantization",
-               "disable_padded_drafter_batch"}
+               "disable_padded_drafter_batch", "num_speculative_tokens_per_batch_size"}
 #: Keys vLLM has whose scheduling effect the twin does not model yet.
-_UNMODELLED = {"num_speculative_tokens_per_batch_size": "a per-batch-size k",
-               "parallel_drafting": "parallel drafting (extra drafting slots)"}
+_UNMODELLED = {"parallel_drafting": "parallel drafting (extra drafting slots)"}
+
+#: ``num_speculative_tokens_per_batch_size`` normalised: ``(first, last, k)`` inclusive
+#: batch-size ranges, sorted, the first starting at 1 (v1/spec_decode/dynamic/utils.py).
+BatchSchedule = tuple[tuple[int, int, int], ...]
+
+
+def parse_batch_schedule(raw: Any, where: str) -> BatchSchedule:
+    """vLLM's ``validate_and_normalize_dynamic_sd_schedule`` (v1/spec_decode/dynamic/
+    utils.py:7-75): the same checks, as one-line ConfigErrors naming the key."""
+    key = f"{where}: num_speculative_tokens_per_batch_size"
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"{key}: a non-empty list of [range_start, range_end, "
+                          "num_speculative_tokens] entries")
+    entries = []
+    for i, entry in enumerate(raw):
+        if (not isinstance(entry, (list, tuple)) or len(entry) != 3
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in entry)):
+            raise ConfigError(f"{key}[{i}]: expected [range_start, range_end, "
+                              f"num_speculative_tokens] integers, got {entry!r}")
+        start, end, k = entry
+        if start <= 0 or end <= 0 or start > end:
+            raise ConfigError(f"{key}[{i}]: batch-size range ({start}, {end}) must be "
+                              "positive with start <= end")
+        if k < 0:
+            raise ConfigError(f"{key}[{i}]: num_speculative_tokens {k} must be >= 0")
+        entries.append((start, end, k))
+    entries.sort(key=lambda e: e[0])
+    previous_end = 0
+    for start, end, _ in entries:
+        if start <= previous_end:
+            raise ConfigError(f"{key}: batch-size ranges must not overlap")
+        previous_end = end
+    if entries[0][0] != 1:
+        raise ConfigError(f"{key}: the first batch-size range must start at 1 (every batch "
+                          "size needs a k)")
+    return tuple(entries)
 
 
 def rates_from_length(length: float, k: int) -> tuple[float, ...]:
@@ -115,6 +150,32 @@ class SpecDecoding:
     acceptance: tuple[float, ...]  # P(num_accepted >= i) for i = 1..k, non-increasing
     seed: int = 0  # seeds the per-request, per-step acceptance draw
     vllm_config: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    #: ``num_speculative_tokens_per_batch_size`` (dynamic speculative decoding); () = a
+    #: fixed k. Each step's k is :meth:`k_for_batch` of its scheduled requests.
+    per_batch_size: BatchSchedule = ()
+
+    def k_for_batch(self, num_reqs: int) -> int:
+        """The drafts per request of a step that schedules ``num_reqs`` requests
+        (``Scheduler.dynamic_sd_lookup[len(num_scheduled_tokens)]``, scheduler.py:
+        1710-1714): the k of the last range starting at or below ``num_reqs`` (a gap or
+        the tail carries the previous range's k, as ``build_dynamic_sd_schedule_lookup``
+        fills it), at most ``num_speculative_tokens``; the fixed k without a schedule or
+        with nothing scheduled."""
+        if not self.per_batch_size or num_reqs <= 0:
+            return self.num_speculative_tokens
+        k = self.per_batch_size[0][2]
+        for start, _, value in self.per_batch_size:
+            if start > num_reqs:
+                break
+            k = value
+        return min(k, self.num_speculative_tokens)
+
+    def k_lookup(self, max_num_seqs: int) -> list[int] | None:
+        """:meth:`k_for_batch` for batch sizes ``0..max_num_seqs`` (vLLM's dense table;
+        index 0 is unused there), None without a schedule."""
+        if not self.per_batch_size:
+            return None
+        return [self.k_for_batch(n) for n in range(max_num_seqs + 1)]
 
     @property
     def num_lookahead_tokens(self) -> int:
@@ -151,9 +212,32 @@ class SpecDecoding:
         return from_vllm_config(data["speculative_config"], acceptance,
                                 seed=int(data.get("seed", 0)))
 
+    def with_k(self, k: int) -> "SpecDecoding":
+        """The same drafter and acceptance at ``k`` drafts per step (a search point of
+        ``num_speculative_tokens``): the rates cut or continued geometrically
+        (:func:`extend_rates`), the config's ``num_speculative_tokens`` set to ``k`` and
+        its synthetic rates, if it had any, replaced by the new ones."""
+        if k == self.num_speculative_tokens:
+            return self
+        rates = extend_rates(list(self.acceptance), k)
+        config = {key: v for key, v in self.vllm_config.items()
+                  if key not in ("synthetic_acceptance_rates", "synthetic_acceptance_length")}
+        config["num_speculative_tokens"] = k
+        if any(key in self.vllm_config for key in ("synthetic_acceptance_rates",
+                                                   "synthetic_acceptance_length")):
+            config["synthetic_acceptance_rates"] = list(rates)
+        return SpecDecoding(method=self.method, num_speculative_tokens=k, acceptance=rates,
+                            seed=self.seed, vllm_config=config,
+                            per_batch_size=self.per_batch_size)
+
     def describe(self) -> str:
         rates = ",".join(f"{a:.3g}" for a in self.acceptance)
-        return (f"{self.method} k={self.num_speculative_tokens}, acceptance {rates} "
+        dynamic = ""
+        if self.per_batch_size:
+            dynamic = " per batch size " + ", ".join(
+                f"{a}-{b}: {min(k, self.num_speculative_tokens)}"
+                for a, b, k in self.per_batch_size)
+        return (f"{self.method} k={self.num_speculative_tokens}{dynamic}, acceptance {rates} "
                 f"(mean acceptance length {self.mean_acceptance_length:.2f})")
 
 
@@ -196,8 +280,11 @@ def from_vllm_config(config: str | dict[str, Any], acceptance: str | None = None
     else:
         raise ConfigError(f"{where}: no acceptance given (--spec-acceptance, or "
                           "synthetic_acceptance_rates in the config)")
+    schedule: BatchSchedule = ()
+    if data.get("num_speculative_tokens_per_batch_size") is not None:
+        schedule = parse_batch_schedule(data["num_speculative_tokens_per_batch_size"], where)
     return SpecDecoding(method=method, num_speculative_tokens=k, acceptance=rates,
-                        seed=seed, vllm_config=data)
+                        seed=seed, vllm_config=data, per_batch_size=schedule)
 
 
 def _as_object(config: str | dict[str, Any], where: str) -> dict[str, Any]:
@@ -211,26 +298,6 @@ def _as_object(config: str | dict[str, Any], where: str) -> dict[str, Any]:
         raise ConfigError(f"{where}: expected a JSON object like "
                           '{"method": "mtp", "num_speculative_tokens": 3}')
     return data
-
-
-def parse_server_log(text: str, where: str = "log") -> str:
-    """The acceptance of a vLLM server log: its last ``SpecDecoding metrics`` line
-    (v1/spec_decode/metrics.py:121), as ``--spec-acceptance`` text (the per-position
-    rates, else the mean acceptance length)."""
-    import re
-
-    lines = [ln for ln in text.splitlines() if "SpecDecoding metrics" in ln]
-    if not lines:
-        raise ConfigError(f"{where}: no 'SpecDecoding metrics' line (is it a vLLM server "
-                          "log with speculative decoding on?)")
-    last = lines[-1]
-    rates = re.search(r"Per-position acceptance rate: ([0-9., ]+?)(?:,\s*Avg|$)", last)
-    if rates:
-        return rates.group(1).strip().rstrip(",")
-    length = re.search(r"Mean acceptance length: ([0-9.]+)", last)
-    if length:
-        return length.group(1)
-    raise ConfigError(f"{where}: its last 'SpecDecoding metrics' line has no acceptance")
 
 
 def spec_summary(counters: dict[str, float], num_output_tokens: int) -> dict[str, Any]:

@@ -46,10 +46,13 @@ class SpecDecodeState:
     """The scheduler's speculative-decoding collaborator: the rules above and the
     counters vLLM's ``SpecDecodingStats`` keeps."""
 
-    def __init__(self, spec: SpecDecoding, max_model_len: int) -> None:
+    def __init__(self, spec: SpecDecoding, max_model_len: int, max_num_seqs: int = 0) -> None:
         self.spec = spec
         self.k = spec.num_speculative_tokens
         self.max_model_len = max_model_len
+        # num_speculative_tokens_per_batch_size: each step's k by its scheduled requests
+        # (scheduler.py:1710-1714), None for a fixed k; it also turns padding off (1312)
+        self.k_lookup = spec.k_lookup(max_num_seqs)
         # Counters (SpecDecodingStats, summed over the replay).
         self.num_drafts = 0  # verifies: scheduled draft lists whose output came back
         self.num_draft_tokens = 0
@@ -83,7 +86,8 @@ class SpecDecodeState:
         """Tokens of an admission with one token left: ``1 + k`` when vLLM pads it
         (1306-1331), 1 when it does not, 0 when the budget cannot hold the padded step
         (vLLM then stops admitting: "prefer to not schedule than schedule un-padded")."""
-        if self._running_prefill or not (self._running_scheduled or num_computed > 0):
+        if (self._running_prefill or not (self._running_scheduled or num_computed > 0)
+                or self.k_lookup is not None):
             return 1
         padded = 1 + self.k
         if num_computed + padded + 1 > self.max_model_len:
@@ -98,7 +102,7 @@ class SpecDecodeState:
         and ``k`` placeholder drafts per sampling request (async_scheduler.py:24-56)."""
         sampled = out.sampled
         spec = out.spec_tokens or {}
-        k = self.k
+        k = self.k if self.k_lookup is None else self.k_lookup[len(out.individual)]
         for request, n in out.individual:
             request.num_in_flight_tokens += n
             samples = not request.is_prefill_chunk
@@ -130,7 +134,7 @@ class SpecDecodeState:
         """``update_from_output`` + ``update_draft_token_ids`` of a sync step."""
         kvm = scheduler.kv_cache_manager
         spec = out.spec_tokens or {}
-        k = self.k
+        k = self.k if self.k_lookup is None else self.k_lookup[len(out.individual)]
         finished: list[SimRequest] = []
         for request, _ in out.individual:
             if request.num_computed_tokens < request.num_tokens:

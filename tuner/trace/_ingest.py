@@ -74,7 +74,8 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
            output: str | os.PathLike[str], *, format: str = "auto",
            hash_block_size: int | None = None, salt: bytes | str | os.PathLike[str] | None = None,
            tokenizer: str | None = None, on_error: OnError = "fail",
-           progress: Progress | None = None, output_len: int | None = None) -> IngestReport:
+           progress: Progress | None = None, output_len: int | None = None,
+           spec_metrics: Sequence[str | os.PathLike[str]] | None = None) -> IngestReport:
     """Ingest log files into one canonical trace at ``output``.
 
     Args:
@@ -92,6 +93,9 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
         output_len: the output length of every request whose log holds no output
             (vllm-log); default: its logged ``max_tokens``. Filled requests are counted
             in the report (``output_len_filled``), never silently 0.
+        spec_metrics: a vLLM server log or one or two ``/metrics`` scrapes whose
+            speculative-decoding counters go into the metadata
+            (:mod:`tuner.trace.spec_acceptance`), read before anything is written.
 
     Raises:
         TraceFormatError: a bad record (``fail``), empty input, unknown or mixed formats.
@@ -122,6 +126,9 @@ def ingest(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
                           salt_fingerprint=hasher.fingerprint, warnings=salt_notes)
     meta = TraceMetadata(hash_block_size=hbs, source_format=fmt,
                          salt_fingerprint=hasher.fingerprint)
+    if spec_metrics:  # measured acceptance for the replays (tuner.trace.spec_acceptance)
+        from tuner.trace.spec_acceptance import read_spec_acceptance
+        meta.spec_acceptance = read_spec_acceptance(list(spec_metrics)).to_dict()
     state = _TimelineState()
     span = _SpanGuard()
     bar = _Progress(paths, check_progress(progress))

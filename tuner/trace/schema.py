@@ -60,9 +60,15 @@ class TraceMetadata:
     tokenizer: str | None = None  # tokenizer identity (name + content hash) or the fallback's name
     num_rows: int | None = None  # rows in the file (set when the writer closes)
     tool_version: str = __version__  # tuner version that wrote it
+    #: measured speculative-decoding counters (``tuner.trace.spec_acceptance``, ingest
+    #: --spec-metrics): the replay's acceptance unless one is given; None: not measured
+    spec_acceptance: dict[str, Any] | None = None
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        data = dataclasses.asdict(self)
+        if data["spec_acceptance"] is None:  # not measured: written as before
+            del data["spec_acceptance"]
+        return json.dumps(data, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes, *, where: str = "trace") -> "TraceMetadata":

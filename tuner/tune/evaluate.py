@@ -38,6 +38,8 @@ from tuner.sim.settings import SchedulerSettings
 from tuner.perf.target import Target
 from tuner.perf.deployment import Deployment, default_router, router_settings
 from tuner.sim.fleet import RouterSettings
+from tuner.sim.settings import SimOptions
+from tuner.tune.spec_space import spec_at, spec_from_record
 
 WindowName = Literal["stage1", "train", "holdout"]
 
@@ -148,7 +150,8 @@ class ReplayEvaluator:
                  expect_fingerprint: str | None = None,
                  baseline: SchedulerSettings | None = None,
                  slo_ms: dict[str, float] | None = None,
-                 router: RouterSettings | None = None) -> None:
+                 router: RouterSettings | None = None,
+                 speculative: Any = None) -> None:
         from tuner.perf.presets import resolve_target
         from tuner.trace import read_trace
 
@@ -166,6 +169,12 @@ class ReplayEvaluator:
         #: The deployment a point replays unless it carries its own (a searched split or
         #: router): the target's, with ``router`` in front of its replicas.
         self.default_deployment = Deployment.of_target(target, router or default_router())
+        #: ``--speculative-config`` of every trial (a ``tuner.sim.spec_decode.SpecDecoding``,
+        #: None: off); a point's ``num_speculative_tokens`` varies its k (spec_space)
+        self.speculative = speculative
+        if speculative is not None:
+            self.default_deployment = dataclasses.replace(
+                self.default_deployment, num_speculative_tokens=speculative.num_speculative_tokens)
         self.max_model_len = int(self.resolved.cache.max_model_len)
         self.num_gpus = int(self.resolved.num_gpus)
         t0, t1 = (float(x) for x in self._trace.time_range())
@@ -202,6 +211,8 @@ class ReplayEvaluator:
             "slo_ms": self.slo_ms,
             "router": (None if self.default_deployment.router is None
                        else self.default_deployment.router.to_dict()),
+            # only when on: a study without speculative decoding keeps its spec (and key)
+            **({} if self.speculative is None else {"speculative": self.speculative.to_dict()}),
         }
 
     @classmethod
@@ -220,7 +231,7 @@ class ReplayEvaluator:
                    expect_fingerprint=spec["trace_fingerprint"],
                    baseline=None if baseline is None else SchedulerSettings.from_dict(baseline),
                    slo_ms=spec.get("slo_ms"),
-                   router=router)
+                   router=router, speculative=spec_from_record(spec.get("speculative")))
 
     def _requests(self, window: WindowName) -> list[Any]:
         """The requests ``window`` replays: a prefix of the whole trace (arrival < end).
@@ -288,13 +299,17 @@ class ReplayEvaluator:
         if clock is not None:
             target = dataclasses.replace(target, clock=clock)
         return self._replay(self._requests(window), settings, window, target,
-                            router=use.router)
+                            router=use.router,
+                            speculative=spec_at(self.speculative, use.num_speculative_tokens))
 
     def _replay(self, requests: list[Any], settings: SchedulerSettings, window: WindowName,
-                target: Target, *, router: RouterSettings | None = None) -> dict[str, Any]:
+                target: Target, *, router: RouterSettings | None = None,
+                speculative: Any = None) -> dict[str, Any]:
         from tuner import metrics, replay
 
         extra: dict[str, Any] = {} if router is None else {"router": router}
+        if speculative is not None:
+            extra["options"] = SimOptions(speculative=speculative)
         result = replay.run(requests, settings, backend=self.backend, target=target,
                             hash_block_size=self.block_size, **extra)
         measure_from = self.windows.t_split if window == "holdout" else None
@@ -327,8 +342,9 @@ class ReplayEvaluator:
             self.target, tp=tp, replicas=1,
             num_gpu_blocks=None if blocks is None else int(blocks * tp / self.target.tp),
             calibration=self.target.calibration if tp == self.target.tp else None)
+        spec = self.speculative
         if replicas == 1:
-            return [self._replay(requests, settings, window, target)]
+            return [self._replay(requests, settings, window, target, speculative=spec)]
         shares: list[list[Any]] = [[] for _ in range(replicas)]
         for r in requests:
             key = getattr(r, "session_id", None) or r.request_id
@@ -342,7 +358,7 @@ class ReplayEvaluator:
                 part = requests.window(0, 0)
                 part.extend(share)
                 share = part
-            out.append(self._replay(share, settings, window, target))
+            out.append(self._replay(share, settings, window, target, speculative=spec))
         return out
 
 

@@ -56,6 +56,9 @@ class TuneInputs:
     slo: str | Mapping[str, float] | None = None
     #: replaces the trace replay (tests, custom backends); ``trace`` is then not read
     evaluator: "Evaluator | None" = None
+    #: ``--speculative-config`` of every trial (a ``tuner.sim.spec_decode.SpecDecoding``;
+    #: None: off); ``SearchOptions.spec_tokens`` searches its k (tuner.tune.spec_space)
+    speculative: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +101,9 @@ class SearchOptions:
     #: the pick re-checked under clock variants drawn from the error bands
     #: (:mod:`tuner.tune.robust`; ``RobustOptions(enabled=False)``: the plain pick)
     robust: RobustOptions = RobustOptions()
+    #: ``num_speculative_tokens`` values searched (0 = off; needs
+    #: ``TuneInputs.speculative``); None: k held at the config's (tuner.tune.spec_space)
+    spec_tokens: Sequence[int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from tuner.units import FRONT, cell
 
 if TYPE_CHECKING:
     from rich.table import Table
+    from tuner.tune.spec_space import SpecGain
 
     from tuner.tune.robust import RobustReport
 
@@ -74,6 +75,9 @@ class TuneResult:
     max_model_len: int | None = None  # what the twin admitted (the target's resolved value)
     #: the pick re-checked under clock variants (None: a result made before the check)
     robust: "RobustReport | None" = None
+    #: the pick against itself with speculative decoding toggled (tuner.tune.spec_space;
+    #: None: the study has no speculative decoding)
+    spec_gain: "SpecGain | None" = None
 
     @property
     def recommended(self) -> Point:
@@ -161,6 +165,8 @@ class TuneResult:
             "front": [_point_dict(p, self.objectives) for p in self.front],
             "notes": self.notes, "wall_s": round(self.wall_s, 3), "seed": self.seed,
             "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
+            **({} if self.spec_gain is None
+               else {"speculative_gain": self.spec_gain.to_dict()}),
         }
 
     def deployment_of(self, point: Point) -> dict[str, Any]:

@@ -75,6 +75,8 @@ assert set(_FIELD_TYPES) == {f.name for f in dataclasses.fields(SchedulerSetting
 GPU_SPLIT = "gpu_split"
 ROUTER_POLICY = "router.policy"
 ROUTER_PREFIX = "router."
+#: ``num_speculative_tokens`` as a deployment dimension (0 = off): tuner.tune.spec_space
+SPEC_TOKENS = "speculative.num_speculative_tokens"
 
 #: A base on which any single field value passes the cross-field checks
 #: (``max_num_batched_tokens >= max_num_seqs``), so one value can be range-checked alone.
@@ -244,13 +246,15 @@ class SearchSpace:
 
 def is_deployment_param(name: str) -> bool:
     """``gpu_split`` and ``router.*``: parameters of the deployment, not the scheduler."""
-    return name == GPU_SPLIT or name.startswith(ROUTER_PREFIX)
+    return name in (GPU_SPLIT, SPEC_TOKENS) or name.startswith(ROUTER_PREFIX)
 
 
 def deployment_value(deployment: Any, name: str) -> Scalar | None:
     """``deployment``'s coordinate ``name`` (None: the deployment has no router)."""
     if name == GPU_SPLIT:
         return deployment.split.label
+    if name == SPEC_TOKENS:
+        return deployment.num_speculative_tokens
     if deployment.router is None:
         return None
     key = "policy" if name == ROUTER_POLICY else name[len(ROUTER_PREFIX):]
@@ -358,6 +362,8 @@ def _param_type(name: Any, where: str) -> type:
         return _FIELD_TYPES[name]
     if name in (GPU_SPLIT, ROUTER_POLICY):
         return str
+    if name == SPEC_TOKENS:
+        return int
     if isinstance(name, str) and name.startswith(ROUTER_PREFIX) and len(name) > len(ROUTER_PREFIX):
         from tuner.sim.fleet import ROUTER_PARAMS
 
@@ -452,6 +458,9 @@ def _check_value(name: str, value: Scalar, where: str) -> None:
         if name == GPU_SPLIT:
             if not SPLIT_LABEL.match(str(value)):
                 raise ConfigError(f"gpu_split {value!r}: expected tp=T,dp=D,replicas=R[,ep]")
+        elif name == SPEC_TOKENS:
+            if value < 0:  # type: ignore[operator]
+                raise ConfigError(f"{value!r}: drafts per step must be >= 0 (0 = off)")
         elif name == ROUTER_POLICY:
             if value not in ROUTER_POLICIES:
                 raise ConfigError(f"{value!r} is not one of {', '.join(ROUTER_POLICIES)}")

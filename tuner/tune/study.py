@@ -45,6 +45,7 @@ from tuner.progress import Progress, Reporter, check_progress
 from tuner.tune.baseline import baseline_settings
 from tuner.tune.deployment_space import (base_deployment_of, deployment_for, evaluate_point,
                                          join_settings, with_deployment)
+from tuner.tune.spec_space import spec_gain, with_spec_tokens
 from tuner.tune.evaluate import Evaluator, ReplayEvaluator, evaluator_from_spec
 from tuner.tune.inputs import check_window_sizes, fixed_space, input_warnings
 from tuner.tune.objectives import best_so_far, parse_constraints, parse_objectives
@@ -99,6 +100,7 @@ def tune(inputs: TuneInputs, search: SearchOptions = SearchOptions(),
     the_space, deploy_notes = with_deployment(
         fixed_space(load_space(search.space), fixed), target,
         gpu_budget=deployment.gpu_budget, routers=deployment.routers)
+    the_space = with_spec_tokens(the_space, inputs.speculative, search.spec_tokens)
     evaluator = inputs.evaluator
     if evaluator is None and inputs.backend != "sim" and (the_space.has_deployment
                                                           or target.replicas > 1):
@@ -111,7 +113,7 @@ def tune(inputs: TuneInputs, search: SearchOptions = SearchOptions(),
         evaluator = ReplayEvaluator(inputs.trace, target=target, backend=inputs.backend,
                                     holdout=inputs.holdout,
                                     stage1_fraction=inputs.stage1_fraction, slo_ms=slo_ms,
-                                    router=deployment.router)
+                                    router=deployment.router, speculative=inputs.speculative)
     if inputs.baseline is not None or fixed:
         evaluator.default_settings = baseline_settings(
             evaluator.default_settings, profile=inputs.baseline, fixed=fixed)
@@ -180,6 +182,8 @@ def tune(inputs: TuneInputs, search: SearchOptions = SearchOptions(),
                                                        pts, workers)))
         selection = robust_selection(selection, robust)
         timings["robust_s"] = time.perf_counter() - t
+        gain = spec_gain(evaluator, selection.point,
+                         window="holdout" if evaluator.windows.has_holdout else "train")
         t = time.perf_counter()
         overload = overload_report(evaluator, baseline, evaluator.default_settings)
         timings["capacity_s"] = time.perf_counter() - t
@@ -198,7 +202,7 @@ def tune(inputs: TuneInputs, search: SearchOptions = SearchOptions(),
             evaluator_spec=config.evaluator,
             num_gpus=int(getattr(evaluator, "num_gpus", 1)),
             block_size=getattr(evaluator, "block_size", None), timings=timings,
-            max_model_len=getattr(evaluator, "max_model_len", None))
+            max_model_len=getattr(evaluator, "max_model_len", None), spec_gain=gain)
 
 
 def join(study_name: str, storage: str, n_trials: int | None = None, *, trace: Any = None,

@@ -458,7 +458,8 @@ class VllmCoreEngine:
         from vllm.v1.outputs import DraftTokenIds
 
         ids = list(output.num_scheduled_tokens)
-        k = self.spec.num_speculative_tokens
+        k = getattr(output, "num_spec_tokens_to_schedule",  # per batch size where set
+                    self.spec.num_speculative_tokens)
         self.scheduler.update_draft_token_ids(
             DraftTokenIds(req_ids=ids, draft_token_ids=[[VOCAB_LOW] * k for _ in ids]))
 
