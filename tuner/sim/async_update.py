@@ -34,6 +34,7 @@ vLLM 0.33.0 (file:line under ``vllm/v1/``):
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tuner.sim.kv_cache_manager import KVCacheManager
@@ -105,6 +106,27 @@ def check_async_invariants(scheduler: AsyncHost, group: "DecodeGroup | None") ->
             f"waiting {request!r}: in-flight tokens that are not stale")
 
 
+def settle_in_flight(entries: Iterable[tuple[tuple[SimRequest, int], bool]]
+                     ) -> Iterator[tuple[SimRequest, bool]]:
+    """The head of every async update loop (plain and speculative): each entry's
+    scheduled tokens leave flight, a stale share shrinks by them (scheduler.py:2311-2320:
+    output a preemption marked stale is delivered without touching the reset counters),
+    and the requests that get output from this step are yielded with whether it is
+    stale. Finished requests and entries that sampled nothing yield nothing.
+
+    A generator so both loops share the accounting without a call per entry."""
+    for (request, n), samples in entries:
+        request.num_in_flight_tokens -= n
+        stale = False
+        if request.num_stale_output_tokens > 0:
+            stale = True
+            request.num_stale_output_tokens -= n
+            assert request.num_stale_output_tokens >= 0, f"{request!r}: stale share < 0"
+        if request.status >= _FINISHED or not samples:
+            continue
+        yield request, stale
+
+
 def apply_outputs(scheduler: AsyncHost, out: SchedulerOutput, now_s: float,
                   gaps: dict[float, int]) -> list[SimRequest]:
     """``update_from_output`` of an async step at ``now_s`` (see the module doc); the
@@ -116,15 +138,7 @@ def apply_outputs(scheduler: AsyncHost, out: SchedulerOutput, now_s: float,
     entries = zip(out.individual, out.sampled)
     if out.sort_individual:  # decode-group members left mid-flight: back to running order
         entries = sorted(entries, key=_entry_seq)  # type: ignore[assignment]
-    for (request, n), samples in entries:
-        request.num_in_flight_tokens -= n
-        stale = False
-        if request.num_stale_output_tokens > 0:
-            stale = True
-            request.num_stale_output_tokens -= n
-            assert request.num_stale_output_tokens >= 0, f"{request!r}: stale share < 0"
-        if request.status >= _FINISHED or not samples:
-            continue
+    for request, stale in settle_in_flight(entries):
         status_before = request.status
         had_placeholders = request.num_output_placeholders > 0
         request.deliver_output_token(now_s, gaps)

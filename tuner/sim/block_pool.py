@@ -316,24 +316,30 @@ class BlockPool:
             released = np.asarray(zero, dtype=_ID)
             if np.count_nonzero(ref[blocks] < 0):
                 raise RuntimeError("a block was freed more often than taken (tuner bug)")
+            released_seq = released[::-1]
         else:
-            refs = ref.take(blocks) - 1  # one gather and one store (no block occurs twice)
+            # The gathers run over ``seq``, the blocks in sequence order: callers pass a
+            # reversed view of a request's buffer, and ``take`` copies a strided index
+            # before gathering (ref counts do not depend on the order; the release
+            # order is turned back to tail first at the queue).
+            seq = blocks[::-1]
+            refs = ref.take(seq) - 1  # one gather and one store (no block occurs twice)
             if np.count_nonzero(refs < 0):
                 raise RuntimeError("a block was freed more often than taken (tuner bug)")
-            ref[blocks] = refs
+            ref[seq] = refs
             zero = refs == 0
             num_zero = np.count_nonzero(zero)
             # compress: a selection without boolean indexing's cost; none when all go.
-            released = blocks if num_zero == len(blocks) else blocks.compress(zero)
-        if len(released):
-            hashed = self.block_hash.take(released) >= 0
+            released_seq = seq if num_zero == len(seq) else seq.compress(zero)
+        if len(released_seq):
+            hashed = self.block_hash.take(released_seq) >= 0
             num_hashed = np.count_nonzero(hashed)
             queue = self.free_block_queue
-            if num_hashed == len(released):
-                queue.append_n(released)
+            if num_hashed == len(released_seq):
+                queue.append_n(released_seq[::-1])
             else:
-                queue.append_n(released.compress(hashed))
-                queue.prepend_n(released.compress(~hashed))
+                queue.append_n(released_seq.compress(hashed)[::-1])
+                queue.prepend_n(released_seq.compress(~hashed)[::-1])
 
     # ----------------------------------------------------------------- checks
     def check_invariants(self) -> None:

@@ -41,7 +41,7 @@ from collections import deque
 from tuner.errors import ConfigError
 from tuner.sim._step_rules import blocks_needed, clamp_new_tokens, running_new_tokens
 from tuner.sim.async_group import AsyncDecodeGroup
-from tuner.sim.async_update import apply_outputs, check_async_invariants, place_outputs
+from tuner.sim.async_update import apply_outputs, place_outputs
 from tuner.sim.batch import StepBatch
 from tuner.sim.decode_group import DecodeGroup, seq_order
 from tuner.sim.fast_path import fast_path_refusal
@@ -50,6 +50,7 @@ from tuner.sim.kv_connector.admission import schedule_waiting_with_connector
 from tuner.sim.kv_connector.hooks import connector_has_work, connector_update, make_connector
 from tuner.sim.request import RequestStatus, SimRequest
 from tuner.sim.request_queue import FCFSRequestQueue, create_request_queue
+from tuner.sim.scheduler_invariants import check_scheduler_invariants
 from tuner.sim.scheduler_output import GroupStep, SchedulerOutput
 from tuner.sim.settings import CacheSettings, SchedulerSettings, SimOptions
 from tuner.sim.spec_update import SpecDecodeState
@@ -578,25 +579,6 @@ class Scheduler:
         return out.num_scheduled_tokens()
 
     def check_invariants(self) -> None:
-        """Walk the scheduler's, the group's and the cache's invariants. Reads only: group
-        members are checked through the group's lag accessors, not materialised, so a
-        checked replay takes exactly the path of an unchecked one."""
-        group = self.group
-        if group is not None:
-            group.check_invariants()
-        live = list(self.running) + list(self.waiting) + list(self.kv_holding)
-        self.kv_cache_manager.check_invariants(live)
-        assert len(self.running) <= self.max_num_running_reqs, "running > max_num_seqs"
-        for request in self.waiting:
-            assert request.status in (_WAITING, _PREEMPTED), f"{request!r} in waiting"
-            assert request.num_blocks == 0, f"waiting {request!r} holds blocks"
-        if self.async_scheduling:
-            check_async_invariants(self, group)
-        output_tokens = group.output_tokens if group is not None else _num_output_tokens
-        for request in self.running:
-            assert request.status == _RUNNING, f"{request!r} in running"
-            assert output_tokens(request) < request.max_tokens, f"{request!r} past max_tokens"
-
-
-def _num_output_tokens(request: SimRequest) -> int:
-    return request.num_output_tokens
+        """Walk the scheduler's, the group's and the cache's invariants (read only;
+        ``tuner.sim.scheduler_invariants``)."""
+        check_scheduler_invariants(self)

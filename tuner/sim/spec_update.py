@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.sim.async_update import AsyncHost
+from tuner.sim.async_update import AsyncHost, settle_in_flight
 from tuner.sim.request import RequestStatus, SimRequest
 from tuner.sim.scheduler_output import SchedulerOutput
 from tuner.sim.spec_decode import SpecDecoding
@@ -164,15 +164,7 @@ class SpecDecodeState:
         finished: list[SimRequest] = []
         stopped_waiting: list[SimRequest] = []
         any_running = False
-        for (request, n), samples in zip(out.individual, out.sampled):
-            request.num_in_flight_tokens -= n
-            stale = False
-            if request.num_stale_output_tokens > 0:
-                stale = True
-                request.num_stale_output_tokens -= n
-                assert request.num_stale_output_tokens >= 0, f"{request!r}: stale share < 0"
-            if request.status >= _FINISHED or not samples:
-                continue
+        for request, stale in settle_in_flight(zip(out.individual, out.sampled)):
             num_out, rejected = self._verify(request, spec.get(request))
             if rejected and not stale:
                 if request.num_computed_tokens > 0:
