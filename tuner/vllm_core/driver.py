@@ -52,6 +52,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from tuner.vllm_core.model_output import (  # noqa: E402,F401 (re-exported: scenarios use them)
+    fake_model_output, model_runner_output, sampled_tokens, stats_gauge)
 from tuner.vllm_core.tokens import VOCAB_LOW, DriverRequest, TokenFactory  # noqa: E402
 
 
@@ -188,38 +190,6 @@ def make_vllm_request(request_id: str, prompt: list[int], max_tokens: int, hashe
                    sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
                    pooling_params=None, arrival_time=arrival_time, priority=priority,
                    block_hasher=hasher)
-
-
-def sampled_tokens(scheduler: Any, output: Any, next_token: Any) -> list[list[int]]:
-    """What the model runner samples for ``output``, decided right after ``schedule()``.
-
-    One token for each scheduled request whose sequence the step completes, none for a
-    prefill chunk (vLLM's runner samples it and discards the sample). ``schedule()`` has
-    already advanced ``num_computed_tokens`` by the step's tokens and set
-    ``is_prefill_chunk`` (``_update_after_schedule``, computed before ``AsyncScheduler``
-    adds this step's output placeholder). ``next_token(request)`` gives the id, read
-    from the position the step samples (``num_computed_tokens`` after scheduling).
-    Must run before the next ``schedule()``: under async scheduling that call advances
-    the request again before this step's ``update_from_output``.
-    """
-    return [[] if scheduler.requests[rid].is_prefill_chunk
-            else [next_token(scheduler.requests[rid])]
-            for rid in output.num_scheduled_tokens]
-
-
-def model_runner_output(output: Any, sampled: list[list[int]]) -> Any:
-    """The ``ModelRunnerOutput`` of ``output`` with ``sampled`` (one list per request)."""
-    from vllm.v1.outputs import ModelRunnerOutput
-
-    ids = list(output.num_scheduled_tokens)
-    return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                             sampled_token_ids=sampled)
-
-
-def fake_model_output(scheduler: Any, output: Any, next_token: Any) -> Any:
-    """``ModelRunnerOutput`` for ``output``, sampling decided now: call it right after
-    ``schedule()`` and before the next one (:func:`sampled_tokens`)."""
-    return model_runner_output(output, sampled_tokens(scheduler, output, next_token))
 
 
 # ----------------------------------------------------------------------------------------
@@ -404,7 +374,7 @@ class VllmCoreEngine:
                 self._propose_drafts(out)  # EngineCore.post_step
         if step.record >= 0:
             self.steps[step.record] = replace(self.steps[step.record],
-                                              kv_usage_at_update=_gauge(sched, eco))
+                                              kv_usage_at_update=stats_gauge(sched, eco))
         gaps: dict[float, int] = {}
         for rid in out.num_scheduled_tokens:
             r = sched.requests.get(rid)
@@ -474,17 +444,6 @@ class VllmCoreEngine:
             c["spec_num_accepted_tokens"] += stats.num_accepted_tokens
             for i, n in enumerate(stats.num_accepted_tokens_per_pos):
                 c[f"spec_num_accepted_tokens_pos{i}"] += n
-
-
-def _gauge(scheduler: Any, engine_core_outputs: dict[int, Any]) -> float:
-    """The KV-usage gauge vLLM emits for this update: ``SchedulerStats.kv_cache_usage``,
-    sampled by ``make_stats`` at the end of ``update_from_output`` (under async
-    scheduling it already includes the next step's allocations)."""
-    for eco in engine_core_outputs.values():
-        stats = getattr(eco, "scheduler_stats", None)
-        if stats is not None:
-            return float(stats.kv_cache_usage)
-    return float(scheduler.kv_cache_manager.usage)
 
 
 class VllmCoreReplay:
