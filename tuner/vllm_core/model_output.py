@@ -31,13 +31,16 @@ def sampled_tokens(scheduler: Any, output: Any, next_token: Any) -> list[list[in
             for rid in output.num_scheduled_tokens]
 
 
-def model_runner_output(output: Any, sampled: list[list[int]]) -> Any:
-    """The ``ModelRunnerOutput`` of ``output`` with ``sampled`` (one list per request)."""
+def model_runner_output(output: Any, sampled: list[list[int]],
+                        kv_connector_output: Any = None) -> Any:
+    """The ``ModelRunnerOutput`` of ``output`` with ``sampled`` (one list per request) and
+    the KV connector worker's report (``KVConnectorOutput``, or None)."""
     from vllm.v1.outputs import ModelRunnerOutput
 
     ids = list(output.num_scheduled_tokens)
     return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                             sampled_token_ids=sampled)
+                             sampled_token_ids=sampled,
+                             kv_connector_output=kv_connector_output)
 
 
 def fake_model_output(scheduler: Any, output: Any, next_token: Any) -> Any:
