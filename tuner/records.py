@@ -61,6 +61,9 @@ class StepRecord:
     #: of ``update_from_output`` (``make_stats``, v1/core/sched/scheduler.py:3294). In
     #: async mode it includes the next step's allocations; None where not measured.
     kv_usage_at_update: float | None = None
+    #: requests waiting for their KV to load (vLLM's ``WAITING_FOR_REMOTE_KVS``) after
+    #: scheduling, sorted; empty without a KV connector
+    waiting_for_kv: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)

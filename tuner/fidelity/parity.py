@@ -174,6 +174,8 @@ def diff_step(a: "StepRecord", b: "StepRecord", *, rel_tol: float = 1e-9
         out["preempted"] = (a.preempted, b.preempted)
     if dict(a.cached_tokens) != dict(b.cached_tokens):
         out["cached_tokens"] = (a.cached_tokens, b.cached_tokens)
+    if tuple(a.waiting_for_kv) != tuple(b.waiting_for_kv):
+        out["waiting_for_kv"] = (a.waiting_for_kv, b.waiting_for_kv)
     for name in ("kv_usage", "start_s", "duration_s"):
         x, y = float(getattr(a, name)), float(getattr(b, name))
         if not _close(x, y, rel_tol):

@@ -225,9 +225,12 @@ class TwinEngine:
                 step=self.num_steps, start_s=start_s, duration_s=duration_s,
                 num_scheduled_tokens=scheduler.scheduled_tokens(out),
                 preempted=tuple(r.request_id for r in out.preempted),
-                num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
+                num_running=len(scheduler.running),
+                num_waiting=len(scheduler.waiting) + len(scheduler.kv_holding),
                 kv_usage=usage,
-                cached_tokens={r.request_id: hit for r, hit in out.admitted}))
+                cached_tokens={r.request_id: hit for r, hit in out.admitted},
+                **({} if self.connector is None
+                   else {"waiting_for_kv": tuple(sorted(scheduler.loading))})))
         self.num_steps += 1
 
     def update(self, step: tuple[SchedulerOutput, float, float], end_s: float) -> int:

@@ -205,7 +205,7 @@ class KVCacheManager:
         watermark = 0
         if has_scheduled_reqs and request.status != RequestStatus.RUNNING:
             watermark = self.watermark_blocks
-        free = pool.free_block_queue.num_free_blocks - reserved_blocks
+        free = pool.free_block_queue.num_free_blocks
         need_full = 0
         if full_sequence_must_fit:
             need_full = blocks_needed(min(request.num_tokens, self.max_model_len),
@@ -213,12 +213,14 @@ class KVCacheManager:
         need = blocks_needed(min(total_computed + num_new_tokens + self.num_lookahead_tokens,
                                  self.max_model_len), held + num_hit, bs)
         # Both checks without the evictable hit blocks first: a request that fails
-        # anyway skips counting them.
-        if max(need, need_full) + watermark > free:
+        # anyway skips counting them. ``reserved_blocks`` gates only the blocks taken
+        # now, not the full-sequence check (vLLM kv_cache_manager.py:531-587).
+        if max(need + reserved_blocks, need_full) + watermark > free:
             return False
         if num_hit:  # hit blocks sitting in the free queue consume free capacity too
             hit_refs = pool.ref_cnt.take(new_computed_blocks)
-            if max(need, need_full) + np.count_nonzero(hit_refs == 0) + watermark > free:
+            if (max(need + reserved_blocks, need_full) + np.count_nonzero(hit_refs == 0)
+                    + watermark > free):
                 return False
             if pool.touch(new_computed_blocks, hit_refs):
                 request.repeated_blocks = True

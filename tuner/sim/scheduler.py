@@ -47,7 +47,8 @@ from tuner.sim.decode_group import DecodeGroup, seq_order
 from tuner.sim.fast_path import fast_path_refusal
 from tuner.sim.kv_cache_manager import KVCacheManager
 from tuner.sim.kv_connector.admission import schedule_waiting_with_connector
-from tuner.sim.kv_connector.hooks import connector_has_work, connector_update, make_connector
+from tuner.sim.kv_connector.hooks import (connector_has_work, connector_update,
+                                          kv_cache_manager_class, make_connector)
 from tuner.sim.request import RequestStatus, SimRequest
 from tuner.sim.request_queue import FCFSRequestQueue, create_request_queue
 from tuner.sim.scheduler_invariants import check_scheduler_invariants
@@ -83,7 +84,7 @@ class Scheduler:
         self.options = options or SimOptions()
         self.block_size = cache.block_size
         self.max_model_len = cache.max_model_len
-        self.kv_cache_manager = KVCacheManager(
+        self.kv_cache_manager = kv_cache_manager_class(self.options)(
             num_gpu_blocks=cache.num_gpu_blocks, block_size=cache.block_size,
             enable_caching=cache.enable_prefix_caching, max_model_len=cache.max_model_len,
             watermark=settings.watermark, num_hash_ids=num_hash_ids)
@@ -120,6 +121,7 @@ class Scheduler:
         # kv_holding_waiting queue, the requests whose load is in flight and those whose
         # load the worker reported (finished_recving_kv_req_ids).
         self.connector = make_connector(self.options.kv_offload, cache)
+        self.fenced = self.connector is not None and self.async_scheduling  # block_fence
         self.kv_holding = create_request_queue(settings.policy)
         self.loading: set[str] = set()
         self.finished_recving: set[str] = set()
@@ -220,6 +222,8 @@ class Scheduler:
         assert len(running) <= self.max_num_running_reqs
         if self.connector is not None:  # 1755-1758: before computed tokens advance
             self.connector.build_connector_meta(out)
+            if self.async_scheduling:  # vLLM's defer_block_free fence (block_fence)
+                self.kv_cache_manager.step_scheduled(out)  # type: ignore[attr-defined]
         self._update_after_schedule(out)
         if self.async_scheduling:
             self.in_flight_steps.append(out)
@@ -272,6 +276,8 @@ class Scheduler:
                 continue
             while not kvm.allocate_slots(request, num_new):
                 victim_index = self._victim_index()
+                if self.fenced and not kvm.can_free_now(running[victim_index]):  # type: ignore[attr-defined]
+                    break  # 939-941: its blocks would come back too late (block_fence)
                 victim = running.pop(victim_index)
                 if victim is not request and self.policy == "priority":
                     # 935-947: a victim ahead of the loop's position shifts it back, and
@@ -300,7 +306,8 @@ class Scheduler:
                     self.spec.drafts_scheduled(request, num_new, out)  # type: ignore[union-attr]
                 req_index += 1
                 continue
-            if self.self_preemption_continues and self.policy == "priority":
+            if (self.self_preemption_continues and self.policy == "priority"
+                    and request.status == _PREEMPTED):
                 # 0.33.0 (982-992), both modes: the lowest-priority request preempted
                 # itself; the ones after it may still fit, and req_index already points
                 # at the next. 0.32.0 breaks (SimOptions.self_preemption_continues).

@@ -86,9 +86,6 @@ class VllmCoreBackend(Backend):
         if getattr(options, "prefill_interval_mode", "local") == "dp":
             raise ConfigError("vllm-core drives one engine; prefill_interval_mode='dp' "
                               "(data-parallel cadence) cannot be replayed through it")
-        if getattr(options, "kv_offload", None) is not None:
-            raise ConfigError("vllm-core does not run vLLM's OffloadingConnector yet: replay "
-                              "--kv-offloading-size on the sim backend (docs/kv-offloading.md)")
         deployment = getattr(target, "target", None)
         if deployment is not None and deployment.replicas > 1:
             raise ConfigError("vllm-core replays one deployment (its DP ranks included); "
@@ -113,6 +110,9 @@ class VllmCoreBackend(Backend):
             "moe": bool(getattr(getattr(target, "model", None), "is_moe", False)),
             # speculative decoding: tuner.sim.spec_decode.SpecDecoding (plain Python) or None
             "speculative": getattr(options, "speculative", None),
+            # the CPU tier: tuner.sim.kv_connector.OffloadSettings (plain Python) or None;
+            # the driver runs vLLM's OffloadingConnector (tuner.vllm_core.offloading)
+            "kv_offload": getattr(options, "kv_offload", None),
         }
 
     def run(self, progress: ProgressCallback | None = None) -> "ReplayResult":

@@ -52,6 +52,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from tuner.vllm_core.model_output import (  # noqa: E402,F401 (re-exported: scenarios use them)
+    fake_model_output, model_runner_output, sampled_tokens, stats_gauge)
+from tuner.vllm_core.offloading import kv_transfer_config, offloading_feed  # noqa: E402
 from tuner.vllm_core.tokens import VOCAB_LOW, DriverRequest, TokenFactory  # noqa: E402
 
 
@@ -86,7 +89,8 @@ def build_scheduler(*, model_dir: str, settings: dict[str, Any], block_size: int
                     num_gpu_blocks: int, enable_prefix_caching: bool = True,
                     max_model_len: int = 8192, async_scheduling: bool = False,
                     scheduler_cls: type | str | None = None,
-                    speculative: dict[str, Any] | None = None) -> Any:
+                    speculative: dict[str, Any] | None = None,
+                    kv_offload: Any = None) -> Any:
     """The scheduler vLLM would build for ``settings``, over a fake KV cache.
 
     The class: ``scheduler_cls`` if given (a class or a dotted name, as
@@ -97,7 +101,8 @@ def build_scheduler(*, model_dir: str, settings: dict[str, Any], block_size: int
 
     Mirrors vLLM's ``tests/v1/core/utils.py::create_scheduler``: a fake
     ``KVCacheConfig`` with one full-attention group of ``num_gpu_blocks`` blocks (block
-    0 is vLLM's null block), no model weights, CPU device.
+    0 is vLLM's null block), no model weights, CPU device. ``kv_offload`` (an
+    ``OffloadSettings``) adds vLLM's ``OffloadingConnector`` (``tuner.vllm_core.offloading``).
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
@@ -137,6 +142,11 @@ def build_scheduler(*, model_dir: str, settings: dict[str, Any], block_size: int
     spec_kw = {}
     if speculative is not None:
         spec_kw["speculative_config"] = speculative_config(speculative, model_config, model_dir)
+    attention = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1,
+                                  dtype=torch.float32)
+    if kv_offload is not None:
+        spec_kw["kv_transfer_config"] = kv_transfer_config(kv_offload,
+                                                           attention.page_size_bytes)
     vllm_config = VllmConfig(scheduler_config=sched_config, model_config=model_config,
                              cache_config=cache_config, device_config=DeviceConfig(device="cpu"),
                              additional_config=extra, **spec_kw)
@@ -145,8 +155,7 @@ def build_scheduler(*, model_dir: str, settings: dict[str, Any], block_size: int
     vllm_config.scheduler_config.async_scheduling = async_scheduling
     kv_cache_config = KVCacheConfig(
         num_blocks=num_gpu_blocks, kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(
-            block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32))])
+        kv_cache_groups=[KVCacheGroupSpec(["layer"], attention)])
     cache_config.num_gpu_blocks = num_gpu_blocks
     cls = vllm_config.scheduler_config.get_scheduler_cls()
     return cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
@@ -190,38 +199,6 @@ def make_vllm_request(request_id: str, prompt: list[int], max_tokens: int, hashe
                    block_hasher=hasher)
 
 
-def sampled_tokens(scheduler: Any, output: Any, next_token: Any) -> list[list[int]]:
-    """What the model runner samples for ``output``, decided right after ``schedule()``.
-
-    One token for each scheduled request whose sequence the step completes, none for a
-    prefill chunk (vLLM's runner samples it and discards the sample). ``schedule()`` has
-    already advanced ``num_computed_tokens`` by the step's tokens and set
-    ``is_prefill_chunk`` (``_update_after_schedule``, computed before ``AsyncScheduler``
-    adds this step's output placeholder). ``next_token(request)`` gives the id, read
-    from the position the step samples (``num_computed_tokens`` after scheduling).
-    Must run before the next ``schedule()``: under async scheduling that call advances
-    the request again before this step's ``update_from_output``.
-    """
-    return [[] if scheduler.requests[rid].is_prefill_chunk
-            else [next_token(scheduler.requests[rid])]
-            for rid in output.num_scheduled_tokens]
-
-
-def model_runner_output(output: Any, sampled: list[list[int]]) -> Any:
-    """The ``ModelRunnerOutput`` of ``output`` with ``sampled`` (one list per request)."""
-    from vllm.v1.outputs import ModelRunnerOutput
-
-    ids = list(output.num_scheduled_tokens)
-    return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                             sampled_token_ids=sampled)
-
-
-def fake_model_output(scheduler: Any, output: Any, next_token: Any) -> Any:
-    """``ModelRunnerOutput`` for ``output``, sampling decided now: call it right after
-    ``schedule()`` and before the next one (:func:`sampled_tokens`)."""
-    return model_runner_output(output, sampled_tokens(scheduler, output, next_token))
-
-
 # ----------------------------------------------------------------------------------------
 # vLLM's scheduler as the loop's StepEngine
 # ----------------------------------------------------------------------------------------
@@ -251,7 +228,8 @@ class VllmCoreEngine:
     """
 
     def __init__(self, scheduler: Any, tokens: TokenFactory, hasher: Any, *,
-                 num_requests: int, record_steps: bool, spec: Any = None) -> None:
+                 num_requests: int, record_steps: bool, spec: Any = None,
+                 kv: Any = None) -> None:
         from tuner.sim.batch import StepBatch
 
         self._StepBatch = StepBatch
@@ -277,6 +255,10 @@ class VllmCoreEngine:
                                   "spec_num_accepted_tokens": 0.0})
             for i in range(spec.num_speculative_tokens):
                 self.counters[f"spec_num_accepted_tokens_pos{i}"] = 0.0
+        #: the CPU tier: ``tuner.vllm_core.offloading.OffloadingFeed`` (vLLM's connector
+        #: and the fake worker) or None; its empty steps wait for a transfer (ReplayLoop)
+        self.kv = kv
+        self.empty_step_s = None if kv is None else kv.empty_step_s
         self._wrap_preempt()
 
     def _wrap_preempt(self) -> None:
@@ -304,7 +286,11 @@ class VllmCoreEngine:
     def has_requests(self) -> bool:
         """Unfinished requests. vLLM's ``has_requests()`` is also true while finished ids
         wait to be sent to the workers, which costs it one empty ``schedule()`` that
-        decides nothing; the replay leaves that call out."""
+        decides nothing; the replay leaves that call out. With a KV connector that
+        step builds the finished requests' last stores, and vLLM steps on while
+        transfers are pending: its own ``has_requests()`` answers."""
+        if self.kv is not None:
+            return self.scheduler.has_requests()
         return bool(self.scheduler.requests)
 
     def idle(self) -> None:
@@ -324,7 +310,10 @@ class VllmCoreEngine:
         was_running = {r.request_id for r in sched.running}
         out = sched.schedule()
         scheduled = out.num_scheduled_tokens
-        if not scheduled and not self.preempted_now and not self.num_busy_in_flight:
+        if self.kv is not None:
+            self.kv.scheduled(out)
+        if (not scheduled and not self.preempted_now and not self.num_busy_in_flight
+                and (self.kv is None or not self.kv.can_progress(out))):
             # Nothing scheduled, nothing changed and nothing in flight whose output could
             # change it: every later schedule() would return the same.
             sched.update_from_output(out, model_runner_output(out, []))
@@ -340,6 +329,8 @@ class VllmCoreEngine:
             before = r.num_computed_tokens - n
             items.append((before, n))
             if rid not in was_running:  # admitted this step (new or resumed)
+                if self.kv is not None:  # the local (GPU) hit, as the twin records it
+                    before = self.kv.local_hit(rid, before)
                 cached_now[rid] = before
                 lv = self.live[rid]
                 if lv.num_cached_tokens < 0:
@@ -381,7 +372,8 @@ class VllmCoreEngine:
                 step=len(self.steps), start_s=start_s, duration_s=duration_s,
                 num_scheduled_tokens=dict(scheduled), preempted=step.preempted,
                 num_running=step.num_running, num_waiting=step.num_waiting,
-                kv_usage=step.usage, cached_tokens=step.cached_now))
+                kv_usage=step.usage, cached_tokens=step.cached_now,
+                **({} if self.kv is None else {"waiting_for_kv": self.kv.waiting_ids()})))
         ts = self.ts
         ts["t_s"].append(start_s)
         ts["kv_usage"].append(step.usage)
@@ -390,6 +382,8 @@ class VllmCoreEngine:
         ts["num_scheduled_tokens"].append(float(sum(scheduled.values())))
         self.counters["num_steps"] += 1
         self.counters["preemptions"] += len(step.preempted)
+        if self.kv is not None:
+            self.kv.launch(step.output, start_s, duration_s)
 
     def update(self, step: _Step, end_s: float) -> int:
         sched, live = self.scheduler, self.live
@@ -397,14 +391,17 @@ class VllmCoreEngine:
         if out.num_scheduled_tokens:
             self.num_busy_in_flight -= 1
         sampled = step.sampled if self.spec is None else self._verified(step)
-        eco = sched.update_from_output(out, model_runner_output(out, sampled))
+        kv_out = None if self.kv is None else self.kv.output(end_s)
+        eco = sched.update_from_output(out, model_runner_output(out, sampled, kv_out))
+        if self.kv is not None:
+            self.kv.after_update(eco)
         if self.spec is not None:
             self._spec_stats(eco)
             if not sched.scheduler_config.async_scheduling and out.total_num_scheduled_tokens:
                 self._propose_drafts(out)  # EngineCore.post_step
         if step.record >= 0:
             self.steps[step.record] = replace(self.steps[step.record],
-                                              kv_usage_at_update=_gauge(sched, eco))
+                                              kv_usage_at_update=stats_gauge(sched, eco))
         gaps: dict[float, int] = {}
         for rid in out.num_scheduled_tokens:
             r = sched.requests.get(rid)
@@ -477,17 +474,6 @@ class VllmCoreEngine:
                 c[f"spec_num_accepted_tokens_pos{i}"] += n
 
 
-def _gauge(scheduler: Any, engine_core_outputs: dict[int, Any]) -> float:
-    """The KV-usage gauge vLLM emits for this update: ``SchedulerStats.kv_cache_usage``,
-    sampled by ``make_stats`` at the end of ``update_from_output`` (under async
-    scheduling it already includes the next step's allocations)."""
-    for eco in engine_core_outputs.values():
-        stats = getattr(eco, "scheduler_stats", None)
-        if stats is not None:
-            return float(stats.kv_cache_usage)
-    return float(scheduler.kv_cache_manager.usage)
-
-
 class VllmCoreReplay:
     """Replays a job's requests through vLLM's scheduler on the shared loop."""
 
@@ -511,13 +497,15 @@ class VllmCoreReplay:
             enable_prefix_caching=bool(cache.get("enable_prefix_caching", True)),
             max_model_len=int(cache["max_model_len"]), async_scheduling=self.async_scheduling,
             scheduler_cls=job.get("scheduler_cls"),
-            speculative=(job["speculative"].vllm_config if job.get("speculative") else None))
+            speculative=(job["speculative"].vllm_config if job.get("speculative") else None),
+            kv_offload=job.get("kv_offload"))
         self.build_s = time.perf_counter() - t0
         self.engine = VllmCoreEngine(self.scheduler, TokenFactory(self.block_size),
                                      make_block_hasher(self.block_size),
                                      num_requests=len(self.requests),
                                      record_steps=self.record_steps,
-                                     spec=job.get("speculative"))
+                                     spec=job.get("speculative"),
+                                     kv=offloading_feed(self.scheduler, job.get("kv_offload")))
 
     def run(self) -> Any:
         from tuner.records import ReplayResult, RequestResult
@@ -573,6 +561,8 @@ class VllmCoreReplay:
                          "num_finished": float(num_finished),
                          "cache_aware_reorders": float(getattr(
                              self.scheduler, "num_cache_aware_reorders", 0))})
+        if engine.kv is not None:
+            counters.update(engine.kv.counters())
         mode = "async scheduling" if self.async_scheduling else "no async scheduling"
         notes = [f"vllm {vllm.__version__}; scheduler {type(self.scheduler).__name__}; "
                  f"{mode}; built in {self.build_s:.2f}s"] + engine.notes

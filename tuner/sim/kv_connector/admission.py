@@ -44,9 +44,11 @@ _RUNNING = RequestStatus.RUNNING
 _NO_BLOCKS = np.empty(0, dtype=np.int64)
 
 
-def _reserved_blocks(scheduler: Any) -> int:
+def _reserved_blocks(scheduler: Any, skipped: "list[SimRequest]") -> int:
     """``_inflight_prefill_reserved_blocks``: blocks in-flight prefills (running prefill
-    chunks and loading requests) still need to hold their whole sequence."""
+    chunks and loading requests) still need to hold their whole sequence. ``skipped``:
+    the loading requests this step's loop has set aside (they go back to ``kv_holding``
+    at its end, but vLLM's ``_inflight_prefills`` holds them all along)."""
     bs = scheduler.block_size
     max_len = scheduler.max_model_len
     total = 0
@@ -54,8 +56,10 @@ def _reserved_blocks(scheduler: Any) -> int:
         if request.is_prefill_chunk:
             total += max(0, blocks_needed(min(request.num_tokens, max_len),
                                           request.num_blocks, bs))
-    for request in scheduler.kv_holding:
-        total += max(0, blocks_needed(min(request.num_tokens, max_len), request.num_blocks, bs))
+    for queue in (scheduler.kv_holding, skipped):
+        for request in queue:
+            total += max(0, blocks_needed(min(request.num_tokens, max_len),
+                                          request.num_blocks, bs))
     return total
 
 
@@ -131,7 +135,7 @@ def schedule_waiting_with_connector(scheduler: Any, out: "SchedulerOutput",
             ok = kvm.allocate_slots(request, num_external, num_local, hit_blocks,
                                     full_sequence_must_fit=full_fit,
                                     has_scheduled_reqs=bool(running),
-                                    reserved_blocks=_reserved_blocks(scheduler),
+                                    reserved_blocks=_reserved_blocks(scheduler, skipped_holding),
                                     delay_cache_blocks=True)
         else:  # every external hit loads asynchronously (sync_load_budget_bytes = 0)
             ok = kvm.allocate_slots(request, num_new, num_local, hit_blocks,
@@ -166,6 +170,11 @@ def schedule_waiting_with_connector(scheduler: Any, out: "SchedulerOutput",
         token_budget -= num_new
         if num_computed < request.num_tokens - 1:
             prefill_admitted = True
+        if num_computed + num_new < request.num_tokens:
+            # vLLM adds it to _inflight_prefills now (1593): the next admission's
+            # reservation counts it (``_reserved_blocks``); _update_after_schedule
+            # sets the same value at the end of the step.
+            request.is_prefill_chunk = True
     if skipped_holding:
         holding.prepend_requests(skipped_holding)
     if skipped_waiting:

@@ -27,6 +27,16 @@ def make_connector(settings: "OffloadSettings | None",
                                enable_prefix_caching=cache.enable_prefix_caching)
 
 
+def kv_cache_manager_class(options: Any) -> type:
+    """``KVCacheManager``, or with a connector under async scheduling the one that defers
+    frees behind in-flight steps (vLLM's ``defer_block_free``: ``block_fence``)."""
+    if options.kv_offload is not None and options.async_scheduling:
+        from tuner.sim.kv_connector.block_fence import FencedKVCacheManager
+        return FencedKVCacheManager
+    from tuner.sim.kv_cache_manager import KVCacheManager
+    return KVCacheManager
+
+
 def connector_has_work(scheduler: Any) -> bool:
     """``has_requests`` with a connector: requests waiting for KV count, and so do
     requests finished since the last step (their last stores are built next step, as
@@ -43,7 +53,10 @@ def connector_update(scheduler: Any,
                      gaps: dict[float, int]) -> "list[SimRequest]":
     """``update_from_output`` with a connector: the step's outputs, then
     ``request_finished`` for each finished request and the worker's finished transfers
-    (``_update_from_kv_xfer_finished``)."""
+    (``_update_from_kv_xfer_finished``). Under async scheduling the deferred block
+    frees whose step this update processes drain first (``block_fence``)."""
+    if scheduler.async_scheduling:
+        scheduler.kv_cache_manager.step_processed(out)
     finished = update(out, now_s, gaps)
     connector = scheduler.connector
     assert connector is not None

