@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from tuner.errors import ConfigError
-from tuner.perf.fit.parameters import step_times
+from tuner.perf.api_server import ApiServerCost, client_ttft_s, server_load
 from tuner.perf.step_time import RooflineStepTimeModel
 from tuner.perf.target import Target
 
@@ -54,6 +54,12 @@ FIGURES = ("tok_s_gpu", "out_tok_s", "total_tok_s", "ttft_mean", "ttft_med", "tp
 #: prompts (steady state is reached long before; the published run had 16,384).
 OFFLINE_PROMPTS = 3072
 SEED = 20260615
+#: The API server's costs for served (closed-loop) rows; offline and batch runs use the
+#: ``LLM`` class in the benchmark's own process and have no API server in the path.
+API_SERVER = ApiServerCost()
+#: First vLLM release with async scheduling on by default (vLLM PR #27614, late 2025:
+#: ``SchedulerConfig.async_scheduling`` None resolves to True, vllm_compat.py).
+ASYNC_DEFAULT_SINCE = (0, 14)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +84,7 @@ class BenchmarkRow:
     source: str = ""
     notes: str = ""
     versions: str = ""  # engine / ROCm / AITER versions the row was measured with
+    async_scheduling: bool = False  # the engine ran vLLM's async scheduling (default since 0.14)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,11 +100,18 @@ def _num(text: str) -> float | None:
 
 
 def _quantization(prec: str) -> tuple[str, str]:
-    """(``--quantization``, ``--kv-cache-dtype``) for the CSV's ``prec`` column."""
+    """(``--quantization``, ``--kv-cache-dtype``) for the CSV's ``prec`` column.
+
+    NVFP4 rows run NVIDIA's ModelOpt checkpoints, whose ``hf_quant_config.json`` sets
+    ``kv_cache_quant_algo: FP8`` (25 of the 28 NVFP4 checkpoints whose configs ship in
+    aiconfigurator-core); vLLM resolves ``--kv-cache-dtype auto`` to that
+    (``utils/torch_utils.py`` ``resolve_kv_cache_dtype_string``, called from
+    ``engine/arg_utils.py``), so their KV cache is fp8.
+    """
     p = prec.lower()
     kv = "fp8" if "fp8 kv" in p else "auto"
     if "nvfp4" in p:
-        return "nvfp4", kv
+        return "nvfp4", "fp8"
     if "mxfp4" in p:  # includes W_MXFP4_A_MXFP6: priced as MXFP4 weights (see docs)
         return "mxfp4", kv
     if "fp8" in p:
@@ -130,6 +144,17 @@ def _versions(rec: dict[str, str]) -> str:
     if m:
         parts.append(f"image {m.group(1)}")
     return ", ".join(parts)
+
+
+def _async_scheduling(rec: dict[str, str]) -> bool:
+    """Whether the row's vLLM ran async scheduling: by its version where stated (on by
+    default from 0.14), else by its date, measured or (failing that) published: 2026 means
+    a release after the switch."""
+    m = re.search(r"(\d+)\.(\d+)", rec.get("engine_ver") or "")
+    if m and "vllm" in (rec.get("engine") or "vllm").lower():
+        return (int(m.group(1)), int(m.group(2))) >= ASYNC_DEFAULT_SINCE
+    dates = re.findall(r"\b(20\d\d)-\d\d", (rec.get("measured") or "") or (rec.get("source") or ""))
+    return bool(dates) and dates[-1] >= "2026"
 
 
 def load_rows(path: str | Path = PUBLISHED_CSV) -> tuple[list[BenchmarkRow], list[SkippedRow]]:
@@ -211,7 +236,7 @@ def load_rows(path: str | Path = PUBLISHED_CSV) -> tuple[list[BenchmarkRow], lis
             gpu_memory_utilization=float(util.group(1)) if util else 0.90,
             max_model_len=int(mml.group(1)) if mml else int(isl) + int(osl) + 64,
             figures=figures, source=rec.get("source") or "", notes=rec.get("notes") or "",
-            versions=_versions(rec)))
+            versions=_versions(rec), async_scheduling=_async_scheduling(rec)))
         del line
     return rows, skipped
 
@@ -230,14 +255,40 @@ class RecordedRun:
     target: Target = field(default_factory=Target)
     resolved: Any = None  # ResolvedTarget (hardware, model spec)
 
-    def figures(self, model: RooflineStepTimeModel) -> dict[str, float]:
-        """The row's figures under ``model``'s clock."""
-        cum = np.concatenate([[0.0], np.cumsum(step_times(model, self.arrays))])
+    def step_periods(self, model: RooflineStepTimeModel, *,
+                     async_scheduling: bool | None = None) -> np.ndarray:
+        """Seconds between consecutive step ends under ``model``'s clock: CPU + GPU in a
+        synchronous engine; ``max(cpu, gpu)`` under async scheduling, whose engine
+        prepares step N+1 while step N runs (docs/step-time-model.md §1.3: the steady
+        state of the two-clock recurrence)."""
+        parts = model.terms(*self.arrays, maximum=np.maximum, minimum=np.minimum)
+        total = sum(parts.values())
+        if self.row.async_scheduling if async_scheduling is None else async_scheduling:
+            cpu = parts["cpu"]
+            total = np.maximum(cpu, total - cpu)
+        return np.where(self.arrays[1] + self.arrays[2] > 0, total, 0.0)
+
+    def figures(self, model: RooflineStepTimeModel, *, api: ApiServerCost | None = API_SERVER,
+                async_scheduling: bool | None = None) -> dict[str, float]:
+        """The row's figures under ``model``'s clock (client-side for served rows: the
+        API server's intake and output queue, :mod:`tuner.perf.api_server`).
+
+        ``api=None`` leaves the API server out and ``async_scheduling`` overrides the
+        row's mode: the parts of the TTFT path apart (bench/calibration_fit.py).
+        """
+        cum = np.concatenate([[0.0], np.cumsum(self.step_periods(
+            model, async_scheduling=async_scheduling))])
         arrival, first, finish = cum[self.arrival], cum[self.first], cum[self.finish]
         ttft = first - arrival
         tpot = (finish - first) / np.maximum(self.output_len - 1, 1)
         out: dict[str, float] = {}
         duration = float(finish.max() - arrival.min())
+        if self.row.kind == "closed" and api is not None:
+            load = server_load(api, self.input_len, self.output_len, duration,
+                               len(self.arrays[0]))
+            ttft = client_ttft_s(api, load, ttft, self.input_len)
+            tpot = tpot * load.stretch
+            duration *= load.stretch
         tokens_out = float(self.output_len.sum())
         tokens_all = tokens_out + float(self.input_len.sum())
         r = self.row
@@ -313,7 +364,7 @@ def record(row: BenchmarkRow) -> RecordedRun:
                           enable_prefix_caching=False, max_model_len=row.max_model_len)
     recorder = _Recorder()
     sim = Simulator(requests, resolved.default_settings, cache, recorder,
-                    options=SimOptions(), load=load, num_gpus=row.tp, num_hash_ids=next_id)
+                    options=SimOptions(async_scheduling=row.async_scheduling), load=load, num_gpus=row.tp, num_hash_ids=next_id)
     result = sim.run()
     done = [r for r in result.requests if r.status == "finished"]
     if not done:
