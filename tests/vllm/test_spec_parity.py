@@ -11,23 +11,13 @@ from typing import Any
 
 import pytest
 from spec_cases import cases
-from vllm_env import vllm_python
-
-from tuner.fidelity.parity import run_parity_many
+from vllm_env import ParityRuns
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow,
               pytest.mark.xdist_group("vllm:tests/vllm/test_spec_parity.py")]
 
 NAMES = [c.name for c in cases()]
-_RESULTS: dict[str, Any] = {}
-
-
-def results() -> dict[str, Any]:
-    if not _RESULTS:
-        todo = cases()
-        out = run_parity_many(todo, vllm_python=vllm_python("0.33"), timeout_s=1800)
-        _RESULTS.update({c.name: r for c, r in zip(todo, out)})
-    return _RESULTS
+results = ParityRuns(lambda _version: cases(), timeout_s=1800)
 
 
 def _spec_counters(result: Any) -> dict[str, float]:

@@ -13,6 +13,8 @@ import os
 import pathlib
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from tests.envs import env_python
 
@@ -37,3 +39,27 @@ def run_in_vllm(python: str, script: pathlib.Path | str, *args: str, timeout: fl
         sys.stderr.write(proc.stderr[-6000:])
         raise AssertionError(f"{script} failed with exit code {proc.returncode}")
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+class ParityRuns:
+    """One test module's parity results: every case of a release in one driver process (one
+    vLLM import, the slow part), run on first use and kept for the module's tests.
+
+    ``cases(version)`` lists the module's cases for a release; the vLLM python is looked up
+    first, so a missing environment skips (or fails in CI) before any case is built.
+    """
+
+    def __init__(self, cases: Callable[[str], Sequence[Any]], timeout_s: float = 1200):
+        self._cases = cases
+        self._timeout_s = timeout_s
+        self._by_version: dict[str, dict[str, Any]] = {}
+
+    def __call__(self, version: str = "0.33") -> dict[str, Any]:
+        """Case name -> ``(report, twin, vllm)`` for ``version``."""
+        if version not in self._by_version:
+            from tuner.fidelity.parity import run_parity_many
+            python = vllm_python(version)
+            todo = list(self._cases(version))
+            out = run_parity_many(todo, vllm_python=python, timeout_s=self._timeout_s)
+            self._by_version[version] = {c.name: r for c, r in zip(todo, out)}
+        return self._by_version[version]
