@@ -31,7 +31,7 @@ from typing import Any
 from tuner.records import RequestTable
 from tuner.sim.clock import INF, launch_price_function
 from tuner.sim.disagg.engines import DecodeEngine, PrefillEngine
-from tuner.sim.fleet.loop import FleetLoop, _Unit
+from tuner.sim.fleet.loop import FleetLoop
 from tuner.sim.load import ClosedLoop, OpenLoop
 from tuner.sim.loop import AdmissionRules, StepTime
 
@@ -102,7 +102,7 @@ class PDLoop(FleetLoop):
         self.num_refused_at_decode = 0
         self.prefill_of: dict[int, int] = {}  # trace index -> its prefill engine, until read
 
-    def _update(self, unit: _Unit) -> None:
+    def _update(self, unit: Any) -> None:
         super()._update(unit)
         e = unit.engines[0]
         if e < self.num_prefill:
@@ -126,7 +126,7 @@ class PDLoop(FleetLoop):
         if not unit.active:
             self._push(unit, self.now_s, 2)  # _SCHEDULE
 
-    def _empty_step_s(self, unit: _Unit, now_s: float) -> float:
+    def _empty_step_s(self, unit: Any, now_s: float) -> float:
         """How long a step that scheduled nothing lasts (see the module doc)."""
         engine = self.engines[unit.engines[0]]
         end = engine.connector.next_event_s(now_s)
