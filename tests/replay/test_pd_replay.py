@@ -113,3 +113,13 @@ def test_bad_pd_flags_are_one_line_errors(mooncake_head_trace, args, message):
     assert res.exit_code == 2, res.output
     assert res.output.strip().splitlines() == [res.output.strip()]
     assert message in res.output and "Traceback" not in res.output
+
+
+def test_replay_pd_serve_prints_one_server_per_instance_and_the_proxy(mooncake_head_trace):
+    res = _cli(mooncake_head_trace, "--pd", "1:2", "--pd-serve")
+    assert res.exit_code == 0, res.output
+    servers = [ln for ln in res.output.splitlines() if ln.startswith("vllm serve")]
+    assert len(servers) == 3 and all("MoRIIOConnector" in s for s in servers)  # mi355x
+    assert "--decoder-ports 8200 8201" in res.output
+    res = _cli(mooncake_head_trace, "--pd-serve")
+    assert res.exit_code == 2 and "add --pd PREFILL:DECODE" in res.output

@@ -367,6 +367,14 @@ def replay_command(trace: str, backend: str, target_flags: TargetFlags,
     click.echo(P90_HELP)
     if out is not None:
         click.echo(f"wrote {len(result.requests):,} request rows to {out}")
+    if layout is not None and (pd_flags.serve or pd_flags.check_python):
+        from tuner.cli._pd import pd_serve_lines
+
+        lines, ok = pd_serve_lines(pd_flags, layout, resolved, settings)
+        for line in lines:
+            click.echo(line)
+        if not ok:
+            raise SystemExit(1)
 
 
 def register(cli: click.Group) -> None:
