@@ -47,15 +47,18 @@ class PDServeCommand:
 
 
 def connector_for(vendor: str) -> str:
-    """vLLM 0.33.0's P/D connector for a GPU vendor ("amd" -> MoRIIO, else NIXL)."""
-    return "MoRIIOConnector" if vendor == "amd" else "NixlConnector"
+    """vLLM 0.33.0's P/D connector for a GPU vendor (``tuner.vllm_compat``)."""
+    from tuner.vllm_compat import pd_connector_name
+
+    return pd_connector_name(vendor)
 
 
 def _transfer_config(vendor: str, role: str, port: int, same_node: bool,
                      index: int = 0) -> dict:
-    if vendor != "amd":
-        return {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
-    return {"kv_connector": "MoRIIOConnector",
+    name = connector_for(vendor)
+    if name != "MoRIIOConnector":
+        return {"kv_connector": name, "kv_role": "kv_both"}
+    return {"kv_connector": name,
             "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
             "kv_connector_extra_config": {
                 "read_mode": "true", "backend": "xgmi" if same_node else "rdma",
