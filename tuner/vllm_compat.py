@@ -253,6 +253,16 @@ def flag_value(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
+#: vLLM 0.33.0's P/D connectors by GPU vendor (``KVConnectorFactory.register_connector``
+#: in ``distributed/kv_transfer/kv_connector/factory.py``): NIXL on NVIDIA, MoRIIO on ROCm.
+PD_CONNECTORS = {"nvidia": "NixlConnector", "amd": "MoRIIOConnector"}
+
+
+def pd_connector_name(vendor: str) -> str:
+    """The ``kv_connector`` a disaggregated pool of ``vendor`` GPUs runs on 0.33.0."""
+    return PD_CONNECTORS.get(vendor, "NixlConnector")
+
+
 def kv_offloading_args(size_gib: float | None, backend: str, policy: str,
                        blocks_per_chunk: int) -> list[tuple[str, str]]:
     """The engine flags of vLLM 0.33.0's CPU KV tier (config/vllm.py 1151-1186):
@@ -527,6 +537,6 @@ __all__ = [
     "PLUGIN_MINORS", "PLUGIN_MODULE", "PLUGIN_SYNC_CLS", "PYTHON_ENV_VARS", "SUPPORTED",
     "SchedulerArgsPlan", "VllmFeatures", "detect", "features", "find_vllm_python",
     "flag_name", "flag_value", "installed_version", "minor", "parse_version",
-    "plan_scheduler_args", "prefill_interval_mode", "self_preemption_continues",
+    "pd_connector_name", "plan_scheduler_args", "prefill_interval_mode", "self_preemption_continues",
     "vllm_python_from_env",
 ]

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import click
 
 from tuner.cli._common import echo_json, handle_errors, make_console
+from tuner.cli._pd import pd_options
 from tuner.cli._progress import progress_display
 from tuner.cli._spec import spec_lines, spec_options
 from tuner.errors import ConfigError
@@ -249,6 +250,7 @@ def make_load(speedup: float | None, concurrency: int | None):  # type: ignore[n
 @target_options
 @spec_options
 @router_options
+@pd_options
 @click.option("--set", "assignments", multiple=True, metavar="FIELD=VALUE",
               help="Scheduler setting by its SchedulerConfig name (repeatable), e.g. "
                    "--set cache_aware_admission_window=16. Unset fields keep vLLM's defaults "
@@ -268,7 +270,8 @@ def make_load(speedup: float | None, concurrency: int | None):  # type: ignore[n
               help="Progress bar [default: on when stderr is a terminal].")
 @handle_errors
 def replay_command(trace: str, backend: str, target_flags: TargetFlags,
-                   spec_flags: Any, router_flags: RouterFlags, assignments: tuple[str, ...],
+                   spec_flags: Any, router_flags: RouterFlags, pd_flags: Any,
+                   assignments: tuple[str, ...],
                    speedup: float | None, concurrency: int | None,
                    measure_from: float | None, measure_to: float | None, out: str | None,
                    as_json: bool, progress: bool | None) -> None:
@@ -309,6 +312,15 @@ def replay_command(trace: str, backend: str, target_flags: TargetFlags,
         raise ConfigError(f"--backend {backend} replays one deployment; --replicas and "
                           "--router run on the sim backend")
     fleet = {"router": router} if backend == "sim" and target.num_engines > 1 else {}
+    layout = pd_flags.layout()
+    if layout is not None:  # disaggregated pools (docs/disaggregation.md)
+        if backend != "sim" or speculative is not None or router.policy != "round-robin":
+            raise ConfigError("--pd replays on the sim backend, without --router and "
+                              "speculative decoding")
+        from tuner.replay import pd_pools
+
+        pd_pools(layout, resolved, settings)  # refuse a bad layout before the replay
+        fleet = {"pd": layout}
     spec_kw = {} if speculative is None else {"options": SimOptions(speculative=speculative)}
     with progress_display(progress) as shown:
         result = replay.run(trace, settings, backend=backend, target=target, load=load,
@@ -322,8 +334,13 @@ def replay_command(trace: str, backend: str, target_flags: TargetFlags,
         raise ConfigError(str(warning).removeprefix("WARNING: "))  # no result to show
     if out is not None:
         write_requests_parquet(result, out, inputs=[trace])
+    from tuner.metrics.pd import pd_lines, pd_summary
+
+    pd_block = pd_summary(result.counters)
     if as_json:
         extra = {}
+        if pd_block is not None:
+            extra["disaggregation"] = {**layout.to_dict(), **pd_block}  # type: ignore[union-attr]
         if speculative is not None:
             extra = {"speculative": {**speculative.to_dict(),
                                      **spec_summary(result.counters, num_out)}}
@@ -340,6 +357,9 @@ def replay_command(trace: str, backend: str, target_flags: TargetFlags,
     console.print(summary_table(summary))
     if len(summary.engines) > 1:
         console.print(engine_table(summary))
+    if pd_block is not None:
+        for line in pd_lines(pd_block):
+            click.echo(line)
     if speculative is not None:
         click.echo(f"speculative decoding: {speculative.describe()}")
         for line in spec_lines(result.counters, num_out):
@@ -347,6 +367,14 @@ def replay_command(trace: str, backend: str, target_flags: TargetFlags,
     click.echo(P90_HELP)
     if out is not None:
         click.echo(f"wrote {len(result.requests):,} request rows to {out}")
+    if layout is not None and (pd_flags.serve or pd_flags.check_python):
+        from tuner.cli._pd import pd_serve_lines
+
+        lines, ok = pd_serve_lines(pd_flags, layout, resolved, settings)
+        for line in lines:
+            click.echo(line)
+        if not ok:
+            raise SystemExit(1)
 
 
 def register(cli: click.Group) -> None:

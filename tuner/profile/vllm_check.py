@@ -185,3 +185,102 @@ def check_with_vllm(profile: Profile, *, vllm_version: str = "0.33.0",
     return VllmCheck("failed" if errors else "ok", vllm_version=verdict.get("vllm_version"),
                      checked=tuple(verdict.get("checked", ())), errors=errors,
                      note="; ".join(verdict.get("notes", ())))
+
+
+#: Runs inside a vLLM environment: parses each P/D server's flags with vLLM's parser and
+#: builds its KVTransferConfig; checks the connector is one vLLM registers.
+_PD_CHECK_SCRIPT = r'''
+import contextlib, io, json, sys
+payload = json.load(sys.stdin)
+out = {"errors": [], "checked": []}
+try:
+    import vllm
+    out["vllm_version"] = getattr(vllm, "__version__", "?")
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.engine.arg_utils import EngineArgs
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:
+        from vllm.utils import FlexibleArgumentParser
+except Exception as exc:  # noqa: BLE001
+    out["skipped"] = f"vllm is not importable here: {type(exc).__name__}: {exc}"
+    print(json.dumps(out)); sys.exit(0)
+def make_parser():
+    try:
+        return EngineArgs.add_cli_args(FlexibleArgumentParser())
+    except RuntimeError as exc:
+        if "infer device type" not in str(exc):
+            raise
+        import vllm.platforms as platforms
+        from vllm.platforms.cpu import CpuPlatform
+        platforms._current_platform = CpuPlatform()
+        return EngineArgs.add_cli_args(FlexibleArgumentParser())
+registry = getattr(KVConnectorFactory, "_registry", {})
+for server in payload["servers"]:
+    what = server["name"]
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            ns = make_parser().parse_args(server["args"])
+    except SystemExit:
+        msg = err.getvalue().strip().splitlines()
+        out["errors"].append(f"{what}: vLLM's parser refused it: {msg[-1] if msg else '?'}")
+        continue
+    got = ns.kv_transfer_config
+    if isinstance(got, str):
+        got = json.loads(got)
+    if not isinstance(got, KVTransferConfig):
+        try:
+            got = KVTransferConfig(**got)
+        except Exception as exc:  # noqa: BLE001
+            out["errors"].append(f"{what}: KVTransferConfig refused it: {exc}")
+            continue
+    want = server["kv_transfer_config"]
+    if got.kv_connector != want["kv_connector"] or got.kv_role != want["kv_role"]:
+        out["errors"].append(f"{what}: parsed as {got.kv_connector}/{got.kv_role}")
+    if got.kv_connector not in registry:
+        out["errors"].append(f"{what}: vLLM registers no connector {got.kv_connector!r}")
+    if ns.tensor_parallel_size != server["tp"]:
+        out["errors"].append(f"{what}: tensor_parallel_size {ns.tensor_parallel_size}")
+    out["checked"].append(what)
+print(json.dumps(out))
+'''
+
+
+def check_pd_with_vllm(commands: Any, *, python: str | None = None,
+                       timeout_s: float = 300.0) -> VllmCheck:
+    """Parse each P/D server's flags (``tuner.profile.pd_export.PDServeCommand``) with
+    vLLM's own parser and ``KVTransferConfig``; as :func:`check_with_vllm`, ``python``
+    None = this interpreter if vLLM is importable, else skipped."""
+    servers = [{"name": f"{c.role} {c.instance}", "args": list(c.args),
+                "kv_transfer_config": c.kv_transfer_config,
+                "tp": int(c.args[c.args.index("--tensor-parallel-size") + 1])}
+               for c in commands]
+    asked = python is not None
+    if python is None:
+        if importlib.util.find_spec("vllm") is None:
+            return VllmCheck("skipped", note="vllm is not importable in this environment")
+        import sys
+
+        python = sys.executable
+    try:
+        proc = subprocess.run([python, "-c", _PD_CHECK_SCRIPT],
+                              input=json.dumps({"servers": servers}), text=True,
+                              capture_output=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return VllmCheck("failed" if asked else "skipped",
+                         errors=(f"could not run {python}: {exc}",) if asked else (),
+                         note="" if asked else f"could not run {python}: {exc}")
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return VllmCheck("failed", errors=(f"check script exited {proc.returncode}: {tail}",))
+    verdict = json.loads(lines[-1])
+    if "skipped" in verdict:
+        return VllmCheck("failed" if asked else "skipped",
+                         errors=(verdict["skipped"],) if asked else (),
+                         note=verdict["skipped"])
+    errors = tuple(verdict.get("errors", ()))
+    return VllmCheck("failed" if errors else "ok", vllm_version=verdict.get("vllm_version"),
+                     checked=tuple(verdict.get("checked", ())), errors=errors)

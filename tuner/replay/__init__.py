@@ -25,6 +25,7 @@ from tuner.replay._backend import (
     create_backend,
     register_backend,
 )
+from tuner.replay._disagg import pd_pools
 from tuner.replay._ideal import IdealHitRate, ideal_hit_rate
 from tuner.replay._kv_requests import InternedRequests, dense_hash_ids
 from tuner.replay._run import (TraceLike, intern_requests, load_requests, prepare,
@@ -44,6 +45,7 @@ __all__ = [
     "intern_requests",
     "load_requests",
     "parse_settings",
+    "pd_pools",
     "prepare",
     "reblock_request",
     "register_backend",

@@ -31,7 +31,7 @@ class SimBackend(Backend):
     accepts_array_hashes = True  # SimRequest takes anything with tolist(), at arrival
     accepts_hash_ids = True  # interned once per trace: the twin's cache indexes arrays
 
-    def __init__(self, router: "RouterSettings | None" = None) -> None:
+    def __init__(self, router: "RouterSettings | None" = None, pd: Any = None) -> None:
         from tuner.sim.fleet import RouterSettings
 
         if router is None:
@@ -40,6 +40,7 @@ class SimBackend(Backend):
             raise TypeError(f"router {router!r}: expected RouterSettings (read a dict form "
                             "with RouterSettings.from_dict where it is loaded)")
         self.router: RouterSettings = router
+        self.pd = pd  # a tuner.perf.pd_link.PDLayout: disaggregated pools (tuner.replay._disagg)
         self._simulator: Any = None
 
     @property
@@ -53,6 +54,11 @@ class SimBackend(Backend):
         from tuner.sim.engine import Simulator
 
         deployment = target.target
+        if self.pd is not None:
+            from tuner.replay._disagg import pd_simulator
+
+            self._simulator = pd_simulator(requests, settings, target, load, options, self.pd)
+            return
         if deployment.num_engines > 1:
             from tuner.sim.fleet.simulator import FleetSimulator
 

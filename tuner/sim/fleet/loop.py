@@ -136,6 +136,10 @@ class FleetLoop:
         self.num_rejected = 0
         self.stopped = False
         self._heap: list[tuple[float, int, int, int]] = []
+        #: hooks for pools of unlike engines (tuner.sim.disagg): each unit's launch price
+        #: (all the same here) and the length of a step that scheduled nothing (None: 0 s)
+        self.unit_prices = [self.launch_price] * len(self.units)
+        self.empty_step_s: Callable[[_Unit, float], float] | None = None
 
     def _counts_of(self, replica: int) -> Callable[[int], tuple[int, int, float]]:
         engines, dp = self.engines, self.dp
@@ -245,7 +249,7 @@ class FleetLoop:
             steps: list[Any] = []
             batches: list[StepBatch | None] = []
             duration = cpu = 0.0  # a lockstep step: the slowest rank's CPU and GPU parts
-            price = self.launch_price
+            price = self.unit_prices[unit.index]
             if unit.lockstep:
                 unit.wave_running = True
             for e, has_work in zip(unit.engines, busy):
@@ -278,6 +282,8 @@ class FleetLoop:
                     cost += self.rank_price(batch, group_tokens) - self.price(batch)
                 if cost > duration:
                     duration = cost
+            if not duration and self.empty_step_s is not None:
+                duration = self.empty_step_s(unit, now)  # e.g. waiting for a KV transfer
             start = queue.launch(steps, now, cpu, duration)
             for e, step in zip(unit.engines, steps):
                 if step is None:

@@ -1,0 +1,98 @@
+"""The serve commands of a disaggregated deployment: one ``vllm serve`` per pool instance
+with its ``--kv-transfer-config``, and the proxy in front (docs/disaggregation.md).
+
+The connector follows the GPU's vendor (vLLM 0.33.0 registers both in
+``distributed/kv_transfer/kv_connector/factory.py``):
+
+* NVIDIA: ``NixlConnector`` with ``kv_role: kv_both`` (one flag set for either role; the
+  proxy's ``kv_transfer_params`` decide), as vLLM's NIXL examples start it;
+* AMD (ROCm, MI300X/MI325X/MI355X): ``MoRIIOConnector`` in read mode (the decoder pulls,
+  the twin's pull variant), ``kv_producer`` on prefill and ``kv_consumer`` on decode,
+  with the ports ``moriio_common.py`` reads from ``kv_connector_extra_config``
+  (``notify_port``, ``http_port``, ``proxy_ip``, ``proxy_ping_port``; ``backend``
+  ``xgmi`` within a node, ``rdma`` across).
+
+The proxy is vLLM's example P/D proxy
+(``tests/v1/kv_connector/nixl_integration/toy_proxy_server.py``, round robin over the
+``--prefiller-hosts/ports`` and ``--decoder-hosts/ports``), the flow the twin replays.
+Hosts are placeholders (``PREFILL_HOST_i``, ``DECODE_HOST_j``) the operator fills in.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+
+__all__ = ["PDServeCommand", "connector_for", "pd_serve_commands", "proxy_command"]
+
+PREFILL_PORT, DECODE_PORT, PROXY_PORT = 8100, 8200, 8000
+MORIIO_NOTIFY_PORT, MORIIO_PROXY_PING_PORT = 61005, 36367
+
+
+@dataclass(frozen=True, slots=True)
+class PDServeCommand:
+    """One pool instance's server."""
+
+    role: str  # "prefill" | "decode"
+    instance: int  # index within its pool
+    host: str  # a placeholder the operator replaces
+    port: int
+    args: tuple[str, ...]  # engine flags (vLLM's EngineArgs parser reads them)
+    kv_transfer_config: dict  # what --kv-transfer-config carries (parsed back by the check)
+
+    def command(self, model: str) -> str:
+        """``vllm serve MODEL --port N`` (the API server's flag) and the engine flags."""
+        return shlex.join(["vllm", "serve", model, "--port", str(self.port), *self.args])
+
+
+def connector_for(vendor: str) -> str:
+    """vLLM 0.33.0's P/D connector for a GPU vendor (``tuner.vllm_compat``)."""
+    from tuner.vllm_compat import pd_connector_name
+
+    return pd_connector_name(vendor)
+
+
+def _transfer_config(vendor: str, role: str, port: int, same_node: bool,
+                     index: int = 0) -> dict:
+    name = connector_for(vendor)
+    if name != "MoRIIOConnector":
+        return {"kv_connector": name, "kv_role": "kv_both"}
+    return {"kv_connector": name,
+            "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
+            "kv_connector_extra_config": {
+                "read_mode": "true", "backend": "xgmi" if same_node else "rdma",
+                "notify_port": str(MORIIO_NOTIFY_PORT + 100 * index), "http_port": str(port),
+                "proxy_ip": "PROXY_HOST", "proxy_ping_port": str(MORIIO_PROXY_PING_PORT)}}
+
+
+def pd_serve_commands(*, num_prefill: int, num_decode: int, prefill_tp: int,
+                      decode_tp: int, prefill_vendor: str, decode_vendor: str,
+                      same_node: bool, extra_args: tuple[str, ...] = ()
+                      ) -> list[PDServeCommand]:
+    """Prefill instances first, then decode instances; ``extra_args`` (the scheduler
+    flags of the profile) go on every one."""
+    out: list[PDServeCommand] = []
+    for role, count, tp, vendor, base in (
+            ("prefill", num_prefill, prefill_tp, prefill_vendor, PREFILL_PORT),
+            ("decode", num_decode, decode_tp, decode_vendor, DECODE_PORT)):
+        for i in range(count):
+            port = base + i
+            # one notify port range per instance (each TP rank adds its offset to it)
+            config = _transfer_config(vendor, role, port, same_node, index=len(out))
+            args = ("--tensor-parallel-size", str(tp), *extra_args,
+                    "--kv-transfer-config", json.dumps(config, separators=(",", ":")))
+            out.append(PDServeCommand(role, i, f"{role.upper()}_HOST_{i}", port, args, config))
+    return out
+
+
+def proxy_command(commands: list[PDServeCommand]) -> str:
+    """vLLM's example P/D proxy over ``commands`` (round robin in each pool)."""
+    pre = [c for c in commands if c.role == "prefill"]
+    dec = [c for c in commands if c.role == "decode"]
+    return shlex.join([
+        "python", "toy_proxy_server.py", "--port", str(PROXY_PORT),
+        "--prefiller-hosts", *[c.host for c in pre],
+        "--prefiller-ports", *[str(c.port) for c in pre],
+        "--decoder-hosts", *[c.host for c in dec],
+        "--decoder-ports", *[str(c.port) for c in dec]])

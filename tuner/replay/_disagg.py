@@ -1,0 +1,57 @@
+"""The sim backend's disaggregated replay: a ``PDLayout`` and the main target resolved
+into the two pools' engines (``tuner.sim.disagg.simulator.PDSimulator``).
+
+The main target (``--hardware``, ``--tp``, the model, the KV and dtype flags) is the
+decode pool; ``--prefill-tp`` and ``--prefill-hardware`` change the prefill pool's copy
+of it. Both pools run the same scheduler settings and scheduling mode (vLLM's example
+serves both roles with one set of flags plus ``--kv-transfer-config``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from tuner.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tuner.perf.pd_link import PDLayout
+    from tuner.perf.presets import ResolvedTarget
+    from tuner.sim.settings import SchedulerSettings, SimOptions
+
+__all__ = ["pd_pools", "pd_simulator"]
+
+
+def pd_pools(layout: "PDLayout", resolved: "ResolvedTarget",
+             settings: "SchedulerSettings | None" = None
+             ) -> tuple["ResolvedTarget", "ResolvedTarget"]:
+    """``(prefill, decode)`` resolved targets for ``layout`` on ``resolved``'s target."""
+    from tuner.perf.presets import resolve_target
+
+    target = resolved.target
+    if target.num_engines > 1:
+        raise ConfigError("--pd with --dp or --replicas > 1: each pool instance is one TP "
+                          "group here; give the instance counts in --pd P:D")
+    if target.kv_offloading_size is not None:
+        raise ConfigError("--pd with --kv-offloading-size is not modelled yet: replay one "
+                          "or the other")
+    decode = resolve_target(dataclasses.replace(target, tp=layout.decode_tp or target.tp),
+                            scheduler_settings=settings)
+    prefill = resolve_target(dataclasses.replace(
+        target, tp=layout.prefill_tp or target.tp,
+        hardware=layout.prefill_hardware or target.hardware), scheduler_settings=settings)
+    return prefill, decode
+
+
+def pd_simulator(requests: Any, settings: "SchedulerSettings", resolved: "ResolvedTarget",
+                 load: Any, options: "SimOptions", layout: "PDLayout") -> Any:
+    """A ready ``PDSimulator`` for ``layout`` (see the module doc)."""
+    from tuner.perf.pd_link import pd_settings
+    from tuner.sim.disagg.simulator import PDPool, PDSimulator
+
+    prefill, decode = pd_pools(layout, resolved, settings)
+    pd = pd_settings(layout, prefill, decode)
+    return PDSimulator(requests, PDPool(settings, prefill.cache, prefill.step_time),
+                       PDPool(settings, decode.cache, decode.step_time), pd,
+                       options=options, load=load,
+                       num_hash_ids=getattr(requests, "num_hash_ids", None))

@@ -1,0 +1,153 @@
+"""The two roles of a twin engine in a P:D deployment (``tuner.sim.fleet.engines``' fleet
+engine, with the proxy's view of a request).
+
+* :class:`PrefillEngine`: gets each request as vLLM's example proxy sends it to a
+  prefill instance (``max_tokens=1``, ``kv_transfer_params.do_remote_decode``): the
+  prompt, one output token. When that token is produced the request goes back to the
+  proxy (a *handoff*) instead of into the records; its blocks stay held by the
+  :class:`~tuner.sim.disagg.nixl.NixlPrefillConnector` until the decoder has read them.
+* :class:`DecodeEngine`: gets the original request (with ``do_remote_prefill``) and the
+  request's arrival time at the proxy, so its record is the user's: TTFT from the
+  arrival to the decoder's first token, queueing from the arrival to the prefill
+  instance's first schedule.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tuner.records import RequestTable
+from tuner.sim.disagg.nixl import NixlDecodeConnector, NixlPrefillConnector
+from tuner.sim.disagg.settings import PDSettings
+from tuner.sim.fleet.engines import FleetTwinEngine
+from tuner.sim.request import SimRequest
+from tuner.sim.scheduler import Scheduler
+from tuner.sim.settings import SimOptions
+
+__all__ = ["DecodeEngine", "Handoff", "PrefillEngine", "PrefillView"]
+
+#: ``(trace index, source, arrival at the proxy)``
+Handoff = tuple[int, Any, float]
+
+
+class PrefillView:
+    """A trace request as the proxy sends it to a prefill instance: ``max_tokens=1``."""
+
+    __slots__ = ("source",)
+    output_len = 1
+    output_block_hashes = None
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.source, name)
+
+
+class _PoolEngine(FleetTwinEngine):
+    """A fleet engine that also sums its GPU's busy time (the pool's utilisation)."""
+
+    busy_s = 0.0  # seconds of steps that scheduled tokens
+
+    def start(self, step: Any, start_s: float, duration_s: float) -> None:
+        super().start(step, start_s, duration_s)
+        if step[0].total_num_scheduled_tokens:
+            self.busy_s += duration_s
+
+
+class PrefillEngine(_PoolEngine):
+    """A prefill instance (see the module doc)."""
+
+    def __init__(self, scheduler: Scheduler, block_size: int, options: SimOptions,
+                 table: RequestTable) -> None:
+        scheduler.connector = NixlPrefillConnector(scheduler.kv_cache_manager.block_pool)
+        super().__init__(scheduler, block_size, options, table)
+        # The scheduler's walk counts only live requests as block holders; held blocks
+        # have one more, so this engine runs its own walk (check_holds) instead.
+        self.check_holds, self.check = self.check, False
+        self.sources: dict[int, Any] = {}  # trace index -> source, until handed off
+        self._handoffs: list[Handoff] = []
+        #: trace index -> (first scheduled, prefill done, cached tokens, preemptions)
+        self.prefill_times: dict[int, tuple[float, float, int, int]] = {}
+
+    def add_request(self, index: int, source: Any, arrival_s: float) -> None:
+        self.sources[index] = source
+        super().add_request(index, PrefillView(source), arrival_s)
+
+    def schedule(self, now_s: float) -> Any:
+        self.connector.release_until(now_s)  # reads that ended: their blocks are free
+        return super().schedule(now_s)
+
+    def _record(self, request: SimRequest, status: Any) -> None:
+        if status != "finished":  # never reached the decoder: the prefill's outcome
+            self.sources.pop(request.index, None)
+            super()._record(request, status)
+            return
+        self._finished.append(request.index)
+        self.prefill_times[request.index] = (
+            request.first_scheduled_s, request.finish_s, max(0, request.num_cached_tokens),
+            request.num_preemptions)
+        self._handoffs.append((request.index, self.sources.pop(request.index),
+                               request.arrival_s))
+
+    def update(self, step: Any, end_s: float) -> int:
+        """As the twin's; 0 finished for the loop's in-flight count (a handed-off request
+        is finished for the user only when its decoder finishes it)."""
+        super().update(step, end_s)
+        if self.check_holds:
+            self.check_invariants()
+        return 0
+
+    def check_invariants(self) -> None:
+        """The block pool's invariants, and every block's ref count = its live holders
+        plus one per held (read-pending) copy."""
+        scheduler = self.scheduler
+        pool = scheduler.kv_cache_manager.block_pool
+        pool.check_invariants()
+        owners: dict[int, int] = {}
+        live = list(scheduler.running) + list(scheduler.waiting) + list(scheduler.kv_holding)
+        for ids in [r.blocks for r in live] + [b.tolist() for b in self.connector.held()]:
+            for block in ids:
+                owners[block] = owners.get(block, 0) + 1
+        for block in range(1, pool.num_gpu_blocks):
+            assert pool.ref_cnt[block] == owners.get(block, 0), (
+                f"block {block}: ref_cnt {pool.ref_cnt[block]} != holders + holds "
+                f"{owners.get(block, 0)} (tuner bug)")
+
+    def take_handoffs(self) -> list[Handoff]:
+        """Requests whose prefill finished since the last call (for the proxy)."""
+        out, self._handoffs = self._handoffs, []
+        return out
+
+    def read_done(self, index: int, end_s: float) -> None:
+        self.connector.read_done(index, end_s)
+
+    def finish(self) -> None:
+        """The replay ended: every read has ended, so the held blocks are free."""
+        self.connector.release_until(float("inf"))
+        super().finish()
+
+    def has_requests(self) -> bool:
+        return self.scheduler.has_requests()
+
+
+class DecodeEngine(_PoolEngine):
+    """A decode instance (see the module doc)."""
+
+    def __init__(self, scheduler: Scheduler, block_size: int, options: SimOptions,
+                 table: RequestTable, settings: PDSettings, on_read: Any,
+                 prefill_times: dict[int, tuple[float, float, int, int]]) -> None:
+        scheduler.connector = NixlDecodeConnector(settings, on_read)
+        super().__init__(scheduler, block_size, options, table)
+        self.prefill_times = prefill_times
+
+    def _record(self, request: SimRequest, status: Any) -> None:
+        first_sched, _, cached, preemptions = self.prefill_times.get(
+            request.index, (request.first_scheduled_s, 0.0, 0, 0))
+        self.table.record(
+            request.index, status, request.arrival_s, output_len=request.num_output_tokens,
+            first_scheduled_s=first_sched, first_token_s=request.first_token_s,
+            finish_s=request.finish_s, num_cached_tokens=cached,
+            num_preemptions=preemptions + request.num_preemptions)
+        if status == "finished":
+            self._finished.append(request.index)

@@ -1,0 +1,275 @@
+"""vLLM 0.33.0's NIXL connector, scheduler side, pull variant, as two twin connectors.
+
+Mirrors ``vllm/distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py @ 0.33.0``
+(``NixlPullConnectorScheduler``) through the twin's connector interface
+(``tuner.sim.kv_connector.base``; the waiting loop that calls it is
+``tuner.sim.kv_connector.admission``). One connector per engine, by role:
+
+* :class:`NixlDecodeConnector` (the decode instance; every request it gets carries
+  ``do_remote_prefill``): ``get_num_new_matched_tokens`` returns the prompt tokens beyond
+  the local prefix hit, to load asynchronously (pull_scheduler.py:35-66; the prefill
+  backoff ``_prefill_backoff`` is 0 for full-attention models without MTP, so every
+  prompt token is pulled), so the request is allocated its blocks and waits in
+  ``WAITING_FOR_REMOTE_KVS`` (the twin's ``kv_holding``); ``update_state_after_alloc``
+  queues one read per request (``_reqs_need_recv``, 130-160, "only trigger 1 KV transfer
+  per request": ``do_remote_prefill`` is cleared, so a preempted request recomputes
+  locally). The read starts when the step carrying it reaches the GPU (the worker's
+  ``start_load_kv``) and is reported done (``finished_recving``) at the first step end
+  after it completed; the waiting loop then registers the blocks and recomputes the
+  last prompt token (``_update_waiting_for_remote_kv``), which yields the first token.
+* :class:`NixlPrefillConnector` (the prefill instance; requests carry
+  ``do_remote_decode`` and ``max_tokens=1``): admission is the plain one (``(0,
+  False)``); ``request_finished`` delays the free (``delay_free_blocks``, 232-290): the
+  blocks stay held until the decoder's read has ended (its notification,
+  ``finished_sending``), then they are freed tail first as ``_free_blocks`` does.
+
+Deliberate divergences (docs/disaggregation.md): reads of one decode engine are
+serialized on its link (one NIC per GPU; the prefill NICs' contention between decode
+engines is not modelled); the held blocks are released at the prefill engine's next
+schedule after the read ended (vLLM frees at the step that receives the notification,
+which for a busy engine is the same step and for an idle one changes nothing until it
+schedules); a prefill instance whose
+cache is full of held blocks spins with empty steps until a read ends, as vLLM's does;
+the lease expiry (``kv_lease_duration``, 30 s) never fires because every
+handed-off request is read (no aborts in a replay); a request the decode pool can never
+hold is refused at the handoff, as the decode instance's front end would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from tuner.sim.disagg.settings import PDSettings
+
+if TYPE_CHECKING:
+    from tuner.sim.block_pool import BlockPool
+    from tuner.sim.request import SimRequest
+    from tuner.sim.scheduler_output import SchedulerOutput
+
+__all__ = ["NixlDecodeConnector", "NixlPrefillConnector"]
+
+_INF = float("inf")
+_NO_IDS = np.empty(0, dtype=np.int64)
+
+
+@dataclass(slots=True)
+class _Read:
+    """One pull of a request's prompt KV from its prefill instance."""
+
+    request: "SimRequest"
+    num_blocks: int  # blocks read (the prompt's blocks beyond the local hit)
+    num_local: int  # local prefix hit (tokens) at the lookup
+    start_s: float = -1.0  # when the read began on the decoder's link (-1: not launched)
+    end_s: float = _INF  # when the last byte landed
+
+
+class NixlDecodeConnector:
+    """The decode instance's side (see the module doc).
+
+    Args:
+        settings: the deployment's transfer figures.
+        on_read: called ``(trace index, start_s, end_s)`` when a read is launched (the
+            loop tells the prefill instance when its blocks are free, and records the
+            transfer's share of TTFT).
+    """
+
+    def __init__(self, settings: PDSettings,
+                 on_read: Callable[[int, float, float], None]) -> None:
+        self.settings = settings
+        self.on_read = on_read
+        self._finished_ids: list[str] = []  # the interface's name; nothing to finalize here
+        self._pending: dict[str, int] = {}  # request id -> local hit at its (one) lookup
+        self._batch: list[_Read] = []  # reads queued by this step's admissions
+        self._unreported: list[_Read] = []  # launched, not reported to the scheduler yet
+        self._link_free_s = 0.0
+        self.num_reads = 0
+        self.read_blocks = 0
+        self.read_s = 0.0  # link time of every read
+        self.local_hit_tokens = 0  # decoder prefix hits that shortened a read
+
+    # ----------------------------------------------------------------- admission
+    def on_new_request(self, request: "SimRequest") -> None:
+        self._pending[request.request_id] = 0
+
+    def get_num_new_matched_tokens(self, request: "SimRequest",
+                                   num_local: int) -> tuple[int | None, bool]:
+        if request.request_id not in self._pending:  # read once: a preempted one recomputes
+            return 0, False
+        count = request.num_prompt_tokens - num_local
+        if count > 0:
+            self._pending[request.request_id] = num_local
+            return count, True
+        return 0, False
+
+    def update_state_after_alloc(self, request: "SimRequest", num_external: int) -> None:
+        num_local = self._pending.pop(request.request_id)
+        bs = self.settings.block_size
+        blocks = -(-(num_local + num_external) // bs) - num_local // bs
+        self._batch.append(_Read(request, blocks, num_local))
+        self.local_hit_tokens += num_local
+
+    def local_hit(self, request: "SimRequest") -> int:
+        """The local prefix hit of the request's lookup (recorded as its cached tokens)."""
+        return 0
+
+    def count_query(self, request: "SimRequest", num_local: int) -> None:
+        """Connector query stats: the decoder counts only its local hits."""
+
+    # ----------------------------------------------------------------- steps
+    def build_connector_meta(self, out: "SchedulerOutput") -> None:
+        """The step's reads are already queued (``update_state_after_alloc``)."""
+
+    def launch(self, start_s: float, duration_s: float) -> None:
+        if not self._batch:
+            return
+        transfer_s = self.settings.transfer_s
+        for read in self._batch:
+            begin = start_s if start_s > self._link_free_s else self._link_free_s
+            read.start_s = begin
+            read.end_s = self._link_free_s = begin + transfer_s(read.num_blocks)
+            self.read_s += read.end_s - begin
+            self.num_reads += 1
+            self.read_blocks += read.num_blocks
+            self._unreported.append(read)
+            self.on_read(read.request.index, begin, read.end_s)
+        self._batch = []
+
+    def request_finished(self, request: "SimRequest") -> bool:
+        self._pending.pop(request.request_id, None)
+        return False  # a decoder frees its blocks at once (not bidirectional)
+
+    def update_connector_output(self, now_s: float) -> set[str]:
+        if not self._unreported:
+            return set()
+        done = {r.request.request_id for r in self._unreported if r.end_s <= now_s}
+        if done:
+            self._unreported = [r for r in self._unreported if r.end_s > now_s]
+        return done
+
+    def has_pending_work(self) -> bool:
+        return bool(self._batch or self._unreported)
+
+    def can_progress(self) -> bool:
+        return bool(self._batch or self._unreported)
+
+    def next_event_s(self, now_s: float) -> float:
+        """When the next launched read ends (inf: none in flight)."""
+        ends = [r.end_s for r in self._unreported if r.end_s > now_s]
+        return min(ends) if ends else _INF
+
+    # ----------------------------------------------------------------- hash ids
+    def live_hash_ids(self) -> np.ndarray:
+        return _NO_IDS  # it keeps no block hashes
+
+    def renumber(self, live: np.ndarray) -> None:
+        """Nothing keyed by hash id."""
+
+    def counters(self) -> dict[str, float]:
+        return {"pd_reads": self.num_reads, "pd_read_blocks": self.read_blocks,
+                "pd_read_link_s": self.read_s,
+                "pd_decode_local_hit_tokens": self.local_hit_tokens}
+
+
+class NixlPrefillConnector:
+    """The prefill instance's side (see the module doc): blocks held until read."""
+
+    def __init__(self, block_pool: "BlockPool") -> None:
+        self.block_pool = block_pool
+        self._finished_ids: list[str] = []
+        self._num_blocks: dict[str, int] = {}  # request id -> blocks at its last step
+        self._held: dict[int, np.ndarray] = {}  # trace index -> blocks held for the read
+        self._release_s: dict[int, float] = {}  # trace index -> when the read ended
+        self.num_held = 0
+        self.held_block_s = 0.0  # sum over requests of blocks x seconds held
+        self._held_since: dict[int, float] = {}
+
+    def on_new_request(self, request: "SimRequest") -> None:
+        """Nothing: a ``do_remote_decode`` request is admitted as any other."""
+
+    def get_num_new_matched_tokens(self, request: "SimRequest",
+                                   num_local: int) -> tuple[int | None, bool]:
+        return 0, False
+
+    def update_state_after_alloc(self, request: "SimRequest", num_external: int) -> None:
+        """Never called: nothing loads on a prefill instance."""
+
+    def local_hit(self, request: "SimRequest") -> int:
+        return 0
+
+    def count_query(self, request: "SimRequest", num_local: int) -> None:
+        """No external lookups on a prefill instance."""
+
+    def build_connector_meta(self, out: "SchedulerOutput") -> None:
+        nb = self._num_blocks
+        for request, _ in out.individual:
+            nb[request.request_id] = request.num_blocks
+
+    def launch(self, start_s: float, duration_s: float) -> None:
+        """Nothing: the decoder moves the bytes (pull)."""
+
+    def request_finished(self, request: "SimRequest") -> bool:
+        """Hold the request's blocks (``delay_free_blocks``). The scheduler has freed them
+        already (the twin's order); taking them back before anything else allocates
+        leaves the free queue exactly as if they had never been freed."""
+        n = self._num_blocks.pop(request.request_id, 0)
+        if n:
+            blocks = request.block_buf[:n].copy()
+            self.block_pool.touch(blocks)
+            self._held[request.index] = blocks
+            self._held_since[request.index] = request.finish_s
+            self.num_held += 1
+        return True
+
+    def read_done(self, index: int, end_s: float) -> None:
+        """The decoder's read of request ``index`` ends at ``end_s`` (its notification)."""
+        if index in self._held:
+            self._release_s[index] = end_s
+
+    def release_until(self, now_s: float) -> None:
+        """Free the blocks of every request whose read ended by ``now_s`` (tail first)."""
+        if not self._release_s:
+            return
+        done = sorted(i for i, t in self._release_s.items() if t <= now_s)
+        for index in done:
+            end = self._release_s.pop(index)
+            blocks = self._held.pop(index)
+            self.held_block_s += len(blocks) * (end - self._held_since.pop(index))
+            self.block_pool.free_blocks(blocks[::-1])
+
+    @property
+    def num_held_blocks(self) -> int:
+        return sum(len(b) for b in self._held.values())
+
+    def held(self) -> list[np.ndarray]:
+        """The held blocks, one array per request (for invariant checks)."""
+        return list(self._held.values())
+
+    def update_connector_output(self, now_s: float) -> set[str]:
+        self.release_until(now_s)
+        return set()
+
+    def has_pending_work(self) -> bool:
+        return False  # held blocks alone do not keep an idle engine stepping
+
+    def can_progress(self) -> bool:
+        """Held blocks will come back: a step that admitted nothing because they fill
+        the cache is waiting, not stalled (vLLM's engine spins until the notification)."""
+        return bool(self._held)
+
+    def next_event_s(self, now_s: float) -> float:
+        """When the next held request's read ends (inf: none launched yet; the loop
+        then wakes the engine at the next event anywhere)."""
+        ends = [t for t in self._release_s.values() if t > now_s]
+        return min(ends) if ends else _INF
+
+    def live_hash_ids(self) -> np.ndarray:
+        return _NO_IDS
+
+    def renumber(self, live: np.ndarray) -> None:
+        """Nothing keyed by hash id."""
+
+    def counters(self) -> dict[str, float]:
+        return {"pd_prefill_held": self.num_held, "pd_prefill_held_block_s": self.held_block_s}
