@@ -23,6 +23,7 @@ from tuner.units import FRONT, cell
 
 if TYPE_CHECKING:
     from rich.table import Table
+    from tuner.tune.kv_tier_space import KvTierGain
     from tuner.tune.spec_space import SpecGain
 
     from tuner.tune.robust import RobustReport
@@ -78,6 +79,9 @@ class TuneResult:
     #: the pick against itself with speculative decoding toggled (tuner.tune.spec_space;
     #: None: the study has no speculative decoding)
     spec_gain: "SpecGain | None" = None
+    #: the pick against itself with the CPU KV tier toggled (tuner.tune.kv_tier_space;
+    #: None: the study searches no tier size)
+    kv_tier_gain: "KvTierGain | None" = None
 
     @property
     def recommended(self) -> Point:
@@ -167,6 +171,8 @@ class TuneResult:
             "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
             **({} if self.spec_gain is None
                else {"speculative_gain": self.spec_gain.to_dict()}),
+            **({} if self.kv_tier_gain is None
+               else {"kv_tier_gain": self.kv_tier_gain.to_dict()}),
         }
 
     def deployment_of(self, point: Point) -> dict[str, Any]:
