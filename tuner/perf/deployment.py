@@ -193,7 +193,7 @@ class Deployment:
                 router = None if raw is None else router_settings(raw)
             except ConfigError as exc:
                 raise ConfigError(f"router.{exc}") from None
-            return cls(split, router, k, *_tier_from_dict(data, where))
+            return cls(split, router, k, *_tier_from_dict(data))
         except ConfigError as exc:
             raise ConfigError(f"{where}.{exc}") from None
 
@@ -230,15 +230,16 @@ class Deployment:
 _TIER_KEYS = ("kv_offloading_size", "kv_offloading_eviction_policy")
 
 
-def _tier_from_dict(data: dict[str, Any], where: str) -> tuple[float | None, str | None]:
-    """A recorded deployment's tier fields, checked (one-line ConfigError)."""
+def _tier_from_dict(data: dict[str, Any]) -> tuple[float | None, str | None]:
+    """A recorded deployment's tier fields, checked (one-line ConfigError; the caller
+    prefixes the section)."""
     size, policy = data.get("kv_offloading_size"), data.get("kv_offloading_eviction_policy")
     if size is not None and (isinstance(size, bool) or not isinstance(size, (int, float))
                              or size < 0):
-        raise ConfigError(f"{where}.kv_offloading_size: must be GiB >= 0 (0 = no tier; "
+        raise ConfigError(f"kv_offloading_size: must be GiB >= 0 (0 = no tier; "
                           f"got {size!r})")
     if policy is not None and policy not in ("lru", "arc"):
-        raise ConfigError(f"{where}.kv_offloading_eviction_policy: 'lru' or 'arc' "
+        raise ConfigError(f"kv_offloading_eviction_policy: 'lru' or 'arc' "
                           f"(got {policy!r})")
     return (None if size is None else float(size)), policy
 
