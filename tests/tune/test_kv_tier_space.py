@@ -164,3 +164,19 @@ def test_tune_cli_prints_the_gain_line(small_trace: pathlib.Path, tmp_path: path
     assert isinstance(gain["worth_it"], bool)
     flags = json.loads(j.output)["flags"]
     assert ("--kv-offloading-size 4.0" in flags) == (gain["kv_offloading_size"] == 4.0)
+
+
+def test_a_baseline_pick_with_the_targets_own_tier_is_compared_with_none(
+        small_trace: pathlib.Path) -> None:
+    """The baseline point carries no drawn size: its tier is the target's own."""
+    from tuner.tune.kv_tier_space import kv_tier_gain
+    from tuner.tune.select import Point
+
+    own = dataclasses.replace(TARGET, kv_offloading_size=4.0)
+    ev = ReplayEvaluator(small_trace, target=own)
+    space, _ = with_kv_tier(admission_space(), own, (0.0, 1.0), None, host_memory_gb=64)
+    point = Point(number=-1, settings=ev.default_settings.to_dict(), params={},
+                  metrics={}, holdout={}, feasible=True)
+    gain = kv_tier_gain(ev, point, space, window="stage1")
+    assert gain is not None and (gain.size_gib, gain.other_gib) == (4.0, 0.0)
+    assert gain.with_tier["kv_hit_rate"] > gain.without["kv_hit_rate"]

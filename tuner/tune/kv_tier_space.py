@@ -201,7 +201,8 @@ def kv_tier_gain(evaluator: Any, point: Any, space: SearchSpace, *,
         return None
     settings, deployment = split_settings(point.settings)
     deployment = deployment or evaluator.default_deployment
-    size = float(deployment.kv_offloading_size or 0.0)
+    size = deployment.kv_offloading_size  # None: the target's own tier (the baseline)
+    size = float(evaluator.target.kv_offloading_size or 0.0) if size is None else float(size)
     other = 0.0 if size else max(float(c) for c in param.choices or (0.0,))
     if not size and not other:
         return None
