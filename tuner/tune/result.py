@@ -259,7 +259,8 @@ _COLUMN = {"cache_aware_admission_window": "window", "cache_aware_admission_thre
            "gpu_split": "GPU split", "router.policy": "router",
            "router.overlap_weight": "overlap weight", "router.load_metric": "load metric",
            "output_throughput_per_gpu": "out tok/s/GPU", "ttft_p50_s": "TTFT p50 s",
-           "ttft_p90_s": "TTFT p90 s", "goodput": "goodput req/s"}
+           "ttft_p90_s": "TTFT p90 s", "goodput": "goodput req/s",
+           "kv_offloading.size": "CPU tier GiB", "kv_offloading.eviction_policy": "tier policy"}
 
 
 def _coordinate(p: Point, name: str) -> Any:
