@@ -26,7 +26,8 @@ GPUS_PER_NODE = 8
 class NodeMemory:
     """One reference node's host memory."""
 
-    gib: float  # system memory of the node, GiB (vendors write TB = 1024 GB here)
+    gib: float  # system memory of the node, GiB (a datasheet's 2 TB read as 2,048 GiB: DIMM
+    # capacities are binary; an upper bound if the vendor meant decimal terabytes)
     gpus: int  # GPUs on that node
     source: str  # the datasheet the figure comes from
 
