@@ -136,11 +136,19 @@ def test_gain_line_says_not_worth_it_when_nothing_moves() -> None:
     same = {"kv_hit_rate": 0.4, "ttft_p90_s": 2.0, "output_throughput_per_gpu": 300.0}
     flat = KvTierGain(4.0, 0.0, "lru", "holdout", dict(same), dict(same))
     assert not flat.worth_it and flat.line().endswith("-- not worth it on this trace")
-    better = KvTierGain(4.0, 0.0, "arc", "holdout", {**same, "kv_hit_rate": 0.6}, dict(same))
+    hits_only = KvTierGain(4.0, 0.0, "lru", "holdout", {**same, "kv_hit_rate": 0.6},
+                           dict(same))
+    assert not hits_only.worth_it  # hits that buy no TTFT or throughput do not pay
+    slower = KvTierGain(4.0, 0.0, "lru", "holdout", {**same, "ttft_p90_s": 1.0,
+                                                     "output_throughput_per_gpu": 290.0},
+                        dict(same))
+    assert not slower.worth_it  # a TTFT gain paid for with throughput
+    better = KvTierGain(4.0, 0.0, "arc", "holdout", {**same, "kv_hit_rate": 0.6,
+                                                     "ttft_p90_s": 1.5}, dict(same))
     assert better.worth_it
     assert better.line() == (
         "CPU KV tier (4 GiB, arc) against none at the pick's settings, held-out window: "
-        "kv_hit_rate 0.4 -> 0.6 (+50.0 %); ttft_p90_s 2 -> 2 (+0.0 %); "
+        "kv_hit_rate 0.4 -> 0.6 (+50.0 %); ttft_p90_s 2 -> 1.5 (-25.0 %); "
         "output_throughput_per_gpu 300 -> 300 (+0.0 %)")
     none = KvTierGain(0.0, 4.0, "lru", "train", dict(same), dict(same))
     assert none.line().endswith("not worth it on this trace (the pick has no tier)")

@@ -32,7 +32,7 @@ from tuner.tune.space import GPU_SPLIT, KV_TIER_POLICY, KV_TIER_SIZE, Param, Sea
 
 #: The metrics the gain line reports: the GPU + CPU hit rate, TTFT and throughput per GPU.
 GAIN_KEYS = ("kv_hit_rate", "ttft_p90_s", "output_throughput_per_gpu")
-#: A relative change below this (in %) on every key counts as buying nothing.
+#: A change (in %) of TTFT p90 or throughput per GPU below this counts as buying nothing.
 NOT_WORTH_PCT = 1.0
 POLICIES = ("lru", "arc")
 
@@ -160,9 +160,12 @@ class KvTierGain:
 
     @property
     def worth_it(self) -> bool:
-        """Whether the tier moves any key the right way by at least NOT_WORTH_PCT."""
-        sign = {"kv_hit_rate": 1, "output_throughput_per_gpu": 1, "ttft_p90_s": -1}
-        return any((self.delta_pct(k) or 0.0) * sign[k] >= NOT_WORTH_PCT for k in GAIN_KEYS)
+        """Whether the tier pays: TTFT p90 or throughput per GPU better by at least
+        NOT_WORTH_PCT and neither worse by as much. The hit rate is how it would pay, not
+        a gain by itself: CPU hits whose loads gate their requests can leave TTFT worse."""
+        gains = [(self.delta_pct("ttft_p90_s") or 0.0) * -1,
+                 self.delta_pct("output_throughput_per_gpu") or 0.0]
+        return max(gains) >= NOT_WORTH_PCT and min(gains) > -NOT_WORTH_PCT
 
     def to_dict(self) -> dict[str, Any]:
         return {"kv_offloading_size": self.size_gib, "compared_with": self.other_gib,
