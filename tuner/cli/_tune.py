@@ -99,7 +99,7 @@ def search_options(func):  # type: ignore[no-untyped-def]
         click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
         click.option("--progress/--no-progress", default=None,
                      help="Progress bars [default: on when stderr is a terminal]."),
-    ] + robust_flags() + spec_search_flags()
+    ] + robust_flags() + spec_search_flags() + kv_tier_search_flags()
     for opt in reversed(opts):
         func = opt(func)
     return func
@@ -138,6 +138,26 @@ def spec_search_flags() -> list[Any]:
     ]
 
 
+def kv_tier_search_flags() -> list[Any]:
+    """The CPU KV tier in the search (``tuner.tune.kv_tier_space``; docs/kv-offloading.md)."""
+    return [
+        click.option("--kv-offloading-sizes", "kv_offloading_sizes", default=None,
+                     metavar="GIB[,GIB...]",
+                     help="Search the CPU KV tier's size over these GiB per engine (vLLM's "
+                          "--kv-offloading-size unit; 0 = no tier), e.g. 0,128,512 "
+                          "[default: the --kv-offloading-size given, or none]."),
+        click.option("--kv-offloading-policies", "kv_offloading_policies", default=None,
+                     metavar="POLICY[,POLICY]",
+                     help="Search the tier's eviction policy over these (lru, arc) "
+                          "[default: --kv-offloading-eviction-policy]."),
+        click.option("--host-memory-gb", "host_memory_gb",
+                     type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="Host memory per node the searched tier sizes must fit (size x "
+                          "engines per node) [default: the preset's reference node where a "
+                          "vendor states one (DGX H100/H200/B200: 2 TB); required otherwise]."),
+    ]
+
+
 def robust_options(kw: dict[str, Any]) -> Any:
     """``RobustOptions`` from the flags (the variants are seeded by --seed)."""
     from tuner.tune.robust import RobustOptions
@@ -167,6 +187,7 @@ def _run_tune(trace: str, output: str, kw: dict[str, Any], flags: TargetFlags,
     from tuner.profile.recommend import summary_lines, tune_to_profile
     from tuner.tune.options import DeploymentSearch, SearchOptions, StudyOutput, TuneInputs
     from tuner.tune.select import PickRule
+    from tuner.tune.kv_tier_space import parse_kv_policies, parse_kv_sizes
     from tuner.tune.spec_space import parse_spec_tokens
 
     ttft = kw["ttft_tolerance"]
@@ -181,7 +202,11 @@ def _run_tune(trace: str, output: str, kw: dict[str, Any], flags: TargetFlags,
                            constraints=_split(kw["constraints"]) or (), n_trials=kw["trials"],
                            n_survivors=kw["survivors"], prefer=rule, seed=kw["seed"],
                            robust=robust_options(kw),
-                           spec_tokens=parse_spec_tokens(kw["spec_tokens"]))
+                           spec_tokens=parse_spec_tokens(kw["spec_tokens"]),
+                           kv_offloading_sizes=parse_kv_sizes(kw["kv_offloading_sizes"]),
+                           kv_offloading_policies=parse_kv_policies(
+                               kw["kv_offloading_policies"]),
+                           host_memory_gb=kw["host_memory_gb"])
     # the baseline's router (--router and its parameters), as the replay takes it
     deployment = DeploymentSearch(router=router_flags.settings(target),
                                   gpu_budget=kw["gpu_budget"], routers=_split(kw["routers"]))

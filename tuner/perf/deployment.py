@@ -112,6 +112,11 @@ class Deployment:
     #: (``tuner.tune.spec_space``): 0 = speculative decoding off; None = the study's own
     #: ``--speculative-config`` (or none), recorded nowhere so older records stay the same
     num_speculative_tokens: int | None = None
+    #: GiB of the CPU KV tier where the study searches it (``tuner.tune.kv_tier_space``):
+    #: 0 = no tier; None = the target's own ``--kv-offloading-size`` (recorded nowhere)
+    kv_offloading_size: float | None = None
+    #: the tier's eviction policy where searched (lru | arc); None = the target's own
+    kv_offloading_eviction_policy: str | None = None
 
     def __post_init__(self) -> None:
         if self.router is None:
@@ -137,6 +142,11 @@ class Deployment:
         if self.num_speculative_tokens is not None:
             k = self.num_speculative_tokens
             text += f", num_speculative_tokens {k}" if k else ", no speculative decoding"
+        if self.kv_offloading_size is not None:
+            size = self.kv_offloading_size
+            text += (f", CPU KV tier {size:g} GiB" if size else ", no CPU KV tier")
+            if size and self.kv_offloading_eviction_policy:
+                text += f" ({self.kv_offloading_eviction_policy})"
         return text
 
     def to_dict(self) -> dict[str, Any]:
@@ -146,7 +156,9 @@ class Deployment:
                 "enable_expert_parallel": s.enable_expert_parallel,
                 "router": None if self.router is None else self.router.to_dict(),
                 **({} if self.num_speculative_tokens is None
-                   else {"num_speculative_tokens": self.num_speculative_tokens})}
+                   else {"num_speculative_tokens": self.num_speculative_tokens}),
+                **{key: getattr(self, key) for key in _TIER_KEYS
+                   if getattr(self, key) is not None}}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, where: str = "deployment") -> "Deployment":
@@ -154,7 +166,7 @@ class Deployment:
         if not isinstance(data, dict):
             raise ConfigError(f"{where}: must be a mapping (tp, dp, replicas, ...)")
         unknown = set(data) - {"tp", "dp", "replicas", "enable_expert_parallel", "router",
-                               "num_speculative_tokens"}
+                               "num_speculative_tokens", *_TIER_KEYS}
         if unknown:
             raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown field; known: tp, dp, "
                               "replicas, enable_expert_parallel, router")
@@ -181,7 +193,7 @@ class Deployment:
                 router = None if raw is None else router_settings(raw)
             except ConfigError as exc:
                 raise ConfigError(f"router.{exc}") from None
-            return cls(split, router, k)
+            return cls(split, router, k, *_tier_from_dict(data))
         except ConfigError as exc:
             raise ConfigError(f"{where}.{exc}") from None
 
@@ -202,10 +214,34 @@ class Deployment:
         """
         s = self.split
         blocks = target.num_gpu_blocks
+        tier: dict[str, Any] = {}
+        if self.kv_offloading_size is not None:  # a searched tier (0: none)
+            tier["kv_offloading_size"] = self.kv_offloading_size or None
+        if self.kv_offloading_eviction_policy is not None:
+            tier["kv_offloading_eviction_policy"] = self.kv_offloading_eviction_policy
         return dataclasses.replace(
             target, tp=s.tp, dp=s.dp, replicas=s.replicas,
             enable_expert_parallel=s.enable_expert_parallel,
-            num_gpu_blocks=None if blocks is None else max(2, int(blocks * s.tp / target.tp)))
+            num_gpu_blocks=None if blocks is None else max(2, int(blocks * s.tp / target.tp)),
+            **tier)
+
+
+#: The CPU KV tier's fields of a searched deployment (``tuner.tune.kv_tier_space``).
+_TIER_KEYS = ("kv_offloading_size", "kv_offloading_eviction_policy")
+
+
+def _tier_from_dict(data: dict[str, Any]) -> tuple[float | None, str | None]:
+    """A recorded deployment's tier fields, checked (one-line ConfigError; the caller
+    prefixes the section)."""
+    size, policy = data.get("kv_offloading_size"), data.get("kv_offloading_eviction_policy")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, (int, float))
+                             or size < 0):
+        raise ConfigError(f"kv_offloading_size: must be GiB >= 0 (0 = no tier; "
+                          f"got {size!r})")
+    if policy is not None and policy not in ("lru", "arc"):
+        raise ConfigError(f"kv_offloading_eviction_policy: 'lru' or 'arc' "
+                          f"(got {policy!r})")
+    return (None if size is None else float(size)), policy
 
 
 def routes(replicas: int, dp: int, policy: Any) -> bool:

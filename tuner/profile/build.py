@@ -23,6 +23,7 @@ from tuner.tune.deployment_space import DEPLOYMENT_KEY, scheduler_part
 from tuner.tune.evaluate import ENGINES_KEY, target_from_dict
 from tuner.tune.options import StartPoint, WarmStart
 from tuner.tune.result import TuneResult
+from tuner.tune.kv_tier_space import profile_kv_tier
 from tuner.tune.spec_space import profile_speculative
 from tuner.tune.select import Point, trade_off
 
@@ -127,7 +128,8 @@ def _target(result: TuneResult, point: Point, deployment: dict[str, Any]) -> Pro
                          quantization=target.get("quantization"),
                          kv_cache_dtype=target.get("kv_cache_dtype"),
                          step_time_source=target.get("step_time_source"),
-                         **{k: target[k] for k in KV_OFFLOADING_FIELDS if k in target},
+                         **{k: v for k, v in profile_kv_tier(target, deployment).items()
+                            if k in KV_OFFLOADING_FIELDS},
                          speculative=profile_speculative(result.evaluator_spec, deployment))
 
 

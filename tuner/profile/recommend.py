@@ -198,6 +198,8 @@ def summary_lines(run: TunedProfile) -> list[str]:
                      else f"deployment: {after} (the baseline's)")
     if result.spec_gain is not None:
         lines.append(result.spec_gain.line())
+    if result.kv_tier_gain is not None:
+        lines.append(result.kv_tier_gain.line())
     lines.append(f"rule: {sel.rule}")
     for skipped in sel.skipped:
         lines.append(f"  not picked: {skipped}")

@@ -25,8 +25,8 @@ from tuner.perf.deployment import (Deployment, Split, default_router, gpu_splits
 from tuner.perf.target import Target
 from tuner.sim.fleet import ROUTER_PARAMS, ROUTER_POLICIES
 from tuner.sim.settings import SchedulerSettings
-from tuner.tune.space import (GPU_SPLIT, ROUTER_POLICY, ROUTER_PREFIX, SPEC_TOKENS, Param,
-                              Scalar, SearchSpace)
+from tuner.tune.space import (GPU_SPLIT, KV_TIER_POLICY, KV_TIER_SIZE, ROUTER_POLICY,
+                              ROUTER_PREFIX, SPEC_TOKENS, Param, Scalar, SearchSpace)
 
 
 #: The key under which a point's settings dict (``Point.settings``, the study records)
@@ -77,8 +77,10 @@ def deployment_for(space: SearchSpace, base: Deployment | None, params: dict[str
                           "evaluator has no base deployment to vary")
     split = Split.parse(str(params[GPU_SPLIT])) if GPU_SPLIT in params else base.split
     k = params.get(SPEC_TOKENS, base.num_speculative_tokens)  # tuner.tune.spec_space
+    tier = (params.get(KV_TIER_SIZE, base.kv_offloading_size),  # tuner.tune.kv_tier_space
+            params.get(KV_TIER_POLICY, base.kv_offloading_eviction_policy))
     if split.replicas == 1:
-        return Deployment(split, None, k)
+        return Deployment(split, None, k, *tier)
     router = base.router if base.router is not None else default_router()
     if ROUTER_POLICY in params and params[ROUTER_POLICY] != router.policy:
         router = default_router(str(params[ROUTER_POLICY]))
@@ -86,7 +88,7 @@ def deployment_for(space: SearchSpace, base: Deployment | None, params: dict[str
              if k.startswith(ROUTER_PREFIX) and k != ROUTER_POLICY}
     if drawn:
         router = router_settings({**router.to_dict(), **drawn})
-    return Deployment(split, router, k)
+    return Deployment(split, router, k, *tier)
 
 
 def base_deployment_of(evaluator: Any) -> Deployment | None:

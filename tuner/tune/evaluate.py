@@ -39,6 +39,7 @@ from tuner.perf.target import Target
 from tuner.perf.deployment import Deployment, default_router, router_settings
 from tuner.sim.fleet import RouterSettings
 from tuner.sim.settings import SimOptions
+from tuner.tune.kv_tier_space import tier_metrics
 from tuner.tune.spec_space import spec_at, spec_from_record
 
 WindowName = Literal["stage1", "train", "holdout"]
@@ -317,6 +318,7 @@ class ReplayEvaluator:
                                     slo_ms=self.slo_ms or None)
         out = clean_metrics(summary.to_dict())
         out.update(metrics.trial_band_keys(summary, result, target))  # error bands (reporting)
+        out.update(tier_metrics(result.counters))  # GPU + CPU hit rate (kv_tier_space)
         if len(summary.engines) > 1:
             # Per-engine balance for the report and the profile: who got how much of the
             # window's traffic, and how each engine's cache and queue fared.

@@ -104,6 +104,12 @@ class SearchOptions:
     #: ``num_speculative_tokens`` values searched (0 = off; needs
     #: ``TuneInputs.speculative``); None: k held at the config's (tuner.tune.spec_space)
     spec_tokens: Sequence[int] | None = None
+    #: CPU KV tier sizes searched, GiB per engine (0 = no tier), and eviction policies;
+    #: None: the target's own tier (tuner.tune.kv_tier_space)
+    kv_offloading_sizes: Sequence[float] | None = None
+    kv_offloading_policies: Sequence[str] | None = None
+    #: host memory per node the tier sizes must fit (None: the preset's reference node)
+    host_memory_gb: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from tuner.units import FRONT, cell
 
 if TYPE_CHECKING:
     from rich.table import Table
+    from tuner.tune.kv_tier_space import KvTierGain
     from tuner.tune.spec_space import SpecGain
 
     from tuner.tune.robust import RobustReport
@@ -78,6 +79,9 @@ class TuneResult:
     #: the pick against itself with speculative decoding toggled (tuner.tune.spec_space;
     #: None: the study has no speculative decoding)
     spec_gain: "SpecGain | None" = None
+    #: the pick against itself with the CPU KV tier toggled (tuner.tune.kv_tier_space;
+    #: None: the study searches no tier size)
+    kv_tier_gain: "KvTierGain | None" = None
 
     @property
     def recommended(self) -> Point:
@@ -167,6 +171,8 @@ class TuneResult:
             "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
             **({} if self.spec_gain is None
                else {"speculative_gain": self.spec_gain.to_dict()}),
+            **({} if self.kv_tier_gain is None
+               else {"kv_tier_gain": self.kv_tier_gain.to_dict()}),
         }
 
     def deployment_of(self, point: Point) -> dict[str, Any]:
@@ -253,7 +259,8 @@ _COLUMN = {"cache_aware_admission_window": "window", "cache_aware_admission_thre
            "gpu_split": "GPU split", "router.policy": "router",
            "router.overlap_weight": "overlap weight", "router.load_metric": "load metric",
            "output_throughput_per_gpu": "out tok/s/GPU", "ttft_p50_s": "TTFT p50 s",
-           "ttft_p90_s": "TTFT p90 s", "goodput": "goodput req/s"}
+           "ttft_p90_s": "TTFT p90 s", "goodput": "goodput req/s",
+           "kv_offloading.size": "CPU tier GiB", "kv_offloading.eviction_policy": "tier policy"}
 
 
 def _coordinate(p: Point, name: str) -> Any:

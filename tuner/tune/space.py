@@ -77,6 +77,10 @@ ROUTER_POLICY = "router.policy"
 ROUTER_PREFIX = "router."
 #: ``num_speculative_tokens`` as a deployment dimension (0 = off): tuner.tune.spec_space
 SPEC_TOKENS = "speculative.num_speculative_tokens"
+#: the CPU KV tier as deployment dimensions (GiB, 0 = no tier; lru | arc):
+#: tuner.tune.kv_tier_space
+KV_TIER_SIZE = "kv_offloading.size"
+KV_TIER_POLICY = "kv_offloading.eviction_policy"
 
 #: A base on which any single field value passes the cross-field checks
 #: (``max_num_batched_tokens >= max_num_seqs``), so one value can be range-checked alone.
@@ -246,7 +250,8 @@ class SearchSpace:
 
 def is_deployment_param(name: str) -> bool:
     """``gpu_split`` and ``router.*``: parameters of the deployment, not the scheduler."""
-    return name in (GPU_SPLIT, SPEC_TOKENS) or name.startswith(ROUTER_PREFIX)
+    return (name in (GPU_SPLIT, SPEC_TOKENS, KV_TIER_SIZE, KV_TIER_POLICY)
+            or name.startswith(ROUTER_PREFIX))
 
 
 def deployment_value(deployment: Any, name: str) -> Scalar | None:
@@ -255,6 +260,10 @@ def deployment_value(deployment: Any, name: str) -> Scalar | None:
         return deployment.split.label
     if name == SPEC_TOKENS:
         return deployment.num_speculative_tokens
+    if name == KV_TIER_SIZE:
+        return deployment.kv_offloading_size
+    if name == KV_TIER_POLICY:
+        return deployment.kv_offloading_eviction_policy
     if deployment.router is None:
         return None
     key = "policy" if name == ROUTER_POLICY else name[len(ROUTER_PREFIX):]
@@ -360,10 +369,12 @@ def _param_type(name: Any, where: str) -> type:
     numbers, checked against the router's settings when a point is built)."""
     if name in _FIELD_TYPES:
         return _FIELD_TYPES[name]
-    if name in (GPU_SPLIT, ROUTER_POLICY):
+    if name in (GPU_SPLIT, ROUTER_POLICY, KV_TIER_POLICY):
         return str
     if name == SPEC_TOKENS:
         return int
+    if name == KV_TIER_SIZE:
+        return float
     if isinstance(name, str) and name.startswith(ROUTER_PREFIX) and len(name) > len(ROUTER_PREFIX):
         from tuner.sim.fleet import ROUTER_PARAMS
 
@@ -461,6 +472,12 @@ def _check_value(name: str, value: Scalar, where: str) -> None:
         elif name == SPEC_TOKENS:
             if value < 0:  # type: ignore[operator]
                 raise ConfigError(f"{value!r}: drafts per step must be >= 0 (0 = off)")
+        elif name == KV_TIER_SIZE:
+            if value < 0:  # type: ignore[operator]
+                raise ConfigError(f"{value!r}: GiB of host memory must be >= 0 (0 = no tier)")
+        elif name == KV_TIER_POLICY:
+            if value not in ("lru", "arc"):
+                raise ConfigError(f"{value!r}: vLLM 0.33.0's policies are lru and arc")
         elif name == ROUTER_POLICY:
             if value not in ROUTER_POLICIES:
                 raise ConfigError(f"{value!r} is not one of {', '.join(ROUTER_POLICIES)}")

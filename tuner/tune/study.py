@@ -46,6 +46,7 @@ from tuner.tune.baseline import baseline_settings
 from tuner.tune.deployment_space import (base_deployment_of, deployment_for, evaluate_point,
                                          join_settings, with_deployment)
 from tuner.tune.spec_space import spec_gain, with_spec_tokens
+from tuner.tune.kv_tier_space import kv_tier_gain, with_kv_tier
 from tuner.tune.evaluate import Evaluator, ReplayEvaluator, evaluator_from_spec
 from tuner.tune.inputs import check_window_sizes, fixed_space, input_warnings
 from tuner.tune.objectives import best_so_far, parse_constraints, parse_objectives
@@ -101,6 +102,8 @@ def tune(inputs: TuneInputs, search: SearchOptions = SearchOptions(),
         fixed_space(load_space(search.space), fixed), target,
         gpu_budget=deployment.gpu_budget, routers=deployment.routers)
     the_space = with_spec_tokens(the_space, inputs.speculative, search.spec_tokens)
+    the_space, tier_notes = with_kv_tier(the_space, target, search.kv_offloading_sizes,
+                                         search.kv_offloading_policies, search.host_memory_gb)
     evaluator = inputs.evaluator
     if evaluator is None and inputs.backend != "sim" and (the_space.has_deployment
                                                           or target.replicas > 1):
@@ -184,10 +187,13 @@ def tune(inputs: TuneInputs, search: SearchOptions = SearchOptions(),
         timings["robust_s"] = time.perf_counter() - t
         gain = spec_gain(evaluator, selection.point,
                          window="holdout" if evaluator.windows.has_holdout else "train")
+        tier_gain = kv_tier_gain(evaluator, selection.point, the_space,
+                                 window="holdout" if evaluator.windows.has_holdout else "train")
         t = time.perf_counter()
         overload = overload_report(evaluator, baseline, evaluator.default_settings)
         timings["capacity_s"] = time.perf_counter() - t
-        notes = input_warnings(baseline, evaluator) + size_notes + deploy_notes + notes
+        notes = (input_warnings(baseline, evaluator) + size_notes + deploy_notes + tier_notes
+                 + notes)
         notes += [worker_note] if worker_note else []
         counts = _counts(study)
         return TuneResult(
@@ -202,7 +208,8 @@ def tune(inputs: TuneInputs, search: SearchOptions = SearchOptions(),
             evaluator_spec=config.evaluator,
             num_gpus=int(getattr(evaluator, "num_gpus", 1)),
             block_size=getattr(evaluator, "block_size", None), timings=timings,
-            max_model_len=getattr(evaluator, "max_model_len", None), spec_gain=gain)
+            max_model_len=getattr(evaluator, "max_model_len", None), spec_gain=gain,
+            kv_tier_gain=tier_gain)
 
 
 def join(study_name: str, storage: str, n_trials: int | None = None, *, trace: Any = None,
