@@ -74,10 +74,6 @@ class PrefillEngine(_PoolEngine):
         self.sources[index] = source
         super().add_request(index, PrefillView(source), arrival_s)
 
-    def schedule(self, now_s: float) -> Any:
-        self.connector.release_until(now_s)  # reads that ended: their blocks are free
-        return super().schedule(now_s)
-
     def _record(self, request: SimRequest, status: Any) -> None:
         if status != "finished":  # never reached the decoder: the prefill's outcome
             self.sources.pop(request.index, None)
