@@ -1,8 +1,10 @@
 """vLLM's own NIXL connector (scheduler side, pull variant) in the ``vllm-core`` driver: one
 P/D pool engine at a time, replayed on the twin's event log.
 
-Runs inside the vLLM Python, like ``tuner.vllm_core.driver``. What is real and what is
-faked:
+Runs inside the vLLM Python, like ``tuner.vllm_core.driver``, as a script with the same
+arguments (``VLLM_PYTHON tuner/vllm_core/disagg.py JOB.pickle RESULT.pickle``); the
+backend starts it instead of ``driver.py`` when a job has ``pd_role``, and it replays the
+other jobs of a list with ``driver.VllmCoreReplay``. What is real and what is faked:
 
 * real: ``NixlPullConnector`` (``distributed/kv_transfer/kv_connector/v1/nixl/`` @ 0.33.0)
   in the scheduler role, so ``NixlPullConnectorScheduler`` decides what a decode instance
@@ -28,12 +30,20 @@ faked:
 
 from __future__ import annotations
 
+import os
+import pickle
+import sys
 from typing import Any
 
-from tuner.vllm_core.driver import VllmCoreEngine, build_scheduler, make_block_hasher
-from tuner.vllm_core.tokens import DriverRequest, TokenFactory
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
 
-__all__ = ["FakeNixlWorker", "PDCoreEngine", "nixl_transfer_config", "replay_job",
+from tuner.vllm_core.driver import (  # noqa: E402
+    VllmCoreEngine, VllmCoreReplay, _Live, build_scheduler, make_block_hasher, make_vllm_request)
+from tuner.vllm_core.tokens import DriverRequest, TokenFactory  # noqa: E402
+
+__all__ = ["FakeNixlWorker", "PDCoreEngine", "main", "nixl_transfer_config", "replay_job",
            "replay_pd_engine"]
 
 #: the prefill instance's engine id, as the decoder's ``kv_transfer_params`` name it
@@ -140,8 +150,6 @@ class PDCoreEngine(VllmCoreEngine):
         self.role, self.prefill_tp = role, prefill_tp
 
     def add_request(self, index: int, r: DriverRequest, arrival_s: float) -> None:
-        from tuner.vllm_core.driver import _Live, make_vllm_request
-
         self.live[r.request_id] = _Live(req=r, outputs=self.tokens.output_tokens(r),
                                         arrival_s=arrival_s)
         request = make_vllm_request(r.request_id, self.tokens.prompt(r), r.output_len,
@@ -197,6 +205,23 @@ def replay_job(job: dict[str, Any]) -> Any:
     """The driver's entry for one job: a P/D pool engine's (``pd_role`` set) or a replay."""
     if "pd_role" in job:
         return replay_pd_engine(job)
-    from tuner.vllm_core.driver import VllmCoreReplay
-
     return VllmCoreReplay(job).run()
+
+
+def main(argv: list[str]) -> int:
+    """``JOB.pickle RESULT.pickle``, as ``tuner.vllm_core.driver.main``: a job dict gives
+    its result (a P/D engine's step records, or a ``ReplayResult``), a list a list."""
+    if len(argv) != 3:
+        print("usage: disagg.py JOB.pickle RESULT.pickle", file=sys.stderr)
+        return 2
+    with open(argv[1], "rb") as f:
+        job = pickle.load(f)
+    result = [replay_job(j) for j in job] if isinstance(job, list) else replay_job(job)
+    from tuner.outputs import write_bytes  # standard library only, like this driver
+
+    write_bytes(argv[2], pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL), announce=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -584,8 +584,10 @@ def main(argv: list[str]) -> int:
         return 2
     with open(argv[1], "rb") as f:
         job = pickle.load(f)
-    from tuner.vllm_core.disagg import replay_job  # a replay, or one P/D pool engine's
-    result: Any = [replay_job(j) for j in job] if isinstance(job, list) else replay_job(job)
+    if isinstance(job, list):
+        result: Any = [VllmCoreReplay(j).run() for j in job]
+    else:
+        result = VllmCoreReplay(job).run()
     from tuner.outputs import write_bytes  # standard library only, like this driver
 
     write_bytes(argv[2], pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL), announce=False)
