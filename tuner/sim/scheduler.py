@@ -222,7 +222,7 @@ class Scheduler:
         assert len(running) <= self.max_num_running_reqs
         if self.connector is not None:  # 1755-1758: before computed tokens advance
             self.connector.build_connector_meta(out)
-            if self.async_scheduling:  # vLLM's defer_block_free fence (block_fence)
+            if self.fenced:  # vLLM's defer_block_free fence (block_fence)
                 self.kv_cache_manager.step_scheduled(out)  # type: ignore[attr-defined]
         self._update_after_schedule(out)
         if self.async_scheduling:

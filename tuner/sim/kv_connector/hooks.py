@@ -55,7 +55,7 @@ def connector_update(scheduler: Any,
     ``request_finished`` for each finished request and the worker's finished transfers
     (``_update_from_kv_xfer_finished``). Under async scheduling the deferred block
     frees whose step this update processes drain first (``block_fence``)."""
-    if scheduler.async_scheduling:
+    if scheduler.fenced:
         scheduler.kv_cache_manager.step_processed(out)
     finished = update(out, now_s, gaps)
     connector = scheduler.connector
