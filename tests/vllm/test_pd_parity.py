@@ -1,5 +1,5 @@
 """Disaggregated prefill/decode step for step: each pool engine of a 1:1 twin replay
-against vLLM 0.33.0's own ``Scheduler`` with ``NixlPullConnectorScheduler``
+against vLLM 0.33.0's own ``Scheduler`` / ``AsyncScheduler`` with ``NixlPullConnectorScheduler``
 (tests/vllm/pd_cases.py, tuner/vllm_core/disagg.py): 100 % of steps identical on both
 engines (scheduled tokens, local hits per admission, the decoder's requests in
 ``WAITING_FOR_REMOTE_KVS``, KV usage including the prefill side's held blocks, running
@@ -21,7 +21,7 @@ from tuner.fidelity.parity import diff_step
 pytestmark = [pytest.mark.vllm, pytest.mark.slow,
               pytest.mark.xdist_group("vllm:tests/vllm/test_pd_parity.py")]
 
-CASES = [c for c in cases() if c.name.endswith("-sync")]
+CASES = cases()
 NAMES = [c.name for c in CASES]
 _RESULTS: dict[str, Any] = {}
 
