@@ -10,6 +10,7 @@ All cases run in one driver process (one vLLM import), cached for the module.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -76,8 +77,13 @@ def test_pd_case_exercised(name: str) -> None:
         full = [s for s in decode if s.kv_usage > 0.85 and s.waiting_for_kv]
         assert full  # a read in flight while the decoder's cache is (nearly) full
     if name.startswith("hetero-tp"):
-        assert case.pd.decode_tp == 4 * case.pd.prefill_tp
-        assert case.pd.fan_in == 4.0
+        # the same requests at TP 1 -> 1 pull in a quarter of the link time (less the
+        # per-read latency)
+        same = run_twin(dataclasses.replace(case, pd=dataclasses.replace(case.pd, decode_tp=1)))
+        fast = same.twin.decode[0].connector
+        slow = sim.decode[0].connector
+        latency = case.pd.link_latency_s * slow.num_reads
+        assert slow.read_s - latency == pytest.approx(4 * (fast.read_s - latency))
     if name.startswith("prefill-held-full"):
         # held blocks fill the prefill cache: some step saw it full with nothing running
         assert max(s.kv_usage for s in prefill) > 0.9
