@@ -35,6 +35,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 DRIVER = pathlib.Path(__file__).with_name("driver.py")
 #: the driver for jobs with DP ranks (one vLLM Scheduler per rank; it runs the others too)
 DP_DRIVER = pathlib.Path(__file__).with_name("dp_driver.py")
+#: the P/D pool engines' driver (vLLM's NIXL connector, scheduler side)
+PD_DRIVER = pathlib.Path(__file__).with_name("disagg.py")
 #: A ``config.json``-only Llama: vLLM's ``ModelConfig`` needs a model folder; the scheduler
 #: never looks at the weights (there are none).
 DEFAULT_MODEL_DIR = ROOT / "tests" / "data" / "tiny-llama"
@@ -148,6 +150,7 @@ def run_driver(job: Any, vllm_python: str, *, progress: ProgressCallback | None 
         with open(err_path, "w") as err:
             jobs = job if isinstance(job, list) else [job]
             script = DP_DRIVER if any(int(j.get("dp", 1)) > 1 for j in jobs) else DRIVER
+            script = PD_DRIVER if any("pd_role" in j for j in jobs) else script
             proc = subprocess.Popen([vllm_python, str(script), job_path, out_path],
                                     stdout=subprocess.PIPE, stderr=err, text=True, env=env,
                                     cwd=str(ROOT))

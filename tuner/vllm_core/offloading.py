@@ -50,6 +50,8 @@ def kv_transfer_config(settings: Any, page_size_bytes: int) -> Any:
     round_up(bytes per chunk, 4096)``)."""
     from vllm.config import KVTransferConfig
 
+    if isinstance(settings, KVTransferConfig):  # built already (the P/D driver's NIXL one)
+        return settings
     chunk = -(-page_size_bytes * settings.blocks_per_chunk // _ALIGNMENT) * _ALIGNMENT
     return KVTransferConfig(
         kv_connector="OffloadingConnector", kv_role="kv_both", engine_id="tuner",

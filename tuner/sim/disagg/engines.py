@@ -24,10 +24,34 @@ from tuner.sim.request import SimRequest
 from tuner.sim.scheduler import Scheduler
 from tuner.sim.settings import SimOptions
 
-__all__ = ["DecodeEngine", "Handoff", "PrefillEngine", "PrefillView"]
+__all__ = ["DecodeEngine", "Handoff", "PrefillEngine", "PrefillView", "fence_decoder"]
 
 #: ``(trace index, source, arrival at the proxy)``
 Handoff = tuple[int, Any, float]
+
+
+def fence_decoder(scheduler: Scheduler, num_hash_ids: int | None) -> None:
+    """Give a fresh decode scheduler vLLM's deferred block frees under async scheduling.
+
+    vLLM sets ``defer_block_free`` for a ``kv_consumer`` connector when batches overlap
+    (v1/core/sched/scheduler.py:189-195 @ 0.33.0): a freed request's blocks wait for its
+    last in-flight step, so a read cannot land in blocks a step still writes. The
+    decoder's connector is attached after the scheduler chose its manager (the plain
+    one without a CPU tier), so the fenced one (``tuner.sim.kv_connector.block_fence``)
+    replaces it here, before anything is allocated. A prefill instance is a
+    ``kv_producer``: it frees at once, as the plain manager does.
+    """
+    from tuner.sim.kv_connector.block_fence import FencedKVCacheManager
+
+    cache, old = scheduler.cache, scheduler.kv_cache_manager
+    kvm = FencedKVCacheManager(
+        num_gpu_blocks=cache.num_gpu_blocks, block_size=cache.block_size,
+        enable_caching=cache.enable_prefix_caching, max_model_len=cache.max_model_len,
+        watermark=scheduler.settings.watermark, num_hash_ids=num_hash_ids)
+    kvm.register_on_free = old.register_on_free
+    kvm.num_lookahead_tokens = old.num_lookahead_tokens
+    scheduler.kv_cache_manager = kvm
+    scheduler.fenced = True
 
 
 class PrefillView:
@@ -73,10 +97,6 @@ class PrefillEngine(_PoolEngine):
     def add_request(self, index: int, source: Any, arrival_s: float) -> None:
         self.sources[index] = source
         super().add_request(index, PrefillView(source), arrival_s)
-
-    def schedule(self, now_s: float) -> Any:
-        self.connector.release_until(now_s)  # reads that ended: their blocks are free
-        return super().schedule(now_s)
 
     def _record(self, request: SimRequest, status: Any) -> None:
         if status != "finished":  # never reached the decoder: the prefill's outcome

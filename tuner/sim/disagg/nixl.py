@@ -26,9 +26,9 @@ Mirrors ``vllm/distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py @ 
 Deliberate divergences (docs/disaggregation.md): reads of one decode engine are
 serialized on its link (one NIC per GPU; the prefill NICs' contention between decode
 engines is not modelled); the held blocks are released at the prefill engine's next
-schedule after the read ended (vLLM frees at the step that receives the notification,
-which for a busy engine is the same step and for an idle one changes nothing until it
-schedules); a prefill instance whose
+update after the read ended, as vLLM frees them at the update whose worker output
+carries the notification (``finished_sending``): an idle prefill instance keeps them
+through the next step's ``schedule()`` (tests/vllm/test_pd_parity.py); a prefill instance whose
 cache is full of held blocks spins with empty steps until a read ends, as vLLM's does;
 the lease expiry (``kv_lease_duration``, 30 s) never fires because every
 handed-off request is read (no aborts in a replay); a request the decode pool can never
@@ -82,6 +82,7 @@ class NixlDecodeConnector:
         self.on_read = on_read
         self._finished_ids: list[str] = []  # the interface's name; nothing to finalize here
         self._pending: dict[str, int] = {}  # request id -> local hit at its (one) lookup
+        self._loading_hit: dict[str, int] = {}  # request id -> local hit, while it loads
         self._batch: list[_Read] = []  # reads queued by this step's admissions
         self._unreported: list[_Read] = []  # launched, not reported to the scheduler yet
         self._link_free_s = 0.0
@@ -109,11 +110,13 @@ class NixlDecodeConnector:
         bs = self.settings.block_size
         blocks = -(-(num_local + num_external) // bs) - num_local // bs
         self._batch.append(_Read(request, blocks, num_local))
+        self._loading_hit[request.request_id] = num_local
         self.local_hit_tokens += num_local
 
     def local_hit(self, request: "SimRequest") -> int:
-        """The local prefix hit of the request's lookup (recorded as its cached tokens)."""
-        return 0
+        """The local prefix hit of the request's lookup, recorded when it is admitted
+        after its read (vLLM's step shows the lookup's local hit there, not 0)."""
+        return self._loading_hit.pop(request.request_id, 0)
 
     def count_query(self, request: "SimRequest", num_local: int) -> None:
         """Connector query stats: the decoder counts only its local hits."""
@@ -139,6 +142,7 @@ class NixlDecodeConnector:
 
     def request_finished(self, request: "SimRequest") -> bool:
         self._pending.pop(request.request_id, None)
+        self._loading_hit.pop(request.request_id, None)
         return False  # a decoder frees its blocks at once (not bidirectional)
 
     def update_connector_output(self, now_s: float) -> set[str]:

@@ -29,7 +29,7 @@ import numpy as np
 from tuner.errors import ConfigError
 from tuner.records import _STATUS_CODES, EngineSummary, GapSamples, ReplayResult, StepRecord
 from tuner.sim.clock import batch_queue_depth
-from tuner.sim.disagg.engines import DecodeEngine, PrefillEngine
+from tuner.sim.disagg.engines import DecodeEngine, PrefillEngine, fence_decoder
 from tuner.sim.disagg.loop import PDLoop
 from tuner.sim.disagg.settings import PDSettings
 from tuner.sim.engine import ListArrivals
@@ -104,6 +104,8 @@ class PDSimulator:
         for _ in range(pd.num_decode):
             scheduler = Scheduler(decode.settings, decode.cache, options,
                                   num_hash_ids=source.num_hash_ids)
+            if options.async_scheduling:  # vLLM's defer_block_free on a kv_consumer
+                fence_decoder(scheduler, source.num_hash_ids)
             source.bind(scheduler)
             self.decode.append(DecodeEngine(scheduler, decode.cache.block_size, options,
                                             self.table, pd, self._on_read,

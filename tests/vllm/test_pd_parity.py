@@ -1,0 +1,90 @@
+"""Disaggregated prefill/decode step for step: each pool engine of a 1:1 twin replay
+against vLLM 0.33.0's own ``Scheduler`` / ``AsyncScheduler`` with ``NixlPullConnectorScheduler``
+(tests/vllm/pd_cases.py, tuner/vllm_core/disagg.py): 100 % of steps identical on both
+engines (scheduled tokens, local hits per admission, the decoder's requests in
+``WAITING_FOR_REMOTE_KVS``, KV usage including the prefill side's held blocks, running
+and waiting counts), and per case the effect it is named after.
+
+All cases run in one driver process (one vLLM import), cached for the module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from pd_cases import cases, jobs, run_twin
+from vllm_env import MODEL_DIR, vllm_python
+
+from tuner.fidelity.parity import diff_step
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow,
+              pytest.mark.xdist_group("vllm:tests/vllm/test_pd_parity.py")]
+
+CASES = cases()
+NAMES = [c.name for c in CASES]
+_RESULTS: dict[str, Any] = {}
+
+
+def results() -> dict[str, Any]:
+    """Case name -> (case run on the twin, vLLM's prefill steps, vLLM's decode steps)."""
+    if not _RESULTS:
+        from tuner.vllm_core.backend import run_driver
+
+        python = vllm_python("0.33")
+        done = [run_twin(c) for c in CASES]
+        out = run_driver([j for c in done for j in jobs(c, str(MODEL_DIR))], python,
+                         timeout_s=1800)
+        for k, case in enumerate(done):
+            _RESULTS[case.name] = (case, out[2 * k], out[2 * k + 1])
+    return _RESULTS
+
+
+def _diffs(twin: list[Any], vllm: list[Any]) -> list[tuple[int, dict]]:
+    return [(i, d) for i, (a, b) in enumerate(zip(twin, vllm)) if (d := diff_step(a, b))]
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+@pytest.mark.parametrize("name", NAMES)
+def test_pd_parity(name: str, role: str) -> None:
+    case, prefill, decode = results()[name]
+    twin = getattr(case.twin, role)[0].steps
+    vllm = prefill if role == "prefill" else decode
+    assert len(twin) > 0 and len(twin) == len(vllm)
+    assert not _diffs(twin, vllm), _diffs(twin, vllm)[:3]
+
+
+def _waiting(steps: list[Any]) -> set[str]:
+    return {rid for s in steps for rid in s.waiting_for_kv}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_pd_case_exercised(name: str) -> None:
+    """vLLM's side of each case did what the case is named after."""
+    case, prefill, decode = results()[name]
+    ids = {r.request_id for r in case.requests}
+    assert _waiting(decode) == ids  # every request waited for its read on the decoder
+    sim = case.twin
+    if name.startswith("decoder-local-hit"):
+        hits = {rid: n for s in decode for rid, n in s.cached_tokens.items()}
+        assert hits["b"] == 320  # a's 20 blocks, local on the decoder
+        assert sim.decode[0].connector.read_blocks < sum(
+            -(-r.input_len // 16) for r in case.requests)
+    if name.startswith("decoder-kv-full"):
+        assert sim.decode[0].scheduler.num_preemptions > 0
+        assert max(s.kv_usage for s in decode) > 0.9
+        full = [s for s in decode if s.kv_usage > 0.85 and s.waiting_for_kv]
+        assert full  # a read in flight while the decoder's cache is (nearly) full
+    if name.startswith("hetero-tp"):
+        # the same requests at TP 1 -> 1 pull in a quarter of the link time (less the
+        # per-read latency)
+        same = run_twin(dataclasses.replace(case, pd=dataclasses.replace(case.pd, decode_tp=1)))
+        fast = same.twin.decode[0].connector
+        slow = sim.decode[0].connector
+        latency = case.pd.link_latency_s * slow.num_reads
+        assert slow.read_s - latency == pytest.approx(4 * (fast.read_s - latency))
+    if name.startswith("prefill-held-full"):
+        # held blocks fill the prefill cache: some step saw it full with nothing running
+        assert max(s.kv_usage for s in prefill) > 0.9
+        assert any(s.num_running == 0 and s.num_waiting > 0 for s in prefill)
