@@ -231,8 +231,11 @@ class OffloadingConnector:
         """The step's store jobs (``_build_store_jobs``) and the finished requests'
         finalization; call before ``num_computed_tokens`` advance."""
         req = self._req
+        tpc = self.tokens_per_chunk
         for request, n in out.individual:
             state = req[request.request_id]
+            if state.next_stored >= request.num_prompt_tokens // tpc:
+                continue  # every prompt chunk offered: _store would change nothing
             self._update_keys(state)
             state.num_block_ids = request.num_blocks
             self._store(state, request.num_computed_tokens + n)

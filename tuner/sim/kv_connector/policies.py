@@ -13,12 +13,22 @@ first. A request's keys share one request rank (taken at its first access) and o
 ``-position`` (tails before heads); when the request finishes, its keys get fresh ranks
 tail first, so its head is the most recent. Ranks are unique, so vLLM's lazy heap and
 this one pop the same keys.
+
+Batched calls (the manager's hot path; the agentic hour offers ~2,800 chunks per prompt):
+``classify`` / ``insert_many`` / ``complete_stores`` do over a request's run of keys what
+``get`` / ``insert`` / ``mark_evictable`` do one key at a time, with one dict operation per
+run where the order cannot matter. Contract: the same keys in the same order give the same
+chunks, ranks, heap pops and T1/T2/B1/B2 orders as the one-key calls (every key's rank or
+list position is independent of the others except through the order the run gives, which
+the batched calls keep). ``tests/sim/test_kv_pool_batched.py`` holds them to the plain
+port (``tests/sim/_kv_pool_plain.py``) over generated operation sequences.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
+from itertools import repeat
 from typing import Iterable, Iterator, Sequence
 
 __all__ = ["ARCPolicy", "Chunk", "LRUPolicy", "ReqContext", "make_policy"]
@@ -99,6 +109,61 @@ class LRUPolicy:
             self._evictable.add(key)
             heapq.heappush(self._heap, (self._ranks[key], key))
 
+    def classify(self, keys: Sequence[int]) -> tuple[list[int], list[int]]:
+        """(keys not in the pool, keys stored and readable), in offer order."""
+        chunks = self.chunks
+        missing: list[int] = []
+        ready: list[int] = []
+        for key in keys:
+            chunk = chunks.get(key)
+            if chunk is None:
+                missing.append(key)
+            elif chunk.ref_cnt >= 0:
+                ready.append(key)
+        return missing, ready
+
+    def insert_many(self, keys: Sequence[int], new: Sequence[Chunk], ctx: ReqContext) -> None:
+        """``insert`` for each key in order; the chunks are in flight (ref_cnt -1), so
+        none becomes evictable here."""
+        self.chunks.update(zip(keys, new))
+        positions = ctx.positions
+        pos = [positions.get(key) for key in keys]
+        if None in pos:  # an unpositioned key takes a global rank in between: one by one
+            for key, chunk in zip(keys, new):
+                self.chunks[key] = chunk
+                position = positions.get(key)
+                if position is None:
+                    self._next_rank += 1
+                    self._ranks[key] = (self._next_rank, 0)
+                else:
+                    self._ranks[key] = (self._request_rank(ctx), -position)
+            return
+        if keys:
+            rank_r = self._request_rank(ctx)
+            self._ranks.update(zip(keys, [(rank_r, -p) for p in pos]))
+
+    def complete_stores(self, keys: Iterable[int]) -> int:
+        """Stores finished: in-flight chunks become readable and evictable; how many."""
+        chunks, ranks = self.chunks, self._ranks
+        done: list[int] = []
+        for key in keys:
+            chunk = chunks.get(key)
+            if chunk is not None and chunk.ref_cnt < 0:
+                chunk.ref_cnt = 0
+                done.append(key)
+        if done:
+            self._evictable.update(done)
+            heap = self._heap
+            entries = [(ranks[k], k) for k in done]
+            if len(entries) * 8 > len(heap):  # the heap's pop order does not depend on
+                heap.extend(entries)          # its layout (ranks are unique)
+                heapq.heapify(heap)
+            else:
+                for entry in entries:
+                    heapq.heappush(heap, entry)
+            self._compact()
+        return len(done)
+
     def remove(self, key: int) -> None:
         del self.chunks[key]
         self._ranks.pop(key, None)
@@ -115,18 +180,24 @@ class LRUPolicy:
         entry and ``evict`` re-pushes it at its true rank when it surfaces (exact: every
         heap rank is <= its key's true rank, so the first entry that is current holds the
         smallest true rank; lru.py pushes eagerly, with the same result)."""
-        chunks, ranks = self.chunks, self._ranks
+        chunks = self.chunks
+        present = [key for key in keys if key in chunks]
         rank = self._next_rank
-        for key in keys:
-            if key in chunks:
-                rank += 1
-                ranks[key] = (rank, 0)
-        self._next_rank = rank
+        self._ranks.update(zip(present, zip(range(rank + 1, rank + 1 + len(present)),
+                                            repeat(0))))
+        self._next_rank = rank + len(present)
 
     def on_request_access(self, keys: Iterable[int], ctx: ReqContext) -> None:
         rank_r = self._request_rank(ctx)
         positions, chunks, ranks = ctx.positions, self.chunks, self._ranks
-        for key in keys:
+        # Each key's new rank depends on that key alone, so only the keys in the pool are
+        # visited (one C-level intersection instead of a lookup per offered key).
+        present = chunks.keys() & keys
+        if rank_r == self._next_rank:  # the newest rank: no key outranks it, so every
+            ranks.update({key: (rank_r, -p) for key in present  # positioned key takes it
+                          if (p := positions.get(key)) is not None})
+            return
+        for key in present:
             position = positions.get(key)
             if position is None or key not in chunks:
                 continue
@@ -220,6 +291,38 @@ class ARCPolicy:
         self.t1[key] = chunk
         self.b1.pop(key, None)
         self.b2.pop(key, None)
+
+    def classify(self, keys: Sequence[int]) -> tuple[list[int], list[int]]:
+        """(keys not in T1/T2, keys stored and readable), in offer order."""
+        t1, t2 = self.t1, self.t2
+        missing: list[int] = []
+        ready: list[int] = []
+        for key in keys:
+            chunk = t1.get(key) or t2.get(key)
+            if chunk is None:
+                missing.append(key)
+            elif chunk.ref_cnt >= 0:
+                ready.append(key)
+        return missing, ready
+
+    def insert_many(self, keys: Sequence[int], new: Sequence[Chunk], ctx: ReqContext) -> None:
+        """``insert`` for each key in order (T1's order is the run's)."""
+        self.t1.update(zip(keys, new))
+        for ghost in (self.b1, self.b2):
+            if ghost:
+                for key in keys:
+                    ghost.pop(key, None)
+
+    def complete_stores(self, keys: Iterable[int]) -> int:
+        """Stores finished: in-flight chunks become readable; how many."""
+        t1, t2 = self.t1, self.t2
+        n = 0
+        for key in keys:
+            chunk = t1.get(key) or t2.get(key)
+            if chunk is not None and chunk.ref_cnt < 0:
+                chunk.ref_cnt = 0
+                n += 1
+        return n
 
     def remove(self, key: int) -> None:
         if self.t1.pop(key, None) is None:
