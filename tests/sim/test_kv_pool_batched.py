@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tuner.sim.kv_connector import cpu_manager as batched
-from tuner.sim.kv_connector.policies import ReqContext
+from tuner.sim.kv_connector.policies import RANK_SPAN, ReqContext
 
 NUM_KEYS = 40
 
@@ -23,11 +23,17 @@ _op = st.one_of(
 )
 
 
+def _rank(p, key: int) -> int:
+    """The key's LRU rank as one int (the plain port keeps vLLM's (rank, -position))."""
+    rank = p._ranks[key]
+    return rank if isinstance(rank, int) else rank[0] * RANK_SPAN + rank[1]
+
+
 def _state(m) -> tuple:
     p = m.policy
     if p.name == "lru":
-        pool = sorted((k, c.ref_cnt, c.chunk_id, p._ranks[k]) for k, c in p.chunks.items())
-        order = sorted((p._ranks[k], k) for k in p._evictable)
+        pool = sorted((k, c.ref_cnt, c.chunk_id, _rank(p, k)) for k, c in p.chunks.items())
+        order = sorted((_rank(p, k), k) for k in p._evictable)
         return (pool, order, p._next_rank, m.num_evictable, m.num_write_pending,
                 m.num_evicted, m._num_allocated, list(m._free))
     lists = tuple([(k, getattr(v, "ref_cnt", None)) for k, v in d.items()]
@@ -77,3 +83,7 @@ def test_the_batched_pool_decides_like_the_plain_one(policy: str, num_chunks: in
             finished.add(r)
         assert out[:1] == out[1:] or not out, (op, out)
         assert _state(managers[0]) == _state(managers[1]), op
+        if managers[1].policy.name == "lru":  # the lazy heap pops the true order
+            heap = managers[1].policy._heap
+            assert all(_rank(managers[1].policy, k) >= r for r, k in heap
+                       if k in managers[1].policy._evictable)

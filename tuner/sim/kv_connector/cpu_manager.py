@@ -119,7 +119,7 @@ class CPUOffloadingManager:
     def prepare_store(self, keys: list[int], ctx: ReqContext) -> tuple[list[int], int] | None:
         """(keys to store, chunks evicted for them), or None: not enough idle chunks."""
         policy = self.policy
-        to_store, ready_existing = policy.classify(keys)
+        to_store, ready_existing = policy.classify(keys, self.num_write_pending > 0)
         state = self._access(ctx)
         if to_store and policy.name != "lru":  # LRU: a miss is not in the pool, so its
             store_misses = state.store_misses  # touch (on_store_miss) changes nothing

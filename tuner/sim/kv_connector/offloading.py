@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tuner.sim.kv_connector.cpu_manager import HIT_PENDING, MISS, CPUOffloadingManager
-from tuner.sim.kv_connector.policies import ReqContext
+from tuner.sim.kv_connector.policies import RANK_SPAN, ReqContext
 from tuner.sim.kv_connector.settings import OffloadSettings
 
 if TYPE_CHECKING:
@@ -130,6 +130,7 @@ class OffloadingConnector:
         new = hashes[(have + 1) * bpc - 1::bpc].tolist()
         positions = state.ctx.positions
         tpc = self.tokens_per_chunk
+        assert n * tpc < RANK_SPAN, "offload key position past the LRU rank span (tuner bug)"
         for i, key in enumerate(new, have + 1):
             positions[key] = i * tpc
         state.keys.extend(new)

@@ -12,7 +12,10 @@ LRU ranks: every key carries a rank; the smallest evictable, unprotected rank go
 first. A request's keys share one request rank (taken at its first access) and order by
 ``-position`` (tails before heads); when the request finishes, its keys get fresh ranks
 tail first, so its head is the most recent. Ranks are unique, so vLLM's lazy heap and
-this one pop the same keys.
+this one pop the same keys. vLLM's rank is the pair ``(rank, -position)``; here it is the
+one int ``rank * RANK_SPAN - position`` (same order while positions stay below
+``RANK_SPAN`` = 2**40 tokens), so the heap and the rank updates compare and build ints,
+not tuples.
 
 Batched calls (the manager's hot path; the agentic hour offers ~2,800 chunks per prompt):
 ``classify`` / ``insert_many`` / ``complete_stores`` do over a request's run of keys what
@@ -28,10 +31,12 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from itertools import repeat
 from typing import Iterable, Iterator, Sequence
 
-__all__ = ["ARCPolicy", "Chunk", "LRUPolicy", "ReqContext", "make_policy"]
+__all__ = ["ARCPolicy", "Chunk", "LRUPolicy", "RANK_SPAN", "ReqContext", "make_policy"]
+
+#: LRU ranks are ``rank * RANK_SPAN - position``: vLLM's ``(rank, -position)`` order as one int
+RANK_SPAN = 1 << 40
 
 
 class Chunk:
@@ -82,9 +87,9 @@ class LRUPolicy:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.chunks: dict[int, Chunk] = {}
-        self._ranks: dict[int, tuple[int, int]] = {}
+        self._ranks: dict[int, int] = {}  # key -> rank * RANK_SPAN - position
         self._evictable: set[int] = set()
-        self._heap: list[tuple[tuple[int, int], int]] = []
+        self._heap: list[tuple[int, int]] = []
         self._next_rank = 0
 
     def _request_rank(self, ctx: ReqContext) -> int:
@@ -102,25 +107,18 @@ class LRUPolicy:
         position = ctx.positions.get(key)
         if position is None:
             self._next_rank += 1
-            self._ranks[key] = (self._next_rank, 0)
+            self._ranks[key] = self._next_rank * RANK_SPAN
         else:
-            self._ranks[key] = (self._request_rank(ctx), -position)
+            self._ranks[key] = self._request_rank(ctx) * RANK_SPAN - position
         if chunk.ref_cnt == 0:
             self._evictable.add(key)
             heapq.heappush(self._heap, (self._ranks[key], key))
 
-    def classify(self, keys: Sequence[int]) -> tuple[list[int], list[int]]:
-        """(keys not in the pool, keys stored and readable), in offer order."""
-        chunks = self.chunks
-        missing: list[int] = []
-        ready: list[int] = []
-        for key in keys:
-            chunk = chunks.get(key)
-            if chunk is None:
-                missing.append(key)
-            elif chunk.ref_cnt >= 0:
-                ready.append(key)
-        return missing, ready
+    def classify(self, keys: Sequence[int], any_pending: bool = True
+                 ) -> tuple[list[int], list[int]]:
+        """(keys not in the pool, keys stored and readable), in offer order;
+        ``any_pending`` False promises that no chunk is in flight (all are readable)."""
+        return _classify(self.chunks, self.chunks.keys() & keys, keys, any_pending)
 
     def insert_many(self, keys: Sequence[int], new: Sequence[Chunk], ctx: ReqContext) -> None:
         """``insert`` for each key in order; the chunks are in flight (ref_cnt -1), so
@@ -134,13 +132,13 @@ class LRUPolicy:
                 position = positions.get(key)
                 if position is None:
                     self._next_rank += 1
-                    self._ranks[key] = (self._next_rank, 0)
+                    self._ranks[key] = self._next_rank * RANK_SPAN
                 else:
-                    self._ranks[key] = (self._request_rank(ctx), -position)
+                    self._ranks[key] = self._request_rank(ctx) * RANK_SPAN - position
             return
         if keys:
-            rank_r = self._request_rank(ctx)
-            self._ranks.update(zip(keys, [(rank_r, -p) for p in pos]))
+            base = self._request_rank(ctx) * RANK_SPAN
+            self._ranks.update(zip(keys, [base - p for p in pos]))
 
     def complete_stores(self, keys: Iterable[int]) -> int:
         """Stores finished: in-flight chunks become readable and evictable; how many."""
@@ -183,8 +181,8 @@ class LRUPolicy:
         chunks = self.chunks
         present = [key for key in keys if key in chunks]
         rank = self._next_rank
-        self._ranks.update(zip(present, zip(range(rank + 1, rank + 1 + len(present)),
-                                            repeat(0))))
+        self._ranks.update(zip(present, range((rank + 1) * RANK_SPAN,
+                                              (rank + 1 + len(present)) * RANK_SPAN, RANK_SPAN)))
         self._next_rank = rank + len(present)
 
     def on_request_access(self, keys: Iterable[int], ctx: ReqContext) -> None:
@@ -193,15 +191,16 @@ class LRUPolicy:
         # Each key's new rank depends on that key alone, so only the keys in the pool are
         # visited (one C-level intersection instead of a lookup per offered key).
         present = chunks.keys() & keys
+        base = rank_r * RANK_SPAN
         if rank_r == self._next_rank:  # the newest rank: no key outranks it, so every
-            ranks.update({key: (rank_r, -p) for key in present  # positioned key takes it
+            ranks.update({key: base - p for key in present  # positioned key takes it
                           if (p := positions.get(key)) is not None})
             return
         for key in present:
             position = positions.get(key)
             if position is None or key not in chunks:
                 continue
-            rank = (rank_r, -position)
+            rank = base - position
             if ranks[key] < rank:  # ranks only grow (lru.py: ``>= rank: continue``)
                 ranks[key] = rank
 
@@ -220,9 +219,9 @@ class LRUPolicy:
         if n == 0:
             return []
         heap, ranks, evictable = self._heap, self._ranks, self._evictable
-        selected: list[tuple[tuple[int, int], int]] = []
+        selected: list[tuple[int, int]] = []
         seen: set[int] = set()
-        deferred: list[tuple[tuple[int, int], int]] = []
+        deferred: list[tuple[int, int]] = []
         while heap and len(selected) < n:
             entry = heapq.heappop(heap)
             rank, key = entry
@@ -292,18 +291,12 @@ class ARCPolicy:
         self.b1.pop(key, None)
         self.b2.pop(key, None)
 
-    def classify(self, keys: Sequence[int]) -> tuple[list[int], list[int]]:
+    def classify(self, keys: Sequence[int], any_pending: bool = True
+                 ) -> tuple[list[int], list[int]]:
         """(keys not in T1/T2, keys stored and readable), in offer order."""
-        t1, t2 = self.t1, self.t2
-        missing: list[int] = []
-        ready: list[int] = []
-        for key in keys:
-            chunk = t1.get(key) or t2.get(key)
-            if chunk is None:
-                missing.append(key)
-            elif chunk.ref_cnt >= 0:
-                ready.append(key)
-        return missing, ready
+        present = self.t1.keys() & keys
+        present |= self.t2.keys() & keys
+        return _classify(_ArcPool(self.t1, self.t2), present, keys, any_pending)
 
     def insert_many(self, keys: Sequence[int], new: Sequence[Chunk], ctx: ReqContext) -> None:
         """``insert`` for each key in order (T1's order is the run's)."""
@@ -434,6 +427,33 @@ class ARCPolicy:
         for name in ("t1", "t2", "b1", "b2"):
             old = getattr(self, name)
             setattr(self, name, OrderedDict((new_of[k], v) for k, v in old.items()))
+
+
+class _ArcPool:
+    """``t1[key]`` else ``t2[key]`` (ARC's two lists read as one pool, for ``_classify``)."""
+
+    __slots__ = ("t1", "t2")
+
+    def __init__(self, t1: dict[int, Chunk], t2: dict[int, Chunk]) -> None:
+        self.t1, self.t2 = t1, t2
+
+    def __getitem__(self, key: int) -> Chunk:
+        chunk = self.t1.get(key)
+        return chunk if chunk is not None else self.t2[key]
+
+
+def _classify(pool, present: set[int], keys: Sequence[int],
+              any_pending: bool) -> tuple[list[int], list[int]]:
+    """Split an offered run by the keys ``present`` in the pool, keeping offer order.
+
+    Set membership in list comprehensions instead of a ``get`` and an attribute read per
+    key: the agentic hour offers ~1.4 M keys in two minutes, most already stored."""
+    if not present:
+        return list(keys), []
+    missing = [k for k in keys if k not in present]
+    if any_pending:
+        present = {k for k in present if pool[k].ref_cnt >= 0}
+    return missing, [k for k in keys if k in present]
 
 
 def make_policy(name: str, capacity: int) -> LRUPolicy | ARCPolicy:
