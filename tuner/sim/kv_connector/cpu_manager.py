@@ -10,6 +10,13 @@ hits, ``complete_load`` unpins; ``prepare_store`` evicts idle chunks (never the 
 keys) and allocates chunks for the missing keys, or returns None when not enough chunks
 are idle; ``complete_store`` makes them readable. The per-request access record
 (``_Access``) feeds ``on_request_finished`` (LRU's recency commit, ARC's T1 -> T2 moves).
+
+Speed (docs/kv-offloading.md "Speed", ``bench/kv_tier.py``): vLLM's manager walks an offered
+run key by key; this one takes the run whole (the policy's ``classify`` / ``insert_many``
+/ ``complete_stores``, set operations for the access record, LRU's store-miss touch
+skipped because a missed key is not in the pool and so has no rank to refresh). Contract:
+every answer and every policy state equals the key-at-a-time port's, held by
+``tests/sim/test_kv_pool_batched.py`` against ``tests/sim/_kv_pool_plain.py``.
 """
 
 from __future__ import annotations
