@@ -131,8 +131,7 @@ class OffloadingConnector:
         positions = state.ctx.positions
         tpc = self.tokens_per_chunk
         assert n * tpc < RANK_SPAN, "offload key position past the LRU rank span (tuner bug)"
-        for i, key in enumerate(new, have + 1):
-            positions[key] = i * tpc
+        positions.update(zip(new, range((have + 1) * tpc, (n + 1) * tpc, tpc)))
         state.keys.extend(new)
 
     # ----------------------------------------------------------------- admission

@@ -442,7 +442,7 @@ class _ArcPool:
         return chunk if chunk is not None else self.t2[key]
 
 
-def _classify(pool, present: set[int], keys: Sequence[int],
+def _classify(pool: "dict[int, Chunk] | _ArcPool", present: set[int], keys: Sequence[int],
               any_pending: bool) -> tuple[list[int], list[int]]:
     """Split an offered run by the keys ``present`` in the pool, keeping offer order.
 
