@@ -10,6 +10,13 @@ hits, ``complete_load`` unpins; ``prepare_store`` evicts idle chunks (never the 
 keys) and allocates chunks for the missing keys, or returns None when not enough chunks
 are idle; ``complete_store`` makes them readable. The per-request access record
 (``_Access``) feeds ``on_request_finished`` (LRU's recency commit, ARC's T1 -> T2 moves).
+
+Speed (docs/kv-offloading.md "Speed", ``bench/kv_tier.py``): vLLM's manager walks an offered
+run key by key; this one takes the run whole (the policy's ``classify`` / ``insert_many``
+/ ``complete_stores``, set operations for the access record, LRU's store-miss touch
+skipped because a missed key is not in the pool and so has no rank to refresh). Contract:
+every answer and every policy state equals the key-at-a-time port's, held by
+``tests/sim/test_kv_pool_batched.py`` against ``tests/sim/_kv_pool_plain.py``.
 """
 
 from __future__ import annotations
@@ -53,10 +60,14 @@ class CPUOffloadingManager:
 
     def _allocate(self, n: int) -> list[Chunk]:
         fresh = min(n, self.num_chunks - self._num_allocated)
-        chunks = [Chunk(self._num_allocated + i) for i in range(fresh)]
+        start = self._num_allocated
+        chunks = list(map(Chunk, range(start, start + fresh)))
         self._num_allocated += fresh
-        for _ in range(n - fresh):
-            chunks.append(Chunk(self._free.pop()))
+        if n > fresh:  # reused ids pop from the free list's end, as one by one
+            free = self._free
+            reuse = free[len(free) - (n - fresh):]
+            del free[len(free) - (n - fresh):]
+            chunks.extend(map(Chunk, reversed(reuse)))
         return chunks
 
     def _access(self, ctx: ReqContext) -> _Access:
@@ -64,19 +75,22 @@ class CPUOffloadingManager:
             ctx.access = _Access()
         return ctx.access  # type: ignore[return-value]
 
-    def _record(self, keys: Iterable[int], ctx: ReqContext,
-                reused: Iterable[int] = ()) -> None:
+    def _record(self, keys: list[int], ctx: ReqContext, reused: list[int] = ()) -> None:
         state = self._access(ctx)
         seen = state.seen
-        new = [key for key in keys if key not in seen]
-        if new:
+        fresh = set(keys)
+        fresh -= seen
+        if fresh:
             assert not state.finished, "new cache keys after request finalization (tuner bug)"
-            if len(set(new)) != len(new):  # a hash repeated in the offer: first one counts
-                new = list(dict.fromkeys(new))
+            if len(fresh) == len(keys):  # the usual run: all new, none repeated
+                new = keys
+            else:  # seen keys, or a hash repeated in the offer: first one counts
+                new = [k for k in dict.fromkeys(keys) if k in fresh]
             state.keys.extend(new)
-            seen.update(new)
+            seen |= fresh
             self.policy.on_request_access(new, ctx)
-        state.reused.update(k for k in reused if k not in state.inserted)
+        if reused:
+            state.reused |= set(reused).difference(state.inserted)
 
     # ----------------------------------------------------------------- interface
     def on_new_request(self, ctx: ReqContext) -> None:
@@ -112,22 +126,21 @@ class CPUOffloadingManager:
     def prepare_store(self, keys: list[int], ctx: ReqContext) -> tuple[list[int], int] | None:
         """(keys to store, chunks evicted for them), or None: not enough idle chunks."""
         policy = self.policy
-        to_store: list[int] = []
-        ready_existing: list[int] = []
-        for key in keys:
-            chunk = policy.get(key)
-            if chunk is None:
-                to_store.append(key)
-            elif chunk.is_ready:
-                ready_existing.append(key)
+        to_store, ready_existing = policy.classify(keys, self.num_write_pending > 0)
         state = self._access(ctx)
-        misses = [k for k in to_store if k not in state.store_misses]
-        if misses:
-            policy.on_store_miss(misses, ctx)
-            state.store_misses.update(misses)
-        recorded = set(to_store)
-        recorded.update(ready_existing)
-        self._record((k for k in keys if k in recorded), ctx, reused=ready_existing)
+        if to_store and policy.name != "lru":  # LRU: a miss is not in the pool, so its
+            store_misses = state.store_misses  # touch (on_store_miss) changes nothing
+            misses = [k for k in to_store if k not in store_misses]
+            if misses:
+                policy.on_store_miss(misses, ctx)
+                store_misses.update(misses)
+        if len(to_store) + len(ready_existing) == len(keys):
+            recorded_keys = keys  # no key is still being stored: all are recorded
+        else:
+            recorded = set(to_store)
+            recorded.update(ready_existing)
+            recorded_keys = [k for k in keys if k in recorded]
+        self._record(recorded_keys, ctx, reused=ready_existing)
         if not to_store:
             return [], 0
         num_evict = len(to_store) - self._num_free()
@@ -139,25 +152,18 @@ class CPUOffloadingManager:
             if evicted is None:
                 return None
             self.num_evictable -= len(evicted)
-            for _, chunk in evicted:
-                self._free.append(chunk.chunk_id)
+            self._free.extend([chunk.chunk_id for _, chunk in evicted])
             num_evicted = len(evicted)
             self.num_evicted += num_evicted
-        for key, chunk in zip(to_store, self._allocate(len(to_store))):
-            policy.insert(key, chunk, ctx)
+        policy.insert_many(to_store, self._allocate(len(to_store)), ctx)
         self.num_write_pending += len(to_store)
         state.inserted.update(to_store)
         return to_store, num_evicted
 
     def complete_store(self, keys: Iterable[int]) -> None:
-        policy = self.policy
-        for key in keys:
-            chunk = policy.get(key)
-            if chunk is not None and not chunk.is_ready:
-                chunk.ref_cnt = 0
-                self.num_write_pending -= 1
-                self.num_evictable += 1
-                policy.mark_evictable(key)
+        n = self.policy.complete_stores(keys)
+        self.num_write_pending -= n
+        self.num_evictable += n
 
     def on_request_finished(self, ctx: ReqContext) -> None:
         state = ctx.access
@@ -165,9 +171,10 @@ class CPUOffloadingManager:
             return
         state.finished = True
         keys = list(state.keys)
-        positions = ctx.positions
-        if all(k in positions for k in keys):  # head to tail (order_request_keys)
-            keys.sort(key=positions.__getitem__)
+        try:  # head to tail (order_request_keys), when every key has a position
+            keys.sort(key=ctx.positions.__getitem__)
+        except KeyError:  # the keys are computed before the list is touched: unchanged
+            keys = list(state.keys)
         # One group, already in order: the policy's own order_request_keys sorts the same
         # list again to the same order, so it gets the sorted keys and skips it.
         self.policy.on_request_finished((keys,), state.inserted - state.reused,

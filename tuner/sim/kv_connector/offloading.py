@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tuner.sim.kv_connector.cpu_manager import HIT_PENDING, MISS, CPUOffloadingManager
-from tuner.sim.kv_connector.policies import ReqContext
+from tuner.sim.kv_connector.policies import RANK_SPAN, ReqContext
 from tuner.sim.kv_connector.settings import OffloadSettings
 
 if TYPE_CHECKING:
@@ -130,8 +130,8 @@ class OffloadingConnector:
         new = hashes[(have + 1) * bpc - 1::bpc].tolist()
         positions = state.ctx.positions
         tpc = self.tokens_per_chunk
-        for i, key in enumerate(new, have + 1):
-            positions[key] = i * tpc
+        assert n * tpc < RANK_SPAN, "offload key position past the LRU rank span (tuner bug)"
+        positions.update(zip(new, range((have + 1) * tpc, (n + 1) * tpc, tpc)))
         state.keys.extend(new)
 
     # ----------------------------------------------------------------- admission
@@ -231,8 +231,11 @@ class OffloadingConnector:
         """The step's store jobs (``_build_store_jobs``) and the finished requests'
         finalization; call before ``num_computed_tokens`` advance."""
         req = self._req
+        tpc = self.tokens_per_chunk
         for request, n in out.individual:
             state = req[request.request_id]
+            if state.next_stored >= request.num_prompt_tokens // tpc:
+                continue  # every prompt chunk offered: _store would change nothing
             self._update_keys(state)
             state.num_block_ids = request.num_blocks
             self._store(state, request.num_computed_tokens + n)

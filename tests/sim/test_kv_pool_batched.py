@@ -1,0 +1,89 @@
+"""The batched CPU pool (tuner.sim.kv_connector.cpu_manager / policies) against the plain,
+key-at-a-time port it replaced (_kv_pool_plain.py): generated operation sequences over
+LRU and ARC must give the same store/evict answers, the same eviction order and the same
+policy state (ranks, heap pops, T1/T2/B1/B2 orders, ARC's target) after every operation."""
+
+from __future__ import annotations
+
+import _kv_pool_plain as plain
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tuner.sim.kv_connector import cpu_manager as batched
+from tuner.sim.kv_connector.policies import RANK_SPAN, ReqContext
+
+NUM_KEYS = 40
+
+_op = st.one_of(
+    st.tuples(st.just("store"), st.integers(0, 3), st.lists(st.integers(0, NUM_KEYS - 1),
+                                                            min_size=1, max_size=12)),
+    st.tuples(st.just("complete"), st.integers(0, 3), st.integers(0, 12)),
+    st.tuples(st.just("load"), st.integers(0, 3), st.integers(1, 6)),
+    st.tuples(st.just("finish"), st.integers(0, 3), st.just(0)),
+)
+
+
+def _rank(p, key: int) -> int:
+    """The key's LRU rank as one int (the plain port keeps vLLM's (rank, -position))."""
+    rank = p._ranks[key]
+    return rank if isinstance(rank, int) else rank[0] * RANK_SPAN + rank[1]
+
+
+def _state(m) -> tuple:
+    p = m.policy
+    if p.name == "lru":
+        pool = sorted((k, c.ref_cnt, c.chunk_id, _rank(p, k)) for k, c in p.chunks.items())
+        order = sorted((_rank(p, k), k) for k in p._evictable)
+        return (pool, order, p._next_rank, m.num_evictable, m.num_write_pending,
+                m.num_evicted, m._num_allocated, list(m._free))
+    lists = tuple([(k, getattr(v, "ref_cnt", None)) for k, v in d.items()]
+                  for d in (p.t1, p.t2, p.b1, p.b2))
+    return (lists, p.target_t1_size, m.num_evictable, m.num_write_pending, m.num_evicted,
+            m._num_allocated, list(m._free))
+
+
+@settings(max_examples=300, deadline=None)
+@given(policy=st.sampled_from(["lru", "arc"]), num_chunks=st.integers(2, 16),
+       ops=st.lists(_op, max_size=60))
+def test_the_batched_pool_decides_like_the_plain_one(policy: str, num_chunks: int,
+                                                     ops: list) -> None:
+    managers = (plain.CPUOffloadingManager(num_chunks, policy),
+                batched.CPUOffloadingManager(num_chunks, policy))
+    ctxs = ([plain.ReqContext() for _ in range(4)], [ReqContext() for _ in range(4)])
+    for side in ctxs:
+        for i, ctx in enumerate(side):  # request i's keys sit at its own positions
+            ctx.positions.update({k: (k + i) % 17 * 16 + 16 for k in range(NUM_KEYS)})
+    pending: list[list[list[int]]] = [[], []]  # in-flight stores, per side
+    loads: list[list[list[int]]] = [[], []]
+    finished: set[int] = set()
+    for op, r, arg in ops:
+        if r in finished:
+            continue
+        out = []
+        for side, m in enumerate(managers):
+            ctx = ctxs[side][r]
+            if op == "store":
+                res = m.prepare_store(list(arg), ctx)
+                if res is not None and res[0]:
+                    pending[side].append(res[0])
+                out.append(res)
+            elif op == "complete":
+                if pending[side]:
+                    m.complete_store(pending[side].pop(arg % len(pending[side])))
+                if loads[side]:
+                    m.complete_load(loads[side].pop(0))
+            elif op == "load":
+                keys = [k for k in range(NUM_KEYS) if m.lookup(k) == plain.HIT][:arg]
+                m.prepare_load(keys, ctx)
+                loads[side].append(keys)
+                out.append(keys)
+            else:
+                m.on_request_finished(ctx)
+        if op == "finish":
+            finished.add(r)
+        assert out[:1] == out[1:] or not out, (op, out)
+        assert _state(managers[0]) == _state(managers[1]), op
+        if managers[1].policy.name == "lru":  # the lazy heap pops the true order
+            heap = managers[1].policy._heap
+            assert all(_rank(managers[1].policy, k) >= r for r, k in heap
+                       if k in managers[1].policy._evictable)
