@@ -64,7 +64,7 @@ def test_every_reader_names_the_column_and_first_bad_row(
     assert not list(tmp_path.glob("r.html")) and not list(tmp_path.glob("s.parquet"))
 
 
-@pytest.mark.parametrize("speedup", ["nan", "inf", "-inf", "0", "-2", "1e300"])
+@pytest.mark.parametrize("speedup", ["nan", "inf", "-inf", "0", "-2", "1e300", "1e-320"])
 def test_slice_speedup_must_be_finite_and_positive(tmp_path: pathlib.Path, speedup: str) -> None:
     out = tmp_path / "s.parquet"
     code, output = _invoke("trace", "slice", str(TRACE), "--last", "10m", "--speedup", speedup,

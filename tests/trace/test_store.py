@@ -68,6 +68,18 @@ def test_writer_refuses_a_span_the_readers_refuse(tmp_path: Path) -> None:
     assert len(read_trace(write_trace(out, [*_reqs(), near], META))) == 4
 
 
+@pytest.mark.parametrize("arrival", [float("inf"), float("nan")])
+def test_writer_refuses_arrivals_that_are_not_finite(tmp_path: Path, arrival: float) -> None:
+    """Two infinite arrivals span NaN, which the span check cannot see: `trace slice
+    --speedup 1e-320` divided every arrival to inf and wrote a trace the readers refuse."""
+    out = tmp_path / "t.parquet"
+    bad = [dataclasses.replace(r, arrival_s=arrival) for r in _reqs()]
+    with pytest.raises(TraceSchemaError, match="column arrival_s: .* not a finite time"):
+        with TraceWriter(out, META) as w:
+            w.write(bad)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_fingerprint_stable_and_content_sensitive(tmp_path: Path) -> None:
     a = Trace.from_requests(_reqs(), META)
     b = read_trace(write_trace(tmp_path / "t.parquet", list(reversed(_reqs())), META))

@@ -142,8 +142,8 @@ def stats_cmd(trace: str, as_json: bool) -> None:
 @click.option("--start", type=DURATION, default=None, help="Window start (e.g. 600, 10m).")
 @click.option("--end", type=DURATION, default=None, help="Window end (exclusive).")
 @click.option("--last", type=DURATION, default=None, help="The final part of the trace (e.g. 2h).")
-@click.option("--speedup", type=float, default=1.0, show_default=True,
-              help="Divide arrival times by this factor.")
+@click.option("--speedup", type=click.FloatRange(min=1e-6, max=1e6), default=1.0,
+              show_default=True, help="Divide arrival times by this factor (1e-6 to 1e6).")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
 @handle_errors

@@ -87,8 +87,12 @@ class TraceWriter:
         if len(arrivals) == 0:
             return
         lo, hi = (float(np.min(arrivals)), float(np.max(arrivals)))
+        if not (np.isfinite(lo) and np.isfinite(hi)):  # e.g. arrivals divided by 1e-320
+            raise TraceSchemaError(
+                f"{self.path}: column arrival_s: a time of {lo if not np.isfinite(lo) else hi} "
+                f"is not a finite time in seconds (see docs/trace-format.md); nothing was written")
         self._lo, self._hi = min(lo, self._lo), max(hi, self._hi)
-        if self._hi - self._lo > MAX_SPAN_S:  # NaN compares false: the readers name it
+        if self._hi - self._lo > MAX_SPAN_S:
             raise TraceSchemaError(
                 f"{self.path}: arrivals would span {(self._hi - self._lo) / 86400:.3g} days; "
                 f"a trace spans at most {MAX_SPAN_S / 86400:.0f} days (see "
