@@ -24,6 +24,10 @@ SETTINGS = SchedulerSettings(max_num_batched_tokens=256, max_num_seqs=1,
                              cache_aware_admission_window=4, cache_aware_admission_threshold=0.0)
 
 
+#: The blocker's decode steps (see ``attempt``).
+BLOCKER_TOKENS = 63
+
+
 def tokens(seed: int, n: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randint(3, 999) for _ in range(n)]
@@ -69,7 +73,9 @@ async def attempt(server: VllmServer, seed: int) -> dict:
     warm_prompt, cold_prompt = tokens(seed, 96), tokens(seed + 1, 96)  # 3 blocks each
     warm0 = await request(server, warm_prompt, 1)  # runs alone; its 3 blocks stay cached
     first = asyncio.Event()
-    blocker = asyncio.create_task(request(server, tokens(seed + 2, 32), 30, first))  # 2 blocks
+    # 2 blocks: one prompt token and 63 decode steps (the last sampled token takes no slot),
+    # the longest a 2-block request can run, so cold and warm have time to queue behind it
+    blocker = asyncio.create_task(request(server, tokens(seed + 2, 1), BLOCKER_TOKENS, first))
     await first.wait()
     cold = asyncio.create_task(request(server, cold_prompt, 1))  # arrives first ...
     cold_queued = await queued(server, 1, blocker)
@@ -81,9 +87,9 @@ async def attempt(server: VllmServer, seed: int) -> dict:
 
 async def scenario(server: VllmServer) -> dict:
     """The scenario, again with fresh prompts while the blocker ended before cold and warm
-    both queued (a fast CPU runs its 30 decode steps in ~0.2 s). Each attempt leaves the
+    both queued (a fast CPU runs the blocker's decode steps in under half a second). Each attempt leaves the
     cache as the first found it: warm0 runs alone after the previous attempt freed all."""
-    for seed in range(1, 40, 3):
+    for seed in range(1, 61, 3):
         before = (await server.scrape_async()).value("vllm:prefix_cache_hits_total")
         result = await attempt(server, seed)
         after = (await server.scrape_async()).value("vllm:prefix_cache_hits_total")

@@ -62,7 +62,7 @@ def test_plugin_is_launched_through_scheduler_cls(child) -> None:  # type: ignor
 def test_window_keeps_warm_prefix_hit(child) -> None:  # type: ignore[no-untyped-def]
     _, r = child
     assert r["warm0"]["cached"] == 0 and r["cold"]["cached"] == 0
-    assert r["blocker"]["tokens"] == 30
+    assert r["blocker"]["tokens"] == 63
     assert r["both_queued"], f"the blocker ended before cold and warm queued ({r['attempts']} tries)"
     # warm was admitted before cold although it arrived later: the plugin reordered
     assert r["warm"]["first_s"] < r["cold"]["first_s"]
