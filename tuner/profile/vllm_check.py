@@ -21,16 +21,24 @@ from tuner.profile.export import parallel_mapping, plan_export, speculative_args
 from tuner.profile.fleet_export import engine_args
 from tuner.profile.model import Profile
 
-#: Runs inside a vLLM environment: reads a JSON payload on stdin, prints a JSON verdict.
-_CHECK_SCRIPT = r'''
+
+def _vllm_script(imports: str, body: str) -> str:
+    """A script run inside a vLLM environment (it needs only vLLM and the standard library):
+    it reads a JSON payload on stdin and prints a JSON verdict. The shared head imports
+    vLLM (``imports`` adds the script's own names) or prints a ``skipped`` verdict, and
+    defines ``make_parser``, vLLM's own ``vllm serve`` parser."""
+    return _SCRIPT_HEAD + imports + _SCRIPT_PARSER + body
+
+
+_SCRIPT_HEAD = r'''
 import contextlib, io, json, os, sys, tempfile
 payload = json.load(sys.stdin)
 out = {"errors": [], "checked": []}
 try:
     import vllm
     out["vllm_version"] = getattr(vllm, "__version__", "?")
-    from vllm.config import SchedulerConfig
-    from vllm.engine.arg_utils import EngineArgs
+'''
+_SCRIPT_PARSER = r'''    from vllm.engine.arg_utils import EngineArgs
     try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError:
@@ -38,13 +46,6 @@ try:
 except Exception as exc:  # noqa: BLE001
     out["skipped"] = f"vllm is not importable here: {type(exc).__name__}: {exc}"
     print(json.dumps(out)); sys.exit(0)
-
-try:
-    SchedulerConfig(max_model_len=payload["max_model_len"], is_encoder_decoder=False,
-                    **payload["scheduler_kwargs"])
-    out["checked"].append("SchedulerConfig(**kwargs)")
-except Exception as exc:  # noqa: BLE001
-    out["errors"].append(f"SchedulerConfig rejected the kwargs: {type(exc).__name__}: {exc}")
 
 def make_parser():
     try:
@@ -59,6 +60,17 @@ def make_parser():
         platforms._current_platform = CpuPlatform()
         out["notes"] = ["parsed on vLLM's CPU platform (no GPU here)"]
         return EngineArgs.add_cli_args(FlexibleArgumentParser())
+'''
+
+#: Checks a profile's flags, config and kwargs (:func:`check_with_vllm`).
+_CHECK_SCRIPT = _vllm_script(r'''    from vllm.config import SchedulerConfig
+''', r'''
+try:
+    SchedulerConfig(max_model_len=payload["max_model_len"], is_encoder_decoder=False,
+                    **payload["scheduler_kwargs"])
+    out["checked"].append("SchedulerConfig(**kwargs)")
+except Exception as exc:  # noqa: BLE001
+    out["errors"].append(f"SchedulerConfig rejected the kwargs: {type(exc).__name__}: {exc}")
 
 def parse(args, what):
     parser = make_parser()
@@ -87,7 +99,7 @@ try:
 finally:
     os.unlink(fh.name)
 print(json.dumps(out))
-'''
+''')
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,33 +201,9 @@ def check_with_vllm(profile: Profile, *, vllm_version: str = "0.33.0",
 
 #: Runs inside a vLLM environment: parses each P/D server's flags with vLLM's parser and
 #: builds its KVTransferConfig; checks the connector is one vLLM registers.
-_PD_CHECK_SCRIPT = r'''
-import contextlib, io, json, sys
-payload = json.load(sys.stdin)
-out = {"errors": [], "checked": []}
-try:
-    import vllm
-    out["vllm_version"] = getattr(vllm, "__version__", "?")
-    from vllm.config import KVTransferConfig
+_PD_CHECK_SCRIPT = _vllm_script(r'''    from vllm.config import KVTransferConfig
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
-    from vllm.engine.arg_utils import EngineArgs
-    try:
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
-    except ImportError:
-        from vllm.utils import FlexibleArgumentParser
-except Exception as exc:  # noqa: BLE001
-    out["skipped"] = f"vllm is not importable here: {type(exc).__name__}: {exc}"
-    print(json.dumps(out)); sys.exit(0)
-def make_parser():
-    try:
-        return EngineArgs.add_cli_args(FlexibleArgumentParser())
-    except RuntimeError as exc:
-        if "infer device type" not in str(exc):
-            raise
-        import vllm.platforms as platforms
-        from vllm.platforms.cpu import CpuPlatform
-        platforms._current_platform = CpuPlatform()
-        return EngineArgs.add_cli_args(FlexibleArgumentParser())
+''', r'''
 registry = getattr(KVConnectorFactory, "_registry", {})
 for server in payload["servers"]:
     what = server["name"]
@@ -245,7 +233,7 @@ for server in payload["servers"]:
         out["errors"].append(f"{what}: tensor_parallel_size {ns.tensor_parallel_size}")
     out["checked"].append(what)
 print(json.dumps(out))
-'''
+''')
 
 
 def check_pd_with_vllm(commands: Any, *, python: str | None = None,

@@ -31,7 +31,6 @@ other jobs of a list with ``driver.VllmCoreReplay``. What is real and what is fa
 from __future__ import annotations
 
 import os
-import pickle
 import sys
 from typing import Any
 
@@ -41,6 +40,7 @@ if ROOT not in sys.path:
 
 from tuner.vllm_core.driver import (  # noqa: E402
     VllmCoreEngine, VllmCoreReplay, _Live, build_scheduler, make_block_hasher, make_vllm_request)
+from tuner.vllm_core.job_file import run_job_file  # noqa: E402
 from tuner.vllm_core.tokens import DriverRequest, TokenFactory  # noqa: E402
 
 __all__ = ["FakeNixlWorker", "PDCoreEngine", "main", "nixl_transfer_config", "replay_job",
@@ -209,18 +209,9 @@ def replay_job(job: dict[str, Any]) -> Any:
 
 
 def main(argv: list[str]) -> int:
-    """``JOB.pickle RESULT.pickle``, as ``tuner.vllm_core.driver.main``: a job dict gives
-    its result (a P/D engine's step records, or a ``ReplayResult``), a list a list."""
-    if len(argv) != 3:
-        print("usage: disagg.py JOB.pickle RESULT.pickle", file=sys.stderr)
-        return 2
-    with open(argv[1], "rb") as f:
-        job = pickle.load(f)
-    result = [replay_job(j) for j in job] if isinstance(job, list) else replay_job(job)
-    from tuner.outputs import write_bytes  # standard library only, like this driver
-
-    write_bytes(argv[2], pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL), announce=False)
-    return 0
+    """``JOB.pickle RESULT.pickle`` (``tuner.vllm_core.job_file``): a P/D pool engine's
+    step records, or a ``ReplayResult``."""
+    return run_job_file(argv, replay_job, "disagg.py")
 
 
 if __name__ == "__main__":

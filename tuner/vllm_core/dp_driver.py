@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 import os
-import pickle
 import sys
 import time
 from typing import Any
@@ -34,6 +33,7 @@ if ROOT not in sys.path:
 
 from tuner.vllm_core.driver import (VllmCoreEngine, VllmCoreReplay,  # noqa: E402
                                     build_scheduler, make_block_hasher)
+from tuner.vllm_core.job_file import run_job_file  # noqa: E402
 from tuner.vllm_core.tokens import DriverRequest, TokenFactory  # noqa: E402
 
 
@@ -215,18 +215,8 @@ def replay_job(job: dict[str, Any]) -> Any:
 
 
 def main(argv: list[str]) -> int:
-    """``JOB.pickle RESULT.pickle``, as ``tuner.vllm_core.driver.main``: a job dict gives a
-    ``ReplayResult``, a list of jobs a list."""
-    if len(argv) != 3:
-        print("usage: dp_driver.py JOB.pickle RESULT.pickle", file=sys.stderr)
-        return 2
-    with open(argv[1], "rb") as f:
-        job = pickle.load(f)
-    result = [replay_job(j) for j in job] if isinstance(job, list) else replay_job(job)
-    from tuner.outputs import write_bytes  # standard library only, like this driver
-
-    write_bytes(argv[2], pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL), announce=False)
-    return 0
+    """``JOB.pickle RESULT.pickle`` (``tuner.vllm_core.job_file``): a DP job or a replay."""
+    return run_job_file(argv, replay_job, "dp_driver.py")
 
 
 if __name__ == "__main__":

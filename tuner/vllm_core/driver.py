@@ -42,7 +42,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import pickle
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -577,21 +576,10 @@ class VllmCoreReplay:
 
 
 def main(argv: list[str]) -> int:
-    """``JOB.pickle RESULT.pickle``: a job dict gives a ``ReplayResult``; a list of jobs
-    (one vLLM import for many replays, as the parity tests use) gives a list."""
-    if len(argv) != 3:
-        print("usage: driver.py JOB.pickle RESULT.pickle", file=sys.stderr)
-        return 2
-    with open(argv[1], "rb") as f:
-        job = pickle.load(f)
-    if isinstance(job, list):
-        result: Any = [VllmCoreReplay(j).run() for j in job]
-    else:
-        result = VllmCoreReplay(job).run()
-    from tuner.outputs import write_bytes  # standard library only, like this driver
+    """``JOB.pickle RESULT.pickle`` (``tuner.vllm_core.job_file``)."""
+    from tuner.vllm_core.job_file import run_job_file
 
-    write_bytes(argv[2], pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL), announce=False)
-    return 0
+    return run_job_file(argv, lambda job: VllmCoreReplay(job).run(), "driver.py")
 
 
 if __name__ == "__main__":

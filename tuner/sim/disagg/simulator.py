@@ -19,7 +19,6 @@ decoder's tokens; TTFT from the arrival at the proxy to the decoder's first toke
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -33,7 +32,7 @@ from tuner.sim.disagg.engines import DecodeEngine, PrefillEngine, fence_decoder
 from tuner.sim.disagg.loop import PDLoop
 from tuner.sim.disagg.settings import PDSettings
 from tuner.sim.engine import ListArrivals
-from tuner.sim.fleet.simulator import merge_timeseries
+from tuner.sim.fleet.simulator import engine_summary, merge_timeseries, run_engines
 from tuner.sim.load import ClosedLoop, OpenLoop
 from tuner.sim.loop import AdmissionRules, StepTime
 from tuner.sim.scheduler import Scheduler
@@ -134,31 +133,12 @@ class PDSimulator:
 
     def run(self, progress: Callable[[float], None] | None = None) -> ReplayResult:
         """Replay to the end; ``progress`` gets the fraction of requests issued."""
-        wall0 = time.perf_counter()
-        for engine in self.engines:
-            engine.scheduler.materialize_all()
-        self.loop.run(progress)
-        for engine in self.engines:
-            engine.scheduler.materialize_all()
-            engine.finish()
-        return self._result(time.perf_counter() - wall0)
+        return self._result(run_engines(self.engines, self.loop, progress))
 
     # ----------------------------------------------------------------- results
     def _summaries(self) -> list[EngineSummary]:
-        out = []
-        for e, engine in enumerate(self.engines):
-            scheduler = engine.scheduler
-            kv = engine.timeseries["kv_usage"]
-            out.append(EngineSummary(
-                engine=e, replica=e, dp_rank=0, num_requests=engine.num_added,
-                num_finished=engine.num_finished,
-                prefix_cache_queries=scheduler.prefix_cache_queries,
-                prefix_cache_hits=scheduler.prefix_cache_hits,
-                preemptions=scheduler.num_preemptions,
-                kv_usage_mean=sum(kv) / len(kv) if kv else float("nan"),
-                kv_usage_max=max(kv) if kv else float("nan"),
-                num_steps=engine.num_steps))
-        return out
+        return [engine_summary(e, engine, replica=e, dp_rank=0)
+                for e, engine in enumerate(self.engines)]
 
     def ttft_parts(self) -> dict[str, np.ndarray]:
         """The TTFT split (module doc) of every finished request, seconds, trace order."""

@@ -115,30 +115,12 @@ class FleetSimulator:
 
     def run(self, progress: Callable[[float], None] | None = None) -> ReplayResult:
         """Replay to the end; ``progress`` gets the fraction of requests issued."""
-        wall0 = time.perf_counter()
-        for engine in self.engines:
-            engine.scheduler.materialize_all()
-        self.loop.run(progress)
-        for engine in self.engines:
-            engine.scheduler.materialize_all()
-            engine.finish()
-        return self._result(time.perf_counter() - wall0)
+        return self._result(run_engines(self.engines, self.loop, progress))
 
     def engine_summaries(self) -> list[EngineSummary]:
-        out = []
-        for e, engine in enumerate(self.engines):
-            scheduler = engine.scheduler
-            kv = engine.timeseries["kv_usage"]
-            out.append(EngineSummary(
-                engine=e, replica=e // self.dp, dp_rank=e % self.dp,
-                num_requests=engine.num_added, num_finished=engine.num_finished,
-                prefix_cache_queries=scheduler.prefix_cache_queries,
-                prefix_cache_hits=scheduler.prefix_cache_hits,
-                preemptions=scheduler.num_preemptions,
-                kv_usage_mean=sum(kv) / len(kv) if kv else float("nan"),
-                kv_usage_max=max(kv) if kv else float("nan"),
-                num_steps=engine.num_steps, num_dummy_steps=engine.num_dummy_steps))
-        return out
+        return [engine_summary(e, engine, replica=e // self.dp, dp_rank=e % self.dp,
+                               num_dummy_steps=engine.num_dummy_steps)
+                for e, engine in enumerate(self.engines)]
 
     def _result(self, wall_s: float) -> ReplayResult:
         engines, table = self.engines, self.table
@@ -175,6 +157,36 @@ class FleetSimulator:
             counters=counters, simulated_s=max(0.0, now - min(first_arrival, now)),
             wall_s=wall_s, num_gpus=self.num_gpus, steps=steps, notes=notes,
             engines=summaries)
+
+
+def run_engines(engines: "list[Any]", loop: Any,
+                progress: Callable[[float], None] | None) -> float:
+    """Run a fleet loop over its engines to the end; the wall seconds it took. Interned
+    requests are materialised before (the loop reads them) and after (records need them)."""
+    wall0 = time.perf_counter()
+    for engine in engines:
+        engine.scheduler.materialize_all()
+    loop.run(progress)
+    for engine in engines:
+        engine.scheduler.materialize_all()
+        engine.finish()
+    return time.perf_counter() - wall0
+
+
+def engine_summary(index: int, engine: Any, *, replica: int, dp_rank: int,
+                   num_dummy_steps: int = 0) -> EngineSummary:
+    """One engine's line of a fleet's replay (``ReplayResult.engines``)."""
+    scheduler = engine.scheduler
+    kv = engine.timeseries["kv_usage"]
+    return EngineSummary(
+        engine=index, replica=replica, dp_rank=dp_rank,
+        num_requests=engine.num_added, num_finished=engine.num_finished,
+        prefix_cache_queries=scheduler.prefix_cache_queries,
+        prefix_cache_hits=scheduler.prefix_cache_hits,
+        preemptions=scheduler.num_preemptions,
+        kv_usage_mean=sum(kv) / len(kv) if kv else float("nan"),
+        kv_usage_max=max(kv) if kv else float("nan"),
+        num_steps=engine.num_steps, num_dummy_steps=num_dummy_steps)
 
 
 def merge_timeseries(series: list[dict[str, list[float]]]) -> dict[str, list[float]]:
