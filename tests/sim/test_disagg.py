@@ -154,6 +154,30 @@ def test_a_request_the_decode_pool_can_never_hold_is_refused_at_the_handoff():
     assert result.counters["pd_refused_at_decode"] == 1
 
 
+def test_refused_requests_release_their_held_prefill_blocks():
+    """Requests the decoder refuses are never read: their prefill blocks are freed at the
+    refusal. Held for good, ten of them (57 blocks each) filled the 400-block prefill cache
+    and later admissions waited behind them (a replay that ends up stepping empty steps
+    without end is failed by the alarm)."""
+    import signal
+
+    def hung(*_):
+        raise AssertionError("the P/D replay did not finish: held blocks never released")
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(120)
+    try:
+        reqs = [Req(f"big{i}", 0.01 * i, 900, 200, prompt_hashes(0, 900, unique=i))
+                for i in range(10)]
+        reqs.append(Req("ok", 1.0, 64, 4, prompt_hashes(1, 64, unique=99)))
+        sim, result = _run(reqs, PDSettings(num_prefill=1, num_decode=1, **LINK),
+                           decode_cache=CacheSettings(num_gpu_blocks=40))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert [r.status for r in result.requests] == ["rejected"] * 10 + ["finished"]
+    assert not list(sim.prefill[0].connector.held())
+
+
 def test_bad_settings_are_config_errors():
     with pytest.raises(ConfigError, match="num_decode=0"):
         PDSettings(num_prefill=1, num_decode=0, **LINK).validate()

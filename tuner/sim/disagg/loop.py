@@ -113,6 +113,10 @@ class PDLoop(FleetLoop):
     def _hand_off(self, index: int, source: Any, arrival_s: float) -> None:
         """Step 2 of the proxy's flow: the request goes to a decode instance."""
         if self.decode_rules.rejects(int(source.input_len), int(source.output_len)):
+            # No decoder will read the prefill instance's held blocks: free them now (vLLM
+            # frees them when the refused request is aborted). Held forever, they filled the
+            # prefill cache and the loop stepped empty steps without end.
+            self.engines[int(self.table.engine[index])].read_done(index, self.now_s)
             self.table.record(index, "rejected", arrival_s)
             self.table.engine[index] = -1
             self.num_refused_at_decode += 1
