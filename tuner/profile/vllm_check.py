@@ -177,8 +177,27 @@ def check_with_vllm(profile: Profile, *, vllm_version: str = "0.33.0",
         import sys
 
         python = sys.executable
+    verdict = _run_check_script(python, _CHECK_SCRIPT, payload, asked=asked,
+                                timeout_s=timeout_s)
+    if isinstance(verdict, VllmCheck):
+        return verdict
+    if "skipped" in verdict:
+        if asked:
+            return VllmCheck("failed", errors=(f"{python}: {verdict['skipped']}",))
+        return VllmCheck("skipped", note=verdict["skipped"])
+    errors = tuple(verdict.get("errors", ()))
+    return VllmCheck("failed" if errors else "ok", vllm_version=verdict.get("vllm_version"),
+                     checked=tuple(verdict.get("checked", ())), errors=errors,
+                     note="; ".join(verdict.get("notes", ())))
+
+
+def _run_check_script(python: str, script: str, payload: str, *, asked: bool,
+                      timeout_s: float) -> "VllmCheck | dict[str, Any]":
+    """Run a check script in ``python``; its JSON verdict, or the check's result when the
+    script could not run (a failure if the caller asked for that interpreter, else a skip)
+    or ended without a verdict (a failure)."""
     try:
-        proc = subprocess.run([python, "-c", _CHECK_SCRIPT], input=payload, text=True,
+        proc = subprocess.run([python, "-c", script], input=payload, text=True,
                               capture_output=True, timeout=timeout_s, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         if asked:
@@ -188,15 +207,7 @@ def check_with_vllm(profile: Profile, *, vllm_version: str = "0.33.0",
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return VllmCheck("failed", errors=(f"check script exited {proc.returncode}: {tail}",))
-    verdict = json.loads(lines[-1])
-    if "skipped" in verdict:
-        if asked:
-            return VllmCheck("failed", errors=(f"{python}: {verdict['skipped']}",))
-        return VllmCheck("skipped", note=verdict["skipped"])
-    errors = tuple(verdict.get("errors", ()))
-    return VllmCheck("failed" if errors else "ok", vllm_version=verdict.get("vllm_version"),
-                     checked=tuple(verdict.get("checked", ())), errors=errors,
-                     note="; ".join(verdict.get("notes", ())))
+    return json.loads(lines[-1])
 
 
 #: Runs inside a vLLM environment: parses each P/D server's flags with vLLM's parser and
@@ -252,19 +263,10 @@ def check_pd_with_vllm(commands: Any, *, python: str | None = None,
         import sys
 
         python = sys.executable
-    try:
-        proc = subprocess.run([python, "-c", _PD_CHECK_SCRIPT],
-                              input=json.dumps({"servers": servers}), text=True,
-                              capture_output=True, timeout=timeout_s, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return VllmCheck("failed" if asked else "skipped",
-                         errors=(f"could not run {python}: {exc}",) if asked else (),
-                         note="" if asked else f"could not run {python}: {exc}")
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return VllmCheck("failed", errors=(f"check script exited {proc.returncode}: {tail}",))
-    verdict = json.loads(lines[-1])
+    verdict = _run_check_script(python, _PD_CHECK_SCRIPT, json.dumps({"servers": servers}),
+                                asked=asked, timeout_s=timeout_s)
+    if isinstance(verdict, VllmCheck):
+        return verdict
     if "skipped" in verdict:
         return VllmCheck("failed" if asked else "skipped",
                          errors=(verdict["skipped"],) if asked else (),
