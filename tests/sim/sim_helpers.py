@@ -36,6 +36,19 @@ def prompt_hashes(family: int, input_len: int, block_size: int = 16,
         (family * 1_000 + unique + 1) * 1_000_000_000 + i for i in range(shared, n)]
 
 
+def session_trace(n: int, seed: int = 1, rate: float = 20.0) -> list[Req]:
+    """``n`` Poisson arrivals of 20-900-token prompts over six prompt families that share
+    their first 20 blocks (the fleet and P/D tests' traffic: hits to route and to keep)."""
+    rng = random.Random(seed)
+    out, t = [], 0.0
+    for i in range(n):
+        t += rng.expovariate(rate)
+        length = rng.randint(20, 900)
+        out.append(Req(f"r{i}", t, length, rng.randint(1, 60),
+                       prompt_hashes(rng.randint(0, 5), length, shared_blocks=20, unique=i)))
+    return out
+
+
 def fixed_step(batch) -> float:
     return 0.01 + 1e-5 * batch.num_tokens
 

@@ -3,11 +3,10 @@ pull connector's waiting and held blocks, the TTFT split, and the fast path's co
 
 from __future__ import annotations
 
-import random
 
 import numpy as np
 import pytest
-from sim_helpers import Req, nonlinear_step, prompt_hashes
+from sim_helpers import Req, nonlinear_step, prompt_hashes, session_trace
 
 from tuner.errors import ConfigError
 from tuner.sim.disagg import PDSettings
@@ -20,14 +19,7 @@ LINK = dict(bytes_per_token_rank=131072, link_bytes_per_s=45e9, link_latency_s=5
 
 
 def _trace(n: int = 120, seed: int = 1, rate: float = 20.0) -> list[Req]:
-    rng = random.Random(seed)
-    out, t = [], 0.0
-    for i in range(n):
-        t += rng.expovariate(rate)
-        length = rng.randint(20, 900)
-        out.append(Req(f"r{i}", t, length, rng.randint(1, 60),
-                       prompt_hashes(rng.randint(0, 5), length, shared_blocks=20, unique=i)))
-    return out
+    return session_trace(n, seed, rate)
 
 
 def _run(reqs, pd: PDSettings, *, decode_cache: CacheSettings = CACHE, **options):

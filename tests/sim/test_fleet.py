@@ -3,11 +3,10 @@ and the fleet loop's contract that one engine replays exactly as the single-engi
 
 from __future__ import annotations
 
-import random
 
 import numpy as np
 import pytest
-from sim_helpers import Req, nonlinear_step, prompt_hashes
+from sim_helpers import Req, nonlinear_step, prompt_hashes, session_trace
 
 from tuner.errors import ConfigError
 from tuner.sim.engine import Simulator
@@ -19,14 +18,7 @@ from tuner.sim.settings import CacheSettings, SchedulerSettings, SimOptions
 
 
 def _trace(n: int = 200, seed: int = 1, rate: float = 20.0) -> list[Req]:
-    rng = random.Random(seed)
-    out, t = [], 0.0
-    for i in range(n):
-        t += rng.expovariate(rate)
-        length = rng.randint(20, 900)
-        out.append(Req(f"r{i}", t, length, rng.randint(1, 60),
-                       prompt_hashes(rng.randint(0, 5), length, shared_blocks=20, unique=i)))
-    return out
+    return session_trace(n, seed, rate)
 
 
 SETTINGS = SchedulerSettings(max_num_batched_tokens=512, max_num_seqs=32)
