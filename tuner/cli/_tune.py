@@ -99,7 +99,7 @@ def search_options(func):  # type: ignore[no-untyped-def]
         click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
         click.option("--progress/--no-progress", default=None,
                      help="Progress bars [default: on when stderr is a terminal]."),
-    ] + robust_flags() + spec_search_flags() + kv_tier_search_flags()
+    ] + robust_flags() + spec_search_flags() + kv_tier_search_flags() + pd_search_flags()
     for opt in reversed(opts):
         func = opt(func)
     return func
@@ -158,6 +158,24 @@ def kv_tier_search_flags() -> list[Any]:
     ]
 
 
+def pd_search_flags() -> list[Any]:
+    """Disaggregated prefill/decode layouts in the search (``tuner.tune.pd_space``;
+    docs/disaggregation.md), in their own group."""
+    return [
+        click.option("--disaggregated", "disaggregated",
+                     type=click.Choice(["off", "on", "auto"]), default="off",
+                     show_default=True,
+                     help="With --gpu-budget N: also search disaggregated prefill/decode "
+                          "layouts (P prefill x TP p and D decode x TP d, P*p + D*d <= N, "
+                          "behind vLLM's example proxy): on = only those, auto = those and "
+                          "the aggregated splits in one study; the recommendation says "
+                          "whether disaggregation wins and the knee P:D ratio."),
+        click.option("--pd-tp", "pd_tps", default=None, metavar="T[,T...]",
+                     help="With --disaggregated: the TP sizes a pool instance may have, "
+                          "e.g. 4,8 [default: every TP that starts]."),
+    ]
+
+
 def robust_options(kw: dict[str, Any]) -> Any:
     """``RobustOptions`` from the flags (the variants are seeded by --seed)."""
     from tuner.tune.robust import RobustOptions
@@ -208,8 +226,12 @@ def _run_tune(trace: str, output: str, kw: dict[str, Any], flags: TargetFlags,
                                kw["kv_offloading_policies"]),
                            host_memory_gb=kw["host_memory_gb"])
     # the baseline's router (--router and its parameters), as the replay takes it
+    from tuner.tune.pd_space import parse_pool_tps
+
     deployment = DeploymentSearch(router=router_flags.settings(target),
-                                  gpu_budget=kw["gpu_budget"], routers=_split(kw["routers"]))
+                                  gpu_budget=kw["gpu_budget"], routers=_split(kw["routers"]),
+                                  disaggregated=kw["disaggregated"],
+                                  pd_tps=parse_pool_tps(kw["pd_tps"]))
     with progress_display(kw["progress"]) as shown:
         study = StudyOutput(storage=kw["storage"], study_name=kw["study_name"],
                             workers=kw["workers"], progress=shown)
@@ -319,6 +341,8 @@ def tune_command(trace: str | None, output: str | None, join_study: str | None,
       tuner tune trace.parquet --tp 8 -o p.yaml --clock-variants 8 --robust-share 1
       tuner tune trace.parquet --model llama-3.1-70b --tp 8 --gpu-budget 8 \\
           --routers round-robin,prefix-aware -o profiles/fleet.yaml
+      tuner tune trace.parquet --hardware mi355x --model llama-3.1-70b --tp 8 \\
+          --replicas 2 --gpu-budget 16 --disaggregated auto -o profiles/pd.yaml
       tuner tune trace.parquet --model /models/llama --tp 1 -o p.yaml \\
           --confirm-top 3 --launch --vllm-python /opt/vllm/bin/python --load-format dummy
     """

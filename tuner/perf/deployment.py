@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.errors import ConfigError
+from tuner.perf.pd_link import PDLayout
 from tuner.perf.target import Target
 from tuner.sim.fleet import ROUTER_POLICIES, RouterSettings
 
@@ -117,8 +118,17 @@ class Deployment:
     kv_offloading_size: float | None = None
     #: the tier's eviction policy where searched (lru | arc); None = the target's own
     kv_offloading_eviction_policy: str | None = None
+    #: disaggregated prefill/decode pools where the study searches them
+    #: (``tuner.tune.pd_space``): ``split`` is then one decode instance (its TP) and
+    #: ``router`` None; None = aggregated (recorded nowhere, so older records stay the same)
+    pd: PDLayout | None = None
+    #: the P/D proxy's policy (``tuner.tune.pd_space.PD_ROUTERS``); set with ``pd`` only
+    pd_router: str | None = None
 
     def __post_init__(self) -> None:
+        if self.pd is not None and self.router is not None:
+            raise ConfigError("deployment: a P/D layout routes through its proxy (pd_router), "
+                              "not a fleet router")
         if self.router is None:
             return
         if not isinstance(self.router, RouterSettings):
@@ -134,7 +144,7 @@ class Deployment:
 
     def describe(self) -> str:
         """For people: ``TP2 x 4 replicas, router prefix-aware (overlap_weight 1.5)``."""
-        text = self.split.describe()
+        text = self.split.describe() if self.pd is None else _describe_pd(self)
         if self.router is not None:
             params = ", ".join(f"{k} {v}" for k, v in self.router.to_dict().items()
                                if k != "policy")
@@ -158,7 +168,9 @@ class Deployment:
                 **({} if self.num_speculative_tokens is None
                    else {"num_speculative_tokens": self.num_speculative_tokens}),
                 **{key: getattr(self, key) for key in _TIER_KEYS
-                   if getattr(self, key) is not None}}
+                   if getattr(self, key) is not None},
+                **({} if self.pd is None
+                   else {"pd": {**self.pd.to_dict(), "router": self.pd_router}})}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, where: str = "deployment") -> "Deployment":
@@ -166,7 +178,7 @@ class Deployment:
         if not isinstance(data, dict):
             raise ConfigError(f"{where}: must be a mapping (tp, dp, replicas, ...)")
         unknown = set(data) - {"tp", "dp", "replicas", "enable_expert_parallel", "router",
-                               "num_speculative_tokens", *_TIER_KEYS}
+                               "num_speculative_tokens", "pd", *_TIER_KEYS}
         if unknown:
             raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown field; known: tp, dp, "
                               "replicas, enable_expert_parallel, router")
@@ -193,7 +205,7 @@ class Deployment:
                 router = None if raw is None else router_settings(raw)
             except ConfigError as exc:
                 raise ConfigError(f"router.{exc}") from None
-            return cls(split, router, k, *_tier_from_dict(data))
+            return cls(split, router, k, *_tier_from_dict(data), *_pd_from_dict(data))
         except ConfigError as exc:
             raise ConfigError(f"{where}.{exc}") from None
 
@@ -214,6 +226,8 @@ class Deployment:
         """
         s = self.split
         blocks = target.num_gpu_blocks
+        if self.pd is not None:  # the decode pool's engine: the P/D replay's main target
+            s = Split(self.pd.decode_tp or s.tp)
         tier: dict[str, Any] = {}
         if self.kv_offloading_size is not None:  # a searched tier (0: none)
             tier["kv_offloading_size"] = self.kv_offloading_size or None
@@ -242,6 +256,47 @@ def _tier_from_dict(data: dict[str, Any]) -> tuple[float | None, str | None]:
         raise ConfigError(f"kv_offloading_eviction_policy: 'lru' or 'arc' "
                           f"(got {policy!r})")
     return (None if size is None else float(size)), policy
+
+
+def pd_layout_label(layout: PDLayout) -> str:
+    """A P/D layout's search-space value (``pd.layout``): ``1:3,prefill_tp=8,decode_tp=4``,
+    as :attr:`Split.label` is a split's."""
+    return (f"{layout.num_prefill}:{layout.num_decode},prefill_tp={layout.prefill_tp},"
+            f"decode_tp={layout.decode_tp}")
+
+
+def _describe_pd(deployment: Deployment) -> str:
+    """``P/D 1:3 (prefill TP8, decode TP4; proxy round-robin)``."""
+    pd = deployment.pd
+    assert pd is not None
+    text = (f"P/D {pd.num_prefill}:{pd.num_decode} (prefill TP{pd.prefill_tp}, "
+            f"decode TP{pd.decode_tp}")
+    return text + (f"; proxy {deployment.pd_router})" if deployment.pd_router else ")")
+
+
+def _pd_from_dict(data: dict[str, Any]) -> tuple[PDLayout | None, str | None]:
+    """A recorded deployment's P/D layout (``pd``: PDLayout.to_dict plus ``router``),
+    checked (one-line ConfigError; the caller prefixes the section)."""
+    raw = data.get("pd")
+    if raw is None:
+        return None, None
+    if not isinstance(raw, dict):
+        raise ConfigError("pd: must be a mapping (num_prefill, num_decode, prefill_tp, ...)")
+    counts = {}
+    for key in ("num_prefill", "num_decode", "prefill_tp", "decode_tp"):
+        value = raw.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"pd.{key}: must be an integer >= 1 (got {value!r})")
+        counts[key] = value
+    link = raw.get("link", "auto")
+    if link not in ("auto", "same-node", "cross-node"):
+        raise ConfigError(f"pd.link: auto, same-node or cross-node (got {link!r})")
+    hw, router = raw.get("prefill_hardware"), raw.get("router")
+    if hw is not None and not isinstance(hw, str):
+        raise ConfigError(f"pd.prefill_hardware: a preset name (got {hw!r})")
+    if router is not None and not isinstance(router, str):
+        raise ConfigError(f"pd.router: a proxy policy name (got {router!r})")
+    return PDLayout(**counts, prefill_hardware=hw, link=link), router
 
 
 def routes(replicas: int, dp: int, policy: Any) -> bool:
@@ -369,4 +424,4 @@ def _fit_refusal(resolve: Any, target: Target, split: Split) -> str | None:
 
 
 __all__ = ["MAX_TP", "SPLIT_LABEL", "Deployment", "Split", "check_router", "default_router",
-           "gpu_splits", "router_settings", "routes", "split_refusal"]
+           "gpu_splits", "pd_layout_label", "router_settings", "routes", "split_refusal"]

@@ -200,6 +200,8 @@ def summary_lines(run: TunedProfile) -> list[str]:
         lines.append(result.spec_gain.line())
     if result.kv_tier_gain is not None:
         lines.append(result.kv_tier_gain.line())
+    if result.pd_verdict is not None:  # tuner.tune.pd_space: does disaggregation win?
+        lines.extend(result.pd_verdict.lines())
     lines.append(f"rule: {sel.rule}")
     for skipped in sel.skipped:
         lines.append(f"  not picked: {skipped}")

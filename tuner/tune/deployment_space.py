@@ -25,6 +25,7 @@ from tuner.perf.deployment import (Deployment, Split, default_router, gpu_splits
 from tuner.perf.target import Target
 from tuner.sim.fleet import ROUTER_PARAMS, ROUTER_POLICIES
 from tuner.sim.settings import SchedulerSettings
+from tuner.tune.pd_space import pd_deployment_for
 from tuner.tune.space import (GPU_SPLIT, KV_TIER_POLICY, KV_TIER_SIZE, ROUTER_POLICY,
                               ROUTER_PREFIX, SPEC_TOKENS, Param, Scalar, SearchSpace)
 
@@ -75,6 +76,9 @@ def deployment_for(space: SearchSpace, base: Deployment | None, params: dict[str
     if base is None:
         raise ConfigError(f"search space {space.name!r} varies the deployment; the "
                           "evaluator has no base deployment to vary")
+    pd = pd_deployment_for(params)  # a P/D layout (tuner.tune.pd_space), else aggregated
+    if pd is not None:
+        return pd
     split = Split.parse(str(params[GPU_SPLIT])) if GPU_SPLIT in params else base.split
     k = params.get(SPEC_TOKENS, base.num_speculative_tokens)  # tuner.tune.spec_space
     tier = (params.get(KV_TIER_SIZE, base.kv_offloading_size),  # tuner.tune.kv_tier_space

@@ -301,14 +301,17 @@ class ReplayEvaluator:
             target = dataclasses.replace(target, clock=clock)
         return self._replay(self._requests(window), settings, window, target,
                             router=use.router,
-                            speculative=spec_at(self.speculative, use.num_speculative_tokens))
+                            speculative=spec_at(self.speculative, use.num_speculative_tokens),
+                            pd=use.pd)
 
     def _replay(self, requests: list[Any], settings: SchedulerSettings, window: WindowName,
                 target: Target, *, router: RouterSettings | None = None,
-                speculative: Any = None) -> dict[str, Any]:
+                speculative: Any = None, pd: Any = None) -> dict[str, Any]:
         from tuner import metrics, replay
 
         extra: dict[str, Any] = {} if router is None else {"router": router}
+        if pd is not None:  # a P/D layout (tuner.tune.pd_space): the sim's P/D replay
+            extra = {"pd": pd}
         if speculative is not None:
             extra["options"] = SimOptions(speculative=speculative)
         result = replay.run(requests, settings, backend=self.backend, target=target,

@@ -123,6 +123,13 @@ class DeploymentSearch:
     gpu_budget: int | None = None
     #: router policies searched where a split has replicas (None: all four; one: fixed)
     routers: Sequence[str] | None = None
+    #: disaggregated prefill/decode layouts of ``gpu_budget`` in the search
+    #: (tuner.tune.pd_space): "off" (today's space), "on" (P/D only) or "auto" (both)
+    disaggregated: str = "off"
+    #: TP sizes a P/D pool instance may have (None: every one that starts)
+    pd_tps: Sequence[int] | None = None
+    #: the P/D proxy policies searched (None: every one the P/D replay runs)
+    pd_routers: Sequence[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from tuner.units import FRONT, cell
 if TYPE_CHECKING:
     from rich.table import Table
     from tuner.tune.kv_tier_space import KvTierGain
+    from tuner.tune.pd_verdict import PDVerdict
     from tuner.tune.spec_space import SpecGain
 
     from tuner.tune.robust import RobustReport
@@ -82,6 +83,9 @@ class TuneResult:
     #: the pick against itself with the CPU KV tier toggled (tuner.tune.kv_tier_space;
     #: None: the study searches no tier size)
     kv_tier_gain: "KvTierGain | None" = None
+    #: whether disaggregation wins, by how much, and the knee ratio (tuner.tune.pd_space;
+    #: None: --disaggregated off, or no P/D point was measured)
+    pd_verdict: "PDVerdict | None" = None
 
     @property
     def recommended(self) -> Point:
@@ -173,6 +177,8 @@ class TuneResult:
                else {"speculative_gain": self.spec_gain.to_dict()}),
             **({} if self.kv_tier_gain is None
                else {"kv_tier_gain": self.kv_tier_gain.to_dict()}),
+            **({} if self.pd_verdict is None
+               else {"disaggregation": self.pd_verdict.to_dict()}),
         }
 
     def deployment_of(self, point: Point) -> dict[str, Any]:

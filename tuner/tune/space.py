@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from tuner.errors import ConfigError
 from tuner.loaders import load_yaml
-from tuner.perf.deployment import SPLIT_LABEL
+from tuner.perf.deployment import SPLIT_LABEL, pd_layout_label
 from tuner.sim.settings import SchedulerSettings
 
 if TYPE_CHECKING:
@@ -81,6 +81,14 @@ SPEC_TOKENS = "speculative.num_speculative_tokens"
 #: tuner.tune.kv_tier_space
 KV_TIER_SIZE = "kv_offloading.size"
 KV_TIER_POLICY = "kv_offloading.eviction_policy"
+#: disaggregated prefill/decode layouts as deployment dimensions (``pd.mode``,
+#: ``pd.layout``, ``pd.router``): tuner.tune.pd_space
+PD_PREFIX = "pd."
+PD_MODE = PD_PREFIX + "mode"  # "aggregated" | "disaggregated" (--disaggregated auto only)
+PD_LAYOUT = PD_PREFIX + "layout"  # tuner.perf.deployment.pd_layout_label values
+PD_ROUTER = PD_PREFIX + "router"  # the P/D proxy's policy
+PD_PARAMS = (PD_MODE, PD_LAYOUT, PD_ROUTER)
+AGGREGATED, DISAGGREGATED = "aggregated", "disaggregated"
 
 #: A base on which any single field value passes the cross-field checks
 #: (``max_num_batched_tokens >= max_num_seqs``), so one value can be range-checked alone.
@@ -251,7 +259,7 @@ class SearchSpace:
 def is_deployment_param(name: str) -> bool:
     """``gpu_split`` and ``router.*``: parameters of the deployment, not the scheduler."""
     return (name in (GPU_SPLIT, SPEC_TOKENS, KV_TIER_SIZE, KV_TIER_POLICY)
-            or name.startswith(ROUTER_PREFIX))
+            or name.startswith((ROUTER_PREFIX, PD_PREFIX)))
 
 
 def deployment_value(deployment: Any, name: str) -> Scalar | None:
@@ -264,6 +272,13 @@ def deployment_value(deployment: Any, name: str) -> Scalar | None:
         return deployment.kv_offloading_size
     if name == KV_TIER_POLICY:
         return deployment.kv_offloading_eviction_policy
+    if name.startswith(PD_PREFIX):  # tuner.tune.pd_space
+        pd = getattr(deployment, "pd", None)
+        if name == PD_MODE:
+            return AGGREGATED if pd is None else DISAGGREGATED
+        if pd is None:
+            return None
+        return pd_layout_label(pd) if name == PD_LAYOUT else deployment.pd_router
     if deployment.router is None:
         return None
     key = "policy" if name == ROUTER_POLICY else name[len(ROUTER_PREFIX):]
@@ -370,6 +385,10 @@ def _param_type(name: Any, where: str) -> type:
     if name in _FIELD_TYPES:
         return _FIELD_TYPES[name]
     if name in (GPU_SPLIT, ROUTER_POLICY, KV_TIER_POLICY):
+        return str
+    if isinstance(name, str) and name.startswith(PD_PREFIX):
+        if name not in PD_PARAMS:
+            raise ConfigError(f"{where}: not a P/D parameter; known: {', '.join(PD_PARAMS)}")
         return str
     if name == SPEC_TOKENS:
         return int

@@ -47,6 +47,8 @@ from tuner.tune.deployment_space import (base_deployment_of, deployment_for, eva
                                          join_settings, with_deployment)
 from tuner.tune.spec_space import spec_gain, with_spec_tokens
 from tuner.tune.kv_tier_space import kv_tier_gain, with_kv_tier
+from tuner.tune.pd_space import check_pd_inputs, parse_disaggregated, with_pd
+from tuner.tune.pd_verdict import pd_verdict
 from tuner.tune.evaluate import Evaluator, ReplayEvaluator, evaluator_from_spec
 from tuner.tune.inputs import check_window_sizes, fixed_space, input_warnings
 from tuner.tune.objectives import best_so_far, parse_constraints, parse_objectives
@@ -98,9 +100,17 @@ def tune(inputs: TuneInputs, search: SearchOptions = SearchOptions(),
     workers, worker_note = cap_workers(workers, n_trials)
     rule = prefer if isinstance(prefer, PickRule) else PickRule(prefer=prefer)  # type: ignore[arg-type]
     fixed = dict(inputs.fixed) if inputs.fixed else None
-    the_space, deploy_notes = with_deployment(
-        fixed_space(load_space(search.space), fixed), target,
-        gpu_budget=deployment.gpu_budget, routers=deployment.routers)
+    scheduler = fixed_space(load_space(search.space), fixed)
+    pd_mode = parse_disaggregated(deployment.disaggregated)
+    check_pd_inputs(pd_mode, speculative=inputs.speculative,
+                    kv_sizes=search.kv_offloading_sizes, backend=inputs.backend)
+    the_space, deploy_notes = with_deployment(scheduler, target,
+                                              gpu_budget=deployment.gpu_budget,
+                                              routers=deployment.routers)
+    the_space, pd_notes = with_pd(scheduler, the_space, target, mode=pd_mode,
+                                  gpu_budget=deployment.gpu_budget,
+                                  pool_tps=deployment.pd_tps, routers=deployment.pd_routers)
+    deploy_notes += pd_notes
     the_space = with_spec_tokens(the_space, inputs.speculative, search.spec_tokens)
     the_space, tier_notes = with_kv_tier(the_space, target, search.kv_offloading_sizes,
                                          search.kv_offloading_policies, search.host_memory_gb)
@@ -189,6 +199,8 @@ def tune(inputs: TuneInputs, search: SearchOptions = SearchOptions(),
                          window="holdout" if evaluator.windows.has_holdout else "train")
         tier_gain = kv_tier_gain(evaluator, selection.point, the_space,
                                  window="holdout" if evaluator.windows.has_holdout else "train")
+        pd = pd_verdict(evaluator, pd_mode, stage1=stage1, stage2=stage2, baseline=baseline,
+                        pick=selection.point, objectives=objs, rule=rule)
         t = time.perf_counter()
         overload = overload_report(evaluator, baseline, evaluator.default_settings)
         timings["capacity_s"] = time.perf_counter() - t
@@ -209,7 +221,7 @@ def tune(inputs: TuneInputs, search: SearchOptions = SearchOptions(),
             num_gpus=int(getattr(evaluator, "num_gpus", 1)),
             block_size=getattr(evaluator, "block_size", None), timings=timings,
             max_model_len=getattr(evaluator, "max_model_len", None), spec_gain=gain,
-            kv_tier_gain=tier_gain)
+            kv_tier_gain=tier_gain, pd_verdict=pd)
 
 
 def join(study_name: str, storage: str, n_trials: int | None = None, *, trace: Any = None,

@@ -1,0 +1,234 @@
+"""Disaggregated prefill/decode layouts as dimensions of a study (``--disaggregated``),
+and the answer to "should I split prefill from decode, and in which ratio".
+
+Why a deployment dimension: a P/D layout is a choice of GPUs, not of ``SchedulerConfig``
+fields, like a GPU split. Under ``--gpu-budget N`` the aggregated splits
+(:func:`tuner.perf.deployment.gpu_splits`, ``gpu_split``) and the disaggregated layouts
+(:func:`pd_layouts`: ``P`` prefill instances of TP ``p`` and ``D`` decode instances of TP
+``d`` with ``P*p + D*d <= N``) are searched in one study:
+
+* ``--disaggregated off`` (the default): today's space, unchanged (same parameters, same
+  study keys, same digests);
+* ``on``: only P/D layouts (``pd.layout``, ``pd.router``); the baseline stays the
+  aggregated target, evaluated in stage 2 (it is outside the space);
+* ``auto``: both. ``pd.mode`` (``aggregated`` | ``disaggregated``) is drawn first and the
+  aggregated parameters (``gpu_split``, ``router.*``) and the P/D ones are conditional on
+  it, so TPE learns "split or not" as one categorical instead of diluting the aggregated
+  splits among dozens of P/D labels.
+
+A P/D point replays through the sim backend's P/D replay (``tuner.replay`` with
+``pd=PDLayout``, docs/disaggregation.md); both pools run the point's scheduler settings,
+as vLLM's example serves both roles with one set of flags. ``pd.router`` is the proxy's
+policy: vLLM's example proxy (round robin) today, an open dimension for llm-d's and
+Dynamo's P/D routers when the P/D loop takes them (:data:`PD_ROUTERS`).
+
+After the pick, :func:`tuner.tune.pd_verdict.pd_verdict` compares the best P/D point with the best aggregated one
+on the held-out window (the training window without one) and finds the knee ratio
+(:func:`tuner.tune.pd_verdict.knee_ratios`): the prefill:decode GPU ratio beyond which more decode stops helping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import Any, Literal
+
+from tuner.errors import ConfigError
+from tuner.perf.deployment import MAX_TP, Deployment, Split, split_refusal
+from tuner.perf.deployment import pd_layout_label as layout_label
+from tuner.perf.pd_link import PDLayout
+from tuner.tune.space import (AGGREGATED, DISAGGREGATED, PD_LAYOUT, PD_MODE, PD_PARAMS,
+                              PD_ROUTER, Param, SearchSpace)
+
+Disaggregated = Literal["off", "on", "auto"]
+MODES: tuple[str, ...] = ("off", "on", "auto")
+
+
+#: The P/D proxies the P/D replay runs: vLLM's example proxy (round robin to both pools,
+#: tests/v1/kv_connector/nixl_integration/toy_proxy_server.py @ 0.33.0).
+# TODO(pdtune, #26): llm-d's and Dynamo's P/D routers join here once the P/D loop takes a
+# router choice (the backend option the evaluator passes is named in _replay_options).
+PD_ROUTERS: tuple[str, ...] = ("round-robin",)
+
+
+
+def parse_disaggregated(value: str | None) -> Disaggregated:
+    """``--disaggregated off|on|auto`` (None: off)."""
+    text = "off" if value is None else str(value).strip().lower()
+    if text not in MODES:
+        raise ConfigError(f"--disaggregated {value!r}: one of off, on, auto")
+    return text  # type: ignore[return-value]
+
+
+def parse_pool_tps(text: str | None) -> tuple[int, ...] | None:
+    """``--pd-tp 4,8``: the TP sizes a pool instance may have (None: every one that starts)."""
+    if text is None:
+        return None
+    try:
+        values = tuple(int(p) for p in str(text).split(",") if p.strip())
+    except ValueError:
+        raise ConfigError(f"--pd-tp {text!r}: powers of two like 4,8") from None
+    if not values or len(set(values)) != len(values) or any(
+            v < 1 or v > MAX_TP or v & (v - 1) for v in values):
+        raise ConfigError(f"--pd-tp {text!r}: distinct powers of two from 1 to {MAX_TP}")
+    return values
+
+
+def parse_layout_label(label: str) -> PDLayout:
+    """:func:`layout_label` reversed; a bad label raises a one-line ConfigError."""
+    try:
+        counts, p_tp, d_tp = str(label).split(",")
+        p, d = (int(x) for x in counts.split(":"))
+        ptp = int(p_tp.removeprefix("prefill_tp="))
+        dtp = int(d_tp.removeprefix("decode_tp="))
+    except ValueError:
+        raise ConfigError(f"pd.layout {label!r}: expected P:D,prefill_tp=T,decode_tp=T") from None
+    if min(p, d, ptp, dtp) < 1:
+        raise ConfigError(f"pd.layout {label!r}: every count must be >= 1")
+    return PDLayout(num_prefill=p, num_decode=d, prefill_tp=ptp, decode_tp=dtp)
+
+
+def layout_gpus(layout: PDLayout) -> int:
+    """GPUs of both pools: ``P*p + D*d``."""
+    return layout.num_prefill * int(layout.prefill_tp or 1) + \
+        layout.num_decode * int(layout.decode_tp or 1)
+
+
+def pd_layouts(target: Any, budget: int, *, pool_tps: Sequence[int] | None = None
+               ) -> tuple[list[PDLayout], list[str]]:
+    """Every P/D layout of at most ``budget`` GPUs for ``target``'s model and hardware.
+
+    A pool's TP must pass vLLM's shape rules and fit one instance's weights with room for
+    a ``max_model_len`` sequence (:func:`tuner.perf.deployment.split_refusal`, the
+    target's resolution at that TP, as :func:`gpu_splits` checks a split). Both pools are
+    the target's hardware (mixed pools are a replay flag, ``--prefill-hardware``).
+
+    Returns:
+        (layouts sorted by GPUs descending, then prefill share ascending; notes for the TPs
+        refused, with vLLM's reason).
+
+    Raises:
+        ConfigError: no TP starts, or no layout fits the budget.
+    """
+    from tuner.perf.presets import load_model, resolve_target
+
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 2:
+        raise ConfigError(f"--gpu-budget {budget!r}: a P/D layout needs at least 2 GPUs")
+    model = load_model(target.model)
+    notes: list[str] = []
+    tps: list[int] = []
+    for tp in pool_tps or tuple(t for t in (1, 2, 4, 8) if t < budget):
+        why = split_refusal(model, Split(tp))
+        if why is None:
+            try:
+                resolve_target(dataclasses.replace(target, tp=tp, dp=1, replicas=1,
+                                                   num_gpu_blocks=_blocks_at(target, tp)))
+            except ConfigError as exc:
+                why = str(exc)
+        (notes.append(f"P/D pool TP{tp} excluded: {why}") if why else tps.append(tp))
+    layouts = [PDLayout(num_prefill=P, num_decode=D, prefill_tp=p, decode_tp=d)
+               for p in tps for d in tps
+               for P in range(1, budget // p + 1)
+               for D in range(1, (budget - P * p) // d + 1)]
+    if not layouts:
+        raise ConfigError(f"--gpu-budget {budget}: no P/D layout of {budget} GPUs runs "
+                          f"{target.model} (pool TPs {', '.join(map(str, tps)) or 'none'}; "
+                          f"{'; '.join(notes) or 'each pool needs one instance'})")
+    layouts.sort(key=lambda lay: (-layout_gpus(lay), prefill_share(lay), lay.prefill_tp,
+                                  lay.decode_tp))
+    return layouts, notes
+
+
+def _blocks_at(target: Any, tp: int) -> int | None:
+    """A ``num_gpu_blocks`` override scaled to ``tp`` (as ``Deployment.apply`` does)."""
+    blocks = target.num_gpu_blocks
+    return None if blocks is None else max(2, int(blocks * tp / target.tp))
+
+
+def prefill_share(layout: PDLayout) -> Fraction:
+    return Fraction(layout.num_prefill * int(layout.prefill_tp or 1), layout_gpus(layout))
+
+
+def gpu_ratio(layout: PDLayout) -> str:
+    """Prefill GPUs : decode GPUs in lowest terms: ``1:3`` for 1 x TP4 : 3 x TP4."""
+    p = layout.num_prefill * int(layout.prefill_tp or 1)
+    d = layout.num_decode * int(layout.decode_tp or 1)
+    g = math.gcd(p, d)
+    return f"{p // g}:{d // g}"
+
+
+def with_pd(space: SearchSpace, aggregated: SearchSpace, target: Any, *, mode: Disaggregated,
+            gpu_budget: int | None, pool_tps: Sequence[int] | None = None,
+            routers: Sequence[str] | None = None) -> tuple[SearchSpace, list[str]]:
+    """The study's space under ``--disaggregated mode``, and notes.
+
+    ``space``: the scheduler space; ``aggregated``: it with the aggregated deployment
+    dimensions (``tuner.tune.deployment_space.with_deployment``). ``off`` returns
+    ``aggregated`` untouched.
+
+    Raises:
+        ConfigError: ``on``/``auto`` without ``--gpu-budget``, an unknown proxy policy,
+            ``--pd-tp`` without ``on``/``auto``.
+    """
+    if mode == "off":
+        if pool_tps is not None:
+            raise ConfigError("--pd-tp limits the P/D layouts: add --disaggregated on or auto")
+        return aggregated, []
+    if gpu_budget is None:
+        raise ConfigError(f"--disaggregated {mode} searches P/D layouts of a GPU budget: "
+                          "add --gpu-budget N")
+    if getattr(target, "kv_offloading_size", None) is not None:
+        raise ConfigError("--disaggregated with --kv-offloading-size: the P/D replay does not "
+                          "model the CPU tier yet; drop one of them")
+    proxies = tuple(routers or PD_ROUTERS)
+    bad = [r for r in proxies if r not in PD_ROUTERS]
+    if bad:
+        raise ConfigError(f"P/D proxy {bad[0]!r}: the P/D replay runs {', '.join(PD_ROUTERS)}")
+    layouts, notes = pd_layouts(target, gpu_budget, pool_tps=pool_tps)
+    notes.append(f"P/D layouts searched: {len(layouts)} of at most {gpu_budget} GPUs "
+                 f"(--disaggregated {mode})")
+    when: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    extra: list[Param] = []
+    agg_params = aggregated.params[len(space.params):]
+    if mode == "auto":
+        extra.append(Param(PD_MODE, "categorical", choices=(AGGREGATED, DISAGGREGATED)))
+        on_agg = ((PD_MODE, (AGGREGATED,)),)
+        extra += [dataclasses.replace(p, when=on_agg + p.when) for p in agg_params]
+        when = ((PD_MODE, (DISAGGREGATED,)),)
+    extra.append(Param(PD_LAYOUT, "categorical", choices=tuple(map(layout_label, layouts)),
+                       when=when))
+    extra.append(Param(PD_ROUTER, "categorical", choices=proxies, when=when))
+    name = f"{aggregated.name}+pd" if mode == "auto" else f"{space.name}+pd{gpu_budget}"
+    return SearchSpace(name, space.params + tuple(extra)), notes
+
+
+def pd_deployment_for(params: dict[str, Any]) -> Deployment | None:
+    """The P/D deployment a point's parameters draw (None: the point is aggregated)."""
+    if params.get(PD_MODE) == AGGREGATED or PD_LAYOUT not in params:
+        return None
+    layout = parse_layout_label(str(params[PD_LAYOUT]))
+    return Deployment(Split(int(layout.decode_tp or 1)), None, pd=layout,
+                      pd_router=str(params.get(PD_ROUTER, PD_ROUTERS[0])))
+
+
+def check_pd_inputs(mode: Disaggregated, *, speculative: Any, kv_sizes: Any,
+                    backend: str) -> None:
+    """What a P/D search cannot combine with (the P/D replay's limits)."""
+    if mode == "off":
+        return
+    if speculative is not None:
+        raise ConfigError(f"--disaggregated {mode} with --speculative-config: the P/D replay "
+                          "does not model speculative decoding yet; drop one of them")
+    if kv_sizes is not None:
+        raise ConfigError(f"--disaggregated {mode} with --kv-offloading-sizes: the P/D replay "
+                          "does not model the CPU tier yet; drop one of them")
+    if backend != "sim":
+        raise ConfigError(f"--disaggregated {mode} replays on the sim backend (--backend sim)")
+
+
+__all__ = ["AGGREGATED", "DISAGGREGATED", "MODES", "PD_LAYOUT", "PD_MODE", "PD_PARAMS",
+           "PD_ROUTER", "PD_ROUTERS", "check_pd_inputs", "gpu_ratio", "layout_gpus",
+           "layout_label", "parse_disaggregated", "parse_layout_label", "parse_pool_tps",
+           "pd_deployment_for", "pd_layouts", "prefill_share", "with_pd"]
