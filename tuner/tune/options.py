@@ -130,6 +130,9 @@ class DeploymentSearch:
     pd_tps: Sequence[int] | None = None
     #: the P/D proxy policies searched (None: every one the P/D replay runs)
     pd_routers: Sequence[str] | None = None
+    #: "full": P/D layouts of exactly ``gpu_budget`` GPUs (as the aggregated splits);
+    #: "up-to": every layout of at most that many
+    pd_gpus: str = "full"
 
 
 @dataclass(frozen=True, slots=True)

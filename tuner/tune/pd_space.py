@@ -5,7 +5,8 @@ Why a deployment dimension: a P/D layout is a choice of GPUs, not of ``Scheduler
 fields, like a GPU split. Under ``--gpu-budget N`` the aggregated splits
 (:func:`tuner.perf.deployment.gpu_splits`, ``gpu_split``) and the disaggregated layouts
 (:func:`pd_layouts`: ``P`` prefill instances of TP ``p`` and ``D`` decode instances of TP
-``d`` with ``P*p + D*d <= N``) are searched in one study:
+``d`` with ``P*p + D*d == N``, or ``<= N`` with ``--pd-gpus up-to``) are searched in one
+study:
 
 * ``--disaggregated off`` (the default): today's space, unchanged (same parameters, same
   study keys, same digests);
@@ -24,7 +25,8 @@ Dynamo's P/D routers when the P/D loop takes them (:data:`PD_ROUTERS`).
 
 After the pick, :func:`tuner.tune.pd_verdict.pd_verdict` compares the best P/D point with the best aggregated one
 on the held-out window (the training window without one) and finds the knee ratio
-(:func:`tuner.tune.pd_verdict.knee_ratios`): the prefill:decode GPU ratio beyond which more decode stops helping.
+(:func:`tuner.tune.pd_verdict.knee_ratios`): the prefill:decode GPU ratio beyond which
+more decode stops helping.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from tuner.tune.space import (AGGREGATED, DISAGGREGATED, PD_LAYOUT, PD_MODE, PD_
 
 Disaggregated = Literal["off", "on", "auto"]
 MODES: tuple[str, ...] = ("off", "on", "auto")
+PDFill = Literal["full", "up-to"]  # --pd-gpus: P/D layouts of every GPU, or of at most N
 
 
 #: The P/D proxies the P/D replay runs: vLLM's example proxy (round robin to both pools,
@@ -96,9 +99,16 @@ def layout_gpus(layout: PDLayout) -> int:
         layout.num_decode * int(layout.decode_tp or 1)
 
 
-def pd_layouts(target: Any, budget: int, *, pool_tps: Sequence[int] | None = None
-               ) -> tuple[list[PDLayout], list[str]]:
-    """Every P/D layout of at most ``budget`` GPUs for ``target``'s model and hardware.
+def pd_layouts(target: Any, budget: int, *, pool_tps: Sequence[int] | None = None,
+               fill: PDFill = "full") -> tuple[list[PDLayout], list[str]]:
+    """Every P/D layout of ``budget`` GPUs for ``target``'s model and hardware.
+
+    ``fill``: ``full`` keeps the layouts that use every GPU (``P*p + D*d == budget``, as
+    every aggregated split of the budget does); ``up-to`` every one that fits
+    (``<= budget``). Why ``full`` by default: throughput per GPU of a trace's fixed traffic
+    is inversely proportional to the GPUs used wherever the layout keeps up, so a P/D
+    layout on fewer GPUs than the aggregated splits would "win" at light load for using
+    fewer GPUs, not for splitting prefill from decode.
 
     A pool's TP must pass vLLM's shape rules and fit one instance's weights with room for
     a ``max_model_len`` sequence (:func:`tuner.perf.deployment.split_refusal`, the
@@ -131,9 +141,10 @@ def pd_layouts(target: Any, budget: int, *, pool_tps: Sequence[int] | None = Non
     layouts = [PDLayout(num_prefill=P, num_decode=D, prefill_tp=p, decode_tp=d)
                for p in tps for d in tps
                for P in range(1, budget // p + 1)
-               for D in range(1, (budget - P * p) // d + 1)]
+               for D in range(1, (budget - P * p) // d + 1)
+               if fill == "up-to" or P * p + D * d == budget]
     if not layouts:
-        raise ConfigError(f"--gpu-budget {budget}: no P/D layout of {budget} GPUs runs "
+        raise ConfigError(f"--gpu-budget {budget}: no P/D layout of {budget} GPUs ({fill}) runs "
                           f"{target.model} (pool TPs {', '.join(map(str, tps)) or 'none'}; "
                           f"{'; '.join(notes) or 'each pool needs one instance'})")
     layouts.sort(key=lambda lay: (-layout_gpus(lay), prefill_share(lay), lay.prefill_tp,
@@ -161,7 +172,8 @@ def gpu_ratio(layout: PDLayout) -> str:
 
 def with_pd(space: SearchSpace, aggregated: SearchSpace, target: Any, *, mode: Disaggregated,
             gpu_budget: int | None, pool_tps: Sequence[int] | None = None,
-            routers: Sequence[str] | None = None) -> tuple[SearchSpace, list[str]]:
+            routers: Sequence[str] | None = None, fill: PDFill = "full"
+            ) -> tuple[SearchSpace, list[str]]:
     """The study's space under ``--disaggregated mode``, and notes.
 
     ``space``: the scheduler space; ``aggregated``: it with the aggregated deployment
@@ -172,9 +184,12 @@ def with_pd(space: SearchSpace, aggregated: SearchSpace, target: Any, *, mode: D
         ConfigError: ``on``/``auto`` without ``--gpu-budget``, an unknown proxy policy,
             ``--pd-tp`` without ``on``/``auto``.
     """
+    if fill not in ("full", "up-to"):
+        raise ConfigError(f"--pd-gpus {fill!r}: full or up-to")
     if mode == "off":
-        if pool_tps is not None:
-            raise ConfigError("--pd-tp limits the P/D layouts: add --disaggregated on or auto")
+        if pool_tps is not None or fill != "full":
+            raise ConfigError("--pd-tp/--pd-gpus limit the P/D layouts: add --disaggregated "
+                              "on or auto")
         return aggregated, []
     if gpu_budget is None:
         raise ConfigError(f"--disaggregated {mode} searches P/D layouts of a GPU budget: "
@@ -186,8 +201,9 @@ def with_pd(space: SearchSpace, aggregated: SearchSpace, target: Any, *, mode: D
     bad = [r for r in proxies if r not in PD_ROUTERS]
     if bad:
         raise ConfigError(f"P/D proxy {bad[0]!r}: the P/D replay runs {', '.join(PD_ROUTERS)}")
-    layouts, notes = pd_layouts(target, gpu_budget, pool_tps=pool_tps)
-    notes.append(f"P/D layouts searched: {len(layouts)} of at most {gpu_budget} GPUs "
+    layouts, notes = pd_layouts(target, gpu_budget, pool_tps=pool_tps, fill=fill)
+    notes.append(f"P/D layouts searched: {len(layouts)} of "
+                 f"{'exactly' if fill == 'full' else 'at most'} {gpu_budget} GPUs "
                  f"(--disaggregated {mode})")
     when: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     extra: list[Param] = []
@@ -229,6 +245,6 @@ def check_pd_inputs(mode: Disaggregated, *, speculative: Any, kv_sizes: Any,
 
 
 __all__ = ["AGGREGATED", "DISAGGREGATED", "MODES", "PD_LAYOUT", "PD_MODE", "PD_PARAMS",
-           "PD_ROUTER", "PD_ROUTERS", "check_pd_inputs", "gpu_ratio", "layout_gpus",
+           "PD_ROUTER", "PD_ROUTERS", "PDFill", "check_pd_inputs", "gpu_ratio", "layout_gpus",
            "layout_label", "parse_disaggregated", "parse_layout_label", "parse_pool_tps",
            "pd_deployment_for", "pd_layouts", "prefill_share", "with_pd"]
