@@ -474,11 +474,29 @@ def export_command(profile: str, fmt: str, vllm_version: str, native_admission: 
         if check.status == "failed":
             _echo_check(check)
             sys.exit(1)
+        if prof.target.disaggregation is not None:  # every pool server's flags, too
+            pd_check = _check_pd_profile(prof, vllm_version, native_admission, check_python)
+            click.echo(f"vLLM P/D check: {pd_check.status} {pd_check.vllm_version or ''} "
+                       + ("; ".join(pd_check.errors) or ", ".join(pd_check.checked)
+                          or pd_check.note), err=True)
+            if pd_check.status == "failed":
+                sys.exit(1)
     write_export(prof, profile, fmt, output, vllm_version=vllm_version,
                  native_admission=native_admission, async_scheduling=async_scheduling,
                  scheduler_cls=scheduler_cls)
     if check is not None:
         _echo_check(check)
+
+
+def _check_pd_profile(prof: Any, vllm_version: str, native_admission: bool,
+                      python: str) -> Any:
+    """A P/D profile's pool servers parsed by that vLLM (``tuner.profile.pd_profile``)."""
+    from tuner.profile.export import plan_export, serve_command
+    from tuner.profile.pd_profile import pd_check
+
+    plan = plan_export(prof, vllm_version=vllm_version, native_admission=native_admission)
+    args = serve_command(prof, plan, use_async=prof.target.async_scheduling)
+    return pd_check(prof, args, python=python)
 
 
 def _echo_check(check: Any) -> None:

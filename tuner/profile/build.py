@@ -24,6 +24,7 @@ from tuner.tune.evaluate import ENGINES_KEY, target_from_dict
 from tuner.tune.options import StartPoint, WarmStart
 from tuner.tune.result import TuneResult
 from tuner.tune.kv_tier_space import profile_kv_tier
+from tuner.profile.pd_profile import pd_gpus
 from tuner.tune.spec_space import profile_speculative
 from tuner.tune.select import Point, trade_off
 
@@ -114,12 +115,14 @@ def _target(result: TuneResult, point: Point, deployment: dict[str, Any]) -> Pro
     study's hardware and model, in the mode its replays ran."""
     target = result.evaluator_spec.get("target", {})
     replicas = int(deployment["replicas"])
+    pd = deployment.get("pd")  # a P/D pick (tuner.tune.pd_space): its pools' GPUs
     return ProfileTarget(hardware=str(target.get("hardware", "?")),
                          model=str(target.get("model", "?")),
                          tp=int(deployment["tp"]), dp=int(deployment["dp"]),
                          replicas=replicas,
                          enable_expert_parallel=bool(deployment["enable_expert_parallel"]),
                          num_gpus=(result.num_gpus if DEPLOYMENT_KEY not in point.settings
+                                   else pd_gpus(pd) if pd is not None
                                    else int(deployment["tp"]) * int(deployment["dp"])
                                    * replicas),
                          block_size=result.block_size,
@@ -130,7 +133,8 @@ def _target(result: TuneResult, point: Point, deployment: dict[str, Any]) -> Pro
                          step_time_source=target.get("step_time_source"),
                          **{k: v for k, v in profile_kv_tier(target, deployment).items()
                             if k in KV_OFFLOADING_FIELDS},
-                         speculative=profile_speculative(result.evaluator_spec, deployment))
+                         speculative=profile_speculative(result.evaluator_spec, deployment),
+                         disaggregation=None if pd is None else dict(pd))
 
 
 def _replayed_mode(metrics: dict[str, Any], target: dict[str, Any]) -> bool:

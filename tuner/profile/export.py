@@ -58,6 +58,7 @@ from typing import Any, Literal
 from tuner import vllm_compat
 from tuner.errors import ConfigError
 from tuner.perf.models import PRESET_HUB_IDS
+from tuner.profile.pd_profile import is_pd_profile, pd_flags_text, pd_proxy_text
 from tuner.profile.fleet_export import (BASE_PORT, RouterExport, backend_urls, engine_args,
                                         one_node, replica_prefixes, router_export)
 from tuner.profile.model import Profile
@@ -143,6 +144,10 @@ def _header(profile: Profile, plan: ExportPlan) -> list[str]:
                    + f"; {t.num_gpus} GPU")
     lines = [f"tuner profile {profile.name!r} for vLLM {plan.vllm_version} "
              f"({t.hardware}, {t.model}, {layout})"]
+    if is_pd_profile(profile):  # every format but flags/router shows one pool instance
+        lines.append("disaggregated prefill/decode: the settings of every pool instance; "
+                     "the servers with their --kv-transfer-config: tuner export PROFILE "
+                     "--format flags")
     return lines + plan.notes
 
 
@@ -158,15 +163,19 @@ def export_profile(profile: Profile, fmt: str, *, vllm_version: str = CHECKED_VL
     if fmt not in EXPORT_FORMATS:
         raise ConfigError(f"unknown export format {fmt!r}; use one of "
                           f"{', '.join(EXPORT_FORMATS)}")
-    if fmt == "router":
+    if fmt == "router" and not is_pd_profile(profile):
         return _router(profile)
     plan = plan_export(profile, vllm_version=vllm_version, native_admission=native_admission,
                        force_plugin=fmt == "plugin", async_scheduling=async_scheduling,
                        scheduler_cls=scheduler_cls)
     header = _header(profile, plan)
+    use_async = (profile.target.async_scheduling if async_scheduling is None
+                 else async_scheduling)
+    if is_pd_profile(profile) and fmt in ("flags", "router"):  # tuner.profile.pd_profile
+        args = serve_command(profile, plan, use_async=use_async)
+        return (pd_flags_text(profile, args, header) if fmt == "flags"
+                else pd_proxy_text(profile, args))
     if fmt == "flags":
-        use_async = (profile.target.async_scheduling if async_scheduling is None
-                     else async_scheduling)
         return _command(profile, plan, header, use_async=use_async)
     render = {"plugin": _flags, "yaml": _yaml, "json": _json,
               "python": _python, "env": _env}[fmt]

@@ -108,6 +108,10 @@ class ProfileTarget:
     kv_offloading_backend: str = "native"  # vLLM --kv-offloading-backend
     kv_offloading_eviction_policy: str = "lru"  # kv_connector_extra_config eviction_policy
     kv_offloading_blocks_per_chunk: int = 1  # kv_connector_extra_config blocks_per_chunk
+    #: disaggregated prefill/decode pools the pick ran on (``Deployment.to_dict()["pd"]``:
+    #: num_prefill, num_decode, prefill_tp, decode_tp, prefill_hardware, link, router;
+    #: ``tp`` is then a decode instance's); None: aggregated (written as before)
+    disaggregation: dict[str, Any] | None = None
 
     @property
     def is_multi_engine(self) -> bool:
@@ -130,6 +134,8 @@ class ProfileTarget:
         if out["kv_offloading_size"] is None:  # no tier: written as before
             for key in KV_OFFLOADING_FIELDS:
                 del out[key]
+        if out["disaggregation"] is None:  # aggregated: written as before
+            del out["disaggregation"]
         return out
 
 
@@ -171,6 +177,8 @@ class Profile:
     def deployment(self) -> Deployment:
         """The deployment the profile records: ``target``'s split and the ``router``."""
         t = self.target
+        if t.disaggregation is not None:  # tuner.tune.pd_space: a P/D pick
+            return Deployment.from_dict({"tp": t.tp, "pd": t.disaggregation})
         return Deployment(Split(t.tp, t.dp, t.replicas, t.enable_expert_parallel),
                           None if self.router is None else router_settings(self.router))
 
@@ -351,7 +359,19 @@ def _target(raw: Any, fail: Any) -> ProfileTarget:
                          replicas=replicas,
                          enable_expert_parallel=raw.get("enable_expert_parallel", False),
                          speculative=_speculative(raw.get("speculative"), fail),
+                         disaggregation=_disaggregation(raw.get("disaggregation"), fail),
                          **dtypes, **_kv_offloading(raw, fail))
+
+
+def _disaggregation(raw: Any, fail: Any) -> dict[str, Any] | None:
+    """The ``target.disaggregation`` section, checked as a study's deployment reads it."""
+    if raw is None:
+        return None
+    try:
+        Deployment.from_dict({"pd": raw})
+    except ConfigError as exc:
+        raise fail("target.disaggregation", str(exc).removeprefix("deployment.pd.")) from None
+    return dict(raw)
 
 
 def _speculative(raw: Any, fail: Any) -> dict[str, Any] | None:

@@ -4,9 +4,9 @@ wins on this trace, by how much on each objective, and the knee ratio.
 Why after the pick and not in the rule: the pick rule already chooses among every
 measured point, aggregated or not; an operator asking "should I split prefill from
 decode" also needs the best of the other kind beside it, measured on the same window, and
-where along the prefill:decode ratio more decode stops paying. The best point of each kind
-is the one the pick rule scores highest against the baseline (stage 2 where the kind
-reached it, else stage 1); both are replayed on the held-out window (the training window
+where along the prefill:decode ratio more decode stops paying. The pick is the best of its
+kind; the best of the other kind is the one the pick rule scores highest against the
+baseline (stage 2 where the kind reached it, else stage 1); both are replayed on the held-out window (the training window
 without one) unless already measured there. Under ``on`` the only aggregated layout is
 the baseline. The knee is read from the stage-1 P/D points (every one on the same window).
 """
@@ -107,6 +107,9 @@ class PDVerdict:
     knees: tuple[Knee, ...] = ()
     n_pd: int = 0  # P/D points measured (stage 1)
     n_aggregated: int = 0  # aggregated points measured (stage 1, the baseline included)
+    #: why the best P/D point is not the pick where it is not (the rule's exclusion, a
+    #: failed check on the held-out window, or the point the rule preferred); "" if it is
+    not_picked: str = ""
 
     def delta_pct(self, key: str) -> float | None:
         a, b = _num(self.pd_metrics.get(key)), _num(self.aggregated_metrics.get(key))
@@ -144,7 +147,8 @@ class PDVerdict:
                 else "disaggregation does not win on this trace")
         out = [f"{head}: the best P/D layout, {self.best_pd} ({_trial(self.best_pd_trial)}), against "
                f"{against} {self.best_aggregated} ({_trial(self.best_aggregated_trial)}), "
-               f"{where} window: " + "; ".join(parts)]
+               f"{where} window: " + "; ".join(parts)
+               + (f" -- not picked: {self.not_picked}" if self.not_picked else "")]
         if self.knees:
             out.append("P:D knee (prefill:decode GPUs, stage-1 window; more decode beyond it "
                        f"buys < {KNEE_TOLERANCE:.0%}): " + "; ".join(
@@ -175,7 +179,7 @@ def _best(points: Sequence[Any], baseline: Any, objectives: Sequence[Any], rule:
 
 
 def pd_verdict(evaluator: Any, mode: Disaggregated, *, stage1: Sequence[Any],
-               stage2: Sequence[Any], baseline: Any, pick: Any, objectives: Sequence[Any],
+               stage2: Sequence[Any], baseline: Any, selection: Any, objectives: Sequence[Any],
                rule: Any) -> PDVerdict | None:
     """The best P/D point against the best aggregated one, both replayed on the held-out
     window (training without one; a point already measured there is not replayed), and
@@ -188,8 +192,9 @@ def pd_verdict(evaluator: Any, mode: Disaggregated, *, stage1: Sequence[Any],
     agg1 = [p for p in stage1 if not is_pd(p)]
     pd2 = [p for p in stage2 if is_pd(p)]
     agg2 = [p for p in stage2 if not is_pd(p)]
-    best_pd = _best(pd2 or pd1, baseline, objectives, rule) or pd1[0]
-    best_agg = (baseline if mode == "on" else
+    pick = selection.point  # the pick is the best of its kind by definition
+    best_pd = pick if is_pd(pick) else _best(pd2 or pd1, baseline, objectives, rule) or pd1[0]
+    best_agg = (baseline if mode == "on" else pick if not is_pd(pick) else
                 _best(agg2 or [baseline], baseline, objectives, rule) or baseline)
     window = "holdout" if evaluator.windows.has_holdout else "train"
 
@@ -214,7 +219,20 @@ def pd_verdict(evaluator: Any, mode: Disaggregated, *, stage1: Sequence[Any],
                      objectives=tuple(o.key for o in objectives),
                      pd_metrics=measured(best_pd), aggregated_metrics=measured(best_agg),
                      knees=tuple(knee_ratios(pd1, objectives)),
-                     n_pd=len(pd1), n_aggregated=len(agg1))
+                     n_pd=len(pd1), n_aggregated=len(agg1),
+                     not_picked="" if is_pd(pick) else _why_not(best_pd, selection))
+
+
+def _why_not(point: Any, selection: Any) -> str:
+    """Why ``point`` is not ``selection``'s pick, in the selection's own words."""
+    for other, why in selection.excluded:
+        if other is point or other.number == point.number:
+            return why
+    label = f"trial {point.number}:"
+    for skipped in selection.skipped:
+        if skipped.startswith(label):
+            return skipped[len(label):].strip()
+    return f"the rule prefers {selection.point.label} ({selection.reason})"
 
 
 __all__ = ["KNEE_TOLERANCE", "Knee", "PDVerdict", "is_pd", "knee_ratios", "pd_verdict"]

@@ -201,7 +201,7 @@ def tune(inputs: TuneInputs, search: SearchOptions = SearchOptions(),
         tier_gain = kv_tier_gain(evaluator, selection.point, the_space,
                                  window="holdout" if evaluator.windows.has_holdout else "train")
         pd = pd_verdict(evaluator, pd_mode, stage1=stage1, stage2=stage2, baseline=baseline,
-                        pick=selection.point, objectives=objs, rule=rule)
+                        selection=selection, objectives=objs, rule=rule)
         t = time.perf_counter()
         overload = overload_report(evaluator, baseline, evaluator.default_settings)
         timings["capacity_s"] = time.perf_counter() - t

@@ -1,0 +1,105 @@
+"""A profile whose pick is a disaggregated prefill/decode layout (``target.disaggregation``,
+written by a ``tune --disaggregated on|auto`` study): its serve commands and their check.
+
+Why its own module: a P/D profile deploys as one ``vllm serve`` per pool instance with its
+``--kv-transfer-config`` (:mod:`tuner.profile.pd_export`, the same commands ``replay
+--pd-serve`` prints) and vLLM's example proxy in front, not as one command or a fleet of
+identical replicas; every instance carries the profile's scheduler flags, as the study
+replayed both pools with one set of settings. ``tuner export --format flags`` prints them
+(``--format router`` the proxy alone) and ``--check-vllm`` parses every command with vLLM's
+own ``EngineArgs`` parser and ``KVTransferConfig`` (``check_pd_with_vllm``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tuner.profile.model import Profile
+    from tuner.profile.pd_export import PDServeCommand
+    from tuner.profile.vllm_check import VllmCheck
+
+__all__ = ["is_pd_profile", "pd_check", "pd_commands", "pd_flags_text", "pd_gpus",
+           "pd_proxy_text"]
+
+
+def pd_gpus(raw: dict[str, Any]) -> int:
+    """GPUs of both pools of a ``disaggregation`` section: ``P*p + D*d``."""
+    return (int(raw["num_prefill"]) * int(raw["prefill_tp"])
+            + int(raw["num_decode"]) * int(raw["decode_tp"]))
+
+
+def is_pd_profile(profile: "Profile") -> bool:
+    return profile.target.disaggregation is not None
+
+
+def pd_commands(profile: "Profile", scheduler_args: list[str]) -> list["PDServeCommand"]:
+    """One server per pool instance, prefill first, each with ``scheduler_args`` (the
+    profile's other serve flags; its ``--tensor-parallel-size`` is the pool's)."""
+    from tuner.perf.hardware import load_hardware
+    from tuner.perf.pd_link import pd_link
+    from tuner.profile.pd_export import pd_serve_commands
+
+    raw = profile.target.disaggregation
+    assert raw is not None, "pd_commands() on an aggregated profile"
+    decode_hw = profile.target.hardware
+    prefill_hw = raw.get("prefill_hardware") or decode_hw
+    link = pd_link(load_hardware(prefill_hw).name, load_hardware(decode_hw).name,
+                   pd_gpus(raw), raw.get("link") or "auto")
+    return pd_serve_commands(
+        num_prefill=int(raw["num_prefill"]), num_decode=int(raw["num_decode"]),
+        prefill_tp=int(raw["prefill_tp"]), decode_tp=int(raw["decode_tp"]),
+        prefill_vendor=load_hardware(prefill_hw).vendor,
+        decode_vendor=load_hardware(decode_hw).vendor, same_node="NIC" not in link.name,
+        extra_args=tuple(_without_tp(scheduler_args)))
+
+
+def _without_tp(args: list[str]) -> list[str]:
+    out, i = [], 0
+    while i < len(args):
+        if args[i] == "--tensor-parallel-size":
+            i += 2
+            continue
+        out.append(args[i])
+        i += 1
+    return out
+
+
+def pd_flags_text(profile: "Profile", serve_args: list[str], header: list[str]) -> str:
+    """``--format flags`` of a P/D profile: each instance's ``vllm serve``, then the proxy.
+
+    ``serve_args``: ``vllm serve MODEL`` and the profile's flags
+    (``tuner.profile.export.serve_command``)."""
+    raw = profile.target.disaggregation or {}
+    model = serve_args[2]
+    commands = pd_commands(profile, serve_args[3:])
+    lines = [f"# {h}" for h in header]
+    lines.append(f"# disaggregated: {raw.get('num_prefill')} prefill x TP{raw.get('prefill_tp')}"
+                 f" and {raw.get('num_decode')} decode x TP{raw.get('decode_tp')} "
+                 f"({pd_gpus(raw)} GPU), proxy {raw.get('router') or 'round-robin'}; replace "
+                 "the PREFILL_HOST_i / DECODE_HOST_j placeholders")
+    for c in commands:
+        lines.append(f"# {c.role} {c.instance} on {c.host}")
+        lines.append(c.command(model))
+    lines.append(f"# the proxy (vLLM's example P/D proxy)\n{_proxy(commands)}")
+    return "\n".join(lines) + "\n"
+
+
+def pd_proxy_text(profile: "Profile", serve_args: list[str]) -> str:
+    """``--format router`` of a P/D profile: the proxy command alone."""
+    return _proxy(pd_commands(profile, serve_args[3:])) + "\n"
+
+
+def _proxy(commands: list["PDServeCommand"]) -> str:
+    from tuner.profile.pd_export import proxy_command
+
+    return proxy_command(commands)
+
+
+def pd_check(profile: "Profile", serve_args: list[str], *, python: str | None
+             ) -> "VllmCheck":
+    """Every pool instance's command parsed by the vLLM at ``python`` (``EngineArgs`` and
+    ``KVTransferConfig``; ``tuner.profile.vllm_check.check_pd_with_vllm``)."""
+    from tuner.profile.vllm_check import check_pd_with_vllm
+
+    return check_pd_with_vllm(pd_commands(profile, serve_args[3:]), python=python)
