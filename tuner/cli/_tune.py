@@ -492,11 +492,12 @@ def _check_pd_profile(prof: Any, vllm_version: str, native_admission: bool,
                       python: str) -> Any:
     """A P/D profile's pool servers parsed by that vLLM (``tuner.profile.pd_profile``)."""
     from tuner.profile.export import plan_export, serve_command
-    from tuner.profile.pd_profile import pd_check
+    from tuner.profile.pd_profile import pd_commands
+    from tuner.profile.vllm_check import check_pd_with_vllm
 
     plan = plan_export(prof, vllm_version=vllm_version, native_admission=native_admission)
     args = serve_command(prof, plan, use_async=prof.target.async_scheduling)
-    return pd_check(prof, args, python=python)
+    return check_pd_with_vllm(pd_commands(prof, args[3:]), python=python)
 
 
 def _echo_check(check: Any) -> None:

@@ -7,7 +7,8 @@ Why its own module: a P/D profile deploys as one ``vllm serve`` per pool instanc
 identical replicas; every instance carries the profile's scheduler flags, as the study
 replayed both pools with one set of settings. ``tuner export --format flags`` prints them
 (``--format router`` the proxy alone) and ``--check-vllm`` parses every command with vLLM's
-own ``EngineArgs`` parser and ``KVTransferConfig`` (``check_pd_with_vllm``).
+own ``EngineArgs`` parser and ``KVTransferConfig`` (``tuner.profile.vllm_check.
+check_pd_with_vllm`` over :func:`pd_commands`).
 """
 
 from __future__ import annotations
@@ -17,10 +18,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tuner.profile.model import Profile
     from tuner.profile.pd_export import PDServeCommand
-    from tuner.profile.vllm_check import VllmCheck
 
-__all__ = ["is_pd_profile", "pd_check", "pd_commands", "pd_flags_text", "pd_gpus",
-           "pd_proxy_text"]
+__all__ = ["is_pd_profile", "pd_commands", "pd_flags_text", "pd_gpus", "pd_proxy_text"]
 
 
 def pd_gpus(raw: dict[str, Any]) -> int:
@@ -94,12 +93,3 @@ def _proxy(commands: list["PDServeCommand"]) -> str:
     from tuner.profile.pd_export import proxy_command
 
     return proxy_command(commands)
-
-
-def pd_check(profile: "Profile", serve_args: list[str], *, python: str | None
-             ) -> "VllmCheck":
-    """Every pool instance's command parsed by the vLLM at ``python`` (``EngineArgs`` and
-    ``KVTransferConfig``; ``tuner.profile.vllm_check.check_pd_with_vllm``)."""
-    from tuner.profile.vllm_check import check_pd_with_vllm
-
-    return check_pd_with_vllm(pd_commands(profile, serve_args[3:]), python=python)
