@@ -18,7 +18,7 @@ from tuner.tune.objectives import Constraint, Objective
 from tuner.tune.overload import OverloadReport
 from tuner.tune.select import (TTFT_KEYS, PickRule, Point, Selection, check, trade_off,
                                ttft_guard_applies)
-from tuner.tune.space import GPU_SPLIT, SearchSpace, is_deployment_param
+from tuner.tune.space import GPU_SPLIT, PD_LAYOUT, SearchSpace, is_deployment_param
 from tuner.units import FRONT, cell
 
 if TYPE_CHECKING:
@@ -266,7 +266,8 @@ _COLUMN = {"cache_aware_admission_window": "window", "cache_aware_admission_thre
            "router.overlap_weight": "overlap weight", "router.load_metric": "load metric",
            "output_throughput_per_gpu": "out tok/s/GPU", "ttft_p50_s": "TTFT p50 s",
            "ttft_p90_s": "TTFT p90 s", "goodput": "goodput req/s",
-           "kv_offloading.size": "CPU tier GiB", "kv_offloading.eviction_policy": "tier policy"}
+           "kv_offloading.size": "CPU tier GiB", "kv_offloading.eviction_policy": "tier policy",
+           "pd.mode": "P/D", "pd.layout": "P/D layout", "pd.router": "P/D proxy"}
 
 
 def _coordinate(p: Point, name: str) -> Any:
@@ -276,8 +277,13 @@ def _coordinate(p: Point, name: str) -> Any:
         own = p.settings.get(DEPLOYMENT_KEY)
         if own is None:
             return p.params.get(name)
+        if own.get("pd") is not None:  # a P/D point has pools, not a split (pd.layout)
+            return None
         return (f"TP{own['tp']}/DP{own['dp']}/R{own['replicas']}"
                 + ("+EP" if own.get("enable_expert_parallel") else ""))
+    if name == PD_LAYOUT and p.params.get(name) is not None:  # 1:3 p8/d4
+        counts, p_tp, d_tp = str(p.params[name]).split(",")
+        return f"{counts} p{p_tp.split('=')[1]}/d{d_tp.split('=')[1]}"
     if is_deployment_param(name):
         return p.params.get(name)
     return p.settings.get(name)
