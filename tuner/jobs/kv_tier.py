@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tuner.errors import ConfigError, TunerError
 
-if TYPE_CHECKING:
-    from tuner.jobs.config import RetuneConfig
+#: ``cfg`` below is a ``tuner.jobs.config.RetuneConfig`` (not imported: config imports
+#: this module, and the layering test refuses the circle even for annotations)
+_Config = Any
 
 #: The ``Target`` fields of the tier (the profile's ``target`` records the same names).
 TARGET_TIER_KEYS = ("kv_offloading_size", "kv_offloading_backend",
@@ -42,7 +43,7 @@ _CHOICES = {"kv_offloading_backend": ("native", "lmcache"),
             "kv_offloading_eviction_policy": ("lru", "arc")}
 
 
-def check_kv_tier(cfg: "RetuneConfig", raw: dict[str, Any], loaded: Any) -> None:
+def check_kv_tier(cfg: _Config, raw: dict[str, Any], loaded: Any) -> None:
     """Validate and normalise the tier keys of ``raw`` into ``cfg`` (see the module
     docstring).
 
@@ -144,7 +145,7 @@ def _policies(value: Any, where: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _check_one_engine(cfg: "RetuneConfig", loaded: Any, key: str | None) -> None:
+def _check_one_engine(cfg: _Config, loaded: Any, key: str | None) -> None:
     """The twin models the tier for one engine without drafts (as ``tuner replay``)."""
     where = loaded.where(key) if key else loaded.where("target", "kv_offloading_size")
     dp = cfg.target.get("dp", 1)
@@ -156,7 +157,7 @@ def _check_one_engine(cfg: "RetuneConfig", loaded: Any, key: str | None) -> None
                           "modelled; drop one of them")
 
 
-def _check_budget(cfg: "RetuneConfig", loaded: Any) -> None:
+def _check_budget(cfg: _Config, loaded: Any) -> None:
     """Every searched size within ``host_memory_gb`` (or the preset's reference node)
     over the engines of a node (``tuner.tune.kv_tier_space.host_budget``)."""
     from tuner.tune.kv_tier_space import host_budget
@@ -200,7 +201,7 @@ def tier_of(target: Any) -> dict[str, Any]:
             "blocks_per_chunk": target.kv_offloading_blocks_per_chunk}
 
 
-def tune_record(cfg: "RetuneConfig", result: Any) -> dict[str, Any] | None:
+def tune_record(cfg: _Config, result: Any) -> dict[str, Any] | None:
     """The changelog's ``tune.kv_tier``: what was searched and what the tier bought the
     pick on the held-out window (``KvTierGain``); None when no tier was searched."""
     if cfg.kv_offloading_sizes is None and cfg.kv_offloading_policies is None:
