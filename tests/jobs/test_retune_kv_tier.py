@@ -109,6 +109,8 @@ def test_the_cli_refuses_a_bad_tier_key_with_exit_2_and_writes_nothing(job: Job)
     res = job.run_cli()
     assert res.returncode == 2
     assert res.stderr.count("\n") == 1 and res.stderr.startswith(f"Error: {job.config_path}:")
+    assert "kv_offloading_sizes: 128 GiB is above the host budget of 8 GiB per engine" \
+        in res.stderr
     assert "Traceback" not in res.stderr
     assert not (job.root / "state").exists() and not (job.root / "profiles").exists()
 
@@ -221,7 +223,9 @@ def test_the_tier_keys_are_documented() -> None:
 
 
 def test_a_tierless_config_writes_the_same_yaml_as_before(job: Job) -> None:
-    """No tier key: no ``kv_tier`` in the changelog, no tier row in the diff."""
+    """No tier key: no ``kv_tier`` in the changelog, no tier in the evaluation or the
+    profile (a guard that the tier adds nothing to configs without one; it passes on the
+    code before the tier keys too)."""
     job.append(job.lines[:60])
     job.configure(trials=1, margin=-1.0)
     out = job.run()
