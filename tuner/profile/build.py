@@ -23,7 +23,7 @@ from tuner.tune.deployment_space import DEPLOYMENT_KEY, scheduler_part
 from tuner.tune.evaluate import ENGINES_KEY, target_from_dict
 from tuner.tune.options import StartPoint, WarmStart
 from tuner.tune.result import TuneResult
-from tuner.tune.kv_tier_space import profile_kv_tier
+from tuner.tune.kv_tier_space import profile_kv_tier, with_profile_tier
 from tuner.profile.pd_profile import pd_gpus
 from tuner.tune.spec_space import profile_speculative
 from tuner.tune.select import Point, trade_off
@@ -158,7 +158,7 @@ def warm_start_of(profile: Profile) -> WarmStart:
     """``profile``'s settings and its Pareto set as the points a study replays first, each
     with the deployment it ran on (a Pareto point's own where the profile recorded one,
     else the profile's); the study uses the deployments only where its space varies one."""
-    own = profile.deployment()
+    own = with_profile_tier(profile.deployment(), profile.target)  # a searched tier's point
     points = [StartPoint("profile", profile.scheduler, own)]
     for settings, point in zip(profile.pareto_settings(), profile.pareto):
         raw = point.get("deployment")

@@ -222,6 +222,17 @@ def kv_tier_gain(evaluator: Any, point: Any, space: SearchSpace, *,
                       without={k: without.get(k) for k in GAIN_KEYS})
 
 
+def with_profile_tier(deployment: Any, target: Any) -> Any:
+    """``deployment`` (a profile's split and router) with the tier its profile ``target``
+    deploys as searched coordinates (0: none), so a warm start from a profile lands on its
+    own tier in a study that searches the tier (without them it lay outside the space and
+    was skipped). Studies that do not search the tier read no tier coordinate."""
+    size = float(target.kv_offloading_size or 0.0)
+    return replace(deployment, kv_offloading_size=size,
+                   kv_offloading_eviction_policy=target.kv_offloading_eviction_policy
+                   if size else None)
+
+
 def profile_kv_tier(target: dict[str, Any], deployment: dict[str, Any]) -> dict[str, Any]:
     """A profile's tier fields for the pick: the target's, with a searched size (0: none)
     and policy on top."""
@@ -235,4 +246,4 @@ def profile_kv_tier(target: dict[str, Any], deployment: dict[str, Any]) -> dict[
 
 __all__ = ["GAIN_KEYS", "HostBudget", "KvTierGain", "host_budget",
            "kv_tier_gain", "parse_kv_policies", "parse_kv_sizes", "profile_kv_tier",
-           "tier_metrics", "with_kv_tier"]
+           "tier_metrics", "with_kv_tier", "with_profile_tier"]

