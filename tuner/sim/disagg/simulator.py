@@ -115,7 +115,24 @@ class PDSimulator:
                            decode.step_time, AdmissionRules.of(prefill.settings, prefill.cache),
                            AdmissionRules.of(decode.settings, decode.cache), self.table,
                            load=load, num_requests=source.num_requests,
-                           batch_queue_depth=batch_queue_depth(options.async_scheduling))
+                           batch_queue_depth=batch_queue_depth(options.async_scheduling),
+                           router=self._router(decode.cache.block_size, source.num_hash_ids))
+
+    def _router(self, block_size: int, num_hash_ids: int) -> Any:
+        """The proxy's choices (``tuner.sim.disagg.routers``); it reads the engines and,
+        once built, the loop's input queues."""
+        from tuner.sim.disagg.routers import PDView, make_pd_router
+
+        engines = self.engines
+
+        def waiting(e: int) -> int:
+            return len(self.loop.pending[e]) + len(engines[e].scheduler.waiting)
+
+        view = PDView(self.pd.num_prefill, self.pd.num_decode, kv_block_size=block_size,
+                      num_hash_ids=num_hash_ids or 0,
+                      cached_blocks=lambda e, s: engines[e].cached_prefix_blocks(s),
+                      waiting=waiting, first_token=lambda e, i: self.loop.first_token(e, i))
+        return make_pd_router(self.pd.router, view)
 
     @property
     def engines(self) -> list[Any]:
@@ -212,7 +229,7 @@ class PDSimulator:
         pd = self.pd
         notes = [f"disaggregated: {pd.num_prefill} prefill x TP {pd.prefill_tp} + "
                  f"{pd.num_decode} decode x TP {pd.decode_tp}, NIXL pull over "
-                 f"{pd.link_name or 'the pool link'}, round-robin proxy",
+                 f"{pd.link_name or 'the pool link'}, {pd.router} router",
                  "timeseries: the deployment at each engine step (waiting/running summed, "
                  "KV usage averaged over engines)"]
         return ReplayResult(
