@@ -63,12 +63,18 @@ class PDSimulator:
         prefill, decode: the two pools.
         pd: the deployment's shape and transfer figures.
         options, load, num_hash_ids: as ``Simulator``.
+        aborts: trace index -> when the client aborts the request (seconds on the
+            replay clock); replayed while the request's KV is in flight to its decoder
+            (``DecodeEngine``), recorded ``aborted``. A trace carries no abort times
+            (its ``status`` says a request was aborted, not when), so a replay from the
+            CLI has none.
     """
 
     def __init__(self, requests: Iterable[Any], prefill: PDPool, decode: PDPool,
                  pd: PDSettings, *, options: SimOptions = SimOptions(),
                  load: OpenLoop | ClosedLoop = OpenLoop(),
-                 num_hash_ids: int | None = None) -> None:
+                 num_hash_ids: int | None = None,
+                 aborts: dict[int, float] | None = None) -> None:
         pd.validate()
         if options.speculative is not None or options.kv_offload is not None:
             raise ConfigError("--pd with speculative decoding or a CPU KV tier is not "
@@ -86,6 +92,9 @@ class PDSimulator:
             # proven identical to the plain step (the sync group is: test_disagg.py), so
             # async P/D replays run the plain step.
             options = replace(options, fast_forward=False)
+        if aborts:  # an abort lands between schedules: the plain step takes every one
+            options = replace(options, fast_forward=False)
+        self.aborts = dict(aborts or {})
         self.source = source
         self.pd = pd
         self.table = source.table()
@@ -108,7 +117,7 @@ class PDSimulator:
             source.bind(scheduler)
             self.decode.append(DecodeEngine(scheduler, decode.cache.block_size, options,
                                             self.table, pd, self._on_read,
-                                            self.prefill_times))
+                                            self.prefill_times, self.aborts))
         if hasattr(source, "hold_in_transit"):  # a stream: its renumbering sees the queues
             source.hold_in_transit(self._in_transit)
         self.loop = PDLoop(self.prefill, self.decode, source, prefill.step_time,
