@@ -48,7 +48,7 @@ def test_an_abort_during_the_read_frees_the_decoder_blocks_at_the_read_s_end(asy
     # out of WAITING_FOR_REMOTE_KVS from the first steps after the abort (async: the
     # step in the batch queue was scheduled before it), long before the read's end
     waited = [s.start_s for s in steps if "r2" in s.waiting_for_kv]
-    assert waited and max(waited) < when + 0.01 < end
+    assert waited and max(waited) < (when + end) / 2
     # its blocks stay allocated until the read is reported (the first update at or
     # after its end), then come back
     freed = decoder.connector.aborted_freed_s["r2"]

@@ -68,6 +68,24 @@ def test_vllm_proxy_cycles_where_the_prefix_routers_follow_the_cache():
         assert result.counters["num_finished"] == len(reqs)
 
 
+def test_llmd_sends_a_prompt_its_decoder_holds_to_the_decoder_alone():
+    """llm-d's prefix-based-pd-decider (nonCachedTokens 16): ``d`` repeats ``a``'s
+    30-block prompt after ``a`` finished on a decoder that now holds it: no prefill, no
+    read, the decoder computes it (a local hit of all but the last token); the other
+    routers prefill it again and read the last block."""
+    base = prompt_hashes(0, 480, shared_blocks=30, unique=0)
+    reqs = [Req("a", 0.0, 480, 4, base), Req("d", 2.0, 480, 4, base)]
+    sim, result = _run("llm-d", reqs)
+    assert 1 not in sim.prefill_of and 1 not in sim.reads  # never prefilled or read
+    assert result.requests.engine[1] == result.requests.engine[0]  # a's decoder
+    assert result.counters["pd_reads"] == 1
+    assert [r.status for r in result.requests] == ["finished", "finished"]
+    assert result.requests[1].num_cached_tokens == 480 - 16  # all but the last block
+    for name in ("vllm-proxy", "dynamo"):
+        other, res = _run(name, reqs)
+        assert 1 in other.prefill_of and res.counters["pd_reads"] == 2, name
+
+
 class _Source:
     def __init__(self, n: int) -> None:
         self.block_hashes = list(range(n))
@@ -77,7 +95,7 @@ class _Source:
 def test_llmd_scores_two_prefix_share_plus_one_normalised_queue():
     """llm-d's sample P/D config: 2 x prefix-cache-scorer + 1 x queue-scorer, the
     max-score-picker; the decode profile runs first (at the arrival)."""
-    cached = {0: 0, 1: 5, 2: 10, 3: 0}  # engine -> cached leading blocks (of 10)
+    cached = {0: 0, 1: 5, 2: 8, 3: 0}  # engine -> cached leading blocks (of 10)
     waiting = {0: 4, 1: 0, 2: 2, 3: 0}
     view = PDView(2, 2, kv_block_size=16, num_hash_ids=16,
                   cached_blocks=lambda e, s: cached[e], waiting=lambda e: waiting[e],
@@ -85,7 +103,7 @@ def test_llmd_scores_two_prefix_share_plus_one_normalised_queue():
     router = LlmdPDRouter(view)
     src = _Source(10)
     assert router.scores(range(0, 2), src) == pytest.approx([0.0, 2 * 0.5 + 1.0])
-    assert router.scores(range(2, 4), src) == pytest.approx([2.0 + 0.0, 0.0 + 1.0])
+    assert router.scores(range(2, 4), src) == pytest.approx([2 * 0.8 + 0.0, 0.0 + 1.0])
     assert router.route(7, src, 0.0) == 1
     assert router.route_decode(7, src) == 2  # chosen at the arrival, kept to the handoff
     waiting.update({2: 0, 3: 0})
@@ -93,3 +111,7 @@ def test_llmd_scores_two_prefix_share_plus_one_normalised_queue():
     assert router.route(8, src, 0.0) == 1
     router.refused(8)
     assert 8 not in router._decode_of
+    cached[3] = 10  # the decoder holds the whole prompt: decode only (the decode engine)
+    assert router.route(9, src, 0.0) == 3 and 9 not in router._decode_of
+    cached[3] = 9  # 16 tokens it does not hold: not fewer than nonCachedTokens
+    assert router.route(10, src, 0.0) == 1 and router.route_decode(10, src) == 3

@@ -175,7 +175,7 @@ def local_hit_requests() -> list[TraceRequest]:
 
 
 def kv_full_requests() -> list[TraceRequest]:
-    return [_req(f"k{i}", 0.08 * i, _blocks(10 + i, 4), out=120) for i in range(8)]
+    return [_req(f"k{i}", 0.04 * i, _blocks(10 + i, 4), out=120) for i in range(8)]
 
 
 def held_requests() -> list[TraceRequest]:

@@ -177,6 +177,14 @@ class DecodeEngine(_PoolEngine):
         # scheduler's walk does not know: this engine runs the walk (check_invariants).
         self.check_holds, self.check = self.check, False
 
+    def add_request(self, index: int, source: Any, arrival_s: float) -> None:
+        """A request the proxy hands off after its prefill carries ``do_remote_prefill``;
+        one the router sent here alone (llm-d's decode-only decision) has no
+        ``kv_transfer_params``: the decoder computes its prompt."""
+        if index not in self.prefill_times:
+            self.connector.compute_locally(str(source.request_id))
+        super().add_request(index, source, arrival_s)
+
     def schedule(self, now_s: float) -> Any:
         if self.aborts:
             self.apply_aborts(now_s)
@@ -242,8 +250,8 @@ class DecodeEngine(_PoolEngine):
         scheduler.kv_cache_manager.check_invariants(live)
 
     def _record(self, request: SimRequest, status: Any) -> None:
-        first_sched, _, cached, preemptions = self.prefill_times.get(
-            request.index, (request.first_scheduled_s, 0.0, 0, 0))
+        first_sched, _, cached, preemptions = self.prefill_times.get(  # decode only: its own
+            request.index, (request.first_scheduled_s, 0.0, max(0, request.num_cached_tokens), 0))
         self.table.record(
             request.index, status, request.arrival_s, output_len=request.num_output_tokens,
             first_scheduled_s=first_sched, first_token_s=request.first_token_s,

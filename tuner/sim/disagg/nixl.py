@@ -98,11 +98,20 @@ class NixlDecodeConnector:
         self.abort_times: dict[int, float] = {}  # trace index -> abort time (the engine's)
         self.aborted_freed_s: dict[str, float] = {}  # request id -> when its blocks came back
         self.read_start_s: dict[str, float] = {}  # request id -> its read's start, until done
+        self._local: set[str] = set()  # request ids to add without a read (decode only)
         self.num_aborted_in_flight = 0
 
     # ----------------------------------------------------------------- admission
     def on_new_request(self, request: "SimRequest") -> None:
+        if self._local and request.request_id in self._local:
+            self._local.discard(request.request_id)  # no kv_transfer_params: nothing to read
+            return
         self._pending[request.request_id] = 0
+
+    def compute_locally(self, request_id: str) -> None:
+        """The next request ``request_id`` came without ``do_remote_prefill`` (a router's
+        decode-only choice): ``get_num_new_matched_tokens`` is 0 for it."""
+        self._local.add(request_id)
 
     def get_num_new_matched_tokens(self, request: "SimRequest",
                                    num_local: int) -> tuple[int | None, bool]:
@@ -201,7 +210,11 @@ class NixlDecodeConnector:
     def next_event_s(self, now_s: float) -> float:
         """When the next launched read ends, or the client aborts a request whose read
         is in flight (``abort_times``: the engine core takes the abort at its next step)
-        (inf: none in flight)."""
+        (inf: none in flight). ``now_s`` while this step's admissions have reads to
+        launch: the step that launches them is a short empty one (vLLM's engine spins),
+        not one that waits for the next arrival as if nothing were in flight."""
+        if self._batch:  # this step launches reads: it is a short one, the next waits
+            return now_s
         ends = [r.end_s for r in self._unreported if r.end_s > now_s]
         if self.abort_times:
             times = self.abort_times

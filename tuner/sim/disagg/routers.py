@@ -15,7 +15,10 @@ the decoder finishes it. Each sees only what its real counterpart sees (module d
 * ``llm-d``: llm-d inference scheduler's P/D handler
   (``pkg/plugins/profile/pd_profile_handler.go``; the sample
   ``deploy/config/pd-epp-config.yaml``): the *decode* profile runs first, at the
-  arrival, then the prefill profile; each scores its pool's endpoints with
+  arrival; its ``prefix-based-pd-decider`` (``nonCachedTokens: 16``) sends a prompt the
+  chosen decoder holds but for fewer than 16 tokens (or one shorter than that) to the
+  decoder alone (``route`` then returns the decode engine: no prefill, no read), else
+  the prefill profile runs; each scores its pool's endpoints with
   ``2 x prefix-cache-scorer + 1 x queue-scorer`` and the ``max-score-picker`` takes the
   highest. Prefix score: the share of the prompt's blocks the endpoint holds; queue
   score: ``(max - q) / (max - min)`` of the endpoints' waiting queues (1 when all are
@@ -29,9 +32,8 @@ the decoder finishes it. Each sees only what its real counterpart sees (module d
 Deliberate divergences: llm-d's default ``prefix-cache-scorer`` indexes the prompts it
 routed (an LRU per server) where this one reads the engines' caches (what its
 ``precise-prefix-cache-scorer`` does from KV events); its queue metric is scraped, here
-it is exact; ties go to the lowest index (the picker shuffles); the decider is llm-d's
-``always-disagg-pd-decider`` (the ``prefix-based-pd-decider``'s decode-only path, for
-prompts the decoder holds but for 16 tokens, is not replayed).
+it is exact; ties go to the lowest index (the picker shuffles); the decider counts
+prompt tokens exactly (llm-d estimates them from the characters).
 
 Plain Python: ``tuner.sim`` runs inside vLLM interpreters too.
 """
@@ -50,6 +52,9 @@ __all__ = ["PD_ROUTERS", "DynamoPDRouter", "LlmdPDRouter", "PDRouter", "PDView",
 
 #: llm-d's sample P/D profile weights (deploy/config/pd-epp-config.yaml)
 LLMD_PREFIX_WEIGHT, LLMD_QUEUE_WEIGHT = 2.0, 1.0
+#: the sample's ``prefix-based-pd-decider`` ``nonCachedTokens``: a prompt whose part the
+#: chosen decoder does not hold is shorter than this goes to the decoder alone
+LLMD_NON_CACHED_TOKENS = 16
 
 
 class PDView:
@@ -146,9 +151,25 @@ class LlmdPDRouter(PDRouter):
         best = max(range(len(scores)), key=scores.__getitem__)  # first maximum
         return engines[best]
 
+    def disaggregate(self, decode: int, source: Any) -> bool:
+        """``prefix-based-pd-decider.decide`` (pkg/plugins/profile/prefix_based_pd_decider.go):
+        prefill remotely unless the prompt, or its part ``decode`` does not hold, is
+        shorter than ``nonCachedTokens``."""
+        threshold = LLMD_NON_CACHED_TOKENS
+        if threshold <= 0:
+            return True
+        isl = int(source.input_len)
+        hit = self.view.cached_blocks(decode, source) * self.view.kv_block_size
+        return isl >= threshold and isl - hit >= threshold
+
     def route(self, index: int, source: Any, arrival_s: float) -> int:
+        """The prefill engine, or the decode engine itself (decode only: the decoder
+        computes the prompt, no KV moves)."""
         p = self.num_prefill
-        self._decode_of[index] = self._pick(range(p, p + self.num_decode), source)
+        decode = self._pick(range(p, p + self.num_decode), source)
+        if not self.disaggregate(decode, source):
+            return decode
+        self._decode_of[index] = decode
         return self._pick(range(p), source)
 
     def route_decode(self, index: int, source: Any) -> int:
