@@ -63,7 +63,9 @@ def test_each_router_exports_its_own_configuration():
         assert weights == {f"{role}-filter": None, "max-score-picker": None,
                            "prefix-cache-scorer": 2, "queue-scorer": 1}
     handler = next(p for p in epp["plugins"] if p["type"] == "disagg-profile-handler")
-    assert handler["parameters"]["deciders"]["prefill"] == "always-disagg-pd-decider"
+    assert handler["parameters"]["deciders"]["prefill"] == "prefix-based-pd-decider"
+    decider = next(p for p in epp["plugins"] if p["type"] == "prefix-based-pd-decider")
+    assert decider["parameters"]["nonCachedTokens"] == 16  # the twin's llm-d router
     title, text = router_config("dynamo", commands, block_size=64)
     cmd = shlex.split(text)
     assert cmd[:3] == ["python", "-m", "dynamo.frontend"]

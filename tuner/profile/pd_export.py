@@ -20,7 +20,8 @@ The proxy follows the replay's ``--pd-router`` (:func:`router_config`):
 * ``llm-d``: an llm-d inference scheduler ``EndpointPickerConfig`` in the form of its
   sample ``deploy/config/pd-epp-config.yaml`` (``prefix-cache-scorer`` weight 2,
   ``queue-scorer`` weight 1, ``max-score-picker`` in a ``prefill`` and a ``decode``
-  profile; the ``always-disagg-pd-decider``, as the twin replays it); the pods are told
+  profile; the ``prefix-based-pd-decider`` with ``nonCachedTokens: 16``, as the twin
+  replays it); the pods are told
   apart by the ``llm-d.ai/role`` label the prefill/decode filters read;
 * ``dynamo``: Dynamo's frontend with its KV router (``python -m dynamo.frontend
   --router-mode kv``, ``--kv-overlap-score-weight 1``, ``--router-temperature 0``, the
@@ -120,9 +121,10 @@ def _llmd_epp_config() -> str:
             "kind: EndpointPickerConfig\nplugins:\n"
             "- type: disagg-headers-handler\n- type: prefix-cache-scorer\n"
             "- type: queue-scorer\n- type: prefill-filter\n- type: decode-filter\n"
-            "- type: max-score-picker\n- type: always-disagg-pd-decider\n"
+            "- type: max-score-picker\n- type: prefix-based-pd-decider\n"
+            "  parameters:\n    nonCachedTokens: 16\n"
             "- type: disagg-profile-handler\n  parameters:\n    deciders:\n"
-            "      prefill: always-disagg-pd-decider\nschedulingProfiles:\n"
+            "      prefill: prefix-based-pd-decider\nschedulingProfiles:\n"
             + "".join(f"- name: {role}\n" + profile.format(role=role)
                       for role in ("prefill", "decode")))
 
