@@ -10,7 +10,8 @@ import shlex
 
 import pytest
 
-from tuner.profile.pd_export import connector_for, pd_serve_commands, proxy_command
+from tuner.profile.pd_export import (connector_for, pd_serve_commands, proxy_command,
+                                     router_config)
 from tuner.profile.vllm_check import check_pd_with_vllm
 
 VLLM033 = os.environ.get("TUNER_VLLM033_PYTHON")
@@ -44,6 +45,32 @@ def test_the_proxy_lists_every_instance_in_its_pool():
     cmd = shlex.split(proxy_command(_commands("nvidia")))
     assert cmd[cmd.index("--prefiller-ports") + 1] == "8100"
     assert cmd[cmd.index("--decoder-ports") + 1:] == ["8200", "8201"]
+
+
+def test_each_router_exports_its_own_configuration():
+    commands = _commands("nvidia")
+    title, text = router_config("vllm-proxy", commands, block_size=16)
+    assert text == proxy_command(commands)
+    import yaml
+
+    title, text = router_config("llm-d", commands, block_size=16)
+    epp = yaml.safe_load(text)
+    assert epp["kind"] == "EndpointPickerConfig" and "llm-d.ai/role" in title
+    profiles = {p["name"]: p["plugins"] for p in epp["schedulingProfiles"]}
+    assert set(profiles) == {"prefill", "decode"}
+    for role, plugins in profiles.items():
+        weights = {p["pluginRef"]: p.get("weight") for p in plugins}
+        assert weights == {f"{role}-filter": None, "max-score-picker": None,
+                           "prefix-cache-scorer": 2, "queue-scorer": 1}
+    handler = next(p for p in epp["plugins"] if p["type"] == "disagg-profile-handler")
+    assert handler["parameters"]["deciders"]["prefill"] == "prefix-based-pd-decider"
+    decider = next(p for p in epp["plugins"] if p["type"] == "prefix-based-pd-decider")
+    assert decider["parameters"]["nonCachedTokens"] == 16  # the twin's llm-d router
+    title, text = router_config("dynamo", commands, block_size=64)
+    cmd = shlex.split(text)
+    assert cmd[:3] == ["python", "-m", "dynamo.frontend"]
+    assert cmd[cmd.index("--router-mode") + 1] == "kv"
+    assert cmd[cmd.index("--kv-cache-block-size") + 1] == "64"
 
 
 @pytest.mark.skipif(not VLLM033, reason="needs TUNER_VLLM033_PYTHON (a vLLM 0.33.0 env)")

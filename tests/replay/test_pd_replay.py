@@ -123,3 +123,20 @@ def test_replay_pd_serve_prints_one_server_per_instance_and_the_proxy(mooncake_h
     assert "--decoder-ports 8200 8201" in res.output
     res = _cli(mooncake_head_trace, "--pd-serve")
     assert res.exit_code == 2 and "add --pd PREFILL:DECODE" in res.output
+    res = _cli(mooncake_head_trace, "--pd", "1:2", "--pd-serve", "--pd-router", "llm-d")
+    assert res.exit_code == 0, res.output
+    assert "kind: EndpointPickerConfig" in res.output and "toy_proxy_server" not in res.output
+
+
+def test_replay_pd_router_changes_the_choices_and_is_reported(mooncake_head_trace):
+    outs = {}
+    for router in ("vllm-proxy", "llm-d", "dynamo"):
+        res = _cli(mooncake_head_trace, "--pd", "2:2", "--pd-router", router, "--json")
+        assert res.exit_code == 0, res.output
+        outs[router] = json.loads(res.output)
+        assert outs[router]["disaggregation"]["router"] == router
+        assert any(f"{router} router" in n for n in outs[router]["notes"])
+        assert outs[router]["num_finished"] == outs["vllm-proxy"]["num_finished"]
+    # (which instance each router picks: tests/sim/test_pd_routers.py)
+    res = _cli(mooncake_head_trace, "--pd-router", "dynamo")
+    assert res.exit_code == 2 and "--pd-router applies to a disaggregated" in res.output

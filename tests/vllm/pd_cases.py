@@ -17,6 +17,10 @@ after):
   (``nixl/tp_mapping.py``) and a decoder with four times the blocks;
 * ``prefill-held-full``: a slow link keeps the prefill instance's held blocks until the
   reads end, so its cache fills with them and admissions wait for the release;
+* ``abort-in-transfer``: two requests aborted by their clients halfway through their
+  reads (``WAITING_FOR_REMOTE_KVS``): vLLM's ``finish_requests(FINISHED_ABORTED)`` with
+  its blocks held until the read is reported, the prefill side's released at the read's
+  end as for any read;
 """
 
 from __future__ import annotations
@@ -60,6 +64,9 @@ class PDCase:
     decode_blocks: int
     pd: PDSettings
     async_scheduling: bool = False
+    #: trace positions whose client aborts halfway through their read (set by run_twin)
+    abort_mid_read: tuple[int, ...] = ()
+    aborts: dict[int, float] = field(default_factory=dict)  # position -> abort time
     twin: Any = None  # the PDSimulator, after run_twin
     events: dict[str, list[tuple]] = field(default_factory=dict)  # role -> the engine's log
 
@@ -91,10 +98,26 @@ def _log_calls(engine: Any, log: list[tuple]) -> None:
 
     engine.add_request, engine.schedule, engine.start, engine.update = (
         add_request, schedule_, start_, update_)
+    if hasattr(engine, "apply_aborts"):  # a decoder: aborts go in before the schedule
+        apply = engine.apply_aborts
+
+        def apply_aborts(now_s: float) -> list[str]:
+            done = apply(now_s)
+            log.extend(("abort", rid) for rid in done)
+            return done
+
+        engine.apply_aborts = apply_aborts
 
 
 def run_twin(case: PDCase) -> PDCase:
-    """Replay the case on the twin, logging both engines' calls."""
+    """Replay the case on the twin, logging both engines' calls (a case with
+    ``abort_mid_read`` is replayed once without aborts first, for the reads' times: the
+    replay is the same until the first abort)."""
+    if case.abort_mid_read and not case.aborts:
+        probe = run_twin(dataclasses.replace(case, abort_mid_read=()))
+        reads = probe.twin.reads
+        case.aborts = {i: (reads[i][0] + reads[i][1]) / 2 for i in case.abort_mid_read}
+
     def pool(blocks: int) -> PDPool:
         cache = CacheSettings(block_size=BS, num_gpu_blocks=blocks, max_model_len=8192)
         return PDPool(case.settings, cache, step_time)
@@ -102,7 +125,7 @@ def run_twin(case: PDCase) -> PDCase:
     options = SimOptions(async_scheduling=case.async_scheduling, record_steps=True,
                          check_invariants=True, fast_forward=False)
     sim = PDSimulator(case.requests, pool(case.prefill_blocks), pool(case.decode_blocks),
-                      case.pd, options=options)
+                      case.pd, options=options, aborts=dict(case.aborts))
     case.events = {"prefill": [], "decode": []}
     _log_calls(sim.prefill[0], case.events["prefill"])
     _log_calls(sim.decode[0], case.events["decode"])
@@ -152,7 +175,7 @@ def local_hit_requests() -> list[TraceRequest]:
 
 
 def kv_full_requests() -> list[TraceRequest]:
-    return [_req(f"k{i}", 0.08 * i, _blocks(10 + i, 4), out=120) for i in range(8)]
+    return [_req(f"k{i}", 0.04 * i, _blocks(10 + i, 4), out=120) for i in range(8)]
 
 
 def held_requests() -> list[TraceRequest]:
@@ -178,5 +201,7 @@ def cases() -> list[PDCase]:
             PDCase(f"decoder-kv-full-{tag}", kv_full_requests(), small, 200, 40, one, mode),
             PDCase(f"hetero-tp-{tag}", hetero_requests(), small, 200, 4 * 40, hetero, mode),
             PDCase(f"prefill-held-full-{tag}", held_requests(), small, 30, 200, slow, mode),
+            PDCase(f"abort-in-transfer-{tag}", held_requests(), small, 200, 200, slow, mode,
+                   abort_mid_read=(2, 5)),
         ]
     return out

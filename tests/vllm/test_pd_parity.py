@@ -84,6 +84,24 @@ def test_pd_case_exercised(name: str) -> None:
         slow = sim.decode[0].connector
         latency = case.pd.link_latency_s * slow.num_reads
         assert slow.read_s - latency == pytest.approx(4 * (fast.read_s - latency))
+    if name.startswith("abort-in-transfer"):
+        statuses = {r.request_id: r.status for r in sim.table}
+        aborted = {rid for rid, st in statuses.items() if st == "aborted"}
+        assert aborted == {"h2", "h5"}, statuses
+        connector = sim.decode[0].connector
+        assert connector.num_aborted_in_flight == 2
+        for rid in aborted:
+            index = next(i for i, r in enumerate(case.requests) if r.request_id == rid)
+            start, end = sim.reads[index]
+            when = case.aborts[index]
+            assert start < when < end  # aborted with its read in flight
+            # vLLM's decoder stops listing it as waiting for KV at the abort ...
+            waited = [s.start_s for s in decode if rid in s.waiting_for_kv]
+            assert waited and max(waited) < end
+            # ... and holds its blocks until the read is reported
+            assert end <= connector.aborted_freed_s[rid]
+        # the reads went on: the prefill side released every held block at their ends
+        assert all(e.connector.num_held_blocks == 0 for e in sim.prefill)
     if name.startswith("prefill-held-full"):
         # held blocks fill the prefill cache: some step saw it full with nothing running
         assert max(s.kv_usage for s in prefill) > 0.9

@@ -27,6 +27,7 @@ class PDFlags:
     pd_link: str | None = None  # --pd-link
     serve: bool = False  # --pd-serve: print the per-instance vllm serve commands
     check_python: str | None = None  # --pd-check-vllm PYTHON
+    pd_router: str | None = None  # --pd-router (None: vllm-proxy)
 
     def layout(self) -> "PDLayout | None":
         """The ``PDLayout`` (None without ``--pd``); a pool flag without ``--pd`` is an
@@ -36,7 +37,8 @@ class PDFlags:
         if self.pd is None:
             given = [name for name, value in (
                 ("--prefill-tp", self.prefill_tp), ("--decode-tp", self.decode_tp),
-                ("--prefill-hardware", self.prefill_hardware), ("--pd-link", self.pd_link))
+                ("--prefill-hardware", self.prefill_hardware), ("--pd-link", self.pd_link),
+                ("--pd-router", self.pd_router))
                 if value is not None]
             if self.serve or self.check_python:
                 given.append("--pd-serve / --pd-check-vllm")
@@ -47,7 +49,8 @@ class PDFlags:
         p, d = parse_pd(self.pd)
         return PDLayout(num_prefill=p, num_decode=d, prefill_tp=self.prefill_tp,
                         decode_tp=self.decode_tp, prefill_hardware=self.prefill_hardware,
-                        link=self.pd_link or "auto")  # type: ignore[arg-type]
+                        link=self.pd_link or "auto",  # type: ignore[arg-type]
+                        router=self.pd_router or "vllm-proxy")
 
 
 def pd_options(func: Any) -> Any:
@@ -79,9 +82,15 @@ def pd_options(func: Any) -> Any:
                      help="With --pd: the link the KV crosses: same-node (xGMI / NVLink), "
                           "cross-node (one 400 Gb/s NIC per GPU) [default: auto = "
                           "same-node when one GPU type fits on one 8-GPU node]."),
+        click.option("--pd-router", "pd_router",
+                     type=click.Choice(["vllm-proxy", "llm-d", "dynamo"]), default=None,
+                     help="With --pd: the proxy's prefill/decode choices: vllm-proxy "
+                          "(vLLM's example proxy, round robin), llm-d (its P/D scheduler: "
+                          "prefix-cache + queue scorers, decode picked first), dynamo "
+                          "(its KV router per pool) [default: vllm-proxy]."),
     ]
     names = ("pd", "prefill_tp", "decode_tp", "prefill_hardware", "pd_link", "serve",
-             "check_python")
+             "check_python", "pd_router")
 
     @functools.wraps(func)
     def with_flags(*args: Any, **kwargs: Any) -> Any:
@@ -98,7 +107,7 @@ def pd_serve_lines(flags: PDFlags, layout: "PDLayout", resolved: Any,
     """The serve commands (and the vLLM check's verdict) as lines; False if the check
     failed."""
     from tuner.perf.pd_link import pd_link
-    from tuner.profile.pd_export import pd_serve_commands, proxy_command
+    from tuner.profile.pd_export import pd_serve_commands, router_config
     from tuner.profile.vllm_check import check_pd_with_vllm
     from tuner.replay import pd_pools
 
@@ -113,7 +122,8 @@ def pd_serve_lines(flags: PDFlags, layout: "PDLayout", resolved: Any,
                     "--max-num-seqs", str(settings.max_num_seqs)))
     model = resolved.model.name
     lines = [f"# {c.role} {c.instance} on {c.host}\n{c.command(model)}" for c in commands]
-    lines.append(f"# the proxy\n{proxy_command(commands)}")
+    title, text = router_config(layout.router, commands, block_size=decode.cache.block_size)
+    lines.append(f"# {title}\n{text}")
     ok = True
     if flags.check_python is not None:
         check = check_pd_with_vllm(commands, python=flags.check_python)

@@ -99,11 +99,14 @@ class PDLayout:
     decode_tp: int | None = None  # --decode-tp (None: --tp)
     prefill_hardware: str | None = None  # --prefill-hardware (None: --hardware)
     link: PDLink = "auto"  # --pd-link
+    #: --pd-router: the proxy's choices (``tuner.sim.disagg.routers.PD_ROUTERS``)
+    router: str = "vllm-proxy"
 
     def to_dict(self) -> dict[str, object]:
         return {"num_prefill": self.num_prefill, "num_decode": self.num_decode,
                 "prefill_tp": self.prefill_tp, "decode_tp": self.decode_tp,
-                "prefill_hardware": self.prefill_hardware, "link": self.link}
+                "prefill_hardware": self.prefill_hardware, "link": self.link,
+                "router": self.router}
 
 
 def parse_pd(text: str) -> tuple[int, int]:
@@ -155,6 +158,6 @@ def pd_settings(layout: PDLayout, prefill: "ResolvedTarget",
         prefill_tp=p_tp, decode_tp=d_tp, block_size=decode.cache.block_size,
         bytes_per_token_rank=decode.model.kv_bytes_per_token(d_tp),
         link_bytes_per_s=link.bytes_per_s * TRANSFER_EFFICIENCY,
-        link_latency_s=link.latency_s, link_name=link.name)
+        link_latency_s=link.latency_s, link_name=link.name, router=layout.router)
     settings.validate()
     return settings

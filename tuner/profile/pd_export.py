@@ -12,9 +12,22 @@ The connector follows the GPU's vendor (vLLM 0.33.0 registers both in
   (``notify_port``, ``http_port``, ``proxy_ip``, ``proxy_ping_port``; ``backend``
   ``xgmi`` within a node, ``rdma`` across).
 
-The proxy is vLLM's example P/D proxy
-(``tests/v1/kv_connector/nixl_integration/toy_proxy_server.py``, round robin over the
-``--prefiller-hosts/ports`` and ``--decoder-hosts/ports``), the flow the twin replays.
+The proxy follows the replay's ``--pd-router`` (:func:`router_config`):
+
+* ``vllm-proxy``: vLLM's example P/D proxy
+  (``tests/v1/kv_connector/nixl_integration/toy_proxy_server.py``, round robin over the
+  ``--prefiller-hosts/ports`` and ``--decoder-hosts/ports``);
+* ``llm-d``: an llm-d inference scheduler ``EndpointPickerConfig`` in the form of its
+  sample ``deploy/config/pd-epp-config.yaml`` (``prefix-cache-scorer`` weight 2,
+  ``queue-scorer`` weight 1, ``max-score-picker`` in a ``prefill`` and a ``decode``
+  profile; the ``prefix-based-pd-decider`` with ``nonCachedTokens: 16``, as the twin
+  replays it); the pods are told
+  apart by the ``llm-d.ai/role`` label the prefill/decode filters read;
+* ``dynamo``: Dynamo's frontend with its KV router (``python -m dynamo.frontend
+  --router-mode kv``, ``--kv-overlap-score-weight 1``, ``--router-temperature 0``, the
+  KV block size); Dynamo runs the engines as its own ``dynamo.vllm`` workers, so the
+  ``vllm serve`` lines give their engine flags.
+
 Hosts are placeholders (``PREFILL_HOST_i``, ``DECODE_HOST_j``) the operator fills in.
 """
 
@@ -24,7 +37,8 @@ import json
 import shlex
 from dataclasses import dataclass
 
-__all__ = ["PDServeCommand", "connector_for", "pd_serve_commands", "proxy_command"]
+__all__ = ["PDServeCommand", "connector_for", "pd_serve_commands", "proxy_command",
+           "router_config"]
 
 PREFILL_PORT, DECODE_PORT, PROXY_PORT = 8100, 8200, 8000
 MORIIO_NOTIFY_PORT, MORIIO_PROXY_PING_PORT = 61005, 36367
@@ -96,3 +110,38 @@ def proxy_command(commands: list[PDServeCommand]) -> str:
         "--prefiller-ports", *[str(c.port) for c in pre],
         "--decoder-hosts", *[c.host for c in dec],
         "--decoder-ports", *[str(c.port) for c in dec]])
+
+
+def _llmd_epp_config() -> str:
+    """llm-d's EndpointPickerConfig for the twin's llm-d router (module doc)."""
+    profile = ("  plugins:\n  - pluginRef: {role}-filter\n  - pluginRef: max-score-picker\n"
+               "  - pluginRef: prefix-cache-scorer\n    weight: 2\n"
+               "  - pluginRef: queue-scorer\n    weight: 1\n")
+    return ("apiVersion: inference.networking.x-k8s.io/v1alpha1\n"
+            "kind: EndpointPickerConfig\nplugins:\n"
+            "- type: disagg-headers-handler\n- type: prefix-cache-scorer\n"
+            "- type: queue-scorer\n- type: prefill-filter\n- type: decode-filter\n"
+            "- type: max-score-picker\n- type: prefix-based-pd-decider\n"
+            "  parameters:\n    nonCachedTokens: 16\n"
+            "- type: disagg-profile-handler\n  parameters:\n    deciders:\n"
+            "      prefill: prefix-based-pd-decider\nschedulingProfiles:\n"
+            + "".join(f"- name: {role}\n" + profile.format(role=role)
+                      for role in ("prefill", "decode")))
+
+
+def router_config(router: str, commands: list[PDServeCommand], *,
+                  block_size: int) -> tuple[str, str]:
+    """``(title, text)``: the proxy/router configuration for ``router`` (module doc)."""
+    if router == "llm-d":
+        return ("llm-d inference scheduler (EPP) config: prefill pods labelled "
+                "llm-d.ai/role=prefill, decode pods llm-d.ai/role=decode", _llmd_epp_config())
+    if router == "dynamo":
+        return ("Dynamo frontend with its KV router (engines as dynamo.vllm workers, the "
+                "engine flags above)", shlex.join([
+                    "python", "-m", "dynamo.frontend", "--router-mode", "kv",
+                    "--kv-overlap-score-weight", "1.0", "--router-temperature", "0",
+                    "--kv-cache-block-size", str(block_size), "--http-port",
+                    str(PROXY_PORT)]))
+    if router != "vllm-proxy":
+        raise ValueError(f"unknown P/D router {router!r}")
+    return "the proxy", proxy_command(commands)

@@ -195,7 +195,8 @@ def prepare(trace: TraceLike, settings: SchedulerSettings | None = None, *,
         requests = _kv_requests(trace, hash_block_size, resolved.cache.block_size,
                                 arrays=instance.accepts_array_hashes,
                                 hash_ids=instance.accepts_hash_ids,
-                                stream=resolved.target.num_engines == 1
+                                stream=(resolved.target.num_engines == 1
+                                        and getattr(instance, "streams_pd", True))
                                 or getattr(instance, "streams_fleets", False))
         instance.prepare(requests, settings, resolved, load, options)
     except BaseException:

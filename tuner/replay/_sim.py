@@ -46,8 +46,15 @@ class SimBackend(Backend):
     @property
     def streams_fleets(self) -> bool:
         """Whether a fleet replay may stream the trace (``tuner.replay._stream``): every
-        router but the prefix-aware one, whose block counts are indexed by hash id."""
-        return self.router.policy != "prefix-aware"
+        router but the prefix-aware one (and P/D's dynamo, the same router per pool),
+        whose block counts are indexed by hash id."""
+        return self.router.policy != "prefix-aware" and self.streams_pd
+
+    @property
+    def streams_pd(self) -> bool:
+        """Whether this backend's one-engine-looking replay may stream: not a P/D replay
+        behind the dynamo router (its KV router per pool indexes hash ids)."""
+        return self.pd is None or getattr(self.pd, "router", "") != "dynamo"
 
     def prepare(self, requests: Sequence["TraceRequest"], settings: "SchedulerSettings",
                 target: Any, load: Any, options: "SimOptions") -> None:

@@ -22,7 +22,8 @@ other jobs of a list with ``driver.VllmCoreReplay``. What is real and what is fa
   handoffs and the reads, so one engine cannot be replayed alone on its own clock. The
   job carries the twin engine's event log instead (``("add", position)``,
   ``("schedule", now_s)``, ``("start", seq, start_s, duration_s)``, ``("update", seq,
-  end_s)``, in the order the fleet loop called them, batch queue included), and
+  end_s)``, ``("abort", request_id)`` before the schedule that takes it, in the order
+  the fleet loop called them, batch queue included), and
   vLLM's scheduler is driven through the same calls at the same instants. Its step
   records are then compared one for one with the twin engine's (tests/vllm/
   test_pd_parity.py).
@@ -108,7 +109,10 @@ class FakeNixlWorker:
         from vllm.v1.request import RequestStatus
 
         if self.role == "decode":
-            recv = self._done(end_s, lambda r: r.status == RequestStatus.WAITING_FOR_REMOTE_KVS)
+            # an aborted request's read goes on (the worker is not told): it is reported
+            # too, and the scheduler frees the blocks it held (_update_from_kv_xfer_finished)
+            recv = self._done(end_s, lambda r: r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+                              or r.is_finished())
             return KVConnectorOutput(finished_recving=recv) if recv else None
         sent = self._done(end_s, lambda r: r.is_finished())
         return KVConnectorOutput(finished_sending=sent) if sent else None
@@ -160,6 +164,14 @@ class PDCoreEngine(VllmCoreEngine):
                                                      self.prefill_tp)
         self.scheduler.add_request(request)
 
+    def abort(self, request_id: str) -> None:
+        """The client left: ``finish_requests(FINISHED_ABORTED)``, as the engine core
+        does for an abort from the API server before its next ``schedule()``."""
+        from vllm.v1.request import RequestStatus
+
+        self.scheduler.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
+        self.live.pop(request_id, None)
+
     def schedule(self, now_s: float) -> Any:
         step = super().schedule(now_s)
         # held (delay-freed) requests stay in ``scheduler.requests``: not waiting
@@ -198,6 +210,8 @@ def replay_pd_engine(job: dict[str, Any]) -> list[Any]:
             engine.start(steps[event[1]], float(event[2]), float(event[3]))
         elif kind == "update":
             engine.update(steps.pop(event[1]), float(event[2]))
+        elif kind == "abort":
+            engine.abort(str(event[1]))
     return engine.steps
 
 

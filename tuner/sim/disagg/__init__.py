@@ -5,12 +5,15 @@
   ``NixlPullConnectorScheduler``, one connector per role, through the twin's connector
   interface (``tuner.sim.kv_connector.base``).
 * :mod:`tuner.sim.disagg.engines`: prefill and decode instances (fleet engines).
+* :mod:`tuner.sim.disagg.routers`: the proxy's prefill and decode choices (vLLM's example
+  proxy, llm-d's P/D scheduler, Dynamo's KV router), ``PD_ROUTERS`` by name.
 * :mod:`tuner.sim.disagg.loop`: the fleet loop with two pools and the proxy's flow.
 * :mod:`tuner.sim.disagg.simulator`: ``PDSimulator``, the replay, and its TTFT split.
 
 docs/disaggregation.md describes the model and what it leaves out.
 """
 
+from tuner.sim.disagg.routers import PD_ROUTERS, PDRouter, PDView, make_pd_router
 from tuner.sim.disagg.settings import PDSettings
 
-__all__ = ["PDSettings"]
+__all__ = ["PD_ROUTERS", "PDRouter", "PDSettings", "PDView", "make_pd_router"]

@@ -20,7 +20,7 @@ from tuner.records import RequestTable
 from tuner.sim.disagg.nixl import NixlDecodeConnector, NixlPrefillConnector
 from tuner.sim.disagg.settings import PDSettings
 from tuner.sim.fleet.engines import FleetTwinEngine
-from tuner.sim.request import SimRequest
+from tuner.sim.request import RequestStatus, SimRequest
 from tuner.sim.scheduler import Scheduler
 from tuner.sim.settings import SimOptions
 
@@ -152,18 +152,106 @@ class PrefillEngine(_PoolEngine):
 
 
 class DecodeEngine(_PoolEngine):
-    """A decode instance (see the module doc)."""
+    """A decode instance (see the module doc).
+
+    Aborts (``aborts``: trace index -> the client's abort time, shared by the pool): the
+    engine core takes an abort from its input queue before its next ``schedule()``, as
+    vLLM's busy loop does, so one whose time has come is applied there
+    (:meth:`apply_aborts`) if the request's read was in flight at that time
+    (``WAITING_FOR_REMOTE_KVS`` with the read launched); an abort at any other stage is
+    not replayed (docs/disaggregation.md).
+    """
 
     def __init__(self, scheduler: Scheduler, block_size: int, options: SimOptions,
                  table: RequestTable, settings: PDSettings, on_read: Any,
-                 prefill_times: dict[int, tuple[float, float, int, int]]) -> None:
+                 prefill_times: dict[int, tuple[float, float, int, int]],
+                 aborts: dict[int, float] | None = None) -> None:
         scheduler.connector = NixlDecodeConnector(settings, on_read)
+        scheduler.connector.free_blocks = lambda r: scheduler.kv_cache_manager.free(r)
         super().__init__(scheduler, block_size, options, table)
         self.prefill_times = prefill_times
+        self.aborts = aborts if aborts is not None else {}
+        scheduler.connector.abort_times = self.aborts  # an abort wakes an idle decoder
+        self._num_aborted = 0  # since the last update (the loop's in-flight count)
+        # An aborted request whose read is in flight still holds its blocks, which the
+        # scheduler's walk does not know: this engine runs the walk (check_invariants).
+        self.check_holds, self.check = self.check, False
+
+    def add_request(self, index: int, source: Any, arrival_s: float) -> None:
+        """A request the proxy hands off after its prefill carries ``do_remote_prefill``;
+        one the router sent here alone (llm-d's decode-only decision) has no
+        ``kv_transfer_params``: the decoder computes its prompt."""
+        if index not in self.prefill_times:
+            self.connector.compute_locally(str(source.request_id))
+        super().add_request(index, source, arrival_s)
+
+    def schedule(self, now_s: float) -> Any:
+        if self.aborts:
+            self.apply_aborts(now_s)
+        return super().schedule(now_s)
+
+    def apply_aborts(self, now_s: float) -> list[str]:
+        """Abort every loading request whose abort time is due (class doc); returns
+        their ids, in the kv_holding queue's order."""
+        scheduler, connector = self.scheduler, self.connector
+        aborts = self.aborts
+        done: list[str] = []
+        for request in list(scheduler.kv_holding):
+            when = aborts.get(request.index)
+            if when is None or when > now_s:
+                continue
+            start = connector.read_start_s.get(request.request_id)
+            if start is None or start > when:
+                continue  # not in transfer when the client left: not replayed
+            reported = request.request_id in scheduler.finished_recving
+            del aborts[request.index]
+            self._abort(request, now_s, in_flight=not reported)
+            done.append(request.request_id)
+        return done
+
+    def _abort(self, request: SimRequest, now_s: float, *, in_flight: bool) -> None:
+        """vLLM's ``finish_requests(FINISHED_ABORTED)`` for a ``WAITING_FOR_REMOTE_KVS``
+        request (v1/core/sched/scheduler.py:3014-3027 @ 0.33.0): out of the queue, its
+        blocks held until the read is reported (freed at once if it already was)."""
+        scheduler = self.scheduler
+        scheduler.kv_holding.remove_requests([request])
+        scheduler.loading.discard(request.request_id)
+        request.status = RequestStatus.FINISHED
+        request.finish_s = now_s
+        self.connector.request_finished(request)
+        self.connector.aborted(request)
+        if in_flight:
+            self.connector.abort(request)
+        else:
+            scheduler.finished_recving.discard(request.request_id)
+            scheduler.kv_cache_manager.free(request)
+        del self.live[request.index]
+        self._record(request, "aborted")
+        self._finished.append(request.index)  # the router sees the response end
+        self._num_aborted += 1
+
+    def update(self, step: Any, end_s: float) -> int:
+        """As the twin's, plus the requests aborted since (out of the in-flight count)."""
+        n = super().update(step, end_s)
+        if self.check_holds:
+            self.check_invariants()
+        n, self._num_aborted = n + self._num_aborted, 0
+        return n
+
+    def check_invariants(self) -> None:
+        """The scheduler's walk, with the blocks of aborted requests whose read is still
+        in flight counted as held."""
+        scheduler = self.scheduler
+        held = list(self.connector._aborted.values())
+        if not held:
+            scheduler.check_invariants()
+            return
+        live = [*scheduler.running, *scheduler.waiting, *scheduler.kv_holding, *held]
+        scheduler.kv_cache_manager.check_invariants(live)
 
     def _record(self, request: SimRequest, status: Any) -> None:
-        first_sched, _, cached, preemptions = self.prefill_times.get(
-            request.index, (request.first_scheduled_s, 0.0, 0, 0))
+        first_sched, _, cached, preemptions = self.prefill_times.get(  # decode only: its own
+            request.index, (request.first_scheduled_s, 0.0, max(0, request.num_cached_tokens), 0))
         self.table.record(
             request.index, status, request.arrival_s, output_len=request.num_output_tokens,
             first_scheduled_s=first_sched, first_token_s=request.first_token_s,

@@ -79,6 +79,8 @@ class PDLoop(FleetLoop):
         prefill_step_time, decode_step_time: each pool's step-time model.
         decode_rules: the decode pool's refusals, applied at the handoff (a request its
             KV cache can never hold is refused there, as its front end would).
+        router: the proxy's choices (``tuner.sim.disagg.routers``); None = vLLM's
+            example proxy (round robin).
     """
 
     def __init__(self, prefill: Sequence[PrefillEngine], decode: Sequence[DecodeEngine],
@@ -86,9 +88,10 @@ class PDLoop(FleetLoop):
                  decode_step_time: StepTime, rules: AdmissionRules,
                  decode_rules: AdmissionRules, table: RequestTable, *,
                  load: OpenLoop | ClosedLoop = OpenLoop(), num_requests: int = 0,
-                 batch_queue_depth: int = 1) -> None:
+                 batch_queue_depth: int = 1, router: Any = None) -> None:
         engines = [*prefill, *decode]
-        self.proxy = RoundRobinProxy(len(prefill), len(decode))
+        # the proxy's choices (tuner.sim.disagg.routers); None: vLLM's round robin
+        self.proxy = router or RoundRobinProxy(len(prefill), len(decode))
         super().__init__(engines, arrivals, prefill_step_time, rules, table, dp=1,
                          replicas=len(engines), lockstep=False, router=self.proxy,
                          load=load, num_requests=num_requests,
@@ -121,6 +124,8 @@ class PDLoop(FleetLoop):
             self.table.engine[index] = -1
             self.num_refused_at_decode += 1
             self.arrivals.in_flight -= 1
+            if hasattr(self.proxy, "refused"):
+                self.proxy.refused(index)
             return
         engine = self.proxy.route_decode(index, source)
         self.prefill_of[index] = int(self.table.engine[index])

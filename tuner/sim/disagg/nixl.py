@@ -31,7 +31,8 @@ carries the notification (``finished_sending``): an idle prefill instance keeps 
 through the next step's ``schedule()`` (tests/vllm/test_pd_parity.py); a prefill instance whose
 cache is full of held blocks spins with empty steps until a read ends, as vLLM's does;
 the lease expiry (``kv_lease_duration``, 30 s) never fires because every
-handed-off request is read (no aborts in a replay); a request the decode pool can never
+handed-off request is read (an abort is replayed only while the read is in flight, and
+the read goes on: :meth:`NixlDecodeConnector.abort`); a request the decode pool can never
 hold is refused at the handoff, as the decode instance's front end would.
 """
 
@@ -90,10 +91,27 @@ class NixlDecodeConnector:
         self.read_blocks = 0
         self.read_s = 0.0  # link time of every read
         self.local_hit_tokens = 0  # decoder prefix hits that shortened a read
+        #: request id -> request aborted while its read was in flight: its blocks stay
+        #: allocated until the read is reported, then ``free_blocks`` returns them
+        self._aborted: dict[str, "SimRequest"] = {}
+        self.free_blocks: Callable[["SimRequest"], None] | None = None  # set by the engine
+        self.abort_times: dict[int, float] = {}  # trace index -> abort time (the engine's)
+        self.aborted_freed_s: dict[str, float] = {}  # request id -> when its blocks came back
+        self.read_start_s: dict[str, float] = {}  # request id -> its read's start, until done
+        self._local: set[str] = set()  # request ids to add without a read (decode only)
+        self.num_aborted_in_flight = 0
 
     # ----------------------------------------------------------------- admission
     def on_new_request(self, request: "SimRequest") -> None:
+        if self._local and request.request_id in self._local:
+            self._local.discard(request.request_id)  # no kv_transfer_params: nothing to read
+            return
         self._pending[request.request_id] = 0
+
+    def compute_locally(self, request_id: str) -> None:
+        """The next request ``request_id`` came without ``do_remote_prefill`` (a router's
+        decode-only choice): ``get_num_new_matched_tokens`` is 0 for it."""
+        self._local.add(request_id)
 
     def get_num_new_matched_tokens(self, request: "SimRequest",
                                    num_local: int) -> tuple[int | None, bool]:
@@ -123,7 +141,10 @@ class NixlDecodeConnector:
 
     # ----------------------------------------------------------------- steps
     def build_connector_meta(self, out: "SchedulerOutput") -> None:
-        """The step's reads are already queued (``update_state_after_alloc``)."""
+        """The step's reads are already queued (``update_state_after_alloc``); an
+        aborted request's id goes out with this step (``finished_req_ids``)."""
+        if self._finished_ids:
+            self._finished_ids = []
 
     def launch(self, start_s: float, duration_s: float) -> None:
         if not self._batch:
@@ -132,6 +153,7 @@ class NixlDecodeConnector:
         for read in self._batch:
             begin = start_s if start_s > self._link_free_s else self._link_free_s
             read.start_s = begin
+            self.read_start_s[read.request.request_id] = begin
             read.end_s = self._link_free_s = begin + transfer_s(read.num_blocks)
             self.read_s += read.end_s - begin
             self.num_reads += 1
@@ -143,6 +165,7 @@ class NixlDecodeConnector:
     def request_finished(self, request: "SimRequest") -> bool:
         self._pending.pop(request.request_id, None)
         self._loading_hit.pop(request.request_id, None)
+        self.read_start_s.pop(request.request_id, None)
         return False  # a decoder frees its blocks at once (not bidirectional)
 
     def update_connector_output(self, now_s: float) -> set[str]:
@@ -151,17 +174,52 @@ class NixlDecodeConnector:
         done = {r.request.request_id for r in self._unreported if r.end_s <= now_s}
         if done:
             self._unreported = [r for r in self._unreported if r.end_s > now_s]
+            if self._aborted:
+                self._free_aborted(done, now_s)
         return done
+
+    # ----------------------------------------------------------------- aborts
+    def abort(self, request: "SimRequest") -> None:
+        """The request was aborted while its read is in flight (vLLM's
+        ``finish_requests`` with ``delay_free_blocks``: the read is not cancelled, so its
+        blocks are freed when the worker reports it, ``_update_from_kv_xfer_finished``)."""
+        self._aborted[request.request_id] = request
+        self.num_aborted_in_flight += 1
+
+    def aborted(self, request: "SimRequest") -> None:
+        """Any abort: its id is sent with the next step, which vLLM runs even with
+        nothing else to do (``has_finished_requests``)."""
+        self._finished_ids.append(request.request_id)
+
+    def _free_aborted(self, done: set[str], now_s: float) -> None:
+        """Free the blocks of aborted requests whose read was just reported (and keep
+        them out of ``finished_recving``: nothing waits for them)."""
+        assert self.free_blocks is not None, "DecodeEngine sets free_blocks (tuner bug)"
+        for rid in sorted(done & self._aborted.keys()):
+            self.free_blocks(self._aborted.pop(rid))
+            self.aborted_freed_s[rid] = now_s
+            done.discard(rid)
 
     def has_pending_work(self) -> bool:
         return bool(self._batch or self._unreported)
 
     def can_progress(self) -> bool:
-        return bool(self._batch or self._unreported)
+        # an abort's finished id makes vLLM step once more (has_finished_requests)
+        return bool(self._batch or self._unreported or self._finished_ids)
 
     def next_event_s(self, now_s: float) -> float:
-        """When the next launched read ends (inf: none in flight)."""
+        """When the next launched read ends, or the client aborts a request whose read
+        is in flight (``abort_times``: the engine core takes the abort at its next step)
+        (inf: none in flight). ``now_s`` while this step's admissions have reads to
+        launch: the step that launches them is a short empty one (vLLM's engine spins),
+        not one that waits for the next arrival as if nothing were in flight."""
+        if self._batch:  # this step launches reads: it is a short one, the next waits
+            return now_s
         ends = [r.end_s for r in self._unreported if r.end_s > now_s]
+        if self.abort_times:
+            times = self.abort_times
+            ends += [t for r in self._unreported
+                     if (t := times.get(r.request.index, _INF)) > now_s and t < r.end_s]
         return min(ends) if ends else _INF
 
     # ----------------------------------------------------------------- hash ids
@@ -174,7 +232,8 @@ class NixlDecodeConnector:
     def counters(self) -> dict[str, float]:
         return {"pd_reads": self.num_reads, "pd_read_blocks": self.read_blocks,
                 "pd_read_link_s": self.read_s,
-                "pd_decode_local_hit_tokens": self.local_hit_tokens}
+                "pd_decode_local_hit_tokens": self.local_hit_tokens,
+                "pd_aborted_in_transfer": self.num_aborted_in_flight}
 
 
 class NixlPrefillConnector:

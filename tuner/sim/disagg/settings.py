@@ -30,6 +30,8 @@ class PDSettings:
     link_latency_s: float = 0.0  # fixed cost per transfer (handshake, RDMA READ setup, notif)
     link_name: str = ""  # e.g. "400 Gb/s NIC per GPU" (for the summary)
     variant: str = "pull"  # "pull": the decoder reads (NixlPullConnectorScheduler)
+    #: the proxy's prefill/decode choices: a ``tuner.sim.disagg.routers.PD_ROUTERS`` name
+    router: str = "vllm-proxy"
 
     def validate(self) -> None:
         for name in ("num_prefill", "num_decode", "prefill_tp", "decode_tp", "block_size"):
@@ -42,6 +44,11 @@ class PDSettings:
         if self.variant != "pull":
             raise ConfigError(f"disaggregation: transfer variant {self.variant!r}: the twin "
                               "replays vLLM's pull (READ) connector only")
+        from tuner.sim.disagg.routers import PD_ROUTERS
+
+        if self.router not in PD_ROUTERS:
+            raise ConfigError(f"--pd-router {self.router!r}: use one of "
+                              f"{', '.join(PD_ROUTERS)}")
 
     @property
     def fan_in(self) -> float:

@@ -63,12 +63,18 @@ class PDSimulator:
         prefill, decode: the two pools.
         pd: the deployment's shape and transfer figures.
         options, load, num_hash_ids: as ``Simulator``.
+        aborts: trace index -> when the client aborts the request (seconds on the
+            replay clock); replayed while the request's KV is in flight to its decoder
+            (``DecodeEngine``), recorded ``aborted``. A trace carries no abort times
+            (its ``status`` says a request was aborted, not when), so a replay from the
+            CLI has none.
     """
 
     def __init__(self, requests: Iterable[Any], prefill: PDPool, decode: PDPool,
                  pd: PDSettings, *, options: SimOptions = SimOptions(),
                  load: OpenLoop | ClosedLoop = OpenLoop(),
-                 num_hash_ids: int | None = None) -> None:
+                 num_hash_ids: int | None = None,
+                 aborts: dict[int, float] | None = None) -> None:
         pd.validate()
         if options.speculative is not None or options.kv_offload is not None:
             raise ConfigError("--pd with speculative decoding or a CPU KV tier is not "
@@ -86,6 +92,9 @@ class PDSimulator:
             # proven identical to the plain step (the sync group is: test_disagg.py), so
             # async P/D replays run the plain step.
             options = replace(options, fast_forward=False)
+        if aborts:  # an abort lands between schedules: the plain step takes every one
+            options = replace(options, fast_forward=False)
+        self.aborts = dict(aborts or {})
         self.source = source
         self.pd = pd
         self.table = source.table()
@@ -108,14 +117,31 @@ class PDSimulator:
             source.bind(scheduler)
             self.decode.append(DecodeEngine(scheduler, decode.cache.block_size, options,
                                             self.table, pd, self._on_read,
-                                            self.prefill_times))
+                                            self.prefill_times, self.aborts))
         if hasattr(source, "hold_in_transit"):  # a stream: its renumbering sees the queues
             source.hold_in_transit(self._in_transit)
         self.loop = PDLoop(self.prefill, self.decode, source, prefill.step_time,
                            decode.step_time, AdmissionRules.of(prefill.settings, prefill.cache),
                            AdmissionRules.of(decode.settings, decode.cache), self.table,
                            load=load, num_requests=source.num_requests,
-                           batch_queue_depth=batch_queue_depth(options.async_scheduling))
+                           batch_queue_depth=batch_queue_depth(options.async_scheduling),
+                           router=self._router(decode.cache.block_size, source.num_hash_ids))
+
+    def _router(self, block_size: int, num_hash_ids: int) -> Any:
+        """The proxy's choices (``tuner.sim.disagg.routers``); it reads the engines and,
+        once built, the loop's input queues."""
+        from tuner.sim.disagg.routers import PDView, make_pd_router
+
+        engines = self.engines
+
+        def waiting(e: int) -> int:
+            return len(self.loop.pending[e]) + len(engines[e].scheduler.waiting)
+
+        view = PDView(self.pd.num_prefill, self.pd.num_decode, kv_block_size=block_size,
+                      num_hash_ids=num_hash_ids or 0,
+                      cached_blocks=lambda e, s: engines[e].cached_prefix_blocks(s),
+                      waiting=waiting, first_token=lambda e, i: self.loop.first_token(e, i))
+        return make_pd_router(self.pd.router, view)
 
     @property
     def engines(self) -> list[Any]:
@@ -212,7 +238,7 @@ class PDSimulator:
         pd = self.pd
         notes = [f"disaggregated: {pd.num_prefill} prefill x TP {pd.prefill_tp} + "
                  f"{pd.num_decode} decode x TP {pd.decode_tp}, NIXL pull over "
-                 f"{pd.link_name or 'the pool link'}, round-robin proxy",
+                 f"{pd.link_name or 'the pool link'}, {pd.router} router",
                  "timeseries: the deployment at each engine step (waiting/running summed, "
                  "KV usage averaged over engines)"]
         return ReplayResult(
