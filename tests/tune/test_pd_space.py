@@ -99,9 +99,9 @@ def test_on_searches_only_p_d_layouts() -> None:
     assert GPU_SPLIT not in space.names and ROUTER_POLICY not in space.names
     layout = next(p for p in space.params if p.name == PD_LAYOUT)
     assert len(layout.choices) == 6 and layout.when == ()
-    assert next(p for p in space.params if p.name == PD_ROUTER).choices == ("round-robin",)
+    assert next(p for p in space.params if p.name == PD_ROUTER).choices == ("vllm-proxy", "llm-d", "dynamo")
     drawn = {"cache_aware_admission_window": 16, "cache_aware_admission_threshold": 0.5,
-             PD_LAYOUT: "1:3,prefill_tp=2,decode_tp=2", PD_ROUTER: "round-robin"}
+             PD_LAYOUT: "1:3,prefill_tp=2,decode_tp=2", PD_ROUTER: "vllm-proxy"}
     assert space.contains(drawn)
     dep = deployment_for(space, Deployment(Split(8)), drawn)
     assert dep is not None and dep.pd == PDLayout(1, 3, 2, 2) and dep.router is None
@@ -122,7 +122,7 @@ def test_auto_conditions_both_kinds_on_the_mode() -> None:
     base = {"cache_aware_admission_window": 0, "cache_aware_admission_threshold": 0.5}
     aggregated = {**base, PD_MODE: "aggregated", GPU_SPLIT: "tp=8,dp=1,replicas=1"}
     split_pd = {**base, PD_MODE: "disaggregated", PD_LAYOUT: "1:1,prefill_tp=4,decode_tp=4",
-                PD_ROUTER: "round-robin"}
+                PD_ROUTER: "vllm-proxy"}
     assert space.contains(aggregated) and space.contains(split_pd)
     assert not space.contains({**split_pd, GPU_SPLIT: "tp=8,dp=1,replicas=1"})
     assert deployment_for(space, Deployment(Split(8)), aggregated).pd is None  # type: ignore[union-attr]
@@ -252,7 +252,7 @@ def test_the_knee_is_the_first_ratio_within_two_percent_of_the_best() -> None:
     settings = SchedulerSettings.vllm_defaults(288)
 
     def point(n: int, layout: PDLayout, value: float) -> Point:
-        dep = Deployment(Split(layout.decode_tp), None, pd=layout, pd_router="round-robin")
+        dep = Deployment(Split(layout.decode_tp), None, pd=layout, pd_router="vllm-proxy")
         return Point(n, {}, join_settings(settings, dep), {"p90_interactivity": value})
 
     points = [point(0, PDLayout(3, 1, 2, 2), 10.0), point(1, PDLayout(1, 1, 4, 4), 15.0),

@@ -173,6 +173,10 @@ def pd_search_flags() -> list[Any]:
         click.option("--pd-tp", "pd_tps", default=None, metavar="T[,T...]",
                      help="With --disaggregated: the TP sizes a pool instance may have, "
                           "e.g. 4,8 [default: every TP that starts]."),
+        click.option("--pd-routers", "pd_routers", default=None, metavar="R[,R...]",
+                     help="With --disaggregated: the P/D routers searched, of vllm-proxy "
+                          "(vLLM's example proxy, round robin), llm-d (its P/D scheduler) "
+                          "and dynamo (its KV router) [default: all three]."),
         click.option("--pd-gpus", "pd_gpus", type=click.Choice(["full", "up-to"]),
                      default="full", show_default=True,
                      help="With --disaggregated: P/D layouts of exactly --gpu-budget GPUs "
@@ -235,7 +239,8 @@ def _run_tune(trace: str, output: str, kw: dict[str, Any], flags: TargetFlags,
     deployment = DeploymentSearch(router=router_flags.settings(target),
                                   gpu_budget=kw["gpu_budget"], routers=_split(kw["routers"]),
                                   disaggregated=kw["disaggregated"],
-                                  pd_tps=parse_pool_tps(kw["pd_tps"]), pd_gpus=kw["pd_gpus"])
+                                  pd_tps=parse_pool_tps(kw["pd_tps"]), pd_gpus=kw["pd_gpus"],
+                                  pd_routers=_split(kw["pd_routers"]))
     with progress_display(kw["progress"]) as shown:
         study = StudyOutput(storage=kw["storage"], study_name=kw["study_name"],
                             workers=kw["workers"], progress=shown)

@@ -294,9 +294,12 @@ def _pd_from_dict(data: dict[str, Any]) -> tuple[PDLayout | None, str | None]:
     hw, router = raw.get("prefill_hardware"), raw.get("router")
     if hw is not None and not isinstance(hw, str):
         raise ConfigError(f"pd.prefill_hardware: a preset name (got {hw!r})")
-    if router is not None and not isinstance(router, str):
-        raise ConfigError(f"pd.router: a proxy policy name (got {router!r})")
-    return PDLayout(**counts, prefill_hardware=hw, link=link), router
+    from tuner.sim.disagg.routers import PD_ROUTERS
+
+    if router is not None and router not in PD_ROUTERS:
+        raise ConfigError(f"pd.router: one of {', '.join(PD_ROUTERS)} (got {router!r})")
+    layout = PDLayout(**counts, prefill_hardware=hw, link=link)
+    return (layout if router is None else dataclasses.replace(layout, router=router)), router
 
 
 def routes(replicas: int, dp: int, policy: Any) -> bool:

@@ -75,21 +75,31 @@ def pd_flags_text(profile: "Profile", serve_args: list[str], header: list[str]) 
     lines = [f"# {h}" for h in header]
     lines.append(f"# disaggregated: {raw.get('num_prefill')} prefill x TP{raw.get('prefill_tp')}"
                  f" and {raw.get('num_decode')} decode x TP{raw.get('decode_tp')} "
-                 f"({pd_gpus(raw)} GPU), proxy {raw.get('router') or 'round-robin'}; replace "
+                 f"({pd_gpus(raw)} GPU), proxy {_router(raw)}; replace "
                  "the PREFILL_HOST_i / DECODE_HOST_j placeholders")
     for c in commands:
         lines.append(f"# {c.role} {c.instance} on {c.host}")
         lines.append(c.command(model))
-    lines.append(f"# the proxy (vLLM's example P/D proxy)\n{_proxy(commands)}")
+    title, text = _proxy(profile, commands)
+    lines.append(f"# {title}\n{text}")
     return "\n".join(lines) + "\n"
 
 
 def pd_proxy_text(profile: "Profile", serve_args: list[str]) -> str:
-    """``--format router`` of a P/D profile: the proxy command alone."""
-    return _proxy(pd_commands(profile, serve_args[3:])) + "\n"
+    """``--format router`` of a P/D profile: the proxy's (or router's) configuration alone."""
+    return _proxy(profile, pd_commands(profile, serve_args[3:]))[1] + "\n"
 
 
-def _proxy(commands: list["PDServeCommand"]) -> str:
-    from tuner.profile.pd_export import proxy_command
+def _router(raw: dict[str, Any]) -> str:
+    """The pick's P/D router (``tuner.sim.disagg.routers.PD_ROUTERS``; vLLM's proxy when
+    the section names none)."""
+    return str(raw.get("router") or "vllm-proxy")
 
-    return proxy_command(commands)
+
+def _proxy(profile: "Profile", commands: list["PDServeCommand"]) -> tuple[str, str]:
+    """``(title, text)`` of the router in front of the pools, as ``replay --pd-serve``
+    prints it (``tuner.profile.pd_export.router_config``)."""
+    from tuner.profile.pd_export import router_config
+
+    raw = profile.target.disaggregation or {}
+    return router_config(_router(raw), commands, block_size=profile.target.block_size or 16)  # 16: vLLM's default block size

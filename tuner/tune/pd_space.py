@@ -41,6 +41,7 @@ from tuner.errors import ConfigError
 from tuner.perf.deployment import MAX_TP, Deployment, Split, split_refusal
 from tuner.perf.deployment import pd_layout_label as layout_label
 from tuner.perf.pd_link import PDLayout
+from tuner.sim.disagg.routers import PD_ROUTERS as _SIM_PD_ROUTERS
 from tuner.tune.space import (AGGREGATED, DISAGGREGATED, PD_LAYOUT, PD_MODE, PD_PARAMS,
                               PD_ROUTER, Param, SearchSpace)
 
@@ -49,11 +50,10 @@ MODES: tuple[str, ...] = ("off", "on", "auto")
 PDFill = Literal["full", "up-to"]  # --pd-gpus: P/D layouts of every GPU, or of at most N
 
 
-#: The P/D proxies the P/D replay runs: vLLM's example proxy (round robin to both pools,
-#: tests/v1/kv_connector/nixl_integration/toy_proxy_server.py @ 0.33.0).
-# TODO(pdtune, #26): llm-d's and Dynamo's P/D routers join here once the P/D loop takes a
-# router choice (the backend option the evaluator passes is named in _replay_options).
-PD_ROUTERS: tuple[str, ...] = ("round-robin",)
+#: The P/D proxies the P/D replay runs (``tuner.sim.disagg.routers``): vLLM's example proxy
+#: (round robin to both pools), llm-d's P/D scheduler and Dynamo's KV router; a study
+#: searches all of them unless ``--pd-router`` names some.
+PD_ROUTERS: tuple[str, ...] = tuple(_SIM_PD_ROUTERS)
 
 
 
@@ -224,9 +224,9 @@ def pd_deployment_for(params: dict[str, Any]) -> Deployment | None:
     """The P/D deployment a point's parameters draw (None: the point is aggregated)."""
     if params.get(PD_MODE) == AGGREGATED or PD_LAYOUT not in params:
         return None
-    layout = parse_layout_label(str(params[PD_LAYOUT]))
-    return Deployment(Split(int(layout.decode_tp or 1)), None, pd=layout,
-                      pd_router=str(params.get(PD_ROUTER, PD_ROUTERS[0])))
+    router = str(params.get(PD_ROUTER, PD_ROUTERS[0]))
+    layout = dataclasses.replace(parse_layout_label(str(params[PD_LAYOUT])), router=router)
+    return Deployment(Split(int(layout.decode_tp or 1)), None, pd=layout, pd_router=router)
 
 
 def check_pd_inputs(mode: Disaggregated, *, speculative: Any, kv_sizes: Any,
