@@ -134,7 +134,7 @@ def test_auto_conditions_both_kinds_on_the_mode() -> None:
 @pytest.mark.parametrize(("kw", "match"), [
     ({"mode": "on", "gpu_budget": None}, "add --gpu-budget N"),
     ({"mode": "off", "pool_tps": (4,)}, "add --disaggregated on or auto"),
-    ({"mode": "auto", "routers": ("llm-d",)}, "P/D proxy 'llm-d'"),
+    ({"mode": "auto", "routers": ("nginx",)}, "P/D proxy 'nginx'"),
     ({"mode": "auto", "fill": "some"}, "--pd-gpus 'some'"),
 ])
 def test_bad_p_d_search_inputs(kw: dict[str, Any], match: str) -> None:

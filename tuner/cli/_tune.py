@@ -240,7 +240,7 @@ def _run_tune(trace: str, output: str, kw: dict[str, Any], flags: TargetFlags,
                                   gpu_budget=kw["gpu_budget"], routers=_split(kw["routers"]),
                                   disaggregated=kw["disaggregated"],
                                   pd_tps=parse_pool_tps(kw["pd_tps"]), pd_gpus=kw["pd_gpus"],
-                                  pd_routers=_split(kw["pd_routers"]))
+                                  pd_routers=_split((kw["pd_routers"] or "",)))
     with progress_display(kw["progress"]) as shown:
         study = StudyOutput(storage=kw["storage"], study_name=kw["study_name"],
                             workers=kw["workers"], progress=shown)
