@@ -24,10 +24,11 @@ probe) per block. Divergences: no KV events, no metrics collector, one KV-cache 
 A hash with several holders keeps them on an intrusive doubly linked list in
 registration order (``next_holder``/``prev_holder`` per block, ``first_holder`` and
 ``last_holder`` per hash id), so registering or evicting a batch of such blocks is a
-few array calls as for single holders. Why: under KV pressure a session's next turn
-often prefills the previous turn's output blocks before that turn has decoded them
-(both register the same hashes), and the dict-of-lists this replaced cost the agentic
-hour ~7 % of its replay in Python loops over those holders (``bench/replay.py``).
+few array calls as for single holders. Why: the bundled agentic hour registers many
+hashes twice (plausibly a session's next turn prefilling the previous turn's output
+blocks before that turn has decoded them), and the dict-of-lists this replaced spent
+~6.6 % of that replay's samples in Python loops over the extra holders (py-spy; see
+docs/performance.md, where ``bench/replay.py --compare`` measures the round's gain).
 """
 
 from __future__ import annotations
