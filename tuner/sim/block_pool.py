@@ -62,8 +62,8 @@ class BlockPool:
 
     __slots__ = ("num_gpu_blocks", "enable_caching", "ref_cnt", "block_hash",
                  "free_block_queue", "first_holder", "last_holder", "next_holder",
-                 "prev_holder", "num_hash_ids", "null_block", "num_evictions", "watched", "watched_mask",
-                 "num_watched_ids", "num_stale_watched", "watch_epoch", "_mark", "_positions")
+                 "prev_holder", "num_hash_ids", "null_block", "num_evictions", "watched",
+                 "watched_mask", "num_watched_ids", "num_stale_watched", "watch_epoch", "_mark", "_positions")
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool = True,
                  num_hash_ids: int = 1 << 16) -> None:
