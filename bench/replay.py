@@ -263,6 +263,12 @@ def _fmt_ratio(x: float) -> str:
     return f"{x:,.0f}x"
 
 
+def _decisions(summary: dict[str, Any]) -> dict[str, Any]:
+    """A summary without the replay's own timings: what must not change between two
+    checkouts whose decisions are identical."""
+    return {k: v for k, v in summary.items() if k not in ("wall_s", "speed_ratio")}
+
+
 def _speed_row(name: str, path: Path, window: int, target: dict[str, Any],
                sync_row: dict[str, Any] | None) -> dict[str, Any]:
     """Replay one trace in a child, sync when ``sync_row`` is None, else async (its speed
@@ -302,9 +308,11 @@ def _speed_row(name: str, path: Path, window: int, target: dict[str, Any],
     if other is not None:
         row["other_cpu_s"] = other["total_cpu_s"]
         row["other_over_this_cpu"] = other["total_cpu_s"] / out["total_cpu_s"]
+        row["same_summary"] = _decisions(other["summary"]) == _decisions(s)
         print(f"{'':<20} {'':>6} {'':>5}   vs {COMPARE} (run at the same time): replay CPU "
               f"{other['total_cpu_s']:.2f} s there, {out['total_cpu_s']:.2f} s here: "
-              f"{row['other_over_this_cpu']:.2f}x")
+              f"{row['other_over_this_cpu']:.2f}x; same summary (all but timings): "
+              f"{'yes' if row['same_summary'] else 'NO'}")
     print(f"{'':<20} {'':>6} {'':>5}   p90 interactivity {row['p90_interactivity']:.1f} tok/s, "
           f"output {row['output_throughput_per_gpu']:.0f} tok/s/GPU, hit rate "
           f"{row['prefix_cache_hit_rate']:.4f}, preemptions {row['preemptions']}, "

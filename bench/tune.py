@@ -9,7 +9,9 @@ time goes: preparing the replay (the window's requests into the twin), the repla
 the metrics summary, and the rest (Optuna's sampler, the journal storage, the records).
 ``--full N`` then times ``tuner tune`` exactly as a user runs it (the README's settings,
 ``--trials N --workers 2``: stage 1, stage 2's full-window replays and the held-out check)
-and prints its wall time against the 2-minute goal.
+and prints its wall time against the 2-minute goal. ``--compare-load DIR`` first loads
+the trace for tuning (imports and ``ReplayEvaluator``, in fresh processes) with this
+checkout and with ``DIR``, alternating, and prints both CPU times and their ratio.
 
 It times exactly the search phase (stage 1: ``--trials`` trials of the admission space,
 baseline first, on the first quarter of the training window), through the same code path
@@ -47,7 +49,11 @@ def main() -> None:
     parser.add_argument("--stage1-fraction", type=float, default=0.25)
     parser.add_argument("--full", type=int, default=0, metavar="N",
                         help="also time the README's `tuner tune --trials N --workers 2`")
+    parser.add_argument("--compare-load", type=pathlib.Path, default=None, metavar="DIR",
+                        help="load the trace in fresh processes here and with checkout DIR")
     args = parser.parse_args()
+    if args.compare_load is not None:
+        _compare_load(args, args.compare_load.resolve())
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -148,6 +154,54 @@ class _nothing:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+_LOAD_CHILD = """
+import json, sys, time
+cpu, wall = time.process_time(), time.perf_counter()
+from tuner.perf.target import Target
+from tuner.tune import ReplayEvaluator
+imported = time.process_time()
+trace, block_size, fraction = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+target = Target(hardware="mi355x", model="llama-3.1-70b", tp=8, block_size=block_size)
+ReplayEvaluator(trace, target=target, stage1_fraction=fraction)
+print(json.dumps({"import_cpu_s": imported - cpu, "cpu_s": time.process_time() - cpu,
+                  "wall_s": time.perf_counter() - wall, "tuner": sys.modules["tuner"].__file__}))
+"""
+
+
+def _compare_load(args: argparse.Namespace, other: pathlib.Path, rounds: int = 3) -> None:
+    """Imports + ``ReplayEvaluator`` in fresh processes, this checkout and ``other``
+    alternating (``rounds`` each); CPU seconds, the steadier figure on a shared machine."""
+    import json
+    import subprocess
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    # A fresh interpreter that imports tuner only from PYTHONPATH (this script puts its
+    # own checkout first on sys.path, so the child is not this script).
+    cmd = [sys.executable, "-c", _LOAD_CHILD, str(pathlib.Path(args.trace).resolve()),
+           str(args.block_size), str(args.stage1_fraction)]
+    figures: dict[str, list[dict]] = {"here": [], "there": []}
+    for _ in range(rounds):
+        for key, path in (("here", root), ("there", other)):
+            env = dict(os.environ, PYTHONPATH=str(path), POLARS_MAX_THREADS="1")
+            # cwd outside both checkouts: ``-c`` puts the cwd first on sys.path.
+            proc = subprocess.run(cmd, cwd=tempfile.gettempdir(), capture_output=True,
+                                  text=True, env=env)
+            if proc.returncode != 0:
+                raise SystemExit(f"load failed with {path}:\n{proc.stderr[-2000:]}")
+            run = json.loads(proc.stdout.strip().splitlines()[-1])
+            assert run["tuner"].startswith(str(path)), f"{run['tuner']} is not in {path}"
+            figures[key].append(run)
+    for key, path in (("here", root), ("there", other)):
+        runs = figures[key]
+        print(f"load for tuning, {path}: CPU s (imports + evaluator) "
+              + ", ".join(f"{r['cpu_s']:.2f} ({r['import_cpu_s']:.2f})" for r in runs)
+              + "; wall s " + ", ".join(f"{r['wall_s']:.1f}" for r in runs))
+    best = {key: min(r["cpu_s"] for r in runs) for key, runs in figures.items()}
+    print(f"load for tuning: best CPU s {best['here']:.2f} here, {best['there']:.2f} with "
+          f"{other}: {best['there'] / best['here']:.2f}x (goal <= 2 s; load average "
+          f"{os.getloadavg()[0]:.1f})")
 
 
 def _full_tune(trace: str, trials: int) -> None:

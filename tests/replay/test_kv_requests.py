@@ -158,3 +158,31 @@ def test_session_prompts_share_their_hosts_ids(sizes):
     k = f // t
     assert edited[:k].tolist() == its_host[:k].tolist()
     assert edited[k:2 * k].tolist() != its_host[k:2 * k].tolist()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_flat_hash_column_equals_the_column_as_lists(seed):
+    """The buffer views of ``flat_hash_column`` read every row as the plain column does:
+    null rows empty, sliced and two-chunk frames, signed and unsigned columns."""
+    import random
+
+    import polars as pl
+
+    from tuner.replay._kv_requests import flat_hash_column
+
+    rng = random.Random(seed)
+    for _ in range(20):
+        rows = [None if rng.random() < 0.2 else
+                [rng.randrange(1 << 63) for _ in range(rng.randrange(4))]
+                for _ in range(rng.randrange(8))]
+        dtype = rng.choice([pl.List(pl.Int64), pl.List(pl.UInt64)])
+        df = pl.DataFrame({"h": pl.Series("h", rows, dtype=dtype)})
+        if len(df) > 2 and rng.random() < 0.5:
+            df = df.slice(1, len(df) - 2)
+        if rng.random() < 0.3:
+            df = pl.concat([df, df], rechunk=False)
+        values, offsets = flat_hash_column(df, "h")
+        assert values.dtype == np.uint64 and offsets.dtype == np.int64
+        got = [values[offsets[i]:offsets[i + 1]].tolist() for i in range(len(df))]
+        want = [row or [] for row in df.get_column("h").to_list()]
+        assert got == want

@@ -270,3 +270,83 @@ def test_pool_matches_vllm_object_design_on_random_operations(seed):
                 ref.cache_block(ref.blocks[block], h)
         _state(pool, ref, num_hashes)
         pool.check_invariants()
+
+
+# ----------------------------------------------------------------------------- holder lists
+
+
+def _pool_state(pool: BlockPool) -> tuple:
+    return (pool.free_block_queue.get_all_free_blocks(), pool.ref_cnt.tolist(),
+            pool.block_hash.tolist(), pool.first_holder.tolist(), pool.last_holder.tolist(),
+            pool.next_holder.tolist(), pool.prev_holder.tolist(), pool.num_evictions)
+
+
+def _crowded_pool(rng: random.Random, size: int, num_hashes: int) -> BlockPool:
+    """A pool whose free blocks carry hashes from a tiny space (many holders a hash),
+    freed in random order so holders of one hash sit anywhere in the queue."""
+    pool = BlockPool(size, num_hash_ids=num_hashes)
+    blocks = pool.get_new_blocks(size - 1).tolist()
+    for block in blocks[:rng.randint(0, len(blocks))]:
+        pool.cache_block(block, rng.randrange(num_hashes))
+    pool.watched_mask[:rng.randint(0, num_hashes)] = True
+    rng.shuffle(blocks)
+    while blocks:
+        k = rng.randint(1, len(blocks))
+        pool.free_blocks(arr(blocks[:k]))
+        blocks = blocks[k:]
+    return pool
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_batched_holder_updates_equal_one_by_one(seed):
+    """Registering and evicting a batch of blocks whose hashes have several holders
+    (the vectorised linked-list updates) leaves exactly the state that doing it block by
+    block leaves: allocation (``get_new_blocks`` vs ``get_new_block``) and registration
+    (``cache_blocks`` vs ``cache_block``), repeated hashes in one batch included."""
+    import copy
+
+    rng = random.Random(seed)
+    size, num_hashes = rng.choice([(12, 2), (24, 3), (40, 6), (64, 40)])
+    batched = _crowded_pool(rng, size, num_hashes)
+    single = copy.deepcopy(batched)
+    for _ in range(8):
+        n = rng.randint(1, batched.get_num_free_blocks())
+        epochs = batched.watch_epoch, single.watch_epoch
+        got = batched.get_new_blocks(n).tolist()
+        assert got == [single.get_new_block() for _ in range(n)]
+        assert _pool_state(batched) == _pool_state(single)
+        # Memos only ask whether the epoch moved (a batch bumps it once, not per block).
+        assert (batched.watch_epoch != epochs[0]) == (single.watch_epoch != epochs[1])
+        batched.check_invariants()
+        chosen = rng.sample(got, rng.randint(0, n))
+        hashes = [rng.randrange(num_hashes) for _ in chosen]
+        if chosen:
+            batched.cache_blocks(arr(chosen), arr(hashes))
+        for block, h in zip(chosen, hashes):
+            single.cache_block(block, h)
+        assert _pool_state(batched) == _pool_state(single)
+        order = got[::-1]
+        rng.shuffle(order)
+        batched.free_blocks(arr(order))
+        single.free_blocks(arr(order))
+        assert _pool_state(batched) == _pool_state(single)
+    batched.check_invariants()
+
+
+def test_lookup_follows_registration_order_when_holders_leave():
+    """Three holders of one hash: evicting the first promotes the second; evicting a
+    middle one leaves the order of the rest (vLLM's first-registered-still-cached)."""
+    pool = BlockPool(6, num_hash_ids=4)
+    assert pool.get_new_blocks(5).tolist() == [1, 2, 3, 4, 5]
+    pool.cache_blocks(arr([2, 4, 5]), arr([3, 3, 3]))
+    assert pool.get_cached_block(3) == 2
+    pool.free_blocks(arr([4]))  # 4 alone at the back of the queue
+    pool.free_blocks(arr([1, 3]))  # unhashed: to the front
+    pool.free_blocks(arr([2]))
+    assert ids(pool) == [1, 3, 4, 2]
+    assert pool.get_new_blocks(3).tolist() == [1, 3, 4]  # evicts holder 4 (the middle)
+    assert pool.get_cached_block(3) == 2
+    pool.check_invariants()
+    assert pool.get_new_block() == 2  # the first holder: 5 takes over
+    assert pool.get_cached_block(3) == 5
+    pool.check_invariants()

@@ -20,6 +20,15 @@ a dense *hash id* (``tuner.sim.hash_ids``). Reference counts, each block's hash 
 hash -> first holder map are numpy arrays, so looking up, touching or freeing the ~3,000
 blocks of an agentic prompt is a few vectorised calls instead of a Python loop (or dict
 probe) per block. Divergences: no KV events, no metrics collector, one KV-cache group.
+
+A hash with several holders keeps them on an intrusive doubly linked list in
+registration order (``next_holder``/``prev_holder`` per block, ``first_holder`` and
+``last_holder`` per hash id), so registering or evicting a batch of such blocks is a
+few array calls as for single holders. Why: the bundled agentic hour registers many
+hashes twice (plausibly a session's next turn prefilling the previous turn's output
+blocks before that turn has decoded them), and the dict-of-lists this replaced spent
+~6.6 % of that replay's samples in Python loops over the extra holders (py-spy; see
+docs/performance.md, where ``bench/replay.py --compare`` measures the round's gain).
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ __all__ = ["BlockPool", "NULL_BLOCK"]
 
 NULL_BLOCK = 0
 _ID = np.int64
+_LINK = np.int32  # block ids in per-hash arrays (a pool has far fewer than 2**31 blocks)
 _NO_IDS = np.empty(0, dtype=_ID)
 
 
@@ -45,15 +55,15 @@ class BlockPool:
 
     Invariants (``check_invariants`` walks them): the free queue holds exactly the
     non-null blocks with ``ref_cnt == 0``; every hashed block is a holder of its hash
-    (the first one in ``first_holder``, later ones in ``extra_holders`` in registration
-    order, ``has_extra`` marking those hashes) and every holder carries that hash;
-    ``ref_cnt >= 0``.
+    and every holder carries that hash: a hash's holders, in registration order, run
+    from ``first_holder[h]`` along ``next_holder`` to ``last_holder[h]`` (and back
+    along ``prev_holder``); an unhashed block has no links; ``ref_cnt >= 0``.
     """
 
     __slots__ = ("num_gpu_blocks", "enable_caching", "ref_cnt", "block_hash",
-                 "free_block_queue", "first_holder", "extra_holders", "has_extra",
-                 "num_hash_ids", "null_block", "num_evictions", "watched", "watched_mask",
-                 "num_watched_ids", "num_stale_watched", "watch_epoch", "_mark", "_positions")
+                 "free_block_queue", "first_holder", "last_holder", "next_holder",
+                 "prev_holder", "num_hash_ids", "null_block", "num_evictions", "watched",
+                 "watched_mask", "num_watched_ids", "num_stale_watched", "watch_epoch", "_mark", "_positions")
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool = True,
                  num_hash_ids: int = 1 << 16) -> None:
@@ -67,9 +77,12 @@ class BlockPool:
                                                num_gpu_blocks)
         # Hash ids below num_hash_ids are the trace's; synthetic ones are reserved above.
         self.num_hash_ids = num_hash_ids
-        self.first_holder = np.full(max(num_hash_ids, 16), -1, dtype=_ID)
-        self.has_extra = np.zeros(len(self.first_holder), dtype=bool)
-        self.extra_holders: dict[int, list[int]] = {}
+        self.first_holder = np.full(max(num_hash_ids, 16), -1, dtype=_ID)  # block, -1: none
+        # The hash's latest holder (int32: one more array per hash id, kept small).
+        self.last_holder = np.full(len(self.first_holder), -1, dtype=_LINK)
+        # The holder registered after / before this block with the same hash, -1: none.
+        self.next_holder = np.full(num_gpu_blocks, -1, dtype=_ID)
+        self.prev_holder = np.full(num_gpu_blocks, -1, dtype=_ID)
         self.null_block = NULL_BLOCK
         self.num_evictions = 0  # cached hashes dropped by reallocation
         # Waiting requests with a memoised prefix hit (``SimRequest.hit_memo``) and a
@@ -97,7 +110,7 @@ class BlockPool:
         size = max(needed, 2 * len(self.first_holder))
         grow = size - len(self.first_holder)
         self.first_holder = np.concatenate([self.first_holder, np.full(grow, -1, dtype=_ID)])
-        self.has_extra = np.concatenate([self.has_extra, np.zeros(grow, dtype=bool)])
+        self.last_holder = np.concatenate([self.last_holder, np.full(grow, -1, dtype=_LINK)])
         self.watched_mask = np.concatenate([self.watched_mask, np.zeros(grow, dtype=bool)])
 
     # ----------------------------------------------------------------- lookups
@@ -155,11 +168,14 @@ class BlockPool:
         self._add_holder(block, block_hash)
 
     def _add_holder(self, block: int, block_hash: int) -> None:
-        if self.first_holder[block_hash] < 0:
+        """Append ``block`` to its hash's holders (the first one when it has none)."""
+        tail = int(self.last_holder[block_hash])
+        if tail < 0:
             self.first_holder[block_hash] = block
         else:
-            self.extra_holders.setdefault(block_hash, []).append(block)
-            self.has_extra[block_hash] = True
+            self.next_holder[tail] = block
+            self.prev_holder[block] = tail
+        self.last_holder[block_hash] = block
 
     def cache_full_blocks(self, request: "SimRequest", blocks: np.ndarray,
                           num_cached_blocks: int, num_full_blocks: int) -> None:
@@ -171,108 +187,132 @@ class BlockPool:
     def cache_blocks(self, blocks: np.ndarray, hashes: np.ndarray) -> None:
         """Register ``hashes[i]`` for ``blocks[i]``, in order (as ``cache_block`` each).
 
-        Hashes new to the map are stored in one vectorised pass; a hash already held
-        adds a holder, one by one in batch order. Holders of different hashes are
-        independent, so splitting the batch changes nothing. A new hash twice in the
-        batch (rare: a chain repeating a hash) shows after the store, which kept its
-        last block instead of its first; those batches are redone one by one.
+        One vectorised pass: each block becomes its hash's last holder, linked after the
+        previous last one (or first, for a hash new to the map). Holders of different
+        hashes are independent, so the batch order matters only for a hash twice in the
+        batch (rare: a chain repeating a hash); the store of ``last_holder`` shows it (it
+        kept the hash's last block only), and such batches are redone one by one.
         """
         assert not np.count_nonzero(self.block_hash.take(blocks) >= 0), (
             "a block cached twice (BlockPool bug)")
-        self.block_hash[blocks] = hashes
-        held = self.first_holder.take(hashes) >= 0
-        if np.count_nonzero(held):  # an extra holder each, in batch order
-            more, ids = blocks.compress(held), hashes.compress(held)
-            self.has_extra[ids] = True
-            extra = self.extra_holders
-            for block, block_hash in zip(more.tolist(), ids.tolist()):
-                extra.setdefault(block_hash, []).append(block)
-            fresh = ~held
-            blocks, hashes = blocks.compress(fresh), hashes.compress(fresh)
-        holder = self.first_holder
-        holder[hashes] = blocks
-        if len(blocks) > 1 and np.count_nonzero(holder.take(hashes) != blocks):
-            holder[hashes] = -1
+        if len(blocks) == 1:
+            self.cache_block(int(blocks[0]), int(hashes[0]))
+            return
+        last = self.last_holder
+        tails = last.take(hashes)
+        last[hashes] = blocks
+        if np.count_nonzero(last.take(hashes) != blocks):  # a hash twice in the batch
+            last[hashes] = tails  # every copy of a hash read the same tail
             for block, block_hash in zip(blocks.tolist(), hashes.tolist()):
-                self._add_holder(block, block_hash)
+                self.cache_block(block, block_hash)
+            return
+        self.block_hash[blocks] = hashes
+        held = tails >= 0
+        num_held = np.count_nonzero(held)
+        if not num_held:  # the usual case: every hash new to the map
+            self.first_holder[hashes] = blocks
+            return
+        if num_held < len(blocks):
+            fresh = ~held
+            self.first_holder[hashes.compress(fresh)] = blocks.compress(fresh)
+            tails, blocks = tails.compress(held), blocks.compress(held)
+        self.next_holder[tails] = blocks
+        self.prev_holder[blocks] = tails
 
     def _evict_many(self, blocks: np.ndarray, hashes: np.ndarray) -> None:
-        """Drop the cached hashes of freshly popped ``blocks`` (vectorised when each is
-        its hash's only holder, the common case)."""
-        shared = self.has_extra.take(hashes)
-        if np.count_nonzero(shared):
-            keep = ~shared
-            self._evict_shared(blocks.compress(shared), hashes.compress(shared))
-            blocks, hashes = blocks.compress(keep), hashes.compress(keep)
-        if len(blocks):
-            self.first_holder[hashes] = -1
-            self.block_hash[blocks] = -1
-            self.num_evictions += len(blocks)
-            if np.count_nonzero(self.watched_mask.take(hashes)):
-                self.watch_epoch += 1
+        """Drop the cached hashes of freshly popped ``blocks`` (``_evict`` each).
 
-    def _evict_shared(self, blocks: np.ndarray, hashes: np.ndarray) -> None:
-        """``_evict`` for blocks whose hashes have several holders: the first holder
-        passes to the next one registered, else the block leaves the extra list."""
-        if len(set(hashes.tolist())) < len(hashes):  # two holders of one hash popped
-            for block, block_hash in zip(blocks.tolist(), hashes.tolist()):
-                self._evict(block, block_hash)
-            return
-        # _drop_holder inlined (one Python pass; first holders stored in one call).
-        extra = self.extra_holders
-        emptied: list[int] = []
-        promoted: list[int] = []  # hashes whose first holder passes to the next one
-        successors: list[int] = []
-        for block, block_hash, head in zip(blocks.tolist(), hashes.tolist(),
-                                           self.first_holder[hashes].tolist()):
-            holders = extra[block_hash]
-            if head == block:
-                promoted.append(block_hash)
-                successors.append(holders.pop(0))
-            else:
-                holders.remove(block)
-            if not holders:
-                del extra[block_hash]
-                emptied.append(block_hash)
-        if promoted:
-            self.first_holder[promoted] = successors
-        if emptied:
-            self.has_extra[emptied] = False
+        Vectorised: a block that is its hash's only holder (no links, the usual case)
+        only clears the map, and unlinking holders of different hashes is independent.
+        Linked blocks of one hash popped together (two turns' copies of a block, freed
+        together, are common under pressure) are unlinked one by one, only those:
+        the final lists do not depend on the order of removals.
+        """
+        prev = self.prev_holder.take(blocks)
+        nxt = self.next_holder.take(blocks)
         self.block_hash[blocks] = -1
         self.num_evictions += len(blocks)
+        if prev.max() < 0 and nxt.max() < 0:  # only holders: the hashes leave the map
+            self._unmap(hashes)
+            return
+        lone = (prev & nxt) == -1  # both -1 (every bit set in both): no links
+        if np.count_nonzero(lone):
+            self._unmap(hashes.compress(lone))
+            linked = ~lone
+            blocks, hashes = blocks.compress(linked), hashes.compress(linked)
+            prev, nxt = prev.compress(linked), nxt.compress(linked)
+        while True:  # rounds of distinct hashes: as many as a hash has popped holders
+            _, first = np.unique(hashes, return_index=True)
+            if len(first) == len(hashes):
+                self._unlink_many(blocks, hashes, prev, nxt)
+                return
+            now = np.zeros(len(hashes), dtype=bool)
+            now[first] = True
+            self._unlink_many(blocks.compress(now), hashes.compress(now))
+            later = ~now
+            blocks, hashes = blocks.compress(later), hashes.compress(later)
+            prev = nxt = None
 
-    def _drop_holder(self, block: int, block_hash: int, first: int) -> bool:
-        """Take ``block`` out of the holders of a hash with several (``first`` is its
-        first holder): the first one passes to the next registered. True when the
-        extra list emptied (the caller clears ``has_extra``)."""
-        holders = self.extra_holders[block_hash]
-        if first == block:
-            self.first_holder[block_hash] = holders.pop(0)
-        else:
-            holders.remove(block)
-        if holders:
-            return False
-        del self.extra_holders[block_hash]
-        return True
+    def _unlink_many(self, blocks: np.ndarray, hashes: np.ndarray,
+                     prev: np.ndarray | None = None, nxt: np.ndarray | None = None) -> None:
+        """``_unlink`` for linked blocks of distinct hashes, vectorised (each list loses
+        one node, so the removals do not interact). ``prev``/``nxt``: their links, if
+        read already."""
+        if prev is None or nxt is None:
+            prev, nxt = self.prev_holder.take(blocks), self.next_holder.take(blocks)
+        head, tail = prev < 0, nxt < 0
+        self.first_holder[hashes.compress(head)] = nxt.compress(head)
+        self.last_holder[hashes.compress(tail)] = prev.compress(tail)
+        emptied = head & tail  # a later round's block may be its hash's last holder
+        if np.count_nonzero(emptied) and np.count_nonzero(
+                self.watched_mask.take(hashes.compress(emptied))):
+            self.watch_epoch += 1
+        inner_next, inner_prev = ~tail, ~head
+        self.next_holder[prev.compress(inner_prev)] = nxt.compress(inner_prev)
+        self.prev_holder[nxt.compress(inner_next)] = prev.compress(inner_next)
+        self.prev_holder[blocks] = -1
+        self.next_holder[blocks] = -1
+
+    def _unmap(self, hashes: np.ndarray) -> None:
+        """The hashes of evicted only holders leave the map (memos over them go stale)."""
+        self.first_holder[hashes] = -1
+        self.last_holder[hashes] = -1
+        if np.count_nonzero(self.watched_mask.take(hashes)):
+            self.watch_epoch += 1
 
     def _evict(self, block: int, block_hash: int) -> None:
         """Drop ``block``'s cached hash ``block_hash`` (it is being reallocated)."""
-        if not self.has_extra[block_hash]:
-            assert self.first_holder[block_hash] == block, (
-                f"hash map does not point {block_hash} at block {block} (BlockPool bug)")
-            self.first_holder[block_hash] = -1
-            if self.watched_mask[block_hash]:
-                self.watch_epoch += 1
-        elif self._drop_holder(block, block_hash, int(self.first_holder[block_hash])):
-            self.has_extra[block_hash] = False
+        self._unlink(block, block_hash)
         self.block_hash[block] = -1
         self.num_evictions += 1
 
-    def touch(self, blocks: np.ndarray, refs: np.ndarray | None = None) -> bool:
+    def _unlink(self, block: int, block_hash: int) -> None:
+        """Take ``block`` out of its hash's holders; the next one registered becomes the
+        first, and a hash whose last holder leaves leaves the map."""
+        prev = int(self.prev_holder[block])
+        nxt = int(self.next_holder[block])
+        if prev < 0:
+            assert self.first_holder[block_hash] == block, (
+                f"hash map does not point {block_hash} at block {block} (BlockPool bug)")
+            self.first_holder[block_hash] = nxt
+            if nxt < 0 and self.watched_mask[block_hash]:  # the hash left the map
+                self.watch_epoch += 1
+        else:
+            self.next_holder[prev] = nxt
+            self.prev_holder[block] = -1
+        if nxt < 0:
+            self.last_holder[block_hash] = prev
+        else:
+            self.prev_holder[nxt] = prev
+            self.next_holder[block] = -1
+
+    def touch(self, blocks: np.ndarray, refs: np.ndarray | None = None,
+              free: np.ndarray | None = None, num_free: int = -1) -> bool:
         """Adopt prefix-cache hits: free ones leave the free queue; ref count + 1.
 
-        ``refs``: ``ref_cnt[blocks]`` if the caller already read it (the admission check
-        counts the free hit blocks first), saving a second gather over the prompt.
+        ``refs``: ``ref_cnt[blocks]`` if the caller already read it, and with it ``free``
+        (``refs == 0``) and ``num_free`` (its count): the admission check counts the
+        free hit blocks first, so the prompt is not gathered and compared twice.
         Returns whether a block occurred twice (a hash repeated in one chain).
         """
         if not len(blocks):
@@ -287,8 +327,12 @@ class BlockPool:
             return True
         if refs is None:
             refs = ref.take(blocks)
-        free = refs == 0
-        if np.count_nonzero(free):
+        if free is None:
+            free = refs == 0
+            num_free = np.count_nonzero(free)
+        if num_free == len(blocks):  # a finished turn's prefix, all in the queue
+            self.free_block_queue.remove_many(blocks)
+        elif num_free:
             self.free_block_queue.remove_many(blocks.compress(free))
         ref[blocks] = refs + 1
         return False
@@ -323,9 +367,10 @@ class BlockPool:
             # before gathering (ref counts do not depend on the order; the release
             # order is turned back to tail first at the queue).
             seq = blocks[::-1]
-            refs = ref.take(seq) - 1  # one gather and one store (no block occurs twice)
-            if np.count_nonzero(refs < 0):
+            refs = ref.take(seq)  # one gather and one store (no block occurs twice)
+            if refs.min() <= 0:  # one reduction, no mask
                 raise RuntimeError("a block was freed more often than taken (tuner bug)")
+            refs -= 1
             ref[seq] = refs
             zero = refs == 0
             num_zero = np.count_nonzero(zero)
@@ -350,12 +395,20 @@ class BlockPool:
         free_ids = set(free)
         assert len(free_ids) == len(free), "a block appears twice in the free queue"
         assert NULL_BLOCK not in free_ids, "null block in the free queue"
-        holders: dict[int, list[int]] = {
-            h: [int(self.first_holder[h])] + self.extra_holders.get(h, [])
-            for h in np.flatnonzero(self.first_holder >= 0).tolist()}
-        assert self.extra_holders.keys() <= holders.keys(), "extra holders of an unmapped hash"
-        assert set(np.flatnonzero(self.has_extra).tolist()) == self.extra_holders.keys(), (
-            "has_extra out of sync with extra_holders")
+        holders: dict[int, list[int]] = {}
+        for block_hash in np.flatnonzero(self.first_holder >= 0).tolist():
+            members, block = [], int(self.first_holder[block_hash])
+            while block >= 0 and len(members) < self.num_gpu_blocks:
+                assert self.prev_holder[block] == (members[-1] if members else -1), (
+                    f"hash {block_hash}: prev link of block {block} broken")
+                members.append(block)
+                block = int(self.next_holder[block])
+            assert self.last_holder[block_hash] == members[-1], (
+                f"hash {block_hash}: last holder {self.last_holder[block_hash]} is not "
+                f"the end of its list {members[-1]}")
+            holders[block_hash] = members
+        mapped = self.first_holder >= 0
+        assert (mapped == (self.last_holder >= 0)).all(), "first/last holder disagree"
         for block in range(1, self.num_gpu_blocks):
             ref = int(self.ref_cnt[block])
             assert ref >= 0, f"block {block} has a negative ref count"
@@ -365,6 +418,9 @@ class BlockPool:
             if block_hash >= 0:
                 assert block in holders.get(block_hash, ()), (
                     f"block {block} carries hash {block_hash} the map does not point back from")
+            else:
+                assert self.next_holder[block] < 0 and self.prev_holder[block] < 0, (
+                    f"unhashed block {block} is linked to holders")
         for block_hash, members in holders.items():
             assert len(set(members)) == len(members), f"hash {block_hash} lists a block twice"
             for block in members:

@@ -91,11 +91,8 @@ class HashIdSpace:
             return out
 
         pool.first_holder = keep(pool.first_holder, -1)
-        pool.has_extra = keep(pool.has_extra, False)
+        pool.last_holder = keep(pool.last_holder, -1)  # holder links are per block
         pool.watched_mask = keep(pool.watched_mask, False)
-        if pool.extra_holders:
-            keys = np.searchsorted(live, np.fromiter(pool.extra_holders, dtype=_ID))
-            pool.extra_holders = dict(zip(keys.tolist(), pool.extra_holders.values()))
         pool.num_hash_ids = len(live)
         self.manager.num_trace_hash_ids = len(live)
         for request in self._live_requests():

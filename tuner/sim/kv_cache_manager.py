@@ -219,10 +219,11 @@ class KVCacheManager:
             return False
         if num_hit:  # hit blocks sitting in the free queue consume free capacity too
             hit_refs = pool.ref_cnt.take(new_computed_blocks)
-            if (max(need + reserved_blocks, need_full) + np.count_nonzero(hit_refs == 0)
-                    + watermark > free):
+            hit_free = hit_refs == 0
+            num_hit_free = np.count_nonzero(hit_free)
+            if max(need + reserved_blocks, need_full) + num_hit_free + watermark > free:
                 return False
-            if pool.touch(new_computed_blocks, hit_refs):
+            if pool.touch(new_computed_blocks, hit_refs, hit_free, num_hit_free):
                 request.repeated_blocks = True
             request.extend_blocks(new_computed_blocks)
             request.num_cached_blocks = request.num_blocks

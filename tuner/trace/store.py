@@ -442,23 +442,26 @@ def check_columns(path: str | os.PathLike[str]) -> None:
     with TTFT null and exit 0; a negative ``input_len`` replayed with one request missing
     from the counts. Reads three numeric columns only (the hashes stay on disk), through
     ``ParquetFile`` (``pq.read_table`` imports pyarrow's dataset layer and pandas with it:
-    0.4 s of every trace load).
+    0.4 s of every trace load), and converts them through polars: pyarrow's own
+    ``to_numpy`` imports pandas too (another 0.4-0.6 CPU s, nothing else needs it).
     """
     try:
         table = pq.ParquetFile(path).read(columns=list(_COLUMN_RULES))
     except (pa.ArrowInvalid, OSError, KeyError) as exc:
         raise TraceSchemaError(f"{path}: cannot read {', '.join(_COLUMN_RULES)} ({exc})") from None
+    frame = pl.from_arrow(table)
+    assert isinstance(frame, pl.DataFrame)
     for name, (test, good) in _COLUMN_RULES.items():
-        col = table.column(name)
-        values = np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64)
-        ok = test(values) & ~np.asarray(col.is_null().to_numpy(zero_copy_only=False))
+        col = frame.get_column(name)
+        values = col.cast(pl.Float64, strict=False).to_numpy()
+        ok = test(values) & ~col.is_null().to_numpy()
         if not ok.all():
             row = int(np.argmin(ok))
             raise TraceSchemaError(f"{path}: column {name}: row {row + 1} is "
-                                   f"{_show(col[row].as_py())}, not {good} "
+                                   f"{_show(col[row])}, not {good} "
                                    "(see docs/trace-format.md)")
     if table.num_rows:
-        t = table.column("arrival_s").to_numpy(zero_copy_only=False)
+        t = frame.get_column("arrival_s").cast(pl.Float64).to_numpy()
         lo, hi = int(np.argmin(t)), int(np.argmax(t))
         if t[hi] - t[lo] > MAX_SPAN_S:
             raise TraceSchemaError(
