@@ -48,10 +48,6 @@ class RecordChunk:
     num_preemptions: np.ndarray  # int64
     status: np.ndarray  # uint8 codes into STATUS_NAMES
     engine: np.ndarray  # int64, replica * dp + rank (-1: refused before routing)
-    #: request and session ids (a slice of the table's columns; strings or None), only
-    #: for the writers: the metrics never read them
-    request_id: Sequence[Any] = ()
-    session_id: Sequence[Any] | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -91,9 +87,7 @@ def _table_chunk(table: RequestTable, start: int, stop: int, engine: Any) -> Rec
         num_preemptions=_view(table.num_preemptions, start, stop, np.int64),
         status=np.frombuffer(memoryview(table.status)[start:stop], dtype=np.uint8),
         engine=(_view(engine, start, stop, np.int32).astype(np.int64) if engine is not None
-                else np.zeros(stop - start, dtype=np.int64)),
-        request_id=table.request_id[start:stop],
-        session_id=None if table.session_id is None else table.session_id[start:stop])
+                else np.zeros(stop - start, dtype=np.int64)))
 
 
 def _rows_chunk(rows: Sequence[RequestResult], start: int, engine: Any) -> RecordChunk:
@@ -110,8 +104,7 @@ def _rows_chunk(rows: Sequence[RequestResult], start: int, engine: Any) -> Recor
         num_preemptions=col("num_preemptions", np.int64),
         status=np.array([_CODE[r.status] for r in rows], dtype=np.uint8),
         engine=(np.asarray(engine[start:start + n], dtype=np.int64) if engine is not None
-                else np.zeros(n, dtype=np.int64)),
-        request_id=[r.request_id for r in rows], session_id=[r.session_id for r in rows])
+                else np.zeros(n, dtype=np.int64)))
 
 
 def record_chunks(requests: Sequence[RequestResult], *,
