@@ -6,9 +6,9 @@ import pathlib
 
 import pyarrow.parquet as pq
 import pytest
-from loaded_metrics_reference import loaded_write_requests_parquet
-from test_streamed_summary import random_result
 
+from tests.metrics.loaded_metrics_reference import loaded_write_requests_parquet
+from tests.metrics.record_tables import random_result
 from tuner.metrics import write_requests_parquet
 from tuner.records import RequestTable, StringColumn
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence
 from xml.sax.saxutils import escape
 
+import numpy as np
+
 from tuner.units import TICK, cell
 
 #: Chart geometry in SVG user units (the SVG scales to its container's width).
@@ -332,7 +334,15 @@ def line_chart(series: Sequence[Series], *, title: str, caption: str, x_label: s
 
 def ecdf(values: Sequence[float], weights: Sequence[float] | None = None
          ) -> tuple[list[float], list[float]]:
-    """Empirical CDF as step vertices: x sorted, y = fraction of weight <= x (0..1)."""
+    """Empirical CDF as step vertices: x sorted, y = fraction of weight <= x (0..1).
+
+    Unweighted numpy values (a replay report's per-engine latencies: one a finished
+    request of a day) are sorted by numpy instead of as a list of pairs; the vertices are
+    the same floats (y = rank / count, one division each, as the running sum of ones
+    gives exactly).
+    """
+    if weights is None and isinstance(values, np.ndarray):
+        return _ecdf_array(values)
     pairs = sorted((v, 1.0 if weights is None else float(w))
                    for v, w in zip(values, weights if weights is not None else values)
                    if math.isfinite(v) and (weights is None or w > 0))
@@ -348,6 +358,18 @@ def ecdf(values: Sequence[float], weights: Sequence[float] | None = None
             xs.append(v)
             ys.append(acc / total)
     return xs, ys
+
+
+def _ecdf_array(values: np.ndarray) -> tuple[list[float], list[float]]:
+    # stable, as sorted() is: of equal values (0.0 and -0.0) the first one seen is the x
+    finite = np.sort(values[np.isfinite(values)].astype(np.float64), kind="stable")
+    if not finite.size:
+        return [], []
+    step = finite[1:] != finite[:-1]
+    first = np.flatnonzero(np.concatenate([[True], step]))  # first of each run of equals
+    last = np.flatnonzero(np.concatenate([step, [True]]))  # and its last
+    ys = (last + 1).astype(np.float64) / float(finite.size)
+    return finite[first].tolist(), ys.tolist()
 
 
 def cdf_chart(samples: Sequence[tuple[str, Sequence[float]]], *, title: str, caption: str,
