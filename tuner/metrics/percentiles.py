@@ -45,7 +45,9 @@ class PooledSamples:
             values, counts = values[keep], counts[keep]
         order = np.argsort(values, kind="stable")
         self.values = values[order]
-        self.cum = np.cumsum(counts[order])  # cum[i] - 1 = highest rank held by values[i]
+        cum = counts[order]
+        del order  # a day's pool is tens of millions of pairs: one int64 copy fewer
+        self.cum = np.cumsum(cum, out=cum)  # cum[i] - 1 = highest rank held by values[i]
         self.n = int(self.cum[-1]) if self.cum.size else 0
         self.total = float(np.dot(values, counts)) if self.n else 0.0
 

@@ -43,11 +43,9 @@ class SimBackend(Backend):
         self.pd = pd  # a tuner.perf.pd_link.PDLayout: disaggregated pools (tuner.replay._disagg)
         self._simulator: Any = None
 
-    @property
-    def streams_fleets(self) -> bool:
-        """Whether a fleet replay may stream the trace (``tuner.replay._stream``): every
-        router but the prefix-aware one, whose block counts are indexed by hash id."""
-        return self.router.policy != "prefix-aware"
+    #: A fleet replay streams the trace (``tuner.replay._stream``) behind every router;
+    #: the prefix-aware one's block counts are renumbered with the engines' ids.
+    streams_fleets = True
 
     def prepare(self, requests: Sequence["TraceRequest"], settings: "SchedulerSettings",
                 target: Any, load: Any, options: "SimOptions") -> None:
