@@ -47,3 +47,12 @@ def test_array_ecdf_equals_the_list_one() -> None:
                              [np.nan, np.inf]])
     assert repr(ecdf(values)) == repr(ecdf(values.tolist()))
     assert ecdf(np.zeros(0)) == ([], [])
+
+
+def test_array_thinning_picks_the_list_indices() -> None:
+    from tuner.report.charts import _ecdf_array, _thin_arrays, thin
+
+    rng = np.random.default_rng(2)
+    for n in (10, 499, 500, 501, 1003, 77_777):
+        xs, ys = _ecdf_array(rng.exponential(1.0, n))
+        assert repr(_thin_arrays(xs, ys)) == repr(thin(xs.tolist(), ys.tolist()))
