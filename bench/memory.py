@@ -122,7 +122,8 @@ def build_synth(hours: float, out: Path, *, kind: str, rate: float, seed: int) -
     """A synthetic trace of ``hours`` (``tuner trace synth --kind KIND --rate RATE``)."""
     from tuner.trace import synthesize
 
-    trace = synthesize(kind, duration_s=hours * 3600.0, rate=rate, seed=seed)  # type: ignore[arg-type]
+    trace = synthesize(kind, duration_s=hours * 3600.0,  # type: ignore[arg-type]
+                       rate=rate, seed=seed)
     trace.write(out)
     return len(trace)
 
