@@ -15,6 +15,7 @@ from array import array
 from collections.abc import Callable
 
 import numpy as np
+import pytest
 
 from tuner.metrics import summarize, write_requests_parquet
 from tuner.records import GapSamples, ReplayResult, RequestTable, StringColumn
@@ -55,6 +56,7 @@ def _peak_mib(call: Callable[[], object]) -> float:
         tracemalloc.stop()
 
 
+@pytest.mark.slow  # 200,000 requests through three outputs: ~10 s
 def test_summary_writer_and_report_stay_small(tmp_path: pathlib.Path) -> None:
     result = _long_result()
     small = tmp_path / "warm.parquet"  # once first: the imports are not the code's memory
