@@ -210,6 +210,17 @@ class StringColumn(Sequence["str | None"]):
     def __repr__(self) -> str:
         return f"StringColumn({len(self)} strings)"
 
+    def buffers(self, start: int, stop: int) -> "tuple[bytes, array, bytes | None]":
+        """Entries ``start .. stop - 1`` as (UTF-8 data, ``stop - start + 1`` int64 offsets
+        from 0, one null byte an entry or None): what an Arrow string array is built from
+        without a Python string an entry (``tuner.metrics.parquet``)."""
+        offsets = self._offsets[start:stop + 1]
+        first = offsets[0] if len(offsets) else 0
+        data = self._data[first:offsets[-1]] if len(offsets) else b""
+        rebased = array("q", (o - first for o in offsets)) if first else offsets
+        null = self._null[start:stop] if self._null is not None else None
+        return data, rebased, null
+
 
 _STATUS_CODES: tuple[RequestStatus, ...] = ("finished", "rejected", "aborted", "unfinished",
                                             "error")

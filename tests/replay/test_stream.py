@@ -137,7 +137,7 @@ def test_string_and_request_columns() -> None:
     assert nan != nan  # the table's nan defaults are real nans
 
 
-@pytest.mark.parametrize("router", ["round-robin", "least-loaded", "session"])
+@pytest.mark.parametrize("router", ["round-robin", "least-loaded", "session", "prefix-aware"])
 @pytest.mark.parametrize("dp,replicas,moe", [(1, 3, False), (2, 2, True), (2, 1, False)])
 @pytest.mark.parametrize("load", [OpenLoop(), ClosedLoop(6)])
 def test_streamed_fleet_replays_like_the_loaded_one(tmp_path: Path, router: str, dp: int,
@@ -170,16 +170,3 @@ def test_streamed_fleet_replays_like_the_loaded_one(tmp_path: Path, router: str,
         got = records(FleetSimulator(stream, settings, cache, step_time, **kw).run())
         assert got == want, f"window {window}"
         assert stream.num_renumberings > 0
-
-
-def test_prefix_aware_fleet_refuses_a_stream(tmp_path: Path) -> None:
-    from tuner.errors import ConfigError
-    from tuner.sim.fleet.router import RouterSettings
-    from tuner.sim.fleet.simulator import FleetSimulator
-    from tuner.trace import read_trace
-
-    trace = read_trace(write(tmp_path, 64))
-    with pytest.raises(ConfigError, match="prefix-aware"):
-        FleetSimulator(TraceArrivals(trace, 16), SchedulerSettings(),
-                       CacheSettings(block_size=16, num_gpu_blocks=80, max_model_len=4096),
-                       step_time, replicas=2, router=RouterSettings(policy="prefix-aware"))

@@ -16,9 +16,10 @@ import numpy as np
 from tuner.errors import ConfigError
 from tuner.metrics.band_fields import likely_dict
 from tuner.metrics.percentiles import PERCENTS, PooledSamples, itl_samples_from_steps, percentile
-from tuner.metrics.slo import good_requests
+from tuner.metrics.record_columns import record_chunks
+from tuner.metrics.request_stats import RequestStats
 from tuner.perf.fit.bands import PredictionBands
-from tuner.records import EngineSummary, ReplayResult, RequestResult
+from tuner.records import EngineSummary, ReplayResult
 
 _NAN = math.nan
 
@@ -124,12 +125,13 @@ def _safe_div(num: float, den: float) -> float:
     return num / den if den > 0 else _NAN
 
 
-def _itl_pool(result: ReplayResult, counted: list[RequestResult],
-              windowed: bool) -> tuple[list[tuple[float, int]], str]:
+def _itl_pool(result: ReplayResult, lo: float | None, hi: float | None,
+              windowed: bool) -> tuple[Any, str]:
     """The pooled gaps for ITL percentiles and whether they honour the window."""
     if not windowed:
         return result.itl_samples, "window"
-    if result.steps is not None:
+    if result.steps is not None:  # step records: small replays (record_steps)
+        counted = [r for r in result.requests if _in_window(r.arrival_s, lo, hi)]
         per_request = itl_samples_from_steps(result.steps, counted)
         return [g for gaps in per_request.values() for g in gaps], "window"
     # Without step records the pool cannot be split by request: report it whole and say so.
@@ -157,20 +159,16 @@ def _step_stats(result: ReplayResult, t0: float, t1: float) -> dict[str, float]:
     }
 
 
-def _load_stats(result: ReplayResult, counted: list[RequestResult]) -> dict[str, Any]:
+def _load_stats(result: ReplayResult, stats: RequestStats) -> dict[str, Any]:
     """Demand and backlog of the counted requests (why: overload must be said, not hidden).
 
     ``backlog_end`` counts requests that arrived by the last counted arrival but had not been
     admitted by then; ``queue_growth_per_s`` fits a line to the waiting-queue samples
     between the first and the last counted arrival.
     """
-    live = [r for r in counted if r.status != "rejected"]
-    if not live:
+    if not stats.num_live:
         return {"arrival_rate": _NAN, "backlog_end": 0, "queue_growth_per_s": _NAN}
-    first = min(r.arrival_s for r in live)
-    last = max(r.arrival_s for r in live)
-    backlog = sum(1 for r in live
-                  if not (math.isfinite(r.first_scheduled_s) and r.first_scheduled_s <= last))
+    first, last = stats.first_live, stats.last_live
     ts = result.timeseries
     t = np.asarray(ts.get("t_s", []), dtype=np.float64)
     waiting = np.asarray(ts.get("num_waiting", []), dtype=np.float64)
@@ -179,8 +177,8 @@ def _load_stats(result: ReplayResult, counted: list[RequestResult]) -> dict[str,
         mask = (t >= first) & (t <= last)
         if int(mask.sum()) >= 2 and float(np.ptp(t[mask])) > 0:
             slope = _least_squares_slope(t[mask], waiting[mask])
-    return {"arrival_rate": _safe_div(len(live) - 1, last - first), "backlog_end": backlog,
-            "queue_growth_per_s": slope}
+    return {"arrival_rate": _safe_div(stats.num_live - 1, last - first),
+            "backlog_end": stats.backlog, "queue_growth_per_s": slope}
 
 
 def _least_squares_slope(x: np.ndarray, y: np.ndarray) -> float:
@@ -259,52 +257,45 @@ def summarize(result: ReplayResult, *, measure_from_s: float | None = None,
     if lo is not None and hi is not None and hi <= lo:
         raise ConfigError(f"measure window is empty: measure_to_s={hi} <= measure_from_s={lo}")
     windowed = lo is not None or hi is not None
-    counted = [r for r in result.requests if _in_window(r.arrival_s, lo, hi)]
-    if windowed and not counted and result.requests:
-        first = min(r.arrival_s for r in result.requests)
-        last = max(r.arrival_s for r in result.requests)
+    stats = RequestStats(lo, hi, slo_ms=slo_ms,
+                         engines=[e.engine for e in result.engines] if windowed else ())
+    for chunk in record_chunks(result.requests):
+        stats.add(chunk)
+    if windowed and not stats.num_counted and stats.num_records:
         raise ConfigError(f"no request arrives in the measure window [{lo}, {hi}); "
-                          f"arrivals span [{first:.3f}, {last:.3f}] s")
-    finished = [r for r in counted if r.status == "finished"]
-
-    ttft = np.array([r.ttft_s for r in counted if math.isfinite(r.first_token_s)])
-    tpot = np.array([r.mean_itl_s for r in finished if r.output_len >= 2])
-    e2e = np.array([r.finish_s - r.arrival_s for r in finished])
-    pool_pairs, itl_scope = _itl_pool(result, counted, windowed)
+                          f"arrivals span [{stats.arrival_min:.3f}, "
+                          f"{stats.arrival_max:.3f}] s")
+    num_finished = stats.num_finished
+    ttft, tpot, e2e = stats.ttft, stats.tpot, stats.e2e
+    pool_pairs, itl_scope = _itl_pool(result, lo, hi, windowed)
     pool = PooledSamples(pool_pairs)
 
-    if finished:
-        t0 = min(r.first_scheduled_s for r in finished)
-        t1 = max(r.finish_s for r in finished)
+    if num_finished:
+        t0, t1 = stats.t0, stats.t1
     else:
         t0 = t1 = _NAN
-    span = t1 - t0 if finished else _NAN
-    out_tokens = sum(r.output_len for r in finished)
-    in_tokens = sum(r.input_len for r in finished)
+    span = t1 - t0 if num_finished else _NAN
+    out_tokens, in_tokens = stats.out_tokens, stats.in_tokens
     gpus = max(int(result.num_gpus), 1)
 
     if windowed:
-        admitted = [r for r in counted if math.isfinite(r.first_scheduled_s)]
-        queries = sum(r.input_len for r in admitted)
-        hits = sum(r.num_cached_tokens for r in admitted)
-        preemptions = sum(r.num_preemptions for r in counted)
+        queries, hits, preemptions = stats.queries, stats.hits, stats.preemptions
     else:
         c = result.counters
-        queries = int(c.get("prefix_cache_queries", sum(r.input_len for r in counted)))
-        hits = int(c.get("prefix_cache_hits", sum(r.num_cached_tokens for r in counted)))
-        preemptions = int(c.get("preemptions", sum(r.num_preemptions for r in counted)))
+        queries = int(c.get("prefix_cache_queries", stats.queries))
+        hits = int(c.get("prefix_cache_hits", stats.hits))
+        preemptions = int(c.get("preemptions", stats.preemptions))
     steps = _step_stats(result, t0 if windowed else -math.inf, t1 if windowed else math.inf)
     steps["num_steps"] = int(result.counters.get("num_steps", steps["num_steps"]))
-    load = _load_stats(result, counted)
+    load = _load_stats(result, stats)
 
     p = {q: percentile(tpot, q) for q in PERCENTS}
-    engines = _engine_summaries(result, lo, hi, windowed, queries, hits, preemptions, steps,
-                                len(counted), len(finished))
+    engines = _engine_summaries(result, stats, windowed, queries, hits, preemptions, steps)
     return Summary(
         backend=result.backend, num_gpus=gpus, measure_from_s=lo, measure_to_s=hi,
-        num_requests=len(counted), num_finished=len(finished),
-        num_rejected=sum(r.status == "rejected" for r in counted),
-        num_unfinished=sum(r.status not in ("finished", "rejected") for r in counted),
+        num_requests=stats.num_counted, num_finished=num_finished,
+        num_rejected=stats.num_rejected,
+        num_unfinished=stats.num_counted - num_finished - stats.num_rejected,
         ttft_mean_s=float(ttft.mean()) if ttft.size else _NAN,
         **_percentiles(ttft, "ttft"),
         tpot_mean_s=float(tpot.mean()) if tpot.size else _NAN,
@@ -316,8 +307,8 @@ def summarize(result: ReplayResult, *, measure_from_s: float | None = None,
         p50_interactivity=_safe_div(1.0, p[50]), p90_interactivity=_safe_div(1.0, p[90]),
         p99_interactivity=_safe_div(1.0, p[99]),
         span_s=span,
-        request_throughput=_safe_div(len(finished), span),
-        goodput=_safe_div(good_requests(finished, slo_ms), span) if slo_ms else _NAN,
+        request_throughput=_safe_div(num_finished, span),
+        goodput=_safe_div(stats.num_good, span) if slo_ms else _NAN,
         output_throughput=_safe_div(out_tokens, span),
         total_throughput=_safe_div(in_tokens + out_tokens, span),
         output_throughput_per_gpu=_safe_div(out_tokens, span) / gpus,
@@ -346,37 +337,26 @@ def kv_offload_counters(counters: dict[str, float]) -> dict[str, float] | None:
     return out
 
 
-def _engine_summaries(result: ReplayResult, lo: float | None, hi: float | None,
-                      windowed: bool, queries: int, hits: int, preemptions: int,
-                      steps: dict[str, Any], num_counted: int,
-                      num_finished: int) -> tuple[EngineSummary, ...]:
+def _engine_summaries(result: ReplayResult, stats: RequestStats, windowed: bool,
+                      queries: int, hits: int, preemptions: int,
+                      steps: dict[str, Any]) -> tuple[EngineSummary, ...]:
     """Per-engine figures: the backend's ``ReplayResult.engines`` (whole replay), with
     the request-derived ones (requests, hits, preemptions) recounted over the window
     from the table's ``engine`` column; KV usage and steps stay whole-replay. A single
     engine without backend entries gets one entry from the deployment figures."""
     if not result.engines:
         return (EngineSummary(
-            engine=0, replica=0, dp_rank=0, num_requests=num_counted,
-            num_finished=num_finished, prefix_cache_queries=queries,
+            engine=0, replica=0, dp_rank=0, num_requests=stats.num_counted,
+            num_finished=stats.num_finished, prefix_cache_queries=queries,
             prefix_cache_hits=hits, preemptions=preemptions,
             kv_usage_mean=steps["kv_usage_mean"], kv_usage_max=steps["kv_usage_peak"],
             num_steps=steps["num_steps"]),)
     if not windowed:
         return tuple(result.engines)
-    column = getattr(result.requests, "engine", None)
-    count = {e.engine: [0, 0, 0, 0, 0] for e in result.engines}
-    for i, r in enumerate(result.requests):
-        if not _in_window(r.arrival_s, lo, hi) or column is None:
-            continue
-        acc = count.get(int(column[i]))
-        if acc is None:  # refused before routing (-1)
-            continue
-        acc[0] += 1
-        acc[1] += r.status == "finished"
-        if math.isfinite(r.first_scheduled_s):
-            acc[2] += r.input_len
-            acc[3] += r.num_cached_tokens
-        acc[4] += r.num_preemptions
+    if getattr(result.requests, "engine", None) is None:  # no column: nothing recounted
+        count = {e.engine: [0, 0, 0, 0, 0] for e in result.engines}
+    else:
+        count = stats.per_engine
     return tuple(dataclasses.replace(
         e, num_requests=c[0], num_finished=c[1], prefix_cache_queries=c[2],
         prefix_cache_hits=c[3], preemptions=c[4])

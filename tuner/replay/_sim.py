@@ -45,10 +45,10 @@ class SimBackend(Backend):
 
     @property
     def streams_fleets(self) -> bool:
-        """Whether a fleet replay may stream the trace (``tuner.replay._stream``): every
-        router but the prefix-aware one (and P/D's dynamo, the same router per pool),
-        whose block counts are indexed by hash id."""
-        return self.router.policy != "prefix-aware" and self.streams_pd
+        """Whether a fleet replay may stream the trace (``tuner.replay._stream``): behind
+        every router (the prefix-aware one's block counts are renumbered with the engines'
+        ids), but not a P/D replay behind dynamo (its KV router per pool)."""
+        return self.streams_pd
 
     @property
     def streams_pd(self) -> bool:

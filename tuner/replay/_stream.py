@@ -188,6 +188,7 @@ class TraceArrivals:
         self._space: HashIdSpace | FleetIdSpace | None = None
         self._next_compact = min_compact_ids
         self.num_renumberings = 0
+        self._holders: list[Any] = []  # hold_hash_ids: besides the engines' schedulers
 
     # ----------------------------------------------------------------- ArrivalSource
     def table(self) -> RequestTable:
@@ -209,6 +210,12 @@ class TraceArrivals:
         engine: a renumbering rewrites their ids too (one engine has no such queue)."""
         if isinstance(self._space, FleetIdSpace):
             self._space.in_transit = sources
+
+    def hold_hash_ids(self, holder: Any) -> None:
+        """``holder`` keeps hash ids of its own (a prefix-aware router's block counts):
+        a renumbering asks it to ``mark_hash_ids(mask)`` what it holds, then to
+        ``renumber_hash_ids(live)``, as it asks the engines."""
+        self._holders.append(holder)
 
     def __iter__(self) -> Iterator[tuple[int, StreamedRequest]]:
         assert self._space is not None, "bind() the scheduler first"
@@ -268,9 +275,14 @@ class TraceArrivals:
     def _renumber(self, space: HashIdSpace | FleetIdSpace) -> None:
         """Keep only the ids still referenced (twin state and this map), renumbered."""
         mask = space.live_mask()
+        for holder in self._holders:
+            holder.mark_hash_ids(mask)
         self._map.keep_live(mask)
         live = mask.nonzero()[0].astype(np.int64)
+        del mask
         space.renumber(live)
         self._map.renumber(live)
+        for holder in self._holders:
+            holder.renumber_hash_ids(live)
         self._next_compact = max(self.min_compact_ids, 2 * len(live))
         self.num_renumberings += 1

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence
 from xml.sax.saxutils import escape
 
+import numpy as np
+
 from tuner.units import TICK, cell
 
 #: Chart geometry in SVG user units (the SVG scales to its container's width).
@@ -332,7 +334,16 @@ def line_chart(series: Sequence[Series], *, title: str, caption: str, x_label: s
 
 def ecdf(values: Sequence[float], weights: Sequence[float] | None = None
          ) -> tuple[list[float], list[float]]:
-    """Empirical CDF as step vertices: x sorted, y = fraction of weight <= x (0..1)."""
+    """Empirical CDF as step vertices: x sorted, y = fraction of weight <= x (0..1).
+
+    Unweighted numpy values (a replay report's per-engine latencies: one a finished
+    request of a day) are sorted by numpy instead of as a list of pairs; the vertices are
+    the same floats (y = rank / count, one division each, as the running sum of ones
+    gives exactly).
+    """
+    if weights is None and isinstance(values, np.ndarray):
+        xs, ys = _ecdf_array(values)
+        return xs.tolist(), ys.tolist()
     pairs = sorted((v, 1.0 if weights is None else float(w))
                    for v, w in zip(values, weights if weights is not None else values)
                    if math.isfinite(v) and (weights is None or w > 0))
@@ -350,13 +361,43 @@ def ecdf(values: Sequence[float], weights: Sequence[float] | None = None
     return xs, ys
 
 
+def _ecdf_array(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`ecdf` of a numpy array, as arrays."""
+    # stable, as sorted() is: of equal values (0.0 and -0.0) the first one seen is the x
+    finite = np.sort(values[np.isfinite(values)].astype(np.float64), kind="stable")
+    if not finite.size:
+        return finite, finite
+    step = finite[1:] != finite[:-1]
+    first = np.flatnonzero(np.concatenate([[True], step]))  # first of each run of equals
+    last = np.flatnonzero(np.concatenate([step, [True]]))  # and its last
+    ys = (last + 1).astype(np.float64) / float(finite.size)
+    return finite[first], ys
+
+
+def _thin_arrays(xs: np.ndarray, ys: np.ndarray, max_points: int = MAX_LINE_POINTS
+                 ) -> tuple[list[float], list[float]]:
+    """:func:`thin` on arrays, before any becomes a list: the same indices (numpy's
+    float64 division of two exact integers and its half-to-even rounding are Python's
+    ``/`` and ``round``), so a day's CDF costs its drawn points, not a float object a
+    request."""
+    n = len(xs)
+    if n > max_points:
+        i = np.arange(max_points, dtype=np.int64)
+        idx = np.unique(np.round(i * (n - 1) / (max_points - 1)).astype(np.int64))
+        xs, ys = xs[idx], ys[idx]
+    return xs.tolist(), ys.tolist()
+
+
 def cdf_chart(samples: Sequence[tuple[str, Sequence[float]]], *, title: str, caption: str,
               x_label: str, log_x: bool = False, dashed: Sequence[bool] = (),
               colors: Sequence[str] = ()) -> Chart:
     """One CDF line per ``(label, values)``; y is the fraction of requests (0-1)."""
     series = []
     for i, (label, values) in enumerate(samples):
-        xs, ys = ecdf(values)
+        if isinstance(values, np.ndarray):  # thinned first, as line_chart would
+            xs, ys = _thin_arrays(*_ecdf_array(values))
+        else:
+            xs, ys = ecdf(values)
         series.append(Series(label, xs, ys, color=colors[i] if i < len(colors) else None,
                              dashed=bool(dashed[i]) if i < len(dashed) else False))
     return line_chart(series, title=title, caption=caption, x_label=x_label,

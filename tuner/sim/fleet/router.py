@@ -244,7 +244,13 @@ class PrefixAwareRouter(Router):
     Active blocks are counted as Dynamo's ``ActiveSequences`` counts them: a block that
     several in-flight requests on the engine share counts once, so a request adds only
     its blocks the engine's in-flight requests do not hold yet (refcounts by dense hash
-    id, ``num_hash_ids`` of them; a prompt's partial last block is its own).
+    id, ``num_hash_ids`` of them to start with; a prompt's partial last block is its own).
+
+    Over a streamed trace (``tuner.replay._stream``) ids are reserved as the trace is
+    read and renumbered from time to time: the refcount arrays grow to the largest id
+    seen, and the stream asks the router to mark the ids it holds
+    (:meth:`mark_hash_ids`: the prompts of its in-flight requests, which their engines
+    hold too) and then to :meth:`renumber_hash_ids` them, as it asks the engines.
     """
 
     targets_engines = True
@@ -278,7 +284,36 @@ class PrefixAwareRouter(Router):
     def _request_blocks(self, source: Any) -> tuple[Any, int]:
         ids = np.asarray(source.block_hashes, dtype=np.int64)
         partial = 1 if int(source.input_len) % self.kv_block_size else 0
+        if ids.size and int(ids.max()) >= len(self._refs[0]):
+            self._grow(int(ids.max()) + 1)
         return ids, partial
+
+    def _grow(self, needed: int) -> None:
+        """Refcount arrays covering ids ``0 .. needed - 1`` (doubling: amortised O(1))."""
+        size = max(needed, 2 * len(self._refs[0]))
+        for engine, refs in enumerate(self._refs):
+            grown = np.zeros(size, dtype=refs.dtype)
+            grown[:len(refs)] = refs
+            self._refs[engine] = grown
+
+    def mark_hash_ids(self, mask: np.ndarray) -> None:
+        """Set the ids of the in-flight requests' prompts in ``mask`` (a renumbering
+        keeps them; the engines holding those requests mark them too)."""
+        for unique, _ in self._held.values():
+            mask[unique] = True
+
+    def renumber_hash_ids(self, live: np.ndarray) -> None:
+        """Give the sorted ids ``live`` the ids ``0 .. len(live) - 1`` (the stream's
+        renumbering, monotone): refcounts move with their ids, held prompts are rewritten."""
+        for engine, refs in enumerate(self._refs):
+            kept = live[live < len(refs)]
+            grown = np.zeros(max(1, len(live)), dtype=refs.dtype)
+            grown[:len(kept)] = refs[kept]
+            assert int(grown.sum()) == int(refs.sum()), (
+                "renumbering drops an id the router counts (tuner bug)")
+            self._refs[engine] = grown
+        for index, (unique, partial) in self._held.items():
+            self._held[index] = (np.searchsorted(live, unique), partial)
 
     def _terms(self, engine: int, source: Any, ids: Any, partial: int) -> tuple[int, float]:
         """(new prefill tokens, potential decode blocks) of ``source`` on ``engine``."""
