@@ -221,13 +221,14 @@ def coefficients_from_preset(data: Mapping[str, Any] | None, *, source: str) -> 
 
     Layout: ``gemm: {<fmt>: {t0_us, eta_mem, eta_compute, m_half}}`` and any other
     coefficient by name, with ``*_us`` keys in microseconds (``step_overhead_us``); a
-    ``sources`` entry (free text) is ignored here and kept for the reader.
+    ``sources`` entry (free text) is ignored here and kept for the reader, and so is
+    ``measured`` (the names whose priors are measured, ``HardwareSpec.measured_priors``).
     """
     if not data:
         return Coefficients()
     flat: dict[str, Any] = {}
     for key, value in data.items():
-        if key == "sources":
+        if key in ("sources", "measured"):  # provenance, read by HardwareSpec
             continue
         if key == "gemm":
             if not isinstance(value, Mapping):
