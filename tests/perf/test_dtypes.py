@@ -40,7 +40,7 @@ def test_a_quantized_checkpoint_keeps_what_it_leaves_unquantized():
 
 
 @pytest.mark.parametrize("config,fmt", [
-    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "fp8"),
+    ({"quant_method": "fp8"}, "fp8"),
     ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "fp4"),
     ({"quant_method": "awq", "bits": 4}, "int4"),
     ({"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {

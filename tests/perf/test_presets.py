@@ -45,7 +45,9 @@ def test_model_fields_are_parsed():
     assert (ds.attention, ds.kv_lora_rank, ds.qk_rope_head_dim) == ("mla", 512, 64)
     assert (ds.num_experts, ds.num_experts_per_tok, ds.num_moe_layers) == (256, 8, 58)
     assert ds.shared_expert_intermediate_size == 2048
-    assert (ds.weight_dtype, ds.kv_dtype, ds.max_position_embeddings) == ("fp8", "bf16", 163840)
+    # 128x128 block-scaled FP8: block-scaled dense GEMMs, fused-MoE experts priced as fp8
+    assert (ds.weight_dtype, ds.kv_dtype, ds.max_position_embeddings) == ("fp8b", "bf16", 163840)
+    assert ds.expert_weight_dtype == "fp8"
     oss = load_model("gpt-oss-120b")
     assert (oss.num_experts, oss.num_experts_per_tok) == (128, 4)
     assert (oss.expert_weight_dtype, oss.attn_weight_dtype) == ("fp4", "bf16")  # MXFP4 experts only

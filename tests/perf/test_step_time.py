@@ -82,7 +82,7 @@ def test_big_prefill_is_compute_bound_with_efficiency_rising_with_tokens():
     gemm_s = 2 * matmul_params * (tokens + bf16.m_half) / (989e12 * bf16.eta_compute)
     b = model.breakdown(prefill(tokens))
     assert b["gemm"] == pytest.approx(gemm_s, rel=1e-3)
-    pairs = tokens * (tokens + 1) / 2
+    pairs = tokens * (tokens + 1) / 2 + c.attn_prefill_half_tokens * tokens
     attn_s = pairs * 4 * 32 * 128 * 32 / (989e12 * c.attn_prefill_eff)
     kv_write = tokens * 2 * 32 * 8 * 128 * 2 / (H100.hbm_bandwidth * c.kv_bw_eff)
     assert b["attention"] == pytest.approx(attn_s + kv_write, rel=1e-6)

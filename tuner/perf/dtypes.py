@@ -24,8 +24,15 @@ from tuner.errors import ConfigError
 
 #: GEMM kernel formats the model prices, with the bytes one weight element takes.
 #: FP4 = 4-bit values + one 8-bit scale per 32 (MXFP4; NVFP4's 16-wide FP8 scales are
-#: 4.5 bits, within the noise); INT4 = 4 bits + a 16-bit scale per 128-group.
-FORMAT_BYTES: dict[str, float] = {"bf16": 2.0, "fp8": 1.0, "fp4": 4.25 / 8, "int4": 4.125 / 8}
+#: 4.5 bits, within the noise); INT4 = 4 bits + a 16-bit scale per 128-group. ``fp8b`` is
+#: block-scaled FP8 W8A8 (128x128 weight blocks with an fp32 scale each, 1x128 activation
+#: groups quantized per token at run time: DeepSeek/MiniMax/Qwen3 FP8 checkpoints,
+#: ``weight_block_size``), a kernel family of its own: vLLM runs it through
+#: ``W8A8BlockFp8LinearOp`` (DeepGEMM, CUTLASS or FlashInfer block-scaled kernels on
+#: NVIDIA; AITER's A8W8 block-scale GEMM on ROCm), whose activation-quantization launch and
+#: per-block scale loads give it floors and efficiencies per-tensor FP8 does not have.
+FORMAT_BYTES: dict[str, float] = {"bf16": 2.0, "fp8": 1.0, "fp8b": 1.0 + 4.0 / (128 * 128),
+                                  "fp4": 4.25 / 8, "int4": 4.125 / 8}
 
 _FP8 = ("fp8", "ptpc_fp8", "fbgemm_fp8", "modelopt", "fp8_e4m3", "w8a8_fp8")
 _FP4 = ("mxfp4", "modelopt_fp4", "nvfp4", "fp4", "w_mxfp4_a_mxfp6", "w4a6", "petit_nvfp4")
@@ -119,6 +126,13 @@ def scheme_from_config(quant: dict[str, Any], *, source: str = "config") -> Quan
     if method == "modelopt":
         algo = str(quant.get("quant_algo", "fp8")).lower()
         fmt = "fp4" if "fp4" in algo else "fp8"
+    elif method == "fp8" and quant.get("weight_block_size"):
+        # block-scaled FP8: the dense and attention linears run the block-scaled GEMMs;
+        # the routed experts run vLLM's fused MoE kernel, priced as fp8 (its measured
+        # block-scaled tables agree with the fp8 coefficients, docs/step-time-model.md §10)
+        return QuantScheme(method, dense=None if keep_dense else "fp8b",
+                           experts=None if keep_mlp else "fp8",
+                           attention=None if keep_attn or keep_mlp else "fp8b")
     elif method in ("compressed-tensors", "compressed_tensors"):
         fmt = _compressed_tensors_format(quant, source)
     elif method == "quark":

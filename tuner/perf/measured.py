@@ -46,7 +46,7 @@ from tuner.sim.batch import StepBatch
 #: tuner hardware preset -> aiconfigurator-core system folder.
 AIC_SYSTEMS = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm"}
 #: GEMM kernel format -> aiconfigurator-core ``GEMMQuantMode`` name.
-AIC_GEMM_MODES = {"bf16": "bfloat16", "fp8": "fp8"}
+AIC_GEMM_MODES = {"bf16": "bfloat16", "fp8": "fp8", "fp8b": "fp8_block"}
 #: Step-time sources a ``Target`` may ask for.
 STEP_TIME_SOURCES = ("auto", "analytic", "aic")
 #: expert kernel format -> aiconfigurator-core ``MoEQuantMode`` name, per GPU family: the
@@ -283,7 +283,7 @@ class MeasuredStepTimeModel(RooflineStepTimeModel):
         self._gpu_mixed -= floors
         self._dense = ((0.0, 0.0, 0.0),)
         self._lm = (0.0, 0.0, 0.0)
-        self._ar_tok = self._ar_fixed = self._ar_lib_extra = 0.0
+        self._ar_tok = self._ar_fixed = self._ar_lib_extra = self._ar_lib_tok = 0.0
         self._ar_lib_tokens = float("inf")
         self._pack()
         k = self._k

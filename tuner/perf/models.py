@@ -44,7 +44,8 @@ AttentionKind = Literal["gqa", "mla"]
 #: Bytes per stored element for the dtypes tuner understands. FP4 is MXFP4: 4-bit
 #: values plus one 8-bit scale per 32 (4.25 bits); FP8 block scales are negligible.
 DTYPE_BYTES: dict[str, float] = {
-    "fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 4.25 / 8, "int4": 4.125 / 8,
+    "fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp8b": 1.0 + 4.0 / (128 * 128),
+    "fp4": 4.25 / 8, "int4": 4.125 / 8,
 }
 
 _DTYPE_ALIASES = {
@@ -52,7 +53,7 @@ _DTYPE_ALIASES = {
     "bfloat16": "bf16", "bf16": "bf16",
     "float16": "fp16", "half": "fp16", "fp16": "fp16",
     "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "float8_e4m3fn": "fp8",
-    "float8": "fp8", "e4m3": "fp8",
+    "float8": "fp8", "e4m3": "fp8", "fp8b": "fp8b", "fp8_block": "fp8b",
     "fp4": "fp4", "mxfp4": "fp4", "nvfp4": "fp4", "int4": "int4",
 }
 
@@ -301,7 +302,11 @@ class ModelSpec:
                 # a quantized checkpoint: the flag's format for the layers it quantizes,
                 # the rest (gpt-oss and Kimi attention, dense MLPs) stay as they are
                 def swap(dtype: str) -> str:
-                    return dtype if dtype == spec.act_dtype else fmt
+                    # --quantization fp8 on a block-scaled FP8 checkpoint keeps its block
+                    # scales (vLLM's Fp8Config reads weight_block_size from the checkpoint)
+                    if dtype == spec.act_dtype or (fmt == "fp8" and dtype == "fp8b"):
+                        return dtype
+                    return fmt
 
                 spec = replace(spec, weight_dtype=swap(spec.weight_dtype),
                                expert_weight_dtype=swap(spec.expert_weight_dtype),

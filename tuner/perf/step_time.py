@@ -94,9 +94,12 @@ class StepTimeModel(ABC):
 
 
 def add_full_attention(t: float, batch: StepBatch, ndr: int, npt: int, kv_tok: float,
-                       occ: float, attn_d: float, attn_p: float) -> float:
+                       occ: float, attn_d: float, attn_p: float, attn_p_tok: float = 0.0
+                       ) -> float:
     """``t`` plus the full-attention layers' time: decode (KV read, at least the occupancy
-    floor, against compute) and prefill (KV read against causal query-key pairs).
+    floor, against compute) and prefill (KV read against causal query-key pairs, plus
+    ``attn_p_tok`` per query token: FlashAttention's efficiency rises with the prompt,
+    ``Coefficients.attn_prefill_half_tokens``).
 
     Shared by the analytic and the measured-GEMM models (attention is analytic in both);
     it adds to ``t`` in the same order as an inlined sum, so results are bit-identical.
@@ -110,7 +113,7 @@ def add_full_attention(t: float, batch: StepBatch, ndr: int, npt: int, kv_tok: f
         t += mem if mem > cmp else cmp
     if npt:
         mem = kv_tok * (batch.prefill_ctx_tokens + npt)
-        cmp = attn_p * batch.prefill_attn_pairs
+        cmp = attn_p * batch.prefill_attn_pairs + attn_p_tok * npt
         t += mem if mem > cmp else cmp
     return t
 
@@ -176,6 +179,10 @@ class RooflineStepTimeModel(StepTimeModel):
         self._attn_p = shape["pair_p_full"] / (c.attn_prefill_eff * peak_attn)
         self._attn_d = shape["pair_d_full"] / (c.attn_decode_eff * peak_attn)
         self._slide_p = shape["pair_p_slide"] / (c.attn_prefill_eff * peak_attn)
+        # FlashAttention's efficiency rises with the prompt: each query token costs
+        # attn_prefill_half_tokens extra key pairs (docs/step-time-model.md §1)
+        self._attn_p_tok = self._attn_p * c.attn_prefill_half_tokens
+        self._slide_p_tok = self._slide_p * c.attn_prefill_half_tokens
         self._slide_d = shape["pair_d_slide"] / (c.attn_decode_eff * peak_attn)
         # occupancy: split-KV work items = KV heads per rank x KV tokens / chunk; fewer
         # than the GPU's compute units leave bandwidth unused -> a per-step floor
@@ -195,6 +202,11 @@ class RooflineStepTimeModel(StepTimeModel):
         self._ar_lib_extra = calls * lat * (LIBRARY_LATENCY_FACTOR - 1.0)
         self._ar_lib_tokens = (CUSTOM_ALLREDUCE_MAX_BYTES / shape["ar_bytes_tok"]
                                if calls else float("inf"))
+        # the library's own bandwidth above the switch: per-token time it adds (or saves)
+        # over the custom all-reduce's (0 when allreduce_lib_bw_eff is None)
+        lib_eff = c.allreduce_lib_bw_eff
+        self._ar_lib_tok = 0.0 if lib_eff is None else self._ar_tok * (
+            c.allreduce_bw_eff / lib_eff - 1.0)
         self._sample = SAMPLING_PASSES * model.vocab_size * 4.0 / bw
         # constant GPU time per step: GEMM floors, attention floors, launch gaps
         layers = model.num_layers
@@ -221,7 +233,8 @@ class RooflineStepTimeModel(StepTimeModel):
             one[0], one[1], one[2], dense if len(dense) > 1 else (),
             *self._lm, self._moe, self._e_mem, self._e_tok, self._e_half, self._num_experts,
             self._expert_q, self._kv_tok, self._occ_floor, self._attn_d, self._attn_p,
-            self._sliding, self._ar_lib_tokens, self._ar_lib_extra, self._linear)
+            self._attn_p_tok, self._sliding, self._ar_lib_tokens, self._ar_lib_extra,
+            self._ar_lib_tok, self._linear)
 
     def step_time_s(self, batch: StepBatch) -> float:
         npt = batch.num_prefill_tokens
@@ -231,7 +244,7 @@ class RooflineStepTimeModel(StepTimeModel):
             return 0.0  # vLLM does not run the model for an empty schedule
         (mixed, decode, per_req, per_tok, d_mem, d_tok, d_zero, more, lm_mem, lm_tok, lm_zero,
          moe, e_mem, e_tok, e_half, num_experts, expert_q, kv_tok, occ, attn_d, attn_p,
-         sliding, lib_tokens, lib_extra, linear) = self._k
+         attn_p_tok, sliding, lib_tokens, lib_extra, lib_tok, linear) = self._k
         reqs = batch.num_prefill_reqs + ndr
         t = (mixed if npt else decode) + per_req * reqs + per_tok * tokens
         cmp = d_tok * tokens + d_zero
@@ -247,13 +260,13 @@ class RooflineStepTimeModel(StepTimeModel):
             cmp = e_tok * tokens + e_half * touched
             t += mem if mem > cmp else cmp
         # attention: decode part (KV read vs occupancy floor vs compute), prefill part
-        t = add_full_attention(t, batch, ndr, npt, kv_tok, occ, attn_d, attn_p)
+        t = add_full_attention(t, batch, ndr, npt, kv_tok, occ, attn_d, attn_p, attn_p_tok)
         if sliding:
             t += self._sliding_s(batch)
         if linear:
             t += linear_attention_s(linear, batch)
         if tokens > lib_tokens:
-            t += lib_extra
+            t += lib_extra + lib_tok * tokens
         return t
 
     def _sliding_s(self, batch: StepBatch) -> float:
@@ -271,7 +284,7 @@ class RooflineStepTimeModel(StepTimeModel):
         if pp > npt * w:
             pp = npt * w
         mem = self._kv_slide_tok * (sd + sp + npt)
-        cmp = self._slide_p * pp + self._slide_d * sd
+        cmp = self._slide_p * pp + self._slide_p_tok * npt + self._slide_d * sd
         return mem if mem > cmp else cmp
 
     def rank_step_time_s(self, batch: StepBatch, group_tokens: int) -> float:
@@ -323,7 +336,9 @@ class RooflineStepTimeModel(StepTimeModel):
         if tokens <= 0:
             return 0.0
         t = self._ar_fixed + self._ar_tok * tokens + self._a2a_fixed + self._a2a_tok * tokens
-        return t + (self._ar_lib_extra if tokens > self._ar_lib_tokens else 0.0)
+        if tokens > self._ar_lib_tokens:
+            t += self._ar_lib_extra + self._ar_lib_tok * tokens
+        return t
 
     # ------------------------------------------------- slow, explained paths
     def terms(self, npr: Any, ndr: Any, npt: Any, pctx: Any, pairs: Any, dctx: Any, *,
@@ -355,7 +370,7 @@ class RooflineStepTimeModel(StepTimeModel):
             out["experts"] = 0.0 * tokens
         out["all2all"] = self._a2a_fixed + self._a2a_tok * tokens
         dec = maximum(maximum(self._kv_tok * dctx, self._occ_floor), self._attn_d * dctx)
-        pre = maximum(self._kv_tok * (pctx + npt), self._attn_p * pairs)
+        pre = maximum(self._kv_tok * (pctx + npt), self._attn_p * pairs + self._attn_p_tok * npt)
         attn = dec * has_d + pre * has_p + self._kv_write * tokens
         if self._sliding:
             w = self._window
@@ -363,13 +378,15 @@ class RooflineStepTimeModel(StepTimeModel):
             sp = minimum(pctx, npr * w)
             pp = minimum(pairs, npt * w)
             attn = attn + maximum(self._kv_slide_tok * (sd + sp + npt),
-                                  self._slide_p * pp + self._slide_d * sd)
+                                  self._slide_p * pp + self._slide_p_tok * npt
+                                  + self._slide_d * sd)
         if self._linear:
             d0, d1, p0, p1, p2 = self._linear
             attn = attn + (d0 + d1 * ndr) * has_d + (p0 + p1 * npr + p2 * npt) * has_p
         out["attention"] = attn
         out["allreduce"] = (self._ar_fixed + self._ar_tok * tokens
-                            + self._ar_lib_extra * (tokens > self._ar_lib_tokens))
+                            + (self._ar_lib_extra + self._ar_lib_tok * tokens)
+                            * (tokens > self._ar_lib_tokens))
         out["sampling"] = self._sample * reqs
         return out
 

@@ -27,7 +27,7 @@ from typing import Any
 from tuner.errors import ConfigError
 
 #: GEMM kernel formats (:data:`tuner.perf.dtypes.FORMAT_BYTES`).
-FORMATS: tuple[str, ...] = ("bf16", "fp8", "fp4", "int4")
+FORMATS: tuple[str, ...] = ("bf16", "fp8", "fp8b", "fp4", "int4")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,14 +60,17 @@ class GemmCoefficients:
 GENERIC_GEMM: dict[str, GemmCoefficients] = {
     "bf16": GemmCoefficients(6e-6, 0.75, 0.65, 64.0),
     "fp8": GemmCoefficients(7e-6, 0.65, 0.55, 128.0),
+    # block-scaled FP8: the activation-quantization launch and scale loads raise the floor
+    "fp8b": GemmCoefficients(3e-5, 0.55, 0.50, 128.0),
     "fp4": GemmCoefficients(8e-6, 0.30, 0.40, 256.0),
     "int4": GemmCoefficients(8e-6, 0.60, 0.45, 128.0),
 }
 
-_FRACTIONS = ("kv_bw_eff", "attn_prefill_eff", "attn_decode_eff", "allreduce_bw_eff")
+_FRACTIONS = ("kv_bw_eff", "attn_prefill_eff", "attn_decode_eff", "allreduce_bw_eff",
+              "allreduce_lib_bw_eff")
 _NONNEG = ("attn_floor_s", "allreduce_latency_s", "allreduce_half_bytes", "step_overhead_s",
            "request_overhead_s", "layer_overhead_mixed_s", "layer_overhead_decode_s",
-           "moe_layer_overhead_s", "attn_chunk_tokens")
+           "moe_layer_overhead_s", "attn_chunk_tokens", "attn_prefill_half_tokens")
 #: Pre-issue-15 coefficient names a calibration file may still hold (loaded as before).
 LEGACY = ("weight_bw_eff", "mfu_prefill", "mfu_decode")
 
@@ -81,6 +84,9 @@ class Coefficients:
     # attention: paged-KV bandwidth, FlashAttention-style compute, kernel floor
     kv_bw_eff: float = 0.70  # fraction of HBM bandwidth reading/writing the KV cache
     attn_prefill_eff: float = 0.40  # prefill attention, fraction of the bf16 peak
+    # prefill attention: query tokens' worth of extra key pairs each query costs (tiles not
+    # yet full, pipeline fill): efficiency eff * L / (L + 2 * this) on an L-token prompt
+    attn_prefill_half_tokens: float = 0.0
     attn_decode_eff: float = 0.25  # decode attention compute side (MLA is compute-heavy)
     attn_floor_s: float = 8e-6  # one attention kernel per layer, launch-to-finish floor
     attn_chunk_tokens: float = 256.0  # KV tokens one split-KV work item reads (occupancy)
@@ -88,6 +94,9 @@ class Coefficients:
     allreduce_bw_eff: float = 0.70  # asymptotic bus-bandwidth fraction of the link
     allreduce_latency_s: float | None = None  # per call; None = the hardware preset's
     allreduce_half_bytes: float = 1.0e6  # message size at half the asymptotic bandwidth
+    # above the custom all-reduce's 8 MiB the library (NCCL/RCCL) runs its own algorithm
+    # (ring/tree, NVLS on NVSwitch): its bus-bandwidth fraction; None = allreduce_bw_eff
+    allreduce_lib_bw_eff: float | None = None
     # engine: CPU side (exposed apart as cpu_s for async scheduling) and launches
     step_overhead_s: float = 2.5e-4  # per step: schedule, prepare inputs, process outputs (CPU)
     request_overhead_s: float = 8e-6  # per scheduled request per step (CPU)
@@ -104,6 +113,8 @@ class Coefficients:
                               f"{', '.join(FORMATS)}")
         for name in _FRACTIONS:
             v = getattr(self, name)
+            if v is None and name == "allreduce_lib_bw_eff":
+                continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v <= 1.0:
                 raise ConfigError(f"coefficient {name}={v!r} must be in (0, 1]")
         for name in _NONNEG:
@@ -161,7 +172,7 @@ class Coefficients:
                     sub = "eta_mem" if key == "weight_bw_eff" else "eta_compute"
                     for fmt in FORMATS:
                         flat.setdefault(f"gemm.{fmt}.{sub}", min(1.0, v))
-            elif key == "allreduce_latency_s" and value is None:
+            elif key in ("allreduce_latency_s", "allreduce_lib_bw_eff") and value is None:
                 flat[key] = None
             else:
                 flat[key] = _number(value, key, source)
@@ -210,13 +221,14 @@ def coefficients_from_preset(data: Mapping[str, Any] | None, *, source: str) -> 
 
     Layout: ``gemm: {<fmt>: {t0_us, eta_mem, eta_compute, m_half}}`` and any other
     coefficient by name, with ``*_us`` keys in microseconds (``step_overhead_us``); a
-    ``sources`` entry (free text) is ignored here and kept for the reader.
+    ``sources`` entry (free text) is ignored here and kept for the reader, and so is
+    ``measured`` (the names whose priors are measured, ``HardwareSpec.measured_priors``).
     """
     if not data:
         return Coefficients()
     flat: dict[str, Any] = {}
     for key, value in data.items():
-        if key == "sources":
+        if key in ("sources", "measured"):  # provenance, read by HardwareSpec
             continue
         if key == "gemm":
             if not isinstance(value, Mapping):

