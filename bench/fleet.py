@@ -14,7 +14,17 @@ The 1-engine row runs the single-engine ``Simulator`` (the path every single-eng
 takes); the row below it (``fleet loop, 1 engine``: ``FleetSimulator`` with one engine, the
 trace read into memory) shows what the fleet machinery costs by itself.
 
+With ``--pd`` it measures issue 26's replay-cost goal instead: a ``--pd 1:1`` replay of the
+agentic hour (a slice, ``--end``; Llama-3.1-70B TP8 on MI355X, async scheduling, the
+default) against the sum of its two engines' single-engine replays: the prefill
+instance's traffic alone (the same trace with one output token a request, as the proxy
+sends it) and the decode instance's as one aggregated engine (the whole trace: an upper
+bound of the decoder's work, which reads the prompts instead of computing them). Each
+replay runs in its own child process, alternating, ``--rounds`` times (medians of CPU
+seconds); ``--compare DIR`` also replays the P/D layout with another checkout.
+
 Usage:  .venv/bin/python bench/fleet.py [--quick] [--json OUT]
+        .venv/bin/python bench/fleet.py --pd [--end 10m] [--rounds 3] [--compare OTHER_CHECKOUT]
 """
 
 from __future__ import annotations
@@ -73,11 +83,111 @@ def _run(trace: Any, *, dp: int, replicas: int, policy: str,
             "single_engine_fleet": single_engine_fleet}
 
 
+_PD_CHILD = r"""
+import json, sys, time
+from tuner import replay
+from tuner.perf.target import Target
+spec = json.loads(sys.argv[1])
+kw = {}
+if spec["pd"]:
+    from tuner.perf.pd_link import PDLayout
+    kw["pd"] = PDLayout(1, 1)
+target = Target(hardware="mi355x", model="llama-3.1-70b", tp=8)
+c0 = time.process_time()
+result = replay.run(spec["trace"], target=target, **kw)
+print(json.dumps({"cpu_s": time.process_time() - c0,
+                  "steps": int(result.counters["num_steps"]),
+                  "finished": int(result.counters["num_finished"])}))
+"""
+
+
+def _pd_child(checkout: Path, trace: str, pd: bool) -> dict[str, Any]:
+    """One replay in a fresh child with ``checkout`` first on the path."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(checkout), POLARS_MAX_THREADS="1")
+    out = subprocess.run([sys.executable, "-c", _PD_CHILD,
+                          json.dumps({"trace": trace, "pd": pd})], env=env, cwd=checkout,
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _pd_traces(end: str, tmp: Path) -> tuple[str, str]:
+    """The agentic slice, and the same requests as the proxy sends them to the prefill
+    instance (one output token, no output hashes)."""
+    import os
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    full = tmp / "slice.parquet"
+    subprocess.run([sys.executable, "-c", "from tuner.cli import main; main()", "trace",
+                    "slice", str(ROOT / "traces" / "agentic_1h.parquet"), "--end", end,
+                    "-o", str(full)], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                   check=True, capture_output=True)
+    table = pq.read_table(full)
+    # the trace's file-level metadata (hash block size), kept
+    metadata = {b"tuner.trace": pq.ParquetFile(full).metadata.metadata[b"tuner.trace"]}
+    ones = pa.array([1] * table.num_rows, type=table.schema.field("output_len").type)
+    table = table.set_column(table.schema.get_field_index("output_len"), "output_len", ones)
+    col = table.schema.get_field_index("output_block_hashes")
+    table = table.set_column(col, table.schema.field(col),
+                             pa.nulls(table.num_rows, table.schema.field(col).type))
+    prefill = tmp / "prefill.parquet"
+    pq.write_table(table.replace_schema_metadata(metadata), prefill)
+    return str(full), str(prefill)
+
+
+def pd_main(end: str, rounds: int, compare: Path | None) -> None:
+    """Issue 26's goal: a P/D replay costs at most the sum of its engines' single-engine
+    replays (module doc)."""
+    import statistics
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        full, prefill = _pd_traces(end, Path(tmp))
+        arms = [("pd", ROOT, full, True), ("prefill alone", ROOT, prefill, False),
+                ("aggregated", ROOT, full, False)]
+        if compare is not None:
+            arms.append(("pd, other checkout", compare.resolve(), full, True))
+        cpu: dict[str, list[float]] = {}
+        steps: dict[str, int] = {}
+        for r in range(rounds):
+            for name, checkout, trace, pd in arms:
+                row = _pd_child(checkout, trace, pd)
+                cpu.setdefault(name, []).append(row["cpu_s"])
+                steps[name] = row["steps"]
+                print(f"round {r + 1} {name:<20}{row['cpu_s']:8.2f} CPU s "
+                      f"{row['steps']:>9,} steps {row['finished']:>7,} finished", flush=True)
+    med = {name: statistics.median(v) for name, v in cpu.items()}
+    engines = med["prefill alone"] + med["aggregated"]
+    print(f"\nagentic slice {end}, Llama-3.1-70B TP8 MI355X, median of {rounds}, CPU s:")
+    for name in med:
+        print(f"  {name:<20}{med[name]:8.2f} s {steps[name]:>9,} steps")
+    print(f"  --pd 1:1 / (prefill alone + aggregated) = {med['pd'] / engines:.2f} "
+          f"(goal <= 1.00)")
+    if compare is not None:
+        print(f"  --pd 1:1, other checkout over this one: "
+              f"{med['pd, other checkout'] / med['pd']:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="5 minutes of traffic, not 20")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    parser.add_argument("--pd", action="store_true",
+                        help="P/D replay cost against its engines' single-engine replays")
+    parser.add_argument("--end", default="10m", help="--pd: slice of the agentic hour")
+    parser.add_argument("--rounds", type=int, default=3, help="--pd: alternating rounds")
+    parser.add_argument("--compare", type=Path, default=None, help="--pd: another checkout")
     args = parser.parse_args()
+    if args.pd:
+        pd_main(args.end, args.rounds, args.compare)
+        return
     trace = _trace(args.quick)
     print(f"trace: chat, {sum(1 for _ in trace.requests()):,} requests "
           f"({'5' if args.quick else '20'} min at {RATE:g} req/s); Llama-3.1-8B TP1 on H200")

@@ -89,7 +89,8 @@ class AsyncDecodeGroup(DecodeGroup):
         in-flight token, ``computed == num_tokens``), it has had a first token, its
         in-flight token is not its last, its blocks cover exactly its computed tokens and
         its registrations end one token short of them (as a member's do), and its whole
-        sequence stays below ``max_model_len``."""
+        sequence stays below ``max_model_len``; with a KV connector, the connector has
+        no more work for it (``connector_quiet``)."""
         t = request.num_tokens
         return (request.num_output_placeholders == 1 and request.num_in_flight_tokens == 1
                 and request.num_stale_output_tokens == 0
@@ -97,7 +98,8 @@ class AsyncDecodeGroup(DecodeGroup):
                 and 1 <= request.num_output_tokens <= request.max_tokens - 2
                 and request.num_blocks == cdiv(t, self.block_size)
                 and (not self.caching or request.num_cached_blocks == (t - 1) // self.block_size)
-                and request.num_prompt_tokens + request.max_tokens <= self.max_model_len)
+                and request.num_prompt_tokens + request.max_tokens <= self.max_model_len
+                and self.connector_quiet(request))
 
     def _file(self, request: SimRequest) -> None:
         """File a member at the schedule about to run (key ``S``)."""
@@ -169,9 +171,12 @@ class AsyncDecodeGroup(DecodeGroup):
         pending = self.pending
         assert pending is not None, f"member {request!r} without a step in flight (tuner bug)"
         self.materialize(request)
+        host = self.host
         if self.caching:
-            kvm = self.host.kv_cache_manager
-            kvm.cache_blocks(request, request.num_tokens - (0 if allocated else 1))
+            host.kv_cache_manager.cache_blocks(request,
+                                               request.num_tokens - (0 if allocated else 1))
+        if host.fenced:  # its last steps were group steps (block_fence)
+            host.kv_cache_manager.members_left([request])  # type: ignore[attr-defined]
         bucket = self.calendar.get(request.next_event)
         if bucket is not None and request in bucket:
             bucket.remove(request)
@@ -189,6 +194,8 @@ class AsyncDecodeGroup(DecodeGroup):
         """Every member leaves (their in-flight tokens go back to the step in flight)."""
         members = [r for r in self.host.running if r.steady]
         super().dissolve()
+        if members and self.host.fenced:  # their last steps were group steps (block_fence)
+            self.host.kv_cache_manager.members_left(members)  # type: ignore[attr-defined]
         pending = self.pending
         if self.caching:  # as in _depart: vLLM registered up to t - 1 tokens
             cache_blocks = self.host.kv_cache_manager.cache_blocks

@@ -47,6 +47,7 @@ import numpy as np
 
 from tuner.sim._step_rules import blocks_needed, cdiv, running_new_tokens
 from tuner.sim.kv_cache_manager import KVCacheManager
+from tuner.sim.kv_connector.base import NO_DECODE_EVENT, KVConnector
 from tuner.sim.request import RequestStatus, SimRequest
 from tuner.sim.scheduler_output import GroupStep, SchedulerOutput
 
@@ -66,6 +67,8 @@ class SchedulerHost(Protocol):
     """What the group needs from its scheduler (``tuner.sim.scheduler.Scheduler``)."""
 
     running: list[SimRequest]  # RUNNING requests in running (= ``seq``) order
+    connector: KVConnector | None  # the engine's KV connector (may be set after the group)
+    fenced: bool  # frees wait for in-flight steps (block_fence: a connector under async)
 
     @property
     def kv_cache_manager(self) -> KVCacheManager: ...
@@ -177,11 +180,20 @@ class DecodeGroup:
     def is_decode_ready(self, request: SimRequest) -> bool:
         """Whether a running non-member may join: it decodes (one token to compute, not a
         partial prefill), its blocks exactly cover its computed tokens, and its whole
-        sequence stays below ``max_model_len``."""
+        sequence stays below ``max_model_len``; with a KV connector, also that the
+        connector has no more work for it (``connector_quiet``)."""
         return (request.num_computed_tokens == request.num_tokens - 1
                 and not request.is_prefill_chunk
                 and request.num_blocks == cdiv(request.num_computed_tokens, self.block_size)
-                and request.num_prompt_tokens + request.max_tokens <= self.max_model_len)
+                and request.num_prompt_tokens + request.max_tokens <= self.max_model_len
+                and self.connector_quiet(request))
+
+    def connector_quiet(self, request: SimRequest) -> bool:
+        """No connector, or one that never has work for this decoder again
+        (``next_decode_event``, ``tuner.sim.fast_path`` item 4): a member's steps skip
+        the connector's per-request work, so only such a request may join."""
+        connector = self.host.connector
+        return connector is None or connector.next_decode_event(request) == NO_DECODE_EVENT
 
     # ------------------------------------------------------------------- membership
     def materialize(self, request: SimRequest) -> None:
@@ -356,8 +368,10 @@ class DecodeGroup:
             if request.event_kinds & OPENS_BLOCK:
                 num_new_blocks += 1
         short = num_new_blocks > host.kv_cache_manager.block_pool.free_block_queue.num_free_blocks
-        if short and host.policy != "fcfs":
-            return None  # a priority victim may be scheduled already: the plain path
+        if short and (host.policy != "fcfs" or host.fenced):
+            # priority: a victim may be scheduled already; fenced (a connector under
+            # async): vLLM stops at a victim whose blocks it cannot free yet. The plain path.
+            return None
         return GroupPlan(individual, events, short)
 
     def run(self, out: SchedulerOutput, token_budget: int, plan: GroupPlan

@@ -22,6 +22,21 @@ path decides. What it promises, and when it steps aside:
    (every member materialised) and the plain step runs; decode-ready requests rejoin
    after it. Requests whose whole sequence could reach ``max_model_len`` never join (the
    running loop's length cap would bind for them).
+4. **Connectors too** (``tuner.sim.kv_connector.base``: the CPU tier, the NIXL pull
+   connectors of a P/D deployment). A connector's admission work (lookups and deferred
+   lookups, loads and ``kv_holding``, a read's arrival) is the waiting loop, the same
+   code on both paths; its transfers finishing and held prefill blocks coming back
+   happen in the update, before the next plan counts the free blocks. Its work on
+   *running* requests (vLLM's store jobs in ``build_connector_meta``, the prefill side's
+   held-block count) is what a group step skips, so each connector says when it next
+   has work for a running decoder (``next_decode_event``: 0 at its next step,
+   ``NO_DECODE_EVENT`` never while it decodes), and only a request it leaves alone for
+   good joins the group: a step of such members is a group step as without a
+   connector, and a request with connector work runs the plain rules until it has none.
+   Under async scheduling with a connector (``FencedKVCacheManager``, vLLM's
+   ``defer_block_free``) members count as scheduled in the steps they took part in, and
+   a group step that would run out of blocks is a plain step (vLLM stops at a victim
+   whose blocks it cannot free yet).
 
 Adding a settings field: declare it in ``FAST_PATH_FIELDS`` below, either with how the
 group step already gives the plain path's result for every value (name the code that
@@ -100,9 +115,14 @@ FAST_PATH_FIELDS: dict[str, FieldContract] = {
         "tokens) are not modelled by the group, so speculative decoding runs the plain "
         "path", refuses=lambda value: value is not None),
     "SimOptions.kv_offload": FieldContract(
-        "a KV connector changes admission (loads, deferred lookups) and adds per-step "
-        "stores; the decode group does not model it yet, so any tier runs the plain path",
-        refuses=lambda value: value is not None),
+        "a KV connector's admission work (lookups, loads, deferred lookups, kv_holding) is "
+        "the waiting loop, the same code on both paths; its per-step work on running "
+        "requests (store jobs) is read by a request only while the connector's "
+        "next_decode_event says it has work for it, and such a request never joins the "
+        "group (DecodeGroup.is_decode_ready); under async scheduling the fenced frees "
+        "count members as scheduled (FencedKVCacheManager.members_left) and a group step "
+        "that would run out of blocks is a plain step (vLLM stops at a victim it cannot "
+        "free yet)"),
     "SimOptions.extra": FieldContract(
         "free-form: the fast path cannot know what an entry means, so any is refused",
         refuses=bool),

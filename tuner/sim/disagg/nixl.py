@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from tuner.sim.disagg.settings import PDSettings
+from tuner.sim.kv_connector.base import NO_DECODE_EVENT
 
 if TYPE_CHECKING:
     from tuner.sim.block_pool import BlockPool
@@ -222,6 +223,11 @@ class NixlDecodeConnector:
                      if (t := times.get(r.request.index, _INF)) > now_s and t < r.end_s]
         return min(ends) if ends else _INF
 
+    def next_decode_event(self, request: "SimRequest") -> int:
+        """Never: the read happens before the request runs; a decoding request is the
+        connector's only at its finish (``request_finished``)."""
+        return NO_DECODE_EVENT
+
     # ----------------------------------------------------------------- hash ids
     def live_hash_ids(self) -> np.ndarray:
         return _NO_IDS  # it keeps no block hashes
@@ -327,6 +333,12 @@ class NixlPrefillConnector:
         then wakes the engine at the next event anywhere)."""
         ends = [t for t in self._release_s.values() if t > now_s]
         return min(ends) if ends else _INF
+
+    def next_decode_event(self, request: "SimRequest") -> int:
+        """At every step: ``build_connector_meta`` records each scheduled request's blocks
+        (the blocks to hold at its finish), so a running request stays on the plain
+        rules (a prefill instance's requests finish at their first token anyway)."""
+        return 0
 
     def live_hash_ids(self) -> np.ndarray:
         return _NO_IDS

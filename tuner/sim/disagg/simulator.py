@@ -87,11 +87,6 @@ class PDSimulator:
             source: Any = requests
         else:
             source = ListArrivals(requests, num_hash_ids)
-        if options.async_scheduling:
-            # NOTE(pd): the async decode group with a connector's kv_holding queue is not
-            # proven identical to the plain step (the sync group is: test_disagg.py), so
-            # async P/D replays run the plain step.
-            options = replace(options, fast_forward=False)
         if aborts:  # an abort lands between schedules: the plain step takes every one
             options = replace(options, fast_forward=False)
         self.aborts = dict(aborts or {})

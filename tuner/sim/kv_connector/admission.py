@@ -161,6 +161,8 @@ def schedule_waiting_with_connector(scheduler: Any, out: "SchedulerOutput",
         running.append(request)
         request.seq = scheduler._next_seq
         scheduler._next_seq += 1
+        if scheduler.group is not None:  # the fast path's running non-members
+            scheduler.group.admitted(request)
         request.status = _RUNNING
         request.num_computed_tokens = num_computed
         out.individual.append((request, num_new))

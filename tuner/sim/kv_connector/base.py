@@ -36,6 +36,21 @@ that calls them):
   with nothing in flight and no progress possible is a stall, raised, not looped).
 * ``counters()``: the replay counters it adds (only when a connector runs, so replays
   without one keep their records).
+
+And one for the fast path (``tuner.sim.fast_path`` item 4), asked when a running request
+could join the decode group:
+
+* ``next_decode_event(request)``: how many more decode steps the running ``request``
+  can take before the connector has work for it at a step (``build_connector_meta``
+  would read or change its state): ``0`` at its next step, ``NO_DECODE_EVENT`` never
+  while it decodes. Only a request answered ``NO_DECODE_EVENT`` joins the group, whose
+  steps then skip it as the connector would; a connector with periodic work on decoders
+  (vLLM's ``offload_prompt_only=False``: a chunk of output every ``tokens_per_chunk``
+  tokens) would answer the steps to the next chunk boundary, and the group keeps such a
+  request on the plain path. The answer may change only through the connector's own
+  calls for that request (admission, a step that scheduled it individually), never
+  while it is a member. The engine-level next event (a transfer's end, a held block's
+  release) is ``next_event_s``.
 """
 
 from __future__ import annotations
@@ -46,7 +61,10 @@ if TYPE_CHECKING:
     from tuner.sim.request import SimRequest
     from tuner.sim.scheduler_output import SchedulerOutput
 
-__all__ = ["KVConnector"]
+__all__ = ["KVConnector", "NO_DECODE_EVENT"]
+
+#: ``next_decode_event``'s answer for a decoder the connector never has work for.
+NO_DECODE_EVENT = 1 << 62
 
 
 class KVConnector(Protocol):
@@ -72,5 +90,7 @@ class KVConnector(Protocol):
     def can_progress(self) -> bool: ...
 
     def next_event_s(self, now_s: float) -> float: ...
+
+    def next_decode_event(self, request: "SimRequest") -> int: ...
 
     def counters(self) -> dict[str, float]: ...

@@ -45,7 +45,7 @@ class FencedKVCacheManager(KVCacheManager):
     it (the freed request's), on top of the live requests' references.
     """
 
-    __slots__ = ("sched_seq", "processed_seq", "_last_sched", "_deferred")
+    __slots__ = ("sched_seq", "processed_seq", "_last_sched", "_deferred", "group_seq")
 
     def __init__(self, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
@@ -54,6 +54,9 @@ class FencedKVCacheManager(KVCacheManager):
         self._last_sched: dict[str, int] = {}  # request id -> sched_seq of its last step
         # (fence, blocks tail first, may_repeat): freed when processed_seq >= fence
         self._deferred: deque[tuple[int, np.ndarray, bool]] = deque()
+        # sched_seq of the latest step with decode-group members (the fast path): a member
+        # is scheduled in every step while it is one, recorded when it leaves.
+        self.group_seq = 0
 
     def step_scheduled(self, out: "SchedulerOutput") -> None:
         """End of ``schedule()`` (1779-1780, then ``_update_after_schedule`` 1860-1862)."""
@@ -63,6 +66,20 @@ class FencedKVCacheManager(KVCacheManager):
         seq = self.sched_seq
         for request, _ in out.individual:
             last[request.request_id] = seq
+        if out.group is not None and out.group.num_members:
+            self.group_seq = seq  # the members' last step (members_left)
+
+    def members_left(self, requests: "list[SimRequest]") -> None:
+        """Decode-group members leave (the fast path, ``tuner.sim.async_group``): their
+        last step is the latest group step if they took part in it, else the step that
+        last scheduled them individually (the one they joined from, which is later),
+        so the larger of the two is what vLLM's per-step record would hold."""
+        last = self._last_sched
+        group_seq = self.group_seq
+        for request in requests:
+            rid = request.request_id
+            if last.get(rid, 0) < group_seq:
+                last[rid] = group_seq
 
     def can_free_now(self, request: "SimRequest") -> bool:
         """``_request_blocks_can_be_freed``: no unprocessed step scheduled it. vLLM does

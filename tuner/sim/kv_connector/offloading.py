@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tuner.sim.kv_connector.base import NO_DECODE_EVENT
 from tuner.sim.kv_connector.cpu_manager import HIT_PENDING, MISS, CPUOffloadingManager
 from tuner.sim.kv_connector.policies import RANK_SPAN, ReqContext
 from tuner.sim.kv_connector.settings import OffloadSettings
@@ -347,6 +348,16 @@ class OffloadingConnector:
         """When the next unreported transfer ends (an empty step waits until then)."""
         ends = [j.end_s for j in self._unreported if j.end_s > now_s]
         return min(ends) if ends else now_s
+
+    def next_decode_event(self, request: "SimRequest") -> int:
+        """The fast path's question (``base``): with ``offload_prompt_only`` a running
+        request's store jobs end once every full prompt chunk is offered, the condition
+        under which ``build_connector_meta`` skips it; before that it may store (or
+        retry a failed store) at its next step."""
+        state = self._req.get(request.request_id)
+        if state is None or state.next_stored >= request.num_prompt_tokens // self.tokens_per_chunk:
+            return NO_DECODE_EVENT
+        return 0
 
     # ----------------------------------------------------------------- hash ids
     def live_hash_ids(self) -> np.ndarray:
