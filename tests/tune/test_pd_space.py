@@ -66,6 +66,68 @@ def test_a_pool_tp_that_does_not_fit_is_excluded_with_the_reason() -> None:
     assert _labels(layouts) == {"1:1,prefill_tp=4,decode_tp=4"}
 
 
+def test_mixed_pools_put_the_prefill_pool_on_each_hardware_named() -> None:
+    """``--pd-prefill-hardware mi355x,mi300x``: every layout of the target's hardware (its
+    labels as before, the same study keys) plus the same layouts with an MI300X prefill
+    pool; the label names the prefill hardware and reads back to the same layout."""
+    from tuner.tune.pd_space import parse_layout_label
+
+    plain, _ = pd_layouts(TARGET, 8, pool_tps=(2, 4))
+    mixed, notes = pd_layouts(TARGET, 8, pool_tps=(2, 4), prefill_hardware=("mi355x", "mi300x"))
+    assert notes == []
+    on_target = [lay for lay in mixed if lay.prefill_hardware is None]
+    on_mi300x = [lay for lay in mixed if lay.prefill_hardware == "mi300x"]
+    assert _labels(on_target) == _labels(plain) and len(on_mi300x) == len(plain)
+    assert len(mixed) == 2 * len(plain)
+    for lay in mixed:
+        label = pd_layout_label(lay)
+        assert label.endswith(",prefill_hardware=mi300x") == (lay.prefill_hardware == "mi300x")
+        assert parse_layout_label(label) == lay
+
+
+def test_a_prefill_tp_that_does_not_fit_its_own_hardware_is_excluded() -> None:
+    """The prefill pool's TP is checked on the prefill pool's hardware: 70B BF16 fits one
+    MI355X (288 GB) but not one H100 (80 GB), so H100 prefill instances start at TP 4."""
+    layouts, notes = pd_layouts(TARGET, 8, pool_tps=(1, 4), prefill_hardware=("h100",))
+    assert [n.split(":")[0] for n in notes] == ["P/D prefill pool on h100 TP1 excluded"]
+    assert {lay.prefill_hardware for lay in layouts} == {"h100"}
+    assert {lay.prefill_tp for lay in layouts} == {4}
+    assert {lay.decode_tp for lay in layouts} == {1, 4}
+    assert all(layout_gpus(lay) == 8 for lay in layouts)
+
+
+def test_a_mixed_point_replays_its_prefill_pool_on_its_hardware() -> None:
+    """A drawn mixed layout reaches the replayed deployment (and so the P/D replay's
+    prefill pool, ``tuner.replay._disagg.pd_pools``) and its description."""
+    from tuner.tune.pd_space import pd_deployment_for
+
+    dep = pd_deployment_for({PD_LAYOUT: "1:1,prefill_tp=4,decode_tp=4,prefill_hardware=mi300x",
+                             PD_ROUTER: "llm-d"})
+    assert dep is not None and dep.pd is not None
+    assert dep.pd.prefill_hardware == "mi300x" and dep.pd.router == "llm-d"
+    assert "prefill TP4 on mi300x" in dep.describe()
+
+
+def test_unknown_prefill_hardware_is_a_one_line_error(tmp_path: pathlib.Path) -> None:
+    from tuner.tune.pd_space import parse_prefill_hardware
+
+    assert parse_prefill_hardware(None) is None
+    assert parse_prefill_hardware("MI355X, mi300x") == ("mi355x", "mi300x")
+    with pytest.raises(ConfigError, match="--pd-prefill-hardware 'mi999': one of b200"):
+        parse_prefill_hardware("mi355x,mi999")
+    with pytest.raises(ConfigError, match="distinct hardware presets"):
+        parse_prefill_hardware("mi300x,mi300x")
+    trace = tmp_path / "t.parquet"
+    trace.write_bytes(b"")
+    res = CliRunner().invoke(cli, [
+        "tune", str(trace), "--hardware", "mi355x", "--model", "llama-3.1-70b", "--tp", "8",
+        "--disaggregated", "on", "--gpu-budget", "16", "--pd-prefill-hardware", "mi999",
+        "-o", str(tmp_path / "p.yaml")])
+    assert res.exit_code == 2 and res.output.count("\n") == 1, res.output
+    assert "--pd-prefill-hardware 'mi999'" in res.output
+    assert not (tmp_path / "p.yaml").exists()
+
+
 def test_budgets_without_a_layout_are_one_line_errors() -> None:
     with pytest.raises(ConfigError, match="at least 2 GPUs"):
         pd_layouts(TARGET, 1)
@@ -136,6 +198,7 @@ def test_auto_conditions_both_kinds_on_the_mode() -> None:
     ({"mode": "off", "pool_tps": (4,)}, "add --disaggregated on or auto"),
     ({"mode": "auto", "routers": ("nginx",)}, "P/D proxy 'nginx'"),
     ({"mode": "auto", "fill": "some"}, "--pd-gpus 'some'"),
+    ({"mode": "off", "prefill_hardware": ("mi300x",)}, "add --disaggregated on or auto"),
 ])
 def test_bad_p_d_search_inputs(kw: dict[str, Any], match: str) -> None:
     base = admission_space()
@@ -332,3 +395,23 @@ def test_a_study_on_the_twin_replays_p_d_layouts(small_trace: pathlib.Path) -> N
     assert pd["num_requests"] == agg["num_requests"] > 0
     assert pd["num_finished"] > 0 and math.isfinite(pd["p90_interactivity"])
     assert pd != agg
+
+
+@pytest.mark.slow
+def test_a_study_on_the_twin_replays_mixed_pools(small_trace: pathlib.Path) -> None:
+    """``prefill_hardware``: the study's P/D trials replay the prefill pool on the named
+    hardware (here only MI300X prefill with MI355X decode), and the answer names it."""
+    from tuner.tune.robust import RobustOptions
+
+    target = Target(hardware="mi355x", model="llama-3.1-70b", tp=8, num_gpu_blocks=1500)
+    result = tune(TuneInputs(small_trace, target=target),
+                  SearchOptions(n_trials=4, n_survivors=2, seed=0,
+                                robust=RobustOptions(enabled=False)),
+                  DeploymentSearch(gpu_budget=8, disaggregated="on", pd_tps=(4,),
+                                   pd_prefill_hardware=("mi300x",)))
+    verdict = result.pd_verdict
+    assert verdict is not None
+    assert verdict.best_pd.startswith("P/D 1:1 (prefill TP4 on mi300x, decode TP4")
+    pick = result.to_dict()["recommended"]["deployment"]
+    if pick.get("pd"):
+        assert pick["pd"]["prefill_hardware"] == "mi300x"

@@ -181,6 +181,11 @@ def pd_search_flags() -> list[Any]:
                      default="full", show_default=True,
                      help="With --disaggregated: P/D layouts of exactly --gpu-budget GPUs "
                           "(as every aggregated split), or of up to that many."),
+        click.option("--pd-prefill-hardware", "pd_prefill_hardware", default=None,
+                     metavar="HW[,HW...]",
+                     help="With --disaggregated: the hardware the prefill pool may run on "
+                          "(mixed pools; the decode pool is --hardware), e.g. mi355x,mi300x "
+                          "[default: --hardware]. Every GPU counts one in the budget."),
     ]
 
 
@@ -234,13 +239,15 @@ def _run_tune(trace: str, output: str, kw: dict[str, Any], flags: TargetFlags,
                                kw["kv_offloading_policies"]),
                            host_memory_gb=kw["host_memory_gb"])
     # the baseline's router (--router and its parameters), as the replay takes it
-    from tuner.tune.pd_space import parse_pool_tps
+    from tuner.tune.pd_space import parse_pool_tps, parse_prefill_hardware
 
     deployment = DeploymentSearch(router=router_flags.settings(target),
                                   gpu_budget=kw["gpu_budget"], routers=_split(kw["routers"]),
                                   disaggregated=kw["disaggregated"],
                                   pd_tps=parse_pool_tps(kw["pd_tps"]), pd_gpus=kw["pd_gpus"],
-                                  pd_routers=_split((kw["pd_routers"] or "",)))
+                                  pd_routers=_split((kw["pd_routers"] or "",)),
+                                  pd_prefill_hardware=parse_prefill_hardware(
+                                      kw["pd_prefill_hardware"]))
     with progress_display(kw["progress"]) as shown:
         study = StudyOutput(storage=kw["storage"], study_name=kw["study_name"],
                             workers=kw["workers"], progress=shown)

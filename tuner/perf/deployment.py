@@ -261,15 +261,20 @@ def _tier_from_dict(data: dict[str, Any]) -> tuple[float | None, str | None]:
 def pd_layout_label(layout: PDLayout) -> str:
     """A P/D layout's search-space value (``pd.layout``): ``1:3,prefill_tp=8,decode_tp=4``,
     as :attr:`Split.label` is a split's."""
-    return (f"{layout.num_prefill}:{layout.num_decode},prefill_tp={layout.prefill_tp},"
-            f"decode_tp={layout.decode_tp}")
+    label = (f"{layout.num_prefill}:{layout.num_decode},prefill_tp={layout.prefill_tp},"
+             f"decode_tp={layout.decode_tp}")
+    # a mixed layout (the prefill pool on other hardware) names it; a layout of one
+    # hardware keeps the label it always had (same study keys)
+    hw = layout.prefill_hardware
+    return label if hw is None else f"{label},prefill_hardware={hw}"
 
 
 def _describe_pd(deployment: Deployment) -> str:
     """``P/D 1:3 (prefill TP8, decode TP4; proxy round-robin)``."""
     pd = deployment.pd
     assert pd is not None
-    text = (f"P/D {pd.num_prefill}:{pd.num_decode} (prefill TP{pd.prefill_tp}, "
+    on = f" on {pd.prefill_hardware}" if pd.prefill_hardware else ""
+    text = (f"P/D {pd.num_prefill}:{pd.num_decode} (prefill TP{pd.prefill_tp}{on}, "
             f"decode TP{pd.decode_tp}")
     return text + (f"; proxy {deployment.pd_router})" if deployment.pd_router else ")")
 

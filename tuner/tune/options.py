@@ -133,6 +133,8 @@ class DeploymentSearch:
     #: "full": P/D layouts of exactly ``gpu_budget`` GPUs (as the aggregated splits);
     #: "up-to": every layout of at most that many
     pd_gpus: str = "full"
+    #: hardware presets the prefill pool may run on (mixed pools; None: the target's)
+    pd_prefill_hardware: Sequence[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

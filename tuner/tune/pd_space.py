@@ -81,16 +81,40 @@ def parse_pool_tps(text: str | None) -> tuple[int, ...] | None:
 
 def parse_layout_label(label: str) -> PDLayout:
     """:func:`layout_label` reversed; a bad label raises a one-line ConfigError."""
+    parts = str(label).split(",")
+    hw = None
+    if len(parts) == 4 and parts[3].startswith("prefill_hardware="):
+        hw = parts.pop().removeprefix("prefill_hardware=") or None
     try:
-        counts, p_tp, d_tp = str(label).split(",")
+        counts, p_tp, d_tp = parts
         p, d = (int(x) for x in counts.split(":"))
         ptp = int(p_tp.removeprefix("prefill_tp="))
         dtp = int(d_tp.removeprefix("decode_tp="))
     except ValueError:
-        raise ConfigError(f"pd.layout {label!r}: expected P:D,prefill_tp=T,decode_tp=T") from None
+        raise ConfigError(f"pd.layout {label!r}: expected P:D,prefill_tp=T,decode_tp=T"
+                          "[,prefill_hardware=NAME]") from None
     if min(p, d, ptp, dtp) < 1:
         raise ConfigError(f"pd.layout {label!r}: every count must be >= 1")
-    return PDLayout(num_prefill=p, num_decode=d, prefill_tp=ptp, decode_tp=dtp)
+    return PDLayout(num_prefill=p, num_decode=d, prefill_tp=ptp, decode_tp=dtp,
+                    prefill_hardware=hw)
+
+
+def parse_prefill_hardware(text: str | None) -> tuple[str, ...] | None:
+    """``--pd-prefill-hardware mi355x,mi300x``: the presets the prefill pool may run on
+    (None: the target's ``--hardware`` only). An unknown preset is a one-line error."""
+    if text is None:
+        return None
+    names = tuple(n.strip().lower() for n in str(text).split(",") if n.strip())
+    if not names or len(set(names)) != len(names):
+        raise ConfigError(f"--pd-prefill-hardware {text!r}: distinct hardware presets, "
+                          "e.g. mi355x,mi300x")
+    from tuner.perf.presets import list_hardware
+
+    known = list_hardware()
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise ConfigError(f"--pd-prefill-hardware {bad[0]!r}: one of {', '.join(known)}")
+    return names
 
 
 def layout_gpus(layout: PDLayout) -> int:
@@ -100,7 +124,8 @@ def layout_gpus(layout: PDLayout) -> int:
 
 
 def pd_layouts(target: Any, budget: int, *, pool_tps: Sequence[int] | None = None,
-               fill: PDFill = "full") -> tuple[list[PDLayout], list[str]]:
+               fill: PDFill = "full", prefill_hardware: Sequence[str] | None = None
+               ) -> tuple[list[PDLayout], list[str]]:
     """Every P/D layout of ``budget`` GPUs for ``target``'s model and hardware.
 
     ``fill``: ``full`` keeps the layouts that use every GPU (``P*p + D*d == budget``, as
@@ -112,8 +137,11 @@ def pd_layouts(target: Any, budget: int, *, pool_tps: Sequence[int] | None = Non
 
     A pool's TP must pass vLLM's shape rules and fit one instance's weights with room for
     a ``max_model_len`` sequence (:func:`tuner.perf.deployment.split_refusal`, the
-    target's resolution at that TP, as :func:`gpu_splits` checks a split). Both pools are
-    the target's hardware (mixed pools are a replay flag, ``--prefill-hardware``).
+    target's resolution at that TP, as :func:`gpu_splits` checks a split), on the pool's
+    own hardware. The decode pool is the target's hardware; the prefill pool is each of
+    ``prefill_hardware`` (``--pd-prefill-hardware``: mixed pools, e.g. MI355X prefill with
+    MI300X decode; None: the target's hardware only). Every GPU counts one in the budget
+    and in throughput per GPU, whatever its kind.
 
     Returns:
         (layouts sorted by GPUs descending, then prefill share ascending; notes for the TPs
@@ -122,34 +150,54 @@ def pd_layouts(target: Any, budget: int, *, pool_tps: Sequence[int] | None = Non
     Raises:
         ConfigError: no TP starts, or no layout fits the budget.
     """
-    from tuner.perf.presets import load_model, resolve_target
+    from tuner.perf.presets import load_model
 
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 2:
         raise ConfigError(f"--gpu-budget {budget!r}: a P/D layout needs at least 2 GPUs")
     model = load_model(target.model)
     notes: list[str] = []
-    tps: list[int] = []
-    for tp in pool_tps or tuple(t for t in (1, 2, 4, 8) if t < budget):
-        why = split_refusal(model, Split(tp))
-        if why is None:
-            try:
-                resolve_target(dataclasses.replace(target, tp=tp, dp=1, replicas=1,
-                                                   num_gpu_blocks=_blocks_at(target, tp)))
-            except ConfigError as exc:
-                why = str(exc)
-        (notes.append(f"P/D pool TP{tp} excluded: {why}") if why else tps.append(tp))
-    layouts = [PDLayout(num_prefill=P, num_decode=D, prefill_tp=p, decode_tp=d)
-               for p in tps for d in tps
+    candidates = tuple(pool_tps or tuple(t for t in (1, 2, 4, 8) if t < budget))
+    d_tps = _pool_tps(target, target.hardware, model, candidates, notes, "decode")
+    kinds = tuple(prefill_hardware or (target.hardware,))
+    p_tps = {hw: (d_tps if hw == target.hardware.lower() else
+                  _pool_tps(target, hw, model, candidates, notes, "prefill"))
+             for hw in (k.lower() for k in kinds)}
+    layouts = [PDLayout(num_prefill=P, num_decode=D, prefill_tp=p, decode_tp=d,
+                        prefill_hardware=None if hw == target.hardware.lower() else hw)
+               for hw, tps in p_tps.items() for p in tps for d in d_tps
                for P in range(1, budget // p + 1)
                for D in range(1, (budget - P * p) // d + 1)
                if fill == "up-to" or P * p + D * d == budget]
     if not layouts:
+        tps = sorted(set(d_tps).union(*p_tps.values()))
         raise ConfigError(f"--gpu-budget {budget}: no P/D layout of {budget} GPUs ({fill}) runs "
                           f"{target.model} (pool TPs {', '.join(map(str, tps)) or 'none'}; "
                           f"{'; '.join(notes) or 'each pool needs one instance'})")
     layouts.sort(key=lambda lay: (-layout_gpus(lay), prefill_share(lay), lay.prefill_tp,
-                                  lay.decode_tp))
+                                  lay.decode_tp, lay.prefill_hardware or ""))
     return layouts, notes
+
+
+def _pool_tps(target: Any, hardware: str, model: Any, candidates: Sequence[int],
+              notes: list[str], role: str) -> list[int]:
+    """The TPs of ``candidates`` at which one instance of ``target``'s model starts on
+    ``hardware`` (the others noted with vLLM's reason)."""
+    from tuner.perf.presets import resolve_target
+
+    same = hardware.lower() == str(target.hardware).lower()
+    where = "P/D pool" if same else f"P/D {role} pool on {hardware}"
+    tps: list[int] = []
+    for tp in candidates:
+        why = split_refusal(model, Split(tp))
+        if why is None:
+            try:
+                resolve_target(dataclasses.replace(
+                    target, hardware=hardware, tp=tp, dp=1, replicas=1,
+                    num_gpu_blocks=_blocks_at(target, tp)))
+            except ConfigError as exc:
+                why = str(exc)
+        (notes.append(f"{where} TP{tp} excluded: {why}") if why else tps.append(tp))
+    return tps
 
 
 def _blocks_at(target: Any, tp: int) -> int | None:
@@ -172,8 +220,8 @@ def gpu_ratio(layout: PDLayout) -> str:
 
 def with_pd(space: SearchSpace, aggregated: SearchSpace, target: Any, *, mode: Disaggregated,
             gpu_budget: int | None, pool_tps: Sequence[int] | None = None,
-            routers: Sequence[str] | None = None, fill: PDFill = "full"
-            ) -> tuple[SearchSpace, list[str]]:
+            routers: Sequence[str] | None = None, fill: PDFill = "full",
+            prefill_hardware: Sequence[str] | None = None) -> tuple[SearchSpace, list[str]]:
     """The study's space under ``--disaggregated mode``, and notes.
 
     ``space``: the scheduler space; ``aggregated``: it with the aggregated deployment
@@ -187,9 +235,9 @@ def with_pd(space: SearchSpace, aggregated: SearchSpace, target: Any, *, mode: D
     if fill not in ("full", "up-to"):
         raise ConfigError(f"--pd-gpus {fill!r}: full or up-to")
     if mode == "off":
-        if pool_tps is not None or fill != "full":
-            raise ConfigError("--pd-tp/--pd-gpus limit the P/D layouts: add --disaggregated "
-                              "on or auto")
+        if pool_tps is not None or fill != "full" or prefill_hardware is not None:
+            raise ConfigError("--pd-tp/--pd-gpus/--pd-prefill-hardware shape the P/D "
+                              "layouts: add --disaggregated on or auto")
         return aggregated, []
     if gpu_budget is None:
         raise ConfigError(f"--disaggregated {mode} searches P/D layouts of a GPU budget: "
@@ -201,7 +249,8 @@ def with_pd(space: SearchSpace, aggregated: SearchSpace, target: Any, *, mode: D
     bad = [r for r in proxies if r not in PD_ROUTERS]
     if bad:
         raise ConfigError(f"P/D proxy {bad[0]!r}: the P/D replay runs {', '.join(PD_ROUTERS)}")
-    layouts, notes = pd_layouts(target, gpu_budget, pool_tps=pool_tps, fill=fill)
+    layouts, notes = pd_layouts(target, gpu_budget, pool_tps=pool_tps, fill=fill,
+                                prefill_hardware=prefill_hardware)
     notes.append(f"P/D layouts searched: {len(layouts)} of "
                  f"{'exactly' if fill == 'full' else 'at most'} {gpu_budget} GPUs "
                  f"(--disaggregated {mode})")
@@ -247,4 +296,5 @@ def check_pd_inputs(mode: Disaggregated, *, speculative: Any, kv_sizes: Any,
 __all__ = ["AGGREGATED", "DISAGGREGATED", "MODES", "PD_LAYOUT", "PD_MODE", "PD_PARAMS",
            "PD_ROUTER", "PD_ROUTERS", "PDFill", "check_pd_inputs", "gpu_ratio", "layout_gpus",
            "layout_label", "parse_disaggregated", "parse_layout_label", "parse_pool_tps",
+           "parse_prefill_hardware",
            "pd_deployment_for", "pd_layouts", "prefill_share", "with_pd"]

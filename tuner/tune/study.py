@@ -110,7 +110,8 @@ def tune(inputs: TuneInputs, search: SearchOptions = SearchOptions(),
     the_space, pd_notes = with_pd(scheduler, the_space, target, mode=pd_mode,
                                   gpu_budget=deployment.gpu_budget,
                                   pool_tps=deployment.pd_tps, routers=deployment.pd_routers,
-                                  fill=deployment.pd_gpus)  # type: ignore[arg-type]
+                                  fill=deployment.pd_gpus,  # type: ignore[arg-type]
+                                  prefill_hardware=deployment.pd_prefill_hardware)
     deploy_notes += pd_notes
     the_space = with_spec_tokens(the_space, inputs.speculative, search.spec_tokens)
     the_space, tier_notes = with_kv_tier(the_space, target, search.kv_offloading_sizes,
