@@ -140,3 +140,44 @@ def test_replay_pd_router_changes_the_choices_and_is_reported(mooncake_head_trac
     # (which instance each router picks: tests/sim/test_pd_routers.py)
     res = _cli(mooncake_head_trace, "--pd-router", "dynamo")
     assert res.exit_code == 2 and "--pd-router applies to a disaggregated" in res.output
+
+
+def test_the_prefill_pool_runs_its_own_token_budget_and_running_limit(mooncake_head_trace):
+    """``--prefill-max-num-batched-tokens`` / ``--prefill-max-num-seqs`` act on the prefill
+    pool alone: a 512-token budget cuts every prompt into more, smaller chunks, so prompts
+    wait longer for the prefill instance (the TTFT split's prefill queue grows) while the
+    decode side is untouched, and the serve commands carry each pool's own limits."""
+    base = json.loads(_cli(mooncake_head_trace, "--pd", "1:1", "--json").output)
+    res = _cli(mooncake_head_trace, "--pd", "1:1", "--prefill-max-num-batched-tokens", "512",
+               "--prefill-max-num-seqs", "8", "--json")
+    assert res.exit_code == 0, res.output
+    small = json.loads(res.output)
+    assert small["num_finished"] == base["num_finished"]
+    def part(out, name):
+        return out["disaggregation"]["ttft_split_s"][name]["mean"]
+
+    assert part(small, "prefill_queue") > 2 * part(base, "prefill_queue")
+    assert part(small, "prefill") != part(base, "prefill")
+    assert small["ttft_mean_s"] > base["ttft_mean_s"]
+    res = _cli(mooncake_head_trace, "--pd", "1:1", "--prefill-max-num-batched-tokens", "512",
+               "--prefill-max-num-seqs", "8", "--set", "max_num_batched_tokens=4096",
+               "--set", "max_num_seqs=64", "--pd-serve")
+    assert res.exit_code == 0, res.output
+    servers = [ln for ln in res.output.splitlines() if ln.startswith("vllm serve")]
+    assert "--max-num-batched-tokens 512 --max-num-seqs 8" in servers[0]  # the prefill instance
+    assert "--max-num-batched-tokens 4096 --max-num-seqs 64" in servers[1]  # the decode one
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--prefill-max-num-seqs", "8"],
+     "Error: --prefill-max-num-seqs applies to a disaggregated deployment only"),
+    (["--pd", "1:1", "--prefill-max-num-batched-tokens", "16", "--prefill-max-num-seqs", "64"],
+     "Error: the prefill pool's settings (--prefill-max-num-batched-tokens / "
+     "--prefill-max-num-seqs): max_num_batched_tokens (16) must be greater than or equal "
+     "to max_num_seqs (64)"),
+])
+def test_bad_prefill_limits_are_one_line_errors(mooncake_head_trace, args, message):
+    res = _cli(mooncake_head_trace, *args)
+    assert res.exit_code == 2, res.output
+    assert res.output.strip().splitlines() == [res.output.strip()]
+    assert message in res.output

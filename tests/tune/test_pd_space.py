@@ -26,8 +26,8 @@ from tuner.tune.deployment_space import deployment_for, with_deployment
 from tuner.tune.pd_space import gpu_ratio, layout_gpus, pd_layouts, with_pd
 from tuner.tune.pd_verdict import knee_ratios
 from tuner.tune.select import Point
-from tuner.tune.space import (GPU_SPLIT, PD_LAYOUT, PD_MODE, PD_ROUTER, ROUTER_POLICY,
-                              admission_space)
+from tuner.tune.space import (GPU_SPLIT, PD_LAYOUT, PD_MODE, PD_PREFILL_BATCHED_TOKENS,
+                              PD_PREFILL_SEQS, PD_ROUTER, ROUTER_POLICY, admission_space)
 
 TARGET = Target(hardware="mi355x", model="llama-3.1-70b", tp=8)
 
@@ -163,11 +163,17 @@ def test_on_searches_only_p_d_layouts() -> None:
     assert len(layout.choices) == 6 and layout.when == ()
     assert next(p for p in space.params if p.name == PD_ROUTER).choices == ("vllm-proxy", "llm-d", "dynamo")
     drawn = {"cache_aware_admission_window": 16, "cache_aware_admission_threshold": 0.5,
-             PD_LAYOUT: "1:3,prefill_tp=2,decode_tp=2", PD_ROUTER: "vllm-proxy"}
+             PD_LAYOUT: "1:3,prefill_tp=2,decode_tp=2", PD_ROUTER: "vllm-proxy",
+             PD_PREFILL_BATCHED_TOKENS: 16384, PD_PREFILL_SEQS: 32}
     assert space.contains(drawn)
     dep = deployment_for(space, Deployment(Split(8)), drawn)
-    assert dep is not None and dep.pd == PDLayout(1, 3, 2, 2) and dep.router is None
+    assert dep is not None and dep.router is None
+    assert dep.pd == PDLayout(1, 3, 2, 2, prefill_max_num_batched_tokens=16384,
+                              prefill_max_num_seqs=32)
     assert dep.apply(TARGET).tp == 2  # the decode pool is the replay's main target
+    # the point's own coordinates read back from its deployment (a warm start, a resume)
+    assert space.project(SchedulerSettings(cache_aware_admission_window=16), dep)[
+        PD_PREFILL_SEQS] == 32
 
 
 def test_auto_conditions_both_kinds_on_the_mode() -> None:
@@ -184,7 +190,7 @@ def test_auto_conditions_both_kinds_on_the_mode() -> None:
     base = {"cache_aware_admission_window": 0, "cache_aware_admission_threshold": 0.5}
     aggregated = {**base, PD_MODE: "aggregated", GPU_SPLIT: "tp=8,dp=1,replicas=1"}
     split_pd = {**base, PD_MODE: "disaggregated", PD_LAYOUT: "1:1,prefill_tp=4,decode_tp=4",
-                PD_ROUTER: "vllm-proxy"}
+                PD_ROUTER: "vllm-proxy", PD_PREFILL_BATCHED_TOKENS: 8192, PD_PREFILL_SEQS: 64}
     assert space.contains(aggregated) and space.contains(split_pd)
     assert not space.contains({**split_pd, GPU_SPLIT: "tp=8,dp=1,replicas=1"})
     assert deployment_for(space, Deployment(Split(8)), aggregated).pd is None  # type: ignore[union-attr]
@@ -257,7 +263,7 @@ class PDFake(FleetFake):
 def _pd_study(wins: bool, mode: str = "auto"):
     fake = PDFake(wins=wins)
     result = tune(TuneInputs(evaluator=fake, target=TARGET),
-                  SearchOptions(space="admission", n_trials=40, seed=3, n_survivors=8),
+                  SearchOptions(space="admission", n_trials=40, seed=5, n_survivors=8),
                   DeploymentSearch(gpu_budget=8, disaggregated=mode, pd_tps=(1, 2, 4)))
     return fake, result
 
@@ -351,6 +357,17 @@ def test_a_p_d_pick_is_recorded_and_exported_per_pool_instance(tmp_path: pathlib
     assert all("MoRIIOConnector" in ln and "--max-num-batched-tokens" in ln for ln in serves)
     assert sum(f"--tensor-parallel-size {pick.pd.prefill_tp} " in ln
                for ln in serves[:pick.pd.num_prefill]) == pick.pd.num_prefill
+    # the prefill pool's own limits (searched per pool) on its instances, the profile's
+    # scheduler flags on the decode instances
+    own = pick.pd.prefill_overrides()
+    assert set(own) == {"max_num_batched_tokens", "max_num_seqs"}
+    for ln in serves[:pick.pd.num_prefill]:
+        assert f"--max-num-batched-tokens {own['max_num_batched_tokens']} " in ln
+        assert f"--max-num-seqs {own['max_num_seqs']} " in ln
+    settings = profile.scheduler
+    for ln in serves[pick.pd.num_prefill:]:
+        assert f"--max-num-batched-tokens {settings.max_num_batched_tokens} " in ln
+    assert t.disaggregation["prefill_max_num_seqs"] == own["max_num_seqs"]
     assert "toy_proxy_server.py" in text.splitlines()[-1]
     assert export_profile(again, "router").startswith("python toy_proxy_server.py")
     assert "--format flags" in export_profile(again, "yaml")  # one instance's settings, said so

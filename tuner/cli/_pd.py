@@ -28,6 +28,8 @@ class PDFlags:
     serve: bool = False  # --pd-serve: print the per-instance vllm serve commands
     check_python: str | None = None  # --pd-check-vllm PYTHON
     pd_router: str | None = None  # --pd-router (None: vllm-proxy)
+    prefill_max_num_batched_tokens: int | None = None  # --prefill-max-num-batched-tokens
+    prefill_max_num_seqs: int | None = None  # --prefill-max-num-seqs
 
     def layout(self) -> "PDLayout | None":
         """The ``PDLayout`` (None without ``--pd``); a pool flag without ``--pd`` is an
@@ -38,7 +40,9 @@ class PDFlags:
             given = [name for name, value in (
                 ("--prefill-tp", self.prefill_tp), ("--decode-tp", self.decode_tp),
                 ("--prefill-hardware", self.prefill_hardware), ("--pd-link", self.pd_link),
-                ("--pd-router", self.pd_router))
+                ("--pd-router", self.pd_router),
+                ("--prefill-max-num-batched-tokens", self.prefill_max_num_batched_tokens),
+                ("--prefill-max-num-seqs", self.prefill_max_num_seqs))
                 if value is not None]
             if self.serve or self.check_python:
                 given.append("--pd-serve / --pd-check-vllm")
@@ -50,7 +54,9 @@ class PDFlags:
         return PDLayout(num_prefill=p, num_decode=d, prefill_tp=self.prefill_tp,
                         decode_tp=self.decode_tp, prefill_hardware=self.prefill_hardware,
                         link=self.pd_link or "auto",  # type: ignore[arg-type]
-                        router=self.pd_router or "vllm-proxy")
+                        router=self.pd_router or "vllm-proxy",
+                        prefill_max_num_batched_tokens=self.prefill_max_num_batched_tokens,
+                        prefill_max_num_seqs=self.prefill_max_num_seqs)
 
 
 def pd_options(func: Any) -> Any:
@@ -88,9 +94,18 @@ def pd_options(func: Any) -> Any:
                           "(vLLM's example proxy, round robin), llm-d (its P/D scheduler: "
                           "prefix-cache + queue scorers, decode picked first), dynamo "
                           "(its KV router per pool) [default: vllm-proxy]."),
+        click.option("--prefill-max-num-batched-tokens", type=click.IntRange(min=1),
+                     default=None,
+                     help="With --pd: the prefill instances' own --max-num-batched-tokens "
+                          "(the chunk a long prompt is cut into) [default: "
+                          "--max-num-batched-tokens]."),
+        click.option("--prefill-max-num-seqs", type=click.IntRange(min=1), default=None,
+                     help="With --pd: the prefill instances' own --max-num-seqs (concurrent "
+                          "prefills) [default: --max-num-seqs]."),
     ]
     names = ("pd", "prefill_tp", "decode_tp", "prefill_hardware", "pd_link", "serve",
-             "check_python", "pd_router")
+             "check_python", "pd_router", "prefill_max_num_batched_tokens",
+             "prefill_max_num_seqs")
 
     @functools.wraps(func)
     def with_flags(*args: Any, **kwargs: Any) -> Any:
@@ -111,15 +126,20 @@ def pd_serve_lines(flags: PDFlags, layout: "PDLayout", resolved: Any,
     from tuner.profile.vllm_check import check_pd_with_vllm
     from tuner.replay import pd_pools
 
+    from tuner.replay import prefill_settings
+
     prefill, decode = pd_pools(layout, resolved, settings)
     num_gpus = layout.num_prefill * prefill.tp + layout.num_decode * decode.tp
     link = pd_link(prefill.hardware.name, decode.hardware.name, num_gpus, layout.link)
+    own = prefill_settings(layout, settings)
     commands = pd_serve_commands(
         num_prefill=layout.num_prefill, num_decode=layout.num_decode,
         prefill_tp=prefill.tp, decode_tp=decode.tp, prefill_vendor=prefill.hardware.vendor,
         decode_vendor=decode.hardware.vendor, same_node="NIC" not in link.name,
         extra_args=("--max-num-batched-tokens", str(settings.max_num_batched_tokens),
-                    "--max-num-seqs", str(settings.max_num_seqs)))
+                    "--max-num-seqs", str(settings.max_num_seqs)),
+        prefill_extra_args=("--max-num-batched-tokens", str(own.max_num_batched_tokens),
+                            "--max-num-seqs", str(own.max_num_seqs)))
     model = resolved.model.name
     lines = [f"# {c.role} {c.instance} on {c.host}\n{c.command(model)}" for c in commands]
     title, text = router_config(layout.router, commands, block_size=decode.cache.block_size)

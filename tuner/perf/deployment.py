@@ -270,12 +270,13 @@ def pd_layout_label(layout: PDLayout) -> str:
 
 
 def _describe_pd(deployment: Deployment) -> str:
-    """``P/D 1:3 (prefill TP8, decode TP4; proxy round-robin)``."""
+    """``P/D 1:3 (prefill TP8, decode TP4; prefill pool max_num_seqs 32; proxy llm-d)``."""
     pd = deployment.pd
     assert pd is not None
     on = f" on {pd.prefill_hardware}" if pd.prefill_hardware else ""
+    own = ", ".join(f"{k} {v}" for k, v in pd.prefill_overrides().items())
     text = (f"P/D {pd.num_prefill}:{pd.num_decode} (prefill TP{pd.prefill_tp}{on}, "
-            f"decode TP{pd.decode_tp}")
+            f"decode TP{pd.decode_tp}" + (f"; prefill pool {own}" if own else ""))
     return text + (f"; proxy {deployment.pd_router})" if deployment.pd_router else ")")
 
 
@@ -303,7 +304,14 @@ def _pd_from_dict(data: dict[str, Any]) -> tuple[PDLayout | None, str | None]:
 
     if router is not None and router not in PD_ROUTERS:
         raise ConfigError(f"pd.router: one of {', '.join(PD_ROUTERS)} (got {router!r})")
-    layout = PDLayout(**counts, prefill_hardware=hw, link=link)
+    limits = {}
+    for key in ("prefill_max_num_batched_tokens", "prefill_max_num_seqs"):
+        value = raw.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):
+            raise ConfigError(f"pd.{key}: must be an integer >= 1 or absent (got {value!r})")
+        limits[key] = value
+    layout = PDLayout(**counts, prefill_hardware=hw, link=link, **limits)
     return (layout if router is None else dataclasses.replace(layout, router=router)), router
 
 

@@ -27,7 +27,8 @@ from tuner.sim.disagg.settings import PDSettings
 if TYPE_CHECKING:
     from tuner.perf.presets import ResolvedTarget
 
-__all__ = ["GPUS_PER_NODE", "PDLayout", "PoolLink", "parse_pd", "pd_link", "pd_settings"]
+__all__ = ["GPUS_PER_NODE", "PDLayout", "PREFILL_SCHEDULER_FIELDS", "PoolLink", "parse_pd", "pd_link",
+           "pd_settings"]
 
 PDLink = Literal["auto", "same-node", "cross-node"]
 
@@ -101,12 +102,41 @@ class PDLayout:
     link: PDLink = "auto"  # --pd-link
     #: --pd-router: the proxy's choices (``tuner.sim.disagg.routers.PD_ROUTERS``)
     router: str = "vllm-proxy"
+    #: the prefill instances' own scheduler limits (``--prefill-max-num-batched-tokens``,
+    #: ``--prefill-max-num-seqs``; None: the deployment's ``--max-num-batched-tokens`` /
+    #: ``--max-num-seqs``). Why only these two: a prefill instance serves every request
+    #: with ``max_tokens=1``, so its token budget (the chunk a long prompt is cut into, and
+    #: so TTFT against prefill throughput) and its running limit (concurrent prefills and
+    #: the blocks they hold until read) are the knobs whose best values differ from the
+    #: decode pool's; the other scheduler fields act the same on both.
+    prefill_max_num_batched_tokens: int | None = None
+    prefill_max_num_seqs: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in PREFILL_SCHEDULER_FIELDS:
+            value = getattr(self, "prefill_" + name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ConfigError(f"--prefill-{name.replace('_', '-')} {value!r}: an "
+                                  "integer >= 1")
+
+    def prefill_overrides(self) -> dict[str, int]:
+        """The prefill pool's scheduler fields that differ from the deployment's."""
+        return {name: getattr(self, "prefill_" + name) for name in PREFILL_SCHEDULER_FIELDS
+                if getattr(self, "prefill_" + name) is not None}
 
     def to_dict(self) -> dict[str, object]:
+        # the per-pool limits only where set, so records of layouts without them stay the same
         return {"num_prefill": self.num_prefill, "num_decode": self.num_decode,
                 "prefill_tp": self.prefill_tp, "decode_tp": self.decode_tp,
                 "prefill_hardware": self.prefill_hardware, "link": self.link,
-                "router": self.router}
+                "router": self.router,
+                **{"prefill_" + k: v for k, v in self.prefill_overrides().items()}}
+
+
+#: ``SchedulerSettings`` fields a P/D layout may set for its prefill pool alone
+#: (:attr:`PDLayout.prefill_max_num_batched_tokens`, ...).
+PREFILL_SCHEDULER_FIELDS: tuple[str, ...] = ("max_num_batched_tokens", "max_num_seqs")
 
 
 def parse_pd(text: str) -> tuple[int, int]:

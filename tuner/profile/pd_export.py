@@ -82,10 +82,12 @@ def _transfer_config(vendor: str, role: str, port: int, same_node: bool,
 
 def pd_serve_commands(*, num_prefill: int, num_decode: int, prefill_tp: int,
                       decode_tp: int, prefill_vendor: str, decode_vendor: str,
-                      same_node: bool, extra_args: tuple[str, ...] = ()
+                      same_node: bool, extra_args: tuple[str, ...] = (),
+                      prefill_extra_args: tuple[str, ...] | None = None
                       ) -> list[PDServeCommand]:
     """Prefill instances first, then decode instances; ``extra_args`` (the scheduler
-    flags of the profile) go on every one."""
+    flags of the profile) go on every one, ``prefill_extra_args`` (None: ``extra_args``)
+    on the prefill instances instead where their pool has its own limits."""
     out: list[PDServeCommand] = []
     for role, count, tp, vendor, base in (
             ("prefill", num_prefill, prefill_tp, prefill_vendor, PREFILL_PORT),
@@ -94,7 +96,9 @@ def pd_serve_commands(*, num_prefill: int, num_decode: int, prefill_tp: int,
             port = base + i
             # one notify port range per instance (each TP rank adds its offset to it)
             config = _transfer_config(vendor, role, port, same_node, index=len(out))
-            args = ("--tensor-parallel-size", str(tp), *extra_args,
+            flags = (prefill_extra_args if role == "prefill" and prefill_extra_args is not None
+                     else extra_args)
+            args = ("--tensor-parallel-size", str(tp), *flags,
                     "--kv-transfer-config", json.dumps(config, separators=(",", ":")))
             out.append(PDServeCommand(role, i, f"{role.upper()}_HOST_{i}", port, args, config))
     return out

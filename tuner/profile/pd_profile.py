@@ -5,7 +5,9 @@ Why its own module: a P/D profile deploys as one ``vllm serve`` per pool instanc
 ``--kv-transfer-config`` (:mod:`tuner.profile.pd_export`, the same commands ``replay
 --pd-serve`` prints) and vLLM's example proxy in front, not as one command or a fleet of
 identical replicas; every instance carries the profile's scheduler flags, as the study
-replayed both pools with one set of settings. ``tuner export --format flags`` prints them
+replayed both pools with one set of settings, except the prefill pool's own token budget
+and running limit where the pick has them (``prefill_max_num_batched_tokens``,
+``prefill_max_num_seqs``). ``tuner export --format flags`` prints them
 (``--format router`` the proxy alone) and ``--check-vllm`` parses every command with vLLM's
 own ``EngineArgs`` parser and ``KVTransferConfig`` (``tuner.profile.vllm_check.
 check_pd_with_vllm`` over :func:`pd_commands`).
@@ -50,7 +52,26 @@ def pd_commands(profile: "Profile", scheduler_args: list[str]) -> list["PDServeC
         prefill_tp=int(raw["prefill_tp"]), decode_tp=int(raw["decode_tp"]),
         prefill_vendor=load_hardware(prefill_hw).vendor,
         decode_vendor=load_hardware(decode_hw).vendor, same_node="NIC" not in link.name,
-        extra_args=tuple(_without_tp(scheduler_args)))
+        extra_args=tuple(_without_tp(scheduler_args)),
+        prefill_extra_args=_prefill_args(_without_tp(scheduler_args), raw))
+
+
+def _prefill_args(args: list[str], raw: dict[str, Any]) -> tuple[str, ...] | None:
+    """The prefill instances' flags where the pick gave their pool its own limits
+    (``prefill_max_num_batched_tokens`` / ``prefill_max_num_seqs``): ``args`` with those
+    values (added where ``args`` lacks the flag); None where it gave none."""
+    own = {f"--{key.removeprefix('prefill_').replace('_', '-')}": raw[key]
+           for key in ("prefill_max_num_batched_tokens", "prefill_max_num_seqs")
+           if raw.get(key) is not None}
+    if not own:
+        return None
+    out = list(args)
+    for flag, value in own.items():
+        if flag in out:
+            out[out.index(flag) + 1] = str(value)
+        else:
+            out += [flag, str(value)]
+    return tuple(out)
 
 
 def _without_tp(args: list[str]) -> list[str]:

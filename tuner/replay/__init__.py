@@ -25,7 +25,7 @@ from tuner.replay._backend import (
     create_backend,
     register_backend,
 )
-from tuner.replay._disagg import pd_pools
+from tuner.replay._disagg import pd_pools, prefill_settings
 from tuner.replay._ideal import IdealHitRate, ideal_hit_rate
 from tuner.replay._kv_requests import InternedRequests, dense_hash_ids
 from tuner.replay._run import (TraceLike, intern_requests, load_requests, prepare,
@@ -46,6 +46,7 @@ __all__ = [
     "load_requests",
     "parse_settings",
     "pd_pools",
+    "prefill_settings",
     "prepare",
     "reblock_request",
     "register_backend",

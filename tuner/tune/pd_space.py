@@ -18,10 +18,11 @@ study:
   splits among dozens of P/D labels.
 
 A P/D point replays through the sim backend's P/D replay (``tuner.replay`` with
-``pd=PDLayout``, docs/disaggregation.md); both pools run the point's scheduler settings,
-as vLLM's example serves both roles with one set of flags. ``pd.router`` is the proxy's
-policy: vLLM's example proxy (round robin) today, an open dimension for llm-d's and
-Dynamo's P/D routers when the P/D loop takes them (:data:`PD_ROUTERS`).
+``pd=PDLayout``, docs/disaggregation.md); both pools run the point's scheduler settings
+except the prefill pool's own token budget and running limit (``pd.prefill_*``,
+:func:`prefill_limit_params`). ``pd.router`` is the proxy's policy: vLLM's example proxy
+(round robin), llm-d's P/D scheduler or Dynamo's KV router (:data:`PD_ROUTERS`);
+``pd.layout`` may put the prefill pool on other hardware (``--pd-prefill-hardware``).
 
 After the pick, :func:`tuner.tune.pd_verdict.pd_verdict` compares the best P/D point with the best aggregated one
 on the held-out window (the training window without one) and finds the knee ratio
@@ -43,7 +44,8 @@ from tuner.perf.deployment import pd_layout_label as layout_label
 from tuner.perf.pd_link import PDLayout
 from tuner.sim.disagg.routers import PD_ROUTERS as _SIM_PD_ROUTERS
 from tuner.tune.space import (AGGREGATED, DISAGGREGATED, PD_LAYOUT, PD_MODE, PD_PARAMS,
-                              PD_ROUTER, Param, SearchSpace)
+                              PD_PREFILL_BATCHED_TOKENS, PD_PREFILL_SEQS, PD_ROUTER, Param,
+                              SearchSpace)
 
 Disaggregated = Literal["off", "on", "auto"]
 MODES: tuple[str, ...] = ("off", "on", "auto")
@@ -265,8 +267,28 @@ def with_pd(space: SearchSpace, aggregated: SearchSpace, target: Any, *, mode: D
     extra.append(Param(PD_LAYOUT, "categorical", choices=tuple(map(layout_label, layouts)),
                        when=when))
     extra.append(Param(PD_ROUTER, "categorical", choices=proxies, when=when))
+    extra += prefill_limit_params(when)
     name = f"{aggregated.name}+pd" if mode == "auto" else f"{space.name}+pd{gpu_budget}"
     return SearchSpace(name, space.params + tuple(extra)), notes
+
+
+def prefill_limit_params(when: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+                         ) -> list[Param]:
+    """The prefill pool's own ``max_num_batched_tokens`` and ``max_num_seqs``.
+
+    Why searched per pool: a prefill instance only prefills (every request reaches it
+    with ``max_tokens=1``), so its token budget trades TTFT (a long prompt in fewer,
+    larger chunks) against nothing a decoder feels, and its running limit bounds the
+    concurrent prefills and the blocks they hold until the decoder reads them; the
+    trial's own two fields then act on the decode pool, where they bound the decode batch.
+    The ranges: the token budget as the scheduler space's (512..65536 would allow chunks
+    smaller than a prefill instance ever wants; 2048 is vLLM's own default), the running
+    limit 8..512 (a prefill-only batch of more than a few hundred prompts is KV-bound
+    long before); every pair passes vLLM's ``max_num_batched_tokens >= max_num_seqs``."""
+    return [Param(PD_PREFILL_BATCHED_TOKENS, "int", low=2048, high=65536, log=True,
+                  when=when),
+            Param(PD_PREFILL_SEQS, "categorical", choices=(8, 16, 32, 64, 128, 256, 512),
+                  when=when)]
 
 
 def pd_deployment_for(params: dict[str, Any]) -> Deployment | None:
@@ -274,7 +296,10 @@ def pd_deployment_for(params: dict[str, Any]) -> Deployment | None:
     if params.get(PD_MODE) == AGGREGATED or PD_LAYOUT not in params:
         return None
     router = str(params.get(PD_ROUTER, PD_ROUTERS[0]))
-    layout = dataclasses.replace(parse_layout_label(str(params[PD_LAYOUT])), router=router)
+    limits = {key[len("pd."):]: int(params[key])
+              for key in (PD_PREFILL_BATCHED_TOKENS, PD_PREFILL_SEQS) if key in params}
+    layout = dataclasses.replace(parse_layout_label(str(params[PD_LAYOUT])), router=router,
+                                 **limits)
     return Deployment(Split(int(layout.decode_tp or 1)), None, pd=layout, pd_router=router)
 
 

@@ -87,7 +87,10 @@ PD_PREFIX = "pd."
 PD_MODE = PD_PREFIX + "mode"  # "aggregated" | "disaggregated" (--disaggregated auto only)
 PD_LAYOUT = PD_PREFIX + "layout"  # tuner.perf.deployment.pd_layout_label values
 PD_ROUTER = PD_PREFIX + "router"  # the P/D proxy's policy
-PD_PARAMS = (PD_MODE, PD_LAYOUT, PD_ROUTER)
+#: the prefill pool's own limits (tuner.perf.pd_link.PDLayout.prefill_max_num_*)
+PD_PREFILL_BATCHED_TOKENS = PD_PREFIX + "prefill_max_num_batched_tokens"
+PD_PREFILL_SEQS = PD_PREFIX + "prefill_max_num_seqs"
+PD_PARAMS = (PD_MODE, PD_LAYOUT, PD_ROUTER, PD_PREFILL_BATCHED_TOKENS, PD_PREFILL_SEQS)
 AGGREGATED, DISAGGREGATED = "aggregated", "disaggregated"
 
 #: A base on which any single field value passes the cross-field checks
@@ -278,6 +281,8 @@ def deployment_value(deployment: Any, name: str) -> Scalar | None:
             return AGGREGATED if pd is None else DISAGGREGATED
         if pd is None:
             return None
+        if name in (PD_PREFILL_BATCHED_TOKENS, PD_PREFILL_SEQS):
+            return getattr(pd, name[len(PD_PREFIX):])
         return pd_layout_label(pd) if name == PD_LAYOUT else deployment.pd_router
     if deployment.router is None:
         return None
