@@ -108,3 +108,24 @@ def test_cli_reports_and_counts(tmp_path):
     assert res.exit_code == 0 and "API server: 2 process(es)" in res.output
     res = runner.invoke(cli, base + ["--api-server-count", "-1"])
     assert res.exit_code != 0 and "--api-server-count" in res.output
+
+
+def test_profile_records_and_exports_the_count():
+    import dataclasses
+
+    import yaml
+
+    from tuner.profile import Profile, ProfileTarget, export_profile
+    from tuner.profile.model import profile_from_dict
+    from tuner.sim.settings import SchedulerSettings
+
+    target = ProfileTarget(hardware="h200", model="llama-3.1-8b", tp=1, num_gpus=1,
+                           api_server_count=4)
+    profile = Profile(name="api", scheduler=SchedulerSettings.vllm_defaults(141), target=target)
+    assert profile_from_dict(profile.to_dict()).target.api_server_count == 4
+    assert "--api-server-count 4" in export_profile(profile, "flags")
+    assert yaml.safe_load(export_profile(profile, "yaml"))["api-server-count"] == 4
+    default = dataclasses.replace(profile, target=dataclasses.replace(target,
+                                                                      api_server_count=None))
+    assert "api_server_count" not in default.to_dict()["target"]  # older files unchanged
+    assert "api-server-count" not in export_profile(default, "flags")

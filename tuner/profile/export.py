@@ -226,6 +226,8 @@ def target_args(profile: Profile) -> list[str]:
         args += ["--block-size", str(t.block_size)]
     if t.num_gpu_blocks is not None:
         args += ["--num-gpu-blocks-override", str(t.num_gpu_blocks)]
+    if t.api_server_count:  # the API server processes the prediction priced
+        args += ["--api-server-count", str(t.api_server_count)]
     args += speculative_args(profile)
     return args  # --quantization / --kv-cache-dtype ride in the plan (plan_export)
 
