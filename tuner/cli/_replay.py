@@ -346,7 +346,7 @@ def replay_command(trace: str, backend: str, target_flags: TargetFlags,
         write_requests_parquet(result, out, inputs=[trace])
     from tuner.metrics.pd import pd_lines, pd_summary
 
-    pd_block = pd_summary(result.counters)
+    pd_block = pd_summary(result.counters, summary.api_server)
     if as_json:
         extra = {}
         if pd_block is not None:
