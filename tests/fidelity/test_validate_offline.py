@@ -35,8 +35,13 @@ def test_a_configuration_without_a_server_is_predicted_with_tuner_metrics() -> N
     row = rows[0]
     assert row.status == "predicted-only" and row.measured == {}
     # the default summariser is tuner.metrics.summarize: the same figures as summarising
-    # the twin's replay directly (wall-clock fields are not compared)
-    expected = summarize(replay.run(reqs, settings, backend="sim", target=TARGET))
+    # the twin's replay directly behind the API server, the client's view a server's
+    # measurement has (wall-clock fields are not compared)
+    from tuner.perf.api_server import replay_api_server
+
+    expected = summarize(replay.run(reqs, settings, backend="sim", target=TARGET),
+                         api_server=replay_api_server(TARGET, "sim"))
+    assert expected.api_server is not None
     assert set(row.predicted) == set(COMPARED)
     for key in COMPARED:
         assert row.predicted[key] == pytest.approx(float(getattr(expected, key)), nan_ok=True)

@@ -47,6 +47,7 @@ class TargetFlags:
     kv_offloading_backend: str = "native"  # native | lmcache (a modelled tier)
     kv_offloading_eviction_policy: str = "lru"  # lru | arc
     kv_offloading_blocks_per_chunk: int = 1  # GPU blocks per CPU chunk
+    api_server_count: int | None = None  # vLLM --api-server-count; None: the DP size, 0: none
 
     @classmethod
     def from_click(cls, values: dict[str, Any]) -> "TargetFlags":
@@ -194,6 +195,12 @@ def target_options(func):  # type: ignore[no-untyped-def]
                      help="Longest sequence [default: the model's]."),
         click.option("--calibration", type=click.Path(exists=True, dir_okay=False), default=None,
                      help="Calibration YAML from `tuner calibrate` (step-time coefficients)."),
+        click.option("--api-server-count", type=click.IntRange(min=0), default=None,
+                     help="As vLLM's flag: API server processes per replica (tokenise, "
+                          "detokenise, stream; one core each). Replays on the twin price "
+                          "them on the client side of the summary (queue wait, "
+                          "utilisation); 0 leaves them out [default: the --dp size, as "
+                          "vLLM]."),
         *kv_offloading_options(),
     ]
     names = {f.name: f.name for f in fields(TargetFlags)}
@@ -326,7 +333,10 @@ def replay_command(trace: str, backend: str, target_flags: TargetFlags,
         result = replay.run(trace, settings, backend=backend, target=target, load=load,
                             progress=shown, **fleet, **spec_kw)
     num_out = sum(int(r.output_len) for r in result.requests if r.status == "finished")
-    summary = with_bands(summarize(result, measure_from_s=measure_from, measure_to_s=measure_to),
+    from tuner.perf.api_server import api_server_line, replay_api_server
+
+    summary = with_bands(summarize(result, measure_from_s=measure_from, measure_to_s=measure_to,
+                                   api_server=replay_api_server(target, backend)),
                          result, resolved)
     warning = rejection_warning(summary.to_dict(), resolved.cache.max_model_len,
                                 kv_capacity_tokens=kv_capacity_tokens(resolved.cache))
@@ -336,7 +346,7 @@ def replay_command(trace: str, backend: str, target_flags: TargetFlags,
         write_requests_parquet(result, out, inputs=[trace])
     from tuner.metrics.pd import pd_lines, pd_summary
 
-    pd_block = pd_summary(result.counters)
+    pd_block = pd_summary(result.counters, summary.api_server)
     if as_json:
         extra = {}
         if pd_block is not None:
@@ -357,6 +367,8 @@ def replay_command(trace: str, backend: str, target_flags: TargetFlags,
     console.print(summary_table(summary))
     if len(summary.engines) > 1:
         console.print(engine_table(summary))
+    if summary.api_server is not None:
+        click.echo(api_server_line(summary.api_server))
     if pd_block is not None:
         for line in pd_lines(pd_block):
             click.echo(line)

@@ -26,6 +26,7 @@ from typing import Any
 
 from tuner.errors import BackendError, ConfigError
 from tuner.metrics import summarize as summarize_replay
+from tuner.perf.api_server import replay_api_server
 from tuner.replay import TraceLike, run
 from tuner.serve.client import ServerDiedError
 from tuner.serve.server import ServerOptions
@@ -125,7 +126,10 @@ def compare_on_server(configs: Sequence[tuple[str, SchedulerSettings]], trace: T
     out: list[Comparison] = []
     for name, settings in configs:
         twin = run(trace, settings, backend="sim", target=target, load=load)
-        predicted = _pick(summarize(twin))
+        # the client's view, as the server's is: the twin's engine behind the API server
+        # (tuner.perf.api_server; a caller's own summarize gets the replay alone)
+        predicted = _pick(summarize_replay(twin, api_server=replay_api_server(target, "sim"))
+                          if summarize is summarize_replay else summarize(twin))
         say(f"{name}: twin done")
         notes: list[str] = []
         status = "ok"

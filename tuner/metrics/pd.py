@@ -12,8 +12,11 @@ __all__ = ["PD_TTFT_PARTS", "pd_lines", "pd_summary"]
 PD_TTFT_PARTS = ("prefill_queue", "prefill", "decode_queue", "transfer", "first_decode")
 
 
-def pd_summary(counters: dict[str, float]) -> dict[str, Any] | None:
-    """The P/D block of a summary (None for an aggregated replay)."""
+def pd_summary(counters: dict[str, float],
+               api_server: dict[str, float] | None = None) -> dict[str, Any] | None:
+    """The P/D block of a summary (None for an aggregated replay); ``api_server``, the
+    summary's block of that name, adds the server's part to the TTFT split (client TTFT
+    = the engine parts + what the server adds, ``tuner.perf.api_server``)."""
     if "pd_num_prefill" not in counters:
         return None
     c = counters
@@ -28,6 +31,9 @@ def pd_summary(counters: dict[str, float]) -> dict[str, Any] | None:
     total_gpus = sum(gpus.values())
     ttft = {part: {stat: c[f"pd_ttft_{part}_{stat}_s"] for stat in ("mean", "p50", "p90")}
             for part in PD_TTFT_PARTS}
+    if api_server is not None:
+        ttft["api_server"] = {"mean": api_server["added_ttft_mean_s"],
+                              "p50": float("nan"), "p90": api_server["added_ttft_p90_s"]}
     return {
         "pools": pools, "ttft_split_s": ttft,
         "transfers": {"reads": int(c.get("pd_reads", 0)),
@@ -55,7 +61,7 @@ def pd_lines(block: dict[str, Any]) -> list[str]:
                      f"{p['utilization']:.0%}, KV usage {p['kv_usage_mean']:.0%}, "
                      f"prefix-cache hit rate {p['prefix_cache_hit_rate']:.2f}")
     parts = ", ".join(f"{part.replace('_', ' ')} {_ms(ttft[part]['mean'])}"
-                      for part in PD_TTFT_PARTS)
+                      for part in ttft)
     lines.append(f"  TTFT split (mean): {parts}")
     t = block["transfers"]
     lines.append(f"  KV transfers: {t['reads']:,} reads, {t['bytes'] / 1e9:,.2f} GB, "

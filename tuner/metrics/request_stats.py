@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tuner.metrics.record_columns import FINISHED, REJECTED, RecordChunk
+
+if TYPE_CHECKING:
+    from tuner.perf.api_server import ClientClock
 
 __all__ = ["RequestStats"]
 
@@ -43,11 +46,17 @@ class RequestStats:
         lo, hi: the measurement window on arrival times (None: unbounded).
         engines: engine indices to count per engine (windowed engine table), or ().
         slo_ms: the goodput SLOs (``tuner.metrics.slo``); None: no goodput.
+        client: the API server's :class:`~tuner.perf.api_server.ClientClock`; None: the
+            engine's times as recorded.
     """
 
     def __init__(self, lo: float | None, hi: float | None, *, engines: Iterable[int] = (),
-                 slo_ms: dict[str, float] | None = None) -> None:
+                 slo_ms: dict[str, float] | None = None,
+                 client: "ClientClock | None" = None) -> None:
         self.lo, self.hi = lo, hi
+        #: the API server between engine and client (``tuner.perf.api_server``): token
+        #: times are read as the client sees them; None: the engine's own times
+        self.client = client
         self.slo_ms = slo_ms
         self.num_counted = 0
         self.num_finished = 0
@@ -107,6 +116,10 @@ class RequestStats:
         first_sched = rows(chunk.first_scheduled_s)
         finish = rows(chunk.finish_s)
         input_len, output_len = rows(chunk.input_len), rows(chunk.output_len)
+        if self.client is not None:  # first and last token as they reach the client
+            delay = self.client.delays(arrival, first_sched, input_len)
+            first_token = self.client.shift(first_token, delay)
+            finish = self.client.shift(finish, delay)
         cached, preempted = rows(chunk.num_cached_tokens), rows(chunk.num_preemptions)
         self.num_counted += len(status)
         done = status == FINISHED

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,6 +20,9 @@ from tuner.metrics.record_columns import record_chunks
 from tuner.metrics.request_stats import RequestStats
 from tuner.perf.fit.bands import PredictionBands
 from tuner.records import EngineSummary, ReplayResult
+
+if TYPE_CHECKING:
+    from tuner.perf.api_server import ApiServerCost
 
 _NAN = math.nan
 
@@ -100,6 +103,12 @@ class Summary:
     #: with ``cpu_hit_rate`` and ``combined_hit_rate`` over ``prefix_cache_queries``;
     #: None without a tier. Whole replay (not windowed).
     kv_offload: dict[str, float] | None = None
+    #: The API server in front of the engine (``summarize(..., api_server=...)``,
+    #: :func:`api_server_block`): processes, utilisation per process, queue wait, the
+    #: stretch above saturation and the engine's own TTFT; None: left out (the figures
+    #: above are then the engine's own). With it, TTFT, TPOT, ITL, E2E, goodput and the
+    #: throughputs are client-side.
+    api_server: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (JSON-ready apart from nan, which the CLI writes as null); ``bands``
@@ -233,7 +242,8 @@ def kv_capacity_tokens(cache: Any) -> int:
 
 def summarize(result: ReplayResult, *, measure_from_s: float | None = None,
               measure_to_s: float | None = None,
-              slo_ms: dict[str, float] | None = None) -> Summary:
+              slo_ms: dict[str, float] | None = None,
+              api_server: "ApiServerCost | None" = None) -> Summary:
     """Summarise a replay, optionally over a measurement window.
 
     The window excludes warm-up (an empty cache, an empty batch) and drain (the tail
@@ -249,6 +259,10 @@ def summarize(result: ReplayResult, *, measure_from_s: float | None = None,
         measure_to_s: window end (exclusive); None = no bound.
         slo_ms: ``{"ttft": ms, "tpot": ms, "e2el": ms}`` (any subset, :func:`parse_slo`)
             for ``goodput``; None or empty = goodput is nan.
+        api_server: vLLM's API server in front of the engine
+            (``tuner.perf.api_server.api_server_cost``): the latency and throughput
+            figures become the client's (the engine's records stay as replayed) and
+            ``Summary.api_server`` says how loaded it was; None = the engine's figures.
 
     Raises:
         ConfigError: the window is empty or inverted.
@@ -265,9 +279,16 @@ def summarize(result: ReplayResult, *, measure_from_s: float | None = None,
         raise ConfigError(f"no request arrives in the measure window [{lo}, {hi}); "
                           f"arrivals span [{stats.arrival_min:.3f}, "
                           f"{stats.arrival_max:.3f}] s")
+    server: dict[str, float] | None = None
+    stretch = 1.0
+    if api_server is not None and stats.num_finished:
+        stats, server = _client_stats(result, stats, api_server, slo_ms, windowed)
+        stretch = server["stretch"]
     num_finished = stats.num_finished
     ttft, tpot, e2e = stats.ttft, stats.tpot, stats.e2e
     pool_pairs, itl_scope = _itl_pool(result, lo, hi, windowed)
+    if stretch > 1.0:  # a saturated server spaces the tokens out by its own pace
+        pool_pairs = [(g * stretch, c) for g, c in pool_pairs]
     pool = PooledSamples(pool_pairs)
 
     if num_finished:
@@ -322,7 +343,55 @@ def summarize(result: ReplayResult, *, measure_from_s: float | None = None,
         async_scheduling=result.async_scheduling,
         engines=engines,
         kv_offload=kv_offload_counters(result.counters),
+        api_server=server,
     )
+
+
+def _client_stats(result: ReplayResult, engine: RequestStats, cost: "ApiServerCost",
+                  slo_ms: dict[str, float] | None, windowed: bool
+                  ) -> tuple[RequestStats, dict[str, float]]:
+    """The request figures as the client sees them through the API server, and the
+    server's block of the summary.
+
+    The server's load is the counted requests' work (intake of every live one, the tokens
+    of the finished ones) over the span from their first arrival to the last finish, with
+    one output batch per engine step in that span (``tuner.perf.api_server.server_load``,
+    the benchmark fit's model); the records are then read a second time through the
+    :class:`~tuner.perf.api_server.ClientClock` it implies.
+    """
+    from tuner.perf.api_server import ClientClock, server_load_totals
+
+    start = min(engine.first_live, engine.t0)
+    span = engine.t1 - start
+    steps = _step_stats(result, start, engine.t1)["num_steps"] if windowed else int(
+        result.counters.get("num_steps", 0))
+    load = server_load_totals(cost, engine.num_live, engine.in_tokens, engine.out_tokens,
+                              span, steps)
+    client = RequestStats(engine.lo, engine.hi, slo_ms=slo_ms,
+                          engines=engine.per_engine.keys(),
+                          client=ClientClock(cost, load, start))
+    for chunk in record_chunks(result.requests):
+        client.add(chunk)
+    e_ttft, c_ttft = engine.ttft, client.ttft
+    added = c_ttft - e_ttft if c_ttft.size == e_ttft.size else np.zeros(0)
+    block = {
+        "servers": cost.servers,  # processes (--api-server-count x replicas)
+        "utilisation": load.utilisation,  # CPU s per s of one process (rho; > 1: saturated)
+        "wait_s": load.wait_s,  # mean queueing delay of one item (M/D/1)
+        "stretch": load.stretch,  # client span / engine span (rho above 1, else 1)
+        "intake_mean_s": cost.request_s + cost.prompt_token_s * _safe_div(
+            engine.in_tokens, engine.num_finished),  # parse + tokenise, finished requests
+        # TTFT the server adds (client - engine), mean and p90 over requests: the intake
+        # queue (a burst waits for the tokeniser), the way out and the stretch
+        "added_ttft_mean_s": float(added.mean()) if added.size else _NAN,
+        "added_ttft_p90_s": percentile(added, 90),
+        "work_s": load.utilisation * span,  # CPU seconds of one process over the span
+        "engine_ttft_mean_s": float(e_ttft.mean()) if e_ttft.size else _NAN,
+        "engine_ttft_p90_s": percentile(e_ttft, 90),
+        "request_s": cost.request_s, "prompt_token_s": cost.prompt_token_s,
+        "output_token_s": cost.output_token_s,
+    }
+    return client, block
 
 
 def kv_offload_counters(counters: dict[str, float]) -> dict[str, float] | None:

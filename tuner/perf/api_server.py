@@ -46,7 +46,9 @@ high-concurrency row would.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -91,11 +93,27 @@ def server_load(cost: ApiServerCost, input_len: np.ndarray, output_len: np.ndarr
     handler processes a step's outputs for all running requests at once), so the mean
     service time is the total work over requests plus steps.
     """
-    work = float(cost.request_work_s(input_len, output_len).sum()) / max(1, cost.servers)
+    work = float(cost.request_work_s(input_len, output_len).sum())
+    return _load(cost, work, len(input_len), span_s, num_steps)
+
+
+def server_load_totals(cost: ApiServerCost, num_requests: int, input_tokens: float,
+                       output_tokens: float, span_s: float, num_steps: int) -> ServerLoad:
+    """:func:`server_load` from totals (what a replay's streamed summary keeps)."""
+    work = (cost.request_s * num_requests + cost.prompt_token_s * input_tokens
+            + cost.output_token_s * output_tokens)
+    return _load(cost, work, num_requests, span_s, num_steps)
+
+
+def _load(cost: ApiServerCost, work_all: float, num_requests: int, span_s: float,
+          num_steps: int) -> ServerLoad:
+    """The M/D/1 figures of ``work_all`` CPU seconds shared by ``cost.servers`` processes
+    (each gets an equal share of the requests; every process sees every engine step)."""
+    work = work_all / max(1, cost.servers)
     if span_s <= 0.0 or work <= 0.0:
         return ServerLoad(0.0, 0.0, 1.0)
     rho = work / span_s
-    items = len(input_len) / max(1, cost.servers) + max(1, num_steps)
+    items = num_requests / max(1, cost.servers) + max(1, num_steps)
     service = work / items
     r = min(rho, MAX_WAIT_UTILISATION)
     return ServerLoad(rho, r * service / (2.0 * (1.0 - r)), max(1.0, rho))
@@ -107,3 +125,114 @@ def client_ttft_s(cost: ApiServerCost, load: ServerLoad, engine_ttft_s: np.ndarr
     its arrival to its first sampled token), and the first token's way out (queued)."""
     return (engine_ttft_s + cost.intake_s(input_len) + cost.output_token_s
             + 2.0 * load.wait_s)
+
+
+class ClientClock:
+    """Maps a replay's engine-side times to what the client sees, one chunk of records
+    (in arrival order) at a time: ``tuner.metrics.summarize(..., api_server=...)``.
+
+    The engine's timeline is left as the twin ran it (its decisions, the golden digests);
+    the server is a layer on top, with the benchmark fit's costs (:data:`API_SERVER`):
+
+    * **intake**, exactly: each process is a FIFO that parses and tokenises its requests
+      (given round-robin in arrival order) one after the other, ``intake_s`` each:
+      Lindley's recursion ``c_i = max(a_i, c_{i-1}) + s_i``, vectorised as
+      ``c = S + max.accumulate(a - S_prev)``. A request the engine admitted at ``e_i``
+      (its first schedule) cannot start before ``c_i``: its first and last tokens move by
+      ``max(0, c_i - e_i)`` (the tandem of two FIFOs: an intake queue the engine's own
+      queue hides costs nothing; a burst of hundreds of requests on a small model, whose
+      engine admits them at once, waits for the tokeniser). Exact while the moved request
+      does not change the engine's batches for the others. The output stream does not
+      slow the intake here: a burst's intakes come before the tokens they create, and a
+      run's mean output share (its ``rho``) is no measure of the first seconds; the
+      output side pays its own wait and, saturated, the stretch.
+    * **on the way out**: each token ``output_token_s`` plus one M/D/1 wait at the whole
+      server's utilisation (:func:`server_load`), and above ``rho = 1`` the server sets
+      the pace: an engine event at ``t`` leaves at ``t0 + stretch (t - t0)`` (span,
+      TPOT and ITL stretch by ``rho``), as the fit's figures do.
+    """
+
+    __slots__ = ("cost", "load", "t0", "_busy_until", "_next")
+
+    def __init__(self, cost: ApiServerCost, load: ServerLoad, t0: float) -> None:
+        self.cost, self.load, self.t0 = cost, load, t0
+        servers = max(1, cost.servers)
+        self._busy_until = np.full(servers, -np.inf)  # each process's last intake's end
+        self._next = 0  # the process the next request goes to (round-robin)
+
+    def intake_done(self, arrival: np.ndarray, input_len: np.ndarray) -> np.ndarray:
+        """When each request's intake ends (client clock), the next requests in order."""
+        n = len(arrival)
+        done = np.empty(n)
+        servers = len(self._busy_until)
+        service = self.cost.intake_s(np.asarray(input_len, dtype=np.float64))
+        for k in range(min(servers, n)):
+            proc = (self._next + k) % servers
+            rows = slice(k, n, servers)
+            a, s = arrival[rows], service[rows]
+            total = np.cumsum(s)
+            before = total - s  # S_{i-1}
+            c = total + np.maximum(np.maximum.accumulate(a - before), self._busy_until[proc])
+            done[rows] = c
+            if c.size:
+                self._busy_until[proc] = c[-1]
+        self._next = (self._next + n) % servers
+        return done
+
+    def shift(self, engine_t: np.ndarray, delay: np.ndarray) -> np.ndarray:
+        """Client time of engine token times ``engine_t`` whose request's intake moved
+        them by ``delay``."""
+        if self.load.stretch > 1.0:
+            engine_t = self.t0 + (engine_t - self.t0) * self.load.stretch
+        return engine_t + delay + self.cost.output_token_s + 2.0 * self.load.wait_s
+
+    def delays(self, arrival: np.ndarray, first_scheduled: np.ndarray,
+               input_len: np.ndarray) -> np.ndarray:
+        """How far each request's tokens move for its intake: ``max(0, c_i - e_i)``
+        (NaN where the engine never scheduled it)."""
+        return np.maximum(self.intake_done(arrival, input_len) - first_scheduled, 0.0)
+
+
+def api_server_cost(api_server_count: int | None, dp: int = 1,
+                    replicas: int = 1) -> ApiServerCost | None:
+    """The API server in front of a deployment, None when it is left out.
+
+    ``api_server_count`` is vLLM's ``--api-server-count``: None is vLLM 0.33.0's default
+    (the data-parallel size, ``entrypoints/cli/serve.py`` 107-125), 0 leaves the server
+    out (the engine's own figures, as ``--headless`` engines have no server). Each of
+    ``replicas`` is its own ``vllm serve`` with its own servers. The per-item costs are
+    :data:`API_SERVER`'s, the ones the benchmark fit uses.
+    """
+    count = dp if api_server_count is None else int(api_server_count)
+    if count <= 0:
+        return None
+    return dataclasses.replace(API_SERVER, servers=count * max(1, replicas))
+
+
+#: The one set of costs: the benchmark fit (``tuner.perf.fit.benchmark_rows``) and every
+#: replay's summary (:func:`api_server_cost`) price the server with these.
+API_SERVER = ApiServerCost()
+
+
+#: Backends whose replay has no API server of its own (the twin, vLLM's ``Scheduler``
+#: driven in process): their summaries price one in front (``tuner.metrics.summarize``).
+#: A ``vllm-serve`` replay goes through vLLM's own server, measured, and gets none added.
+ENGINE_ONLY_BACKENDS = ("sim", "vllm-core")
+
+
+def replay_api_server(target: Any, backend: str = "sim") -> ApiServerCost | None:
+    """The API server a replay of ``target`` on ``backend`` is summarised behind."""
+    if backend not in ENGINE_ONLY_BACKENDS:
+        return None
+    return api_server_cost(getattr(target, "api_server_count", None),
+                           getattr(target, "dp", 1), getattr(target, "replicas", 1))
+
+
+def api_server_line(block: dict[str, float]) -> str:
+    """One line for a summary's ``api_server`` block (``tuner replay``'s table)."""
+    util = block["utilisation"]
+    state = "saturated: the server, not the engine, sets the pace; " if util > 1.0 else ""
+    return (f"API server: {int(block['servers'])} process(es), utilisation {util:.0%} each, "
+            f"queue wait {1e3 * block['wait_s']:.2f} ms; {state}TTFT +"
+            f"{1e3 * block['added_ttft_mean_s']:.1f} ms mean over the engine's "
+            f"{1e3 * block['engine_ttft_mean_s']:.1f} ms (--api-server-count; 0 leaves it out)")

@@ -87,6 +87,10 @@ class Target:
     kv_offloading_eviction_policy: str = "lru"
     #: GPU blocks per CPU chunk (kv_connector_extra_config ``blocks_per_chunk``)
     kv_offloading_blocks_per_chunk: int = 1
+    #: vLLM ``--api-server-count``: API server processes in front of each replica's engine
+    #: core (tokenise, detokenise, stream; tuner/perf/api_server.py), priced on the client
+    #: side of a replay's summary; None = vLLM's default (the DP size), 0 = left out
+    api_server_count: int | None = None
 
     def __post_init__(self) -> None:
         """Refuse a deployment the twin cannot hold before anything is built for it
@@ -95,6 +99,10 @@ class Target:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"--{name} {value!r}: must be an integer >= 1")
+        count = self.api_server_count
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int)
+                                  or count < 0):
+            raise ConfigError(f"--api-server-count {count!r}: must be an integer >= 0")
         if self.tp > MAX_TP:
             raise ConfigError(f"--tp {self.tp}: more GPUs per engine than any hardware has "
                               f"(at most {MAX_TP})")

@@ -126,6 +126,7 @@ def _target(result: TuneResult, point: Point, deployment: dict[str, Any]) -> Pro
                                    else int(deployment["tp"]) * int(deployment["dp"])
                                    * replicas),
                          block_size=result.block_size,
+                         api_server_count=target.get("api_server_count"),
                          async_scheduling=_replayed_mode(point.metrics, target),
                          vllm_versions=(VLLM_TWIN_VERSION,),
                          quantization=target.get("quantization"),

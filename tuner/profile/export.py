@@ -203,6 +203,8 @@ def flag_lines(args: list[str]) -> list[str]:
 
 def _flags(profile: Profile, plan: ExportPlan, header: list[str]) -> str:
     args = plan.serve_args() + speculative_args(profile)  # the drafts the replay assumed
+    if profile.target.api_server_count:  # the API server processes the prediction priced
+        args = args + ["--api-server-count", str(profile.target.api_server_count)]
     if profile.target.is_multi_engine:  # each engine also needs its parallel layout
         args = engine_args(profile) + args
         if profile.target.replicas > 1:
@@ -224,6 +226,8 @@ def target_args(profile: Profile) -> list[str]:
         args += ["--block-size", str(t.block_size)]
     if t.num_gpu_blocks is not None:
         args += ["--num-gpu-blocks-override", str(t.num_gpu_blocks)]
+    if t.api_server_count:  # the API server processes the prediction priced
+        args += ["--api-server-count", str(t.api_server_count)]
     args += speculative_args(profile)
     return args  # --quantization / --kv-cache-dtype ride in the plan (plan_export)
 
@@ -322,6 +326,8 @@ def _yaml(profile: Profile, plan: ExportPlan, header: list[str]) -> str:
     if profile.target.speculative:
         mapping = {**mapping,
                    "speculative-config": dict(profile.target.speculative["speculative_config"])}
+    if profile.target.api_server_count:  # the API server processes the prediction priced
+        mapping = {**mapping, "api-server-count": profile.target.api_server_count}
     if profile.target.is_multi_engine:
         mapping = {**parallel_mapping(profile), **mapping}
         if profile.target.replicas > 1:

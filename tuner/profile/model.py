@@ -112,6 +112,9 @@ class ProfileTarget:
     #: num_prefill, num_decode, prefill_tp, decode_tp, prefill_hardware, link, router;
     #: ``tp`` is then a decode instance's); None: aggregated (written as before)
     disaggregation: dict[str, Any] | None = None
+    #: vLLM --api-server-count the prediction assumed (tuner/perf/api_server.py; 0: none
+    #: priced); None: vLLM's default, the DP size (not written: older files stay identical)
+    api_server_count: int | None = None
 
     @property
     def is_multi_engine(self) -> bool:
@@ -131,6 +134,8 @@ class ProfileTarget:
             del out["enable_expert_parallel"]
         if out["speculative"] is None:  # off: written as before
             del out["speculative"]
+        if out["api_server_count"] is None:  # vLLM's default: written as before
+            del out["api_server_count"]
         if out["kv_offloading_size"] is None:  # no tier: written as before
             for key in KV_OFFLOADING_FIELDS:
                 del out[key]
@@ -347,6 +352,10 @@ def _target(raw: Any, fail: Any) -> ProfileTarget:
             except ConfigError as exc:
                 raise fail(f"target.{key}", str(exc)) from None
         dtypes[key] = value
+    servers = raw.get("api_server_count")
+    if servers is not None and (not isinstance(servers, int) or isinstance(servers, bool)
+                                or servers < 0):
+        raise fail("target.api_server_count", f"must be an integer >= 0 or null (got {servers!r})")
     source = raw.get("step_time_source")
     if source is not None and source not in ("analytic", "aic"):
         raise fail("target.step_time_source", f"must be analytic or aic (got {source!r})")
@@ -360,7 +369,7 @@ def _target(raw: Any, fail: Any) -> ProfileTarget:
                          enable_expert_parallel=raw.get("enable_expert_parallel", False),
                          speculative=_speculative(raw.get("speculative"), fail),
                          disaggregation=_disaggregation(raw.get("disaggregation"), fail),
-                         **dtypes, **_kv_offloading(raw, fail))
+                         api_server_count=servers, **dtypes, **_kv_offloading(raw, fail))
 
 
 def _disaggregation(raw: Any, fail: Any) -> dict[str, Any] | None:

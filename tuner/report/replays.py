@@ -252,7 +252,11 @@ def _replay_one(i: int) -> tuple[ReplayResult, dict[str, Any]]:
     extra = {} if router is None else {"router": router}
     result = replay.run(reqs, settings, backend=backend, target=target,
                         hash_block_size=block_size, **extra)
-    return result, metrics.summarize(result, measure_from_s=lo).to_dict()
+    from tuner.perf.api_server import replay_api_server
+
+    summary = metrics.summarize(result, measure_from_s=lo,  # client-side, as the trials
+                                api_server=replay_api_server(target, backend))
+    return result, summary.to_dict()
 
 
 def fork_is_safe() -> bool:

@@ -317,9 +317,15 @@ class ReplayEvaluator:
         result = replay.run(requests, settings, backend=self.backend, target=target,
                             hash_block_size=self.block_size, **extra)
         measure_from = self.windows.t_split if window == "holdout" else None
+        from tuner.perf.api_server import replay_api_server
+
         summary = metrics.summarize(result, measure_from_s=measure_from,
-                                    slo_ms=self.slo_ms or None)
+                                    slo_ms=self.slo_ms or None,
+                                    api_server=replay_api_server(target, self.backend))
         out = clean_metrics(summary.to_dict())
+        if summary.api_server is not None:  # the API server's load (trial records, report)
+            out.update({f"api_server_{k}": float(summary.api_server[k])
+                        for k in ("servers", "utilisation", "wait_s", "stretch")})
         out.update(metrics.trial_band_keys(summary, result, target))  # error bands (reporting)
         out.update(tier_metrics(result.counters))  # GPU + CPU hit rate (kv_tier_space)
         if len(summary.engines) > 1:

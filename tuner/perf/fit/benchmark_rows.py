@@ -30,9 +30,13 @@ from typing import Any
 import numpy as np
 
 from tuner.errors import ConfigError
-from tuner.perf.api_server import ApiServerCost, client_ttft_s, server_load
+from tuner.perf.api_server import API_SERVER, ApiServerCost, client_ttft_s, server_load
 from tuner.perf.step_time import RooflineStepTimeModel
 from tuner.perf.target import Target
+
+# API_SERVER (imported above): the API server's costs, one set shared with the replays'
+# summaries; served (closed-loop) rows pay them, offline and batch runs use the ``LLM``
+# class in the benchmark's own process and have no API server in the path.
 
 DATA_DIR = Path(__file__).parents[1] / "data"
 PUBLISHED_CSV = DATA_DIR / "benchmarks" / "published-train.csv"
@@ -54,9 +58,6 @@ FIGURES = ("tok_s_gpu", "out_tok_s", "total_tok_s", "ttft_mean", "ttft_med", "tp
 #: prompts (steady state is reached long before; the published run had 16,384).
 OFFLINE_PROMPTS = 3072
 SEED = 20260615
-#: The API server's costs for served (closed-loop) rows; offline and batch runs use the
-#: ``LLM`` class in the benchmark's own process and have no API server in the path.
-API_SERVER = ApiServerCost()
 #: First vLLM release with async scheduling on by default (vLLM PR #27614, late 2025:
 #: ``SchedulerConfig.async_scheduling`` None resolves to True, vllm_compat.py).
 ASYNC_DEFAULT_SINCE = (0, 14)
