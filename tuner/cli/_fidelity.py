@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from tuner.cli._common import echo_json, handle_errors
+from tuner.cli._pd import pd_options
 from tuner.cli._replay import TargetFlags, make_load, target_options
 from tuner.cli._spec import spec_options
 
@@ -34,11 +35,13 @@ from tuner.cli._spec import spec_options
 @click.option("--context", type=click.IntRange(min=0), default=3, show_default=True,
               help="Steps shown before the first divergence.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@pd_options
 @handle_errors
 def fidelity_command(trace: str, vllm_python: str | None, target_flags: TargetFlags,
                      spec_flags: Any, assignments: tuple[str, ...],
                      speedup: float | None, concurrency: int | None,
-                     prefill_interval_mode: str | None, context: int, as_json: bool) -> None:
+                     prefill_interval_mode: str | None, context: int, as_json: bool,
+                     pd_flags: Any) -> None:
     """Check that the twin schedules TRACE exactly as vLLM's own Scheduler does.
 
     Replays TRACE on the twin and on vLLM's Scheduler class (in --vllm-python, with
@@ -46,12 +49,16 @@ def fidelity_command(trace: str, vllm_python: str | None, target_flags: TargetFl
     compares every step: scheduled requests and token counts, preemptions, prefix-cache
     hits at admission, KV usage. Prints the first divergence with the steps before it,
     a summary and the twin's speed ratio over vllm-core. Exit code 1 when they differ.
+    With --pd P:D every pool engine of the disaggregated replay is checked against vLLM's
+    scheduler with its NIXL connector (vLLM 0.33.0), driven by that engine's calls.
 
     \b
     Example:
       tuner fidelity traces/agentic_1h.parquet --vllm-python /opt/tuner-vllm-envs/vllm-0.33.0/bin/python \\
           --hardware h200 --model llama-3.1-8b --block-size 16 --num-gpu-blocks 2000 \\
           --set cache_aware_admission_window=16 --set cache_aware_admission_threshold=0.5
+      tuner fidelity traces/agentic_1h.parquet --vllm-python /opt/tuner-vllm-envs/vllm-0.33.0/bin/python \
+          --hardware h200 --model llama-3.1-8b --num-gpu-blocks 2000 --pd 1:2 --prefill-tp 2
     """
     from tuner import replay
     from tuner import vllm_compat
@@ -65,6 +72,14 @@ def fidelity_command(trace: str, vllm_python: str | None, target_flags: TargetFl
     load = make_load(speedup, concurrency)
     resolved = resolve_target(target)
     settings = replay.parse_settings(assignments, resolved.default_settings)
+    layout = pd_flags.layout()
+    if layout is not None:
+        _pd_fidelity(trace, settings, layout, python=python, target=target, load=load,
+                     options=dataclasses.replace(
+                         twin_options_for(python, prefill_interval_mode),
+                         speculative=speculative),
+                     context=context, as_json=as_json, pd_flags=pd_flags)
+        return
     report, _, _ = run_parity(trace, settings, vllm_python=python, target=target, load=load,
                               options=dataclasses.replace(
                                   twin_options_for(python, prefill_interval_mode),
@@ -75,6 +90,29 @@ def fidelity_command(trace: str, vllm_python: str | None, target_flags: TargetFl
                    "async_scheduling": resolved.async_scheduling})
     else:
         click.echo(f"async_scheduling: {str(resolved.async_scheduling).lower()}")
+        click.echo(report.format_text())
+    if not report.identical:
+        raise SystemExit(1)
+
+
+def _pd_fidelity(trace: str, settings: Any, layout: Any, *, python: str, target: Any,
+                 load: Any, options: Any, context: int, as_json: bool,
+                 pd_flags: Any) -> None:
+    """``fidelity --pd``: every pool engine against vLLM's (``tuner.fidelity.pd_parity``)."""
+    from tuner.errors import ConfigError
+    from tuner.fidelity.pd_parity import run_pd_parity
+
+    if pd_flags.serve or pd_flags.check_python:
+        raise ConfigError("--pd-serve / --pd-check-vllm print serve commands: use them on "
+                          "tuner replay")
+    if options.speculative is not None:
+        raise ConfigError("--pd with --speculative-config: the P/D replay does not model "
+                          "speculative decoding yet; drop one of them")
+    report = run_pd_parity(trace, settings, layout=layout, vllm_python=python,
+                           target=target, load=load, options=options, context=context)
+    if as_json:
+        echo_json({**report.to_dict(), "settings": settings.to_dict()})
+    else:
         click.echo(report.format_text())
     if not report.identical:
         raise SystemExit(1)
