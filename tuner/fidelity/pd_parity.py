@@ -157,8 +157,7 @@ def run_pd_parity(trace: Any, settings: Any, *, layout: Any, vllm_python: str,
         BackendError: the vLLM side failed.
     """
     from tuner.perf.presets import resolve_target
-    from tuner.replay import prepare, prefill_settings
-    from tuner.replay._disagg import pd_pools
+    from tuner.replay import pd_pools, prefill_settings, prepare
     from tuner.sim.settings import SimOptions
     from tuner.vllm_core.backend import run_driver
 
@@ -168,7 +167,7 @@ def run_pd_parity(trace: Any, settings: Any, *, layout: Any, vllm_python: str,
     twin = prepare(trace, settings, backend="sim", target=target, load=load,
                    options=options, pd=layout)
     try:
-        sim = twin._simulator  # the PDSimulator (tuner.replay._sim.SimBackend.prepare)
+        sim = twin.simulator  # the PDSimulator (tuner.replay._sim.SimBackend)
         logs: list[tuple[str, int, Any, list[tuple]]] = []
         for role, engines in (("prefill", sim.prefill), ("decode", sim.decode)):
             for i, engine in enumerate(engines):

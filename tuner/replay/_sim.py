@@ -80,6 +80,14 @@ class SimBackend(Backend):
             options=options, load=load, num_gpus=target.num_gpus,
             num_hash_ids=getattr(requests, "num_hash_ids", None))
 
+    @property
+    def simulator(self) -> Any:
+        """The prepared simulator (a ``Simulator``, ``FleetSimulator`` or ``PDSimulator``):
+        a check that watches its engines (``tuner.fidelity.pd_parity``) hooks them before
+        ``run``."""
+        assert self._simulator is not None, "SimBackend.simulator before prepare()"
+        return self._simulator
+
     def run(self, progress: ProgressCallback | None = None) -> "ReplayResult":
         assert self._simulator is not None, "SimBackend.run() called before prepare()"
         return self._simulator.run(progress=progress)
