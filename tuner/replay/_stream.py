@@ -158,12 +158,13 @@ class _TurnPrefixes:
     windows' sessions on a day of traffic).
     """
 
-    __slots__ = ("_latest", "_window")
+    __slots__ = ("_latest", "_window", "enabled")
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
         # session -> [window, raw prompt + output, their first ids (None until looked up)]
         self._latest: dict[str, list[Any]] = {}
         self._window = 0
+        self.enabled = enabled
 
     def clear(self) -> None:
         self._latest.clear()
@@ -178,7 +179,7 @@ class _TurnPrefixes:
               ) -> tuple[int, list[Any] | None, list[Any] | None]:
         """A turn read in issue order: (leading raw hashes of ``prompt`` shared with the
         session's latest turn, that turn's entry, this turn's entry, now the latest)."""
-        if session is None:
+        if session is None or not self.enabled:
             return 0, None, None
         source = self._latest.get(session)
         shared = 0
@@ -219,10 +220,13 @@ class TraceArrivals:
         block_size: the KV block size to replay at.
         window: requests built (hashes interned and split) at a time.
         min_compact_ids: no renumbering while the id space is smaller than this.
+        reuse_turns: a session's turn takes the ids of the prefix it shares with the
+            session's latest turn from that turn (``_TurnPrefixes``); False looks every
+            hash up (the oracle tests/replay/test_stream.py holds it equal to).
     """
 
     def __init__(self, trace: Any, block_size: int, *, window: int = 1024,
-                 min_compact_ids: int = 1 << 22) -> None:
+                 min_compact_ids: int = 1 << 22, reuse_turns: bool = True) -> None:
         import polars as pl
 
         self.block_size = block_size
@@ -259,7 +263,7 @@ class TraceArrivals:
         self._next_compact = min_compact_ids
         self.num_renumberings = 0
         self._holders: list[Any] = []  # hold_hash_ids: besides the engines' schedulers
-        self._turns = _TurnPrefixes()
+        self._turns = _TurnPrefixes(enabled=reuse_turns)
 
     # ----------------------------------------------------------------- ArrivalSource
     def table(self) -> RequestTable:
