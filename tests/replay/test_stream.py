@@ -170,3 +170,129 @@ def test_streamed_fleet_replays_like_the_loaded_one(tmp_path: Path, router: str,
         got = records(FleetSimulator(stream, settings, cache, step_time, **kw).run())
         assert got == want, f"window {window}"
         assert stream.num_renumberings > 0
+
+
+def _session_trace(data, hbs: int):  # type: ignore[no-untyped-def]
+    """Sessions whose turns extend an earlier turn's prompt + output (often whole, else
+    cut or with a changed hash), hashes drawn from a small pool (repeats within and
+    across requests), some requests without a session."""
+    from hypothesis import strategies as st
+
+    from tuner.trace.schema import TraceRequest
+
+    pool = st.integers(1, 40)
+    latest: dict[str, tuple[list[int], list[int], int]] = {}
+    out, t = [], 0.0
+    for i in range(data.draw(st.integers(2, 24), label="requests")):
+        t += data.draw(st.sampled_from([0.0, 0.01, 0.3]), label="gap")
+        session = data.draw(st.sampled_from([None, "a", "b", "c", "d"]), label="session")
+        prefix: list[int] = []
+        if session in latest and data.draw(st.booleans(), label="follows"):
+            prompt, output, _ = latest[session]
+            prefix = prompt + output
+            cut = data.draw(st.sampled_from(["whole", "cut", "changed"]), label="cut")
+            if cut == "cut" and prefix:
+                prefix = prefix[:data.draw(st.integers(0, len(prefix)), label="at")]
+            elif cut == "changed" and prefix:
+                at = data.draw(st.integers(0, len(prefix) - 1), label="changed at")
+                prefix = prefix[:at] + [1000 + i] + prefix[at + 1:]
+        extra = data.draw(st.lists(pool, min_size=1, max_size=6), label="new hashes")
+        hashes = prefix + extra
+        input_len = (len(hashes) - 1) * hbs + data.draw(st.integers(1, hbs), label="tail")
+        output_len = data.draw(st.integers(1, 3 * hbs), label="output_len")
+        n_out = (input_len + output_len) // hbs - input_len // hbs
+        out_hashes = data.draw(st.lists(pool, min_size=n_out, max_size=n_out), label="out")
+        request = TraceRequest(request_id=f"r{i:03d}", arrival_s=t, input_len=input_len,
+                               output_len=output_len, block_hashes=tuple(hashes),
+                               output_block_hashes=tuple(out_hashes), session_id=session)
+        out.append(request)
+        if session is not None:
+            latest[session] = (list(hashes[:input_len // hbs]), list(out_hashes), i)
+    return out
+
+
+class _Recording(TraceArrivals):
+    """A stream that keeps a copy of every request's ids as built."""
+
+    built: list
+
+    def _build(self, start: int, stop: int):  # type: ignore[no-untyped-def]
+        out = super()._build(start, stop)
+        self.built.extend((pos, r.block_hashes.tolist(), r.output_block_hashes.tolist())
+                          for pos, r in out)
+        return out
+
+
+def test_turn_prefix_reuse_gives_the_ids_of_looking_up_every_hash(tmp_path: Path) -> None:
+    """``reuse_turns`` (a turn's shared prefix takes the previous turn's ids) against
+    looking every hash up: identical ids for every request, and identical records, at
+    any window, with the id space renumbered often, whole-block and split hashes."""
+    from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+
+    from tuner.trace import read_trace, write_trace
+    from tuner.trace.schema import TraceMetadata
+
+    runs = iter(range(10_000))
+
+    @hsettings(max_examples=40, deadline=None,
+               suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                      HealthCheck.too_slow])
+    @given(st.data())
+    def check(data) -> None:  # type: ignore[no-untyped-def]
+        hbs, block_size = data.draw(st.sampled_from([(16, 16), (64, 16), (16, 32)]),
+                                    label="blocks")
+        reqs = _session_trace(data, hbs)
+        window = data.draw(st.sampled_from([1, 2, 5, 1000]), label="window")
+        compact = data.draw(st.sampled_from([8, 1 << 22]), label="min_compact_ids")
+        path = write_trace(tmp_path / f"s{next(runs)}.parquet", reqs,
+                           TraceMetadata(hash_block_size=hbs, source_format="test"))
+        trace = read_trace(path)
+        settings = SchedulerSettings(max_num_batched_tokens=256, max_num_seqs=6)
+        cache = CacheSettings(block_size=block_size, num_gpu_blocks=40, max_model_len=8192)
+        # No invariant walk: it refuses a request holding a block twice, which a hash
+        # repeated in one request's chain makes legitimate (and the pool handles).
+        options = SimOptions(record_steps=True)
+        got = {}
+        for reuse in (False, True):
+            stream = _Recording(trace, block_size, window=window, min_compact_ids=compact,
+                                reuse_turns=reuse)
+            stream.built = []
+            result = Simulator(stream, settings, cache, step_time, options=options).run()
+            got[reuse] = (stream.built, records(result), stream.num_renumberings)
+        assert got[True] == got[False]
+
+    check()
+
+
+def test_turn_prefix_reuse_covers_a_followed_turn(tmp_path: Path) -> None:
+    """The reuse is taken: a second turn extending the first one's prompt and output
+    looks up only its new hashes (so the oracle above compares two different paths)."""
+    from tuner.replay import _stream
+    from tuner.trace import read_trace, write_trace
+    from tuner.trace.schema import TraceMetadata, TraceRequest
+
+    first = TraceRequest(request_id="a", arrival_s=0.0, input_len=40, output_len=30,
+                         block_hashes=(1, 2, 3), output_block_hashes=(4, 5),
+                         session_id="s")
+    second = TraceRequest(request_id="b", arrival_s=5.0, input_len=90, output_len=4,
+                          block_hashes=(1, 2, 4, 5, 6, 7), output_block_hashes=(),
+                          session_id="s")
+    path = write_trace(tmp_path / "two.parquet", [first, second],
+                       TraceMetadata(hash_block_size=16, source_format="test"))
+    looked_up = []
+    original = _stream._HashMap.lookup
+
+    def spy(self, raw, space):  # type: ignore[no-untyped-def]
+        looked_up.append(raw.tolist())
+        return original(self, raw, space)
+
+    settings = SchedulerSettings(max_num_batched_tokens=256, max_num_seqs=6)
+    cache = CacheSettings(block_size=16, num_gpu_blocks=40, max_model_len=8192)
+    stream = TraceArrivals(read_trace(path), 16, window=1)
+    _stream._HashMap.lookup = spy  # type: ignore[method-assign]
+    try:
+        Simulator(stream, settings, cache, step_time).run()
+    finally:
+        _stream._HashMap.lookup = original  # type: ignore[method-assign]
+    assert len(looked_up) == 2
+    assert looked_up[1] != [1, 2, 4, 5, 6, 7] and len(looked_up[1]) < 6

@@ -63,7 +63,8 @@ class BlockPool:
     __slots__ = ("num_gpu_blocks", "enable_caching", "ref_cnt", "block_hash",
                  "free_block_queue", "first_holder", "last_holder", "next_holder",
                  "prev_holder", "num_hash_ids", "null_block", "num_evictions", "watched",
-                 "watched_mask", "num_watched_ids", "num_stale_watched", "watch_epoch", "_mark", "_positions")
+                 "watched_mask", "num_watched_ids", "num_stale_watched", "watch_epoch", "_mark", "_positions",
+                 "_positions32")
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool = True,
                  num_hash_ids: int = 1 << 16) -> None:
@@ -96,6 +97,7 @@ class BlockPool:
         # Scratch for the duplicate check of a block batch (see _has_repeats).
         self._mark = np.zeros(num_gpu_blocks, dtype=_ID)
         self._positions = np.arange(1024, dtype=_ID)
+        self._positions32 = np.arange(1024, dtype=np.int32)  # touch's check, on ref_cnt
 
     # ----------------------------------------------------------------- hash ids
     def reserve_ids(self, count: int) -> int:
@@ -315,18 +317,28 @@ class BlockPool:
         free hit blocks first, so the prompt is not gathered and compared twice.
         Returns whether a block occurred twice (a hash repeated in one chain).
         """
-        if not len(blocks):
+        n = len(blocks)
+        if not n:
             return False
         ref = self.ref_cnt
-        if self._has_repeats(blocks):
+        if refs is None:
+            refs = ref.take(blocks)
+        # The duplicate check (``_has_repeats``) on the ref counts themselves: their
+        # lines were just read, so the scatter and gather stay in cache (a scratch array
+        # of its own missed it once a block). Every copy of a repeated block read the
+        # same count, so the store below, or the restore, is exact either way.
+        if n > len(self._positions32):
+            self._positions32 = np.arange(2 * n, dtype=np.int32)
+        pos = self._positions32[:n]
+        ref[blocks] = pos
+        if np.count_nonzero(ref.take(blocks) != pos):
+            ref[blocks] = refs
             queue = self.free_block_queue
             for block in blocks.tolist():
                 if ref[block] == 0:
                     queue.remove(block)
                 ref[block] += 1
             return True
-        if refs is None:
-            refs = ref.take(blocks)
         if free is None:
             free = refs == 0
             num_free = np.count_nonzero(free)
