@@ -21,6 +21,11 @@ after):
   reads (``WAITING_FOR_REMOTE_KVS``): vLLM's ``finish_requests(FINISHED_ABORTED)`` with
   its blocks held until the read is reported, the prefill side's released at the read's
   end as for any read;
+* ``push-*``: the same cases (and ``push-basic``, eight short requests) with
+  ``NixlPushConnector`` on both instances (vLLM's ``NixlPushConnectorScheduler``, the
+  twin's ``tuner.sim.disagg.nixl_push``): the prefill instance writes after the
+  decoder's registration, serialized on its own link, and keeps stepping while it holds
+  blocks (``has_pending_push_work``);
 """
 
 from __future__ import annotations
@@ -155,7 +160,7 @@ def jobs(case: PDCase, model_dir: str) -> list[dict[str, Any]]:
                     "settings": case.settings.to_dict(), "cache": dataclasses.asdict(cache),
                     "async_scheduling": case.async_scheduling, "model_dir": model_dir,
                     "events": case.events[role], "read_end_s": ends,
-                    "prefill_tp": case.pd.prefill_tp})
+                    "prefill_tp": case.pd.prefill_tp, "transfer_mode": case.pd.variant})
     return out
 
 
@@ -203,5 +208,20 @@ def cases() -> list[PDCase]:
             PDCase(f"prefill-held-full-{tag}", held_requests(), small, 30, 200, slow, mode),
             PDCase(f"abort-in-transfer-{tag}", held_requests(), small, 200, 200, slow, mode,
                    abort_mid_read=(2, 5)),
+        ]
+        push = dict(variant="push")
+        out += [  # NixlPushConnector: the prefill instance writes (tuner.sim.disagg.nixl_push)
+            PDCase(f"push-basic-{tag}", held_requests(), small, 200, 200,
+                   dataclasses.replace(one, **push), mode),
+            PDCase(f"push-decoder-local-hit-{tag}", local_hit_requests(), small, 200, 200,
+                   dataclasses.replace(one, **push), mode),
+            PDCase(f"push-decoder-kv-full-{tag}", kv_full_requests(), small, 200, 40,
+                   dataclasses.replace(one, **push), mode),
+            PDCase(f"push-hetero-tp-{tag}", hetero_requests(), small, 200, 4 * 40,
+                   dataclasses.replace(hetero, **push), mode),
+            PDCase(f"push-prefill-held-full-{tag}", held_requests(), small, 30, 200,
+                   dataclasses.replace(slow, **push), mode),
+            PDCase(f"push-abort-in-transfer-{tag}", held_requests(), small, 200, 200,
+                   dataclasses.replace(slow, **push), mode, abort_mid_read=(2, 5)),
         ]
     return out

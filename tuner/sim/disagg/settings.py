@@ -11,7 +11,10 @@ from dataclasses import dataclass
 
 from tuner.errors import ConfigError
 
-__all__ = ["PDSettings"]
+__all__ = ["PDSettings", "TRANSFER_MODES"]
+
+#: vLLM 0.33.0's NIXL transfer modes (``_TRANSFER_MODE`` of its two scheduler classes)
+TRANSFER_MODES = ("pull", "push")
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +32,10 @@ class PDSettings:
     link_bytes_per_s: float = 0.0  # per GPU, one direction (NIC, xGMI or NVLink), > 0
     link_latency_s: float = 0.0  # fixed cost per transfer (handshake, RDMA READ setup, notif)
     link_name: str = ""  # e.g. "400 Gb/s NIC per GPU" (for the summary)
-    variant: str = "pull"  # "pull": the decoder reads (NixlPullConnectorScheduler)
+    #: vLLM's ``transfer_mode``: "pull", the decoder reads (``NixlConnector``,
+    #: ``tuner.sim.disagg.nixl``); "push", the prefill instance writes
+    #: (``NixlPushConnector``, ``tuner.sim.disagg.nixl_push``)
+    variant: str = "pull"
     #: the proxy's prefill/decode choices: a ``tuner.sim.disagg.routers.PD_ROUTERS`` name
     router: str = "vllm-proxy"
 
@@ -41,9 +47,9 @@ class PDSettings:
             raise ConfigError("disaggregation: the link between the pools needs a bandwidth > 0")
         if self.bytes_per_token_rank < 0 or self.link_latency_s < 0:
             raise ConfigError("disaggregation: KV bytes and link latency must be >= 0")
-        if self.variant != "pull":
-            raise ConfigError(f"disaggregation: transfer variant {self.variant!r}: the twin "
-                              "replays vLLM's pull (READ) connector only")
+        if self.variant not in TRANSFER_MODES:
+            raise ConfigError(f"--pd-transfer-mode {self.variant!r}: use one of "
+                              f"{', '.join(TRANSFER_MODES)}")
         from tuner.sim.disagg.routers import PD_ROUTERS
 
         if self.router not in PD_ROUTERS:
