@@ -160,7 +160,8 @@ def jobs(case: PDCase, model_dir: str) -> list[dict[str, Any]]:
                     "settings": case.settings.to_dict(), "cache": dataclasses.asdict(cache),
                     "async_scheduling": case.async_scheduling, "model_dir": model_dir,
                     "events": case.events[role], "read_end_s": ends,
-                    "prefill_tp": case.pd.prefill_tp, "transfer_mode": case.pd.variant})
+                    "prefill_tp": case.pd.prefill_tp, "transfer_mode": case.pd.variant,
+                    "probe_has_requests": True})
     return out
 
 

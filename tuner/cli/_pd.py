@@ -28,6 +28,7 @@ class PDFlags:
     serve: bool = False  # --pd-serve: print the per-instance vllm serve commands
     check_python: str | None = None  # --pd-check-vllm PYTHON
     pd_router: str | None = None  # --pd-router (None: vllm-proxy)
+    transfer_mode: str | None = None  # --pd-transfer-mode (None: pull)
 
     def layout(self) -> "PDLayout | None":
         """The ``PDLayout`` (None without ``--pd``); a pool flag without ``--pd`` is an
@@ -38,7 +39,8 @@ class PDFlags:
             given = [name for name, value in (
                 ("--prefill-tp", self.prefill_tp), ("--decode-tp", self.decode_tp),
                 ("--prefill-hardware", self.prefill_hardware), ("--pd-link", self.pd_link),
-                ("--pd-router", self.pd_router))
+                ("--pd-router", self.pd_router),
+                ("--pd-transfer-mode", self.transfer_mode))
                 if value is not None]
             if self.serve or self.check_python:
                 given.append("--pd-serve / --pd-check-vllm")
@@ -50,7 +52,8 @@ class PDFlags:
         return PDLayout(num_prefill=p, num_decode=d, prefill_tp=self.prefill_tp,
                         decode_tp=self.decode_tp, prefill_hardware=self.prefill_hardware,
                         link=self.pd_link or "auto",  # type: ignore[arg-type]
-                        router=self.pd_router or "vllm-proxy")
+                        router=self.pd_router or "vllm-proxy",
+                        transfer_mode=self.transfer_mode or "pull")
 
 
 def pd_options(func: Any) -> Any:
@@ -88,9 +91,15 @@ def pd_options(func: Any) -> Any:
                           "(vLLM's example proxy, round robin), llm-d (its P/D scheduler: "
                           "prefix-cache + queue scorers, decode picked first), dynamo "
                           "(its KV router per pool) [default: vllm-proxy]."),
+        click.option("--pd-transfer-mode", "transfer_mode",
+                     type=click.Choice(["pull", "push"]), default=None,
+                     help="With --pd: who moves the KV (vLLM's transfer_mode): pull (the "
+                          "decoder READs, NixlConnector) or push (the prefill instance "
+                          "WRITEs after the decoder registers its blocks, "
+                          "NixlPushConnector) [default: pull]."),
     ]
     names = ("pd", "prefill_tp", "decode_tp", "prefill_hardware", "pd_link", "serve",
-             "check_python", "pd_router")
+             "check_python", "pd_router", "transfer_mode")
 
     @functools.wraps(func)
     def with_flags(*args: Any, **kwargs: Any) -> Any:

@@ -298,7 +298,10 @@ def _pd_from_dict(data: dict[str, Any]) -> tuple[PDLayout | None, str | None]:
 
     if router is not None and router not in PD_ROUTERS:
         raise ConfigError(f"pd.router: one of {', '.join(PD_ROUTERS)} (got {router!r})")
-    layout = PDLayout(**counts, prefill_hardware=hw, link=link)
+    mode = raw.get("transfer_mode", "pull")
+    if mode not in ("pull", "push"):
+        raise ConfigError(f"pd.transfer_mode: pull or push (got {mode!r})")
+    layout = PDLayout(**counts, prefill_hardware=hw, link=link, transfer_mode=mode)
     return (layout if router is None else dataclasses.replace(layout, router=router)), router
 
 

@@ -101,12 +101,19 @@ class PDLayout:
     link: PDLink = "auto"  # --pd-link
     #: --pd-router: the proxy's choices (``tuner.sim.disagg.routers.PD_ROUTERS``)
     router: str = "vllm-proxy"
+    #: --pd-transfer-mode: vLLM's ``transfer_mode``, "pull" (``NixlConnector``) or "push"
+    #: (``NixlPushConnector``)
+    transfer_mode: str = "pull"
 
     def to_dict(self) -> dict[str, object]:
-        return {"num_prefill": self.num_prefill, "num_decode": self.num_decode,
-                "prefill_tp": self.prefill_tp, "decode_tp": self.decode_tp,
-                "prefill_hardware": self.prefill_hardware, "link": self.link,
-                "router": self.router}
+        out: dict[str, object] = {
+            "num_prefill": self.num_prefill, "num_decode": self.num_decode,
+            "prefill_tp": self.prefill_tp, "decode_tp": self.decode_tp,
+            "prefill_hardware": self.prefill_hardware, "link": self.link,
+            "router": self.router}
+        if self.transfer_mode != "pull":  # pull records stay as they were
+            out["transfer_mode"] = self.transfer_mode
+        return out
 
 
 def parse_pd(text: str) -> tuple[int, int]:
@@ -158,6 +165,7 @@ def pd_settings(layout: PDLayout, prefill: "ResolvedTarget",
         prefill_tp=p_tp, decode_tp=d_tp, block_size=decode.cache.block_size,
         bytes_per_token_rank=decode.model.kv_bytes_per_token(d_tp),
         link_bytes_per_s=link.bytes_per_s * TRANSFER_EFFICIENCY,
-        link_latency_s=link.latency_s, link_name=link.name, router=layout.router)
+        link_latency_s=link.latency_s, link_name=link.name, router=layout.router,
+        variant=layout.transfer_mode)
     settings.validate()
     return settings

@@ -50,7 +50,8 @@ def pd_commands(profile: "Profile", scheduler_args: list[str]) -> list["PDServeC
         prefill_tp=int(raw["prefill_tp"]), decode_tp=int(raw["decode_tp"]),
         prefill_vendor=load_hardware(prefill_hw).vendor,
         decode_vendor=load_hardware(decode_hw).vendor, same_node="NIC" not in link.name,
-        extra_args=tuple(_without_tp(scheduler_args)))
+        extra_args=tuple(_without_tp(scheduler_args)),
+        transfer_mode=str(raw.get("transfer_mode") or "pull"))
 
 
 def _without_tp(args: list[str]) -> list[str]:

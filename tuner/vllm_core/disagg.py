@@ -182,8 +182,9 @@ class PDCoreEngine(VllmCoreEngine):
         return step
 
 
-def replay_pd_engine(job: dict[str, Any]) -> list[Any]:
-    """The step records of vLLM's scheduler driven through ``job["events"]`` (module doc)."""
+def replay_pd_engine(job: dict[str, Any]) -> Any:
+    """The step records of vLLM's scheduler driven through ``job["events"]`` (module doc);
+    with ``probe_has_requests``, ``{"steps": ..., "has_requests": ...}``."""
     role = job["pd_role"]
     cache = job["cache"]
     block_size = int(cache["block_size"])
@@ -201,12 +202,18 @@ def replay_pd_engine(job: dict[str, Any]) -> list[Any]:
                           role=role, prefill_tp=int(job.get("prefill_tp", 1)))
     steps: dict[int, Any] = {}
     num_scheduled = 0
+    #: with ``probe_has_requests``: per schedule, (``has_unfinished_requests``,
+    #: ``has_pending_push_work``), the two reasons ``Scheduler.has_requests`` steps for
+    probe: list[tuple[bool, bool]] | None = [] if job.get("probe_has_requests") else None
     for event in job["events"]:
         kind = event[0]
         if kind == "add":
             r = requests[event[1]]
             engine.add_request(event[1], r, float(event[2]))
         elif kind == "schedule":
+            if probe is not None:  # why vLLM's engine core would step here
+                probe.append((scheduler.has_unfinished_requests(),
+                              scheduler.connector.has_pending_push_work()))
             steps[num_scheduled] = engine.schedule(float(event[1]))
             num_scheduled += 1
         elif kind == "start":
@@ -215,6 +222,8 @@ def replay_pd_engine(job: dict[str, Any]) -> list[Any]:
             engine.update(steps.pop(event[1]), float(event[2]))
         elif kind == "abort":
             engine.abort(str(event[1]))
+    if probe is not None:
+        return {"steps": engine.steps, "has_requests": probe}
     return engine.steps
 
 
