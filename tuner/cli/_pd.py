@@ -127,6 +127,7 @@ def pd_serve_lines(flags: PDFlags, layout: "PDLayout", resolved: Any,
         num_prefill=layout.num_prefill, num_decode=layout.num_decode,
         prefill_tp=prefill.tp, decode_tp=decode.tp, prefill_vendor=prefill.hardware.vendor,
         decode_vendor=decode.hardware.vendor, same_node="NIC" not in link.name,
+        transfer_mode=layout.transfer_mode,
         extra_args=("--max-num-batched-tokens", str(settings.max_num_batched_tokens),
                     "--max-num-seqs", str(settings.max_num_seqs)))
     model = resolved.model.name
