@@ -28,6 +28,8 @@ _RESULTS: dict[str, Any] = {}
 #: case name -> per engine, per schedule: vLLM's (has_unfinished_requests,
 #: has_pending_push_work) before it
 _PROBES: dict[str, Any] = {}
+#: case name -> per engine, the same pair after the twin's last call on it
+_AFTER_LAST: dict[str, Any] = {}
 
 
 def results() -> dict[str, Any]:
@@ -43,6 +45,7 @@ def results() -> dict[str, Any]:
             prefill, decode = out[2 * k], out[2 * k + 1]
             _RESULTS[case.name] = (case, prefill["steps"], decode["steps"])
             _PROBES[case.name] = (prefill["has_requests"], decode["has_requests"])
+            _AFTER_LAST[case.name] = (prefill["after_last"], decode["after_last"])
     return _RESULTS
 
 
@@ -68,12 +71,16 @@ def _waiting(steps: list[Any]) -> set[str]:
 def test_pd_steps_when_vllm_would(name: str) -> None:
     """Every schedule the twin ran on an engine is one vLLM's engine core runs: its
     ``Scheduler.has_requests`` was true there (unfinished requests, or for push the
-    held blocks' ``has_pending_push_work``), and a push prefill instance took steps for
-    its held blocks alone (a pull one never has push work)."""
+    held blocks' ``has_pending_push_work``), a push prefill instance took steps for
+    its held blocks alone (a pull one never has push work), and after the twin's last
+    call on an engine vLLM's would not step again."""
     case, _, _ = results()[name]
     for role, probe in zip(("prefill", "decode"), _PROBES[name]):
         idle = [i for i, (live, push) in enumerate(probe) if not (live or push)]
         assert not idle, (role, idle[:5])
+    # and the twin stopped stepping only where vLLM would: nothing live, no push pending
+    # (a push prefill instance that stopped at its last request kept its writes' blocks)
+    assert _AFTER_LAST[name] == ((False, False), (False, False)), _AFTER_LAST[name]
     push_only = [i for i, (live, push) in enumerate(_PROBES[name][0]) if push and not live]
     if case.pd.variant == "push":
         # the prefill instance stepped only for its held blocks, as vLLM's would

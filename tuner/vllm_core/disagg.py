@@ -222,8 +222,10 @@ def replay_pd_engine(job: dict[str, Any]) -> Any:
             engine.update(steps.pop(event[1]), float(event[2]))
         elif kind == "abort":
             engine.abort(str(event[1]))
-    if probe is not None:
-        return {"steps": engine.steps, "has_requests": probe}
+    if probe is not None:  # and why it would step on after the log's last event
+        final = (scheduler.has_unfinished_requests(),
+                 scheduler.connector.has_pending_push_work())
+        return {"steps": engine.steps, "has_requests": probe, "after_last": final}
     return engine.steps
 
 
