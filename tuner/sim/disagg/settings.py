@@ -19,7 +19,8 @@ TRANSFER_MODES = ("pull", "push")
 
 @dataclass(frozen=True, slots=True)
 class PDSettings:
-    """A P:D deployment and the KV transfer between its pools (vLLM's NixlConnector)."""
+    """A P:D deployment and the KV transfer between its pools (vLLM's NixlConnector or
+    NixlPushConnector)."""
 
     num_prefill: int  # prefill instances (each one TP group), >= 1
     num_decode: int  # decode instances, >= 1
@@ -66,8 +67,8 @@ class PDSettings:
         return max(1.0, self.decode_tp / self.prefill_tp)
 
     def transfer_s(self, num_blocks: int) -> float:
-        """Seconds to pull ``num_blocks`` KV blocks into every decode rank (the ranks read
-        in parallel, so one rank's shard over the busiest NIC is the transfer's time)."""
+        """Seconds to move ``num_blocks`` KV blocks into every decode rank, pulled or
+        pushed (the ranks transfer in parallel, so one rank's shard over the busiest NIC is the transfer's time)."""
         bytes_rank = num_blocks * self.block_size * self.bytes_per_token_rank
         return self.link_latency_s + bytes_rank * self.fan_in / self.link_bytes_per_s
 
