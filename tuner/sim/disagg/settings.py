@@ -68,7 +68,8 @@ class PDSettings:
 
     def transfer_s(self, num_blocks: int) -> float:
         """Seconds to move ``num_blocks`` KV blocks into every decode rank, pulled or
-        pushed (the ranks transfer in parallel, so one rank's shard over the busiest NIC is the transfer's time)."""
+        pushed (the ranks transfer in parallel, so one rank's shard over the busiest NIC
+        is the transfer's time)."""
         bytes_rank = num_blocks * self.block_size * self.bytes_per_token_rank
         return self.link_latency_s + bytes_rank * self.fan_in / self.link_bytes_per_s
 
