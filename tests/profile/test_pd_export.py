@@ -81,6 +81,22 @@ def test_vllm_033_parses_every_server(vendor):
     assert check.checked == ("prefill 0", "decode 0", "decode 1")
 
 
+def test_push_names_the_push_connector_and_moriio_write_mode():
+    nv = _commands("nvidia", transfer_mode="push")
+    assert {c.kv_transfer_config["kv_connector"] for c in nv} == {"NixlPushConnector"}
+    amd = _commands("amd", transfer_mode="push")
+    extra = [c.kv_transfer_config["kv_connector_extra_config"] for c in amd]
+    assert {e["read_mode"] for e in extra} == {"false"}  # MoRIIO's WRITE mode
+
+
+@pytest.mark.skipif(not VLLM033, reason="needs TUNER_VLLM033_PYTHON (a vLLM 0.33.0 env)")
+@pytest.mark.parametrize("vendor", ["nvidia", "amd"])
+def test_vllm_033_parses_every_push_server(vendor):
+    check = check_pd_with_vllm(_commands(vendor, transfer_mode="push"), python=VLLM033)
+    assert check.status == "ok", check.errors
+    assert check.checked == ("prefill 0", "decode 0", "decode 1")
+
+
 @pytest.mark.skipif(not VLLM033, reason="needs TUNER_VLLM033_PYTHON (a vLLM 0.33.0 env)")
 def test_vllm_033_check_refuses_a_connector_it_does_not_register():
     bad = [dataclasses.replace(c, kv_transfer_config={"kv_connector": "NoSuchConnector",

@@ -181,3 +181,38 @@ def test_bad_prefill_limits_are_one_line_errors(mooncake_head_trace, args, messa
     assert res.exit_code == 2, res.output
     assert res.output.strip().splitlines() == [res.output.strip()]
     assert message in res.output
+
+
+def test_replay_pd_push_is_recorded_and_reported(mooncake_head_trace):
+    """``--pd-transfer-mode push``: the same requests finish, the prefill instance wrote
+    every transfer, and the record and notes say push (pull records keep their keys)."""
+    pull = json.loads(_cli(mooncake_head_trace, "--pd", "2:2", "--json").output)
+    res = _cli(mooncake_head_trace, "--pd", "2:2", "--pd-transfer-mode", "push", "--json")
+    assert res.exit_code == 0, res.output
+    push = json.loads(res.output)
+    assert push["disaggregation"]["transfer_mode"] == "push"
+    assert "transfer_mode" not in pull["disaggregation"]
+    assert any("NIXL push" in n for n in push["notes"])
+    assert push["num_finished"] == pull["num_finished"]
+    assert push["disaggregation"]["transfers"]["reads"] == push["num_finished"]
+    # the PUSH_REG hop: push's transfers end later than pull's on the same requests
+    assert push["disaggregation"]["ttft_split_s"]["transfer"]["mean"] != \
+        pull["disaggregation"]["ttft_split_s"]["transfer"]["mean"]
+    res = _cli(mooncake_head_trace, "--pd-transfer-mode", "push")
+    assert res.exit_code == 2 and "--pd-transfer-mode applies to a disaggregated" in res.output
+
+
+def test_replay_pd_push_serve_names_the_push_connector(mooncake_head_trace):
+    from tuner.cli import cli
+
+    res = CliRunner().invoke(cli, ["replay", str(mooncake_head_trace), "--hardware", "h200",
+                                   "--model", "llama-3.1-8b", "--pd", "1:1", "--pd-serve",
+                                   "--pd-transfer-mode", "push"])
+    assert res.exit_code == 0, res.output
+    servers = [ln for ln in res.output.splitlines() if ln.startswith("vllm serve")]
+    assert len(servers) == 2 and all('"kv_connector":"NixlPushConnector"' in s
+                                     for s in servers)
+    res = _cli(mooncake_head_trace, "--pd", "1:1", "--pd-serve", "--pd-transfer-mode", "push")
+    assert res.exit_code == 0, res.output  # mi355x: MoRIIO in its WRITE mode
+    servers = [ln for ln in res.output.splitlines() if ln.startswith("vllm serve")]
+    assert all('"read_mode":"false"' in s for s in servers)

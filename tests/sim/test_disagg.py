@@ -173,5 +173,6 @@ def test_refused_requests_release_their_held_prefill_blocks():
 def test_bad_settings_are_config_errors():
     with pytest.raises(ConfigError, match="num_decode=0"):
         PDSettings(num_prefill=1, num_decode=0, **LINK).validate()
-    with pytest.raises(ConfigError, match="pull"):
-        PDSettings(num_prefill=1, num_decode=1, variant="push", **LINK).validate()
+    PDSettings(num_prefill=1, num_decode=1, variant="push", **LINK).validate()
+    with pytest.raises(ConfigError, match="--pd-transfer-mode 'write': use one of pull, push"):
+        PDSettings(num_prefill=1, num_decode=1, variant="write", **LINK).validate()

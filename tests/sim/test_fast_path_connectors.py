@@ -170,7 +170,8 @@ def pd_setup(draw: st.DrawFn) -> tuple:
     decode_cache = CacheSettings(num_gpu_blocks=draw(st.sampled_from([120, 400, 2000])))
     shape = draw(st.sampled_from([(1, 1), (1, 2), (2, 1)]))
     pd = PDSettings(num_prefill=shape[0], num_decode=shape[1],
-                    link_bytes_per_s=draw(st.sampled_from([45e9, 2e9])), **LINK)
+                    link_bytes_per_s=draw(st.sampled_from([45e9, 2e9])), **LINK,
+                    variant=draw(st.sampled_from(["pull", "push"])))  # NixlPushConnector
     trace = session_turns(draw(st.integers(0, 10_000)), draw(st.integers(10, 30)),
                           max_input=500, max_output=draw(st.sampled_from([30, 100])),
                           rate=draw(st.sampled_from([10.0, 60.0])))
@@ -206,6 +207,7 @@ def test_p_d_replays_identically_with_the_fast_path(setup) -> None:
     _assert_pd_identical(plain, _pd_run(setup, fast=True, check=False, path=unchecked))
     assert checked == unchecked
     event("async" if setup[-1] else "sync")
+    event(setup[4].variant)
     event("decoder group steps" if any(g for g, _ in unchecked) else "no group step")
     if plain.counters["preemptions"]:
         event("preempts")
@@ -217,10 +219,11 @@ def test_async_p_d_decoders_take_group_steps() -> None:
     KV-tight decoder preempts while identical to the plain path."""
     trace = session_turns(4, 50, max_input=500, max_output=150, rate=30.0)
     settings = SchedulerSettings(max_num_batched_tokens=512, max_num_seqs=32)
-    for blocks in (2000, 150):
+    for blocks, variant in ((2000, "pull"), (150, "pull"), (150, "push")):
         setup = (trace, settings, CacheSettings(num_gpu_blocks=1000),
                  CacheSettings(num_gpu_blocks=blocks),
-                 PDSettings(num_prefill=1, num_decode=1, link_bytes_per_s=45e9, **LINK), True)
+                 PDSettings(num_prefill=1, num_decode=1, link_bytes_per_s=45e9, **LINK,
+                            variant=variant), True)
         path: list = []
         fast = _pd_run(setup, fast=True, check=True, path=path)
         _assert_pd_identical(_pd_run(setup, fast=False, check=True), fast)

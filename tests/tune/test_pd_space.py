@@ -432,3 +432,36 @@ def test_a_study_on_the_twin_replays_mixed_pools(small_trace: pathlib.Path) -> N
     pick = result.to_dict()["recommended"]["deployment"]
     if pick.get("pd"):
         assert pick["pd"]["prefill_hardware"] == "mi300x"
+
+
+def _push_profile() -> Any:
+    profile, _ = _pd_profile()
+    raw = json.loads(json.dumps(profile.to_dict()))
+    raw["target"]["disaggregation"]["transfer_mode"] = "push"
+    return profile_from_dict(raw), raw
+
+
+def test_a_push_pick_is_recorded_and_exported_with_the_push_connector() -> None:
+    profile, raw = _push_profile()
+    assert profile.target.disaggregation["transfer_mode"] == "push"
+    assert profile.deployment().pd.transfer_mode == "push"
+    again = profile_from_dict(json.loads(json.dumps(profile.to_dict())))
+    assert again.target.disaggregation == profile.target.disaggregation
+    serves = [ln for ln in export_profile(again, "flags").splitlines()
+              if ln.startswith("vllm serve ")]
+    assert serves and all('"read_mode":"false"' in ln for ln in serves)  # MoRIIO WRITE
+    raw["target"]["disaggregation"]["transfer_mode"] = "write"
+    with pytest.raises(ProfileError, match=r"target\.disaggregation: transfer_mode: pull or "
+                                           r"push \(got 'write'\)"):
+        profile_from_dict(raw)
+
+
+@pytest.mark.skipif(not os.environ.get("TUNER_VLLM033_PYTHON"),
+                    reason="needs TUNER_VLLM033_PYTHON (a vLLM 0.33.0 environment)")
+def test_check_vllm_accepts_an_exported_push_pick(tmp_path: pathlib.Path) -> None:
+    profile, _ = _push_profile()
+    path = save_profile(profile, tmp_path / "pd.yaml")
+    res = CliRunner().invoke(
+        cli, ["export", str(path), "--check-vllm", os.environ["TUNER_VLLM033_PYTHON"]])
+    assert res.exit_code == 0, res.output
+    assert "vLLM P/D check: ok 0.33.0 prefill 0" in res.stderr

@@ -21,17 +21,22 @@ after):
   reads (``WAITING_FOR_REMOTE_KVS``): vLLM's ``finish_requests(FINISHED_ABORTED)`` with
   its blocks held until the read is reported, the prefill side's released at the read's
   end as for any read;
+* ``push-*``: the same cases (and ``push-basic``, eight short requests) with
+  ``NixlPushConnector`` on both instances (vLLM's ``NixlPushConnectorScheduler``, the
+  twin's ``tuner.sim.disagg.nixl_push``): the prefill instance writes after the
+  decoder's registration, serialized on its own link, and keeps stepping while it holds
+  blocks (``has_pending_push_work``);
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
 from parity_cases import BS
 
+from tuner.fidelity.pd_parity import log_engine_calls, pd_engine_jobs
 from tuner.sim.disagg import PDSettings
 from tuner.sim.disagg.simulator import PDPool, PDSimulator
 from tuner.sim.settings import CacheSettings, SchedulerSettings, SimOptions
@@ -71,44 +76,6 @@ class PDCase:
     events: dict[str, list[tuple]] = field(default_factory=dict)  # role -> the engine's log
 
 
-def _log_calls(engine: Any, log: list[tuple]) -> None:
-    """Record the fleet loop's calls on ``engine`` (the vLLM side replays them)."""
-    seq_of: dict[int, int] = {}  # id(step) -> its schedule's number, until its update
-    counter = itertools.count()
-    add, schedule, start, update = (engine.add_request, engine.schedule, engine.start,
-                                    engine.update)
-
-    def add_request(index: int, source: Any, arrival_s: float) -> None:
-        log.append(("add", index, arrival_s))
-        add(index, source, arrival_s)
-
-    def schedule_(now_s: float) -> Any:
-        step = schedule(now_s)
-        seq_of[id(step)] = next(counter)
-        log.append(("schedule", now_s))
-        return step
-
-    def start_(step: Any, start_s: float, duration_s: float) -> None:
-        log.append(("start", seq_of[id(step)], start_s, duration_s))
-        start(step, start_s, duration_s)
-
-    def update_(step: Any, end_s: float) -> int:
-        log.append(("update", seq_of.pop(id(step)), end_s))
-        return update(step, end_s)
-
-    engine.add_request, engine.schedule, engine.start, engine.update = (
-        add_request, schedule_, start_, update_)
-    if hasattr(engine, "apply_aborts"):  # a decoder: aborts go in before the schedule
-        apply = engine.apply_aborts
-
-        def apply_aborts(now_s: float) -> list[str]:
-            done = apply(now_s)
-            log.extend(("abort", rid) for rid in done)
-            return done
-
-        engine.apply_aborts = apply_aborts
-
-
 def run_twin(case: PDCase) -> PDCase:
     """Replay the case on the twin, logging both engines' calls (a case with
     ``abort_mid_read`` is replayed once without aborts first, for the reads' times: the
@@ -127,36 +94,29 @@ def run_twin(case: PDCase) -> PDCase:
     sim = PDSimulator(case.requests, pool(case.prefill_blocks), pool(case.decode_blocks),
                       case.pd, options=options, aborts=dict(case.aborts))
     case.events = {"prefill": [], "decode": []}
-    _log_calls(sim.prefill[0], case.events["prefill"])
-    _log_calls(sim.decode[0], case.events["decode"])
+    log_engine_calls(sim.prefill[0], case.events["prefill"])
+    log_engine_calls(sim.decode[0], case.events["decode"])
     sim.run()
     case.twin = sim
     return case
 
 
 def jobs(case: PDCase, model_dir: str) -> list[dict[str, Any]]:
-    """The two driver jobs (prefill, decode) of a case run on the twin."""
-    sim = case.twin
-    # trace order: vLLM frees a step's finished sends in this order, as the twin does
-    ends = {case.requests[i].request_id: sim.reads[i][1] for i in sorted(sim.reads)}
-    out = []
-    for role, blocks in (("prefill", case.prefill_blocks), ("decode", case.decode_blocks)):
-        requests = []
-        for r in case.requests:
-            row = {f: getattr(r, f, None) for f in _FIELDS}
-            row["block_hashes"] = tuple(row["block_hashes"] or ())
-            row["output_block_hashes"] = tuple(row["output_block_hashes"] or ())
-            row["priority"] = int(row["priority"] or 0)
-            if role == "prefill":
-                row["output_len"], row["output_block_hashes"] = 1, ()
-            requests.append(row)
-        cache = CacheSettings(block_size=BS, num_gpu_blocks=blocks, max_model_len=8192)
-        out.append({"pd_role": role, "requests": requests,
-                    "settings": case.settings.to_dict(), "cache": dataclasses.asdict(cache),
-                    "async_scheduling": case.async_scheduling, "model_dir": model_dir,
-                    "events": case.events[role], "read_end_s": ends,
-                    "prefill_tp": case.pd.prefill_tp})
-    return out
+    """The two driver jobs (prefill, decode) of a case run on the twin, built as
+    ``tuner fidelity --pd`` builds them (``tuner.fidelity.pd_parity.pd_engine_jobs``),
+    with vLLM's ``has_requests`` probed at every schedule."""
+    rows = [{f: getattr(r, f, None) for f in _FIELDS} for r in case.requests]
+    caches = [CacheSettings(block_size=BS, num_gpu_blocks=blocks, max_model_len=8192)
+              for blocks in (case.prefill_blocks, case.decode_blocks)]
+    settings = case.settings.to_dict()
+    return pd_engine_jobs(rows, case.twin.reads,
+                          [("prefill", caches[0], case.events["prefill"]),
+                           ("decode", caches[1], case.events["decode"])],
+                          settings={"prefill": settings, "decode": settings},
+                          async_scheduling=case.async_scheduling, model_dir=model_dir,
+                          prefill_tp=case.pd.prefill_tp,
+                          extra={"transfer_mode": case.pd.variant,
+                                 "probe_has_requests": True})
 
 
 def _blocks(tag: int, n: int) -> tuple[int, ...]:
@@ -203,5 +163,20 @@ def cases() -> list[PDCase]:
             PDCase(f"prefill-held-full-{tag}", held_requests(), small, 30, 200, slow, mode),
             PDCase(f"abort-in-transfer-{tag}", held_requests(), small, 200, 200, slow, mode,
                    abort_mid_read=(2, 5)),
+        ]
+        push = dict(variant="push")
+        out += [  # NixlPushConnector: the prefill instance writes (tuner.sim.disagg.nixl_push)
+            PDCase(f"push-basic-{tag}", held_requests(), small, 200, 200,
+                   dataclasses.replace(one, **push), mode),
+            PDCase(f"push-decoder-local-hit-{tag}", local_hit_requests(), small, 200, 200,
+                   dataclasses.replace(one, **push), mode),
+            PDCase(f"push-decoder-kv-full-{tag}", kv_full_requests(), small, 200, 40,
+                   dataclasses.replace(one, **push), mode),
+            PDCase(f"push-hetero-tp-{tag}", hetero_requests(), small, 200, 4 * 40,
+                   dataclasses.replace(hetero, **push), mode),
+            PDCase(f"push-prefill-held-full-{tag}", held_requests(), small, 30, 200,
+                   dataclasses.replace(slow, **push), mode),
+            PDCase(f"push-abort-in-transfer-{tag}", held_requests(), small, 200, 200,
+                   dataclasses.replace(slow, **push), mode, abort_mid_read=(2, 5)),
         ]
     return out

@@ -25,6 +25,11 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow,
 CASES = cases()
 NAMES = [c.name for c in CASES]
 _RESULTS: dict[str, Any] = {}
+#: case name -> per engine, per schedule: vLLM's (has_unfinished_requests,
+#: has_pending_push_work) before it
+_PROBES: dict[str, Any] = {}
+#: case name -> per engine, the same pair after the twin's last call on it
+_AFTER_LAST: dict[str, Any] = {}
 
 
 def results() -> dict[str, Any]:
@@ -37,7 +42,10 @@ def results() -> dict[str, Any]:
         out = run_driver([j for c in done for j in jobs(c, str(MODEL_DIR))], python,
                          timeout_s=1800)
         for k, case in enumerate(done):
-            _RESULTS[case.name] = (case, out[2 * k], out[2 * k + 1])
+            prefill, decode = out[2 * k], out[2 * k + 1]
+            _RESULTS[case.name] = (case, prefill["steps"], decode["steps"])
+            _PROBES[case.name] = (prefill["has_requests"], decode["has_requests"])
+            _AFTER_LAST[case.name] = (prefill["after_last"], decode["after_last"])
     return _RESULTS
 
 
@@ -60,9 +68,34 @@ def _waiting(steps: list[Any]) -> set[str]:
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_pd_steps_when_vllm_would(name: str) -> None:
+    """Every schedule the twin ran on an engine is one vLLM's engine core runs: its
+    ``Scheduler.has_requests`` was true there (unfinished requests, or for push the
+    held blocks' ``has_pending_push_work``), a push prefill instance took steps for
+    its held blocks alone (a pull one never has push work), and after the twin's last
+    call on an engine vLLM's would not step again."""
+    case, _, _ = results()[name]
+    for role, probe in zip(("prefill", "decode"), _PROBES[name]):
+        idle = [i for i, (live, push) in enumerate(probe) if not (live or push)]
+        assert not idle, (role, idle[:5])
+    # and the twin stopped stepping only where vLLM would: nothing live, no push pending
+    # (a push prefill instance that stopped at its last request kept its writes' blocks)
+    assert _AFTER_LAST[name] == ((False, False), (False, False)), _AFTER_LAST[name]
+    push_only = [i for i, (live, push) in enumerate(_PROBES[name][0]) if push and not live]
+    if case.pd.variant == "push":
+        # the prefill instance stepped only for its held blocks, as vLLM's would
+        assert push_only
+    else:
+        assert not any(push for _, push in _PROBES[name][0])
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_pd_case_exercised(name: str) -> None:
     """vLLM's side of each case did what the case is named after."""
     case, prefill, decode = results()[name]
+    if name.startswith("push-"):
+        _push_exercised(case, prefill)
+        name = name.removeprefix("push-")  # and what its pull twin is named after
     ids = {r.request_id for r in case.requests}
     assert _waiting(decode) == ids  # every request waited for its read on the decoder
     sim = case.twin
@@ -106,3 +139,18 @@ def test_pd_case_exercised(name: str) -> None:
         # held blocks fill the prefill cache: some step saw it full with nothing running
         assert max(s.kv_usage for s in prefill) > 0.9
         assert any(s.num_running == 0 and s.num_waiting > 0 for s in prefill)
+
+
+def _push_exercised(case: Any, prefill: list[Any]) -> None:
+    """A push case: the prefill instance wrote every transfer, serialized on its own
+    link, each ready one link latency after the decoder's registration went out."""
+    sim = case.twin
+    writer = sim.prefill[0].connector
+    assert type(writer).__name__ == "NixlPushPrefillConnector"
+    assert writer.write_s == pytest.approx(sim.decode[0].connector.read_s)
+    spans = sorted(sim.reads.values())
+    assert all(a[1] <= b[0] + 1e-12 for a, b in zip(spans, spans[1:]))  # one link
+    starts = [e[2] for e in case.events["decode"] if e[0] == "start"]
+    latency = case.pd.link_latency_s
+    for start, _ in spans:  # no write before a registration had time to arrive
+        assert any(s + latency <= start + 1e-12 for s in starts)

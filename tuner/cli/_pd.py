@@ -30,6 +30,7 @@ class PDFlags:
     pd_router: str | None = None  # --pd-router (None: vllm-proxy)
     prefill_max_num_batched_tokens: int | None = None  # --prefill-max-num-batched-tokens
     prefill_max_num_seqs: int | None = None  # --prefill-max-num-seqs
+    transfer_mode: str | None = None  # --pd-transfer-mode (None: pull)
 
     def layout(self) -> "PDLayout | None":
         """The ``PDLayout`` (None without ``--pd``); a pool flag without ``--pd`` is an
@@ -42,7 +43,8 @@ class PDFlags:
                 ("--prefill-hardware", self.prefill_hardware), ("--pd-link", self.pd_link),
                 ("--pd-router", self.pd_router),
                 ("--prefill-max-num-batched-tokens", self.prefill_max_num_batched_tokens),
-                ("--prefill-max-num-seqs", self.prefill_max_num_seqs))
+                ("--prefill-max-num-seqs", self.prefill_max_num_seqs),
+                ("--pd-transfer-mode", self.transfer_mode))
                 if value is not None]
             if self.serve or self.check_python:
                 given.append("--pd-serve / --pd-check-vllm")
@@ -56,7 +58,8 @@ class PDFlags:
                         link=self.pd_link or "auto",  # type: ignore[arg-type]
                         router=self.pd_router or "vllm-proxy",
                         prefill_max_num_batched_tokens=self.prefill_max_num_batched_tokens,
-                        prefill_max_num_seqs=self.prefill_max_num_seqs)
+                        prefill_max_num_seqs=self.prefill_max_num_seqs,
+                        transfer_mode=self.transfer_mode or "pull")
 
 
 def pd_options(func: Any) -> Any:
@@ -102,10 +105,16 @@ def pd_options(func: Any) -> Any:
         click.option("--prefill-max-num-seqs", type=click.IntRange(min=1), default=None,
                      help="With --pd: the prefill instances' own --max-num-seqs (concurrent "
                           "prefills) [default: --max-num-seqs]."),
+        click.option("--pd-transfer-mode", "transfer_mode",
+                     type=click.Choice(["pull", "push"]), default=None,
+                     help="With --pd: who moves the KV (vLLM's transfer_mode): pull (the "
+                          "decoder READs, NixlConnector) or push (the prefill instance "
+                          "WRITEs after the decoder registers its blocks, "
+                          "NixlPushConnector) [default: pull]."),
     ]
     names = ("pd", "prefill_tp", "decode_tp", "prefill_hardware", "pd_link", "serve",
              "check_python", "pd_router", "prefill_max_num_batched_tokens",
-             "prefill_max_num_seqs")
+             "prefill_max_num_seqs", "transfer_mode")
 
     @functools.wraps(func)
     def with_flags(*args: Any, **kwargs: Any) -> Any:
@@ -136,6 +145,7 @@ def pd_serve_lines(flags: PDFlags, layout: "PDLayout", resolved: Any,
         num_prefill=layout.num_prefill, num_decode=layout.num_decode,
         prefill_tp=prefill.tp, decode_tp=decode.tp, prefill_vendor=prefill.hardware.vendor,
         decode_vendor=decode.hardware.vendor, same_node="NIC" not in link.name,
+        transfer_mode=layout.transfer_mode,
         extra_args=("--max-num-batched-tokens", str(settings.max_num_batched_tokens),
                     "--max-num-seqs", str(settings.max_num_seqs)),
         prefill_extra_args=("--max-num-batched-tokens", str(own.max_num_batched_tokens),

@@ -193,13 +193,14 @@ def run_pd_parity(trace: Any, settings: Any, *, layout: Any, vllm_python: str,
         settings={"prefill": prefill_settings(layout, settings).to_dict(),
                   "decode": settings.to_dict()},
         async_scheduling=async_mode, model_dir=job["model_dir"],
-        prefill_tp=int(prefill.tp))
+        prefill_tp=int(prefill.tp), extra={"transfer_mode": layout.transfer_mode})
     t0 = time.perf_counter()
     results = run_driver(jobs, python, timeout_s=timeout_s)
     vllm_s = time.perf_counter() - t0
     report = PDParityReport(notes=[
         f"{layout.num_prefill}:{layout.num_decode} (prefill TP{prefill.tp}, decode "
-        f"TP{decode.tp}), {'async' if async_mode else 'no async'} scheduling; vLLM's "
+        f"TP{decode.tp}, {layout.transfer_mode}), {'async' if async_mode else 'no async'} "
+        "scheduling; vLLM's "
         "scheduler driven by each twin engine's calls, reads ending at the twin's times"])
     for (role, i, engine, _), steps in zip(logs, results):
         rep = compare_steps(_Steps(engine.steps, twin_s / len(logs)),  # type: ignore[arg-type]

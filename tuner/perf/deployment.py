@@ -311,7 +311,11 @@ def _pd_from_dict(data: dict[str, Any]) -> tuple[PDLayout | None, str | None]:
                                   or value < 1):
             raise ConfigError(f"pd.{key}: must be an integer >= 1 or absent (got {value!r})")
         limits[key] = value
-    layout = PDLayout(**counts, prefill_hardware=hw, link=link, **limits)
+    mode = raw.get("transfer_mode", "pull")
+    if mode not in ("pull", "push"):
+        raise ConfigError(f"pd.transfer_mode: pull or push (got {mode!r})")
+    layout = PDLayout(**counts, prefill_hardware=hw, link=link, transfer_mode=mode,
+                      **limits)
     return (layout if router is None else dataclasses.replace(layout, router=router)), router
 
 

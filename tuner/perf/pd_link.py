@@ -102,6 +102,10 @@ class PDLayout:
     link: PDLink = "auto"  # --pd-link
     #: --pd-router: the proxy's choices (``tuner.sim.disagg.routers.PD_ROUTERS``)
     router: str = "vllm-proxy"
+    #: --pd-transfer-mode: vLLM's ``transfer_mode``, "pull" (``NixlConnector``) or "push"
+    #: (``NixlPushConnector``)
+    transfer_mode: str = "pull"
+
     #: the prefill instances' own scheduler limits (``--prefill-max-num-batched-tokens``,
     #: ``--prefill-max-num-seqs``; None: the deployment's ``--max-num-batched-tokens`` /
     #: ``--max-num-seqs``). Why only these two: a prefill instance serves every request
@@ -131,6 +135,8 @@ class PDLayout:
                 "prefill_tp": self.prefill_tp, "decode_tp": self.decode_tp,
                 "prefill_hardware": self.prefill_hardware, "link": self.link,
                 "router": self.router,
+                # push only where set: pull records stay as they were
+                **({} if self.transfer_mode == "pull" else {"transfer_mode": self.transfer_mode}),
                 **{"prefill_" + k: v for k, v in self.prefill_overrides().items()}}
 
 
@@ -188,6 +194,7 @@ def pd_settings(layout: PDLayout, prefill: "ResolvedTarget",
         prefill_tp=p_tp, decode_tp=d_tp, block_size=decode.cache.block_size,
         bytes_per_token_rank=decode.model.kv_bytes_per_token(d_tp),
         link_bytes_per_s=link.bytes_per_s * TRANSFER_EFFICIENCY,
-        link_latency_s=link.latency_s, link_name=link.name, router=layout.router)
+        link_latency_s=link.latency_s, link_name=link.name, router=layout.router,
+        variant=layout.transfer_mode)
     settings.validate()
     return settings

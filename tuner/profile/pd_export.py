@@ -6,8 +6,12 @@ The connector follows the GPU's vendor (vLLM 0.33.0 registers both in
 
 * NVIDIA: ``NixlConnector`` with ``kv_role: kv_both`` (one flag set for either role; the
   proxy's ``kv_transfer_params`` decide), as vLLM's NIXL examples start it;
+  ``NixlPushConnector`` for ``--pd-transfer-mode push`` (the twin's
+  ``tuner.sim.disagg.nixl_push``);
 * AMD (ROCm, MI300X/MI325X/MI355X): ``MoRIIOConnector`` in read mode (the decoder pulls,
   the twin's pull variant), ``kv_producer`` on prefill and ``kv_consumer`` on decode,
+  (``read_mode: false``, its WRITE mode, for push: the twin replays NIXL's push timing
+  there, MoRIIO's own write path is not parity-checked),
   with the ports ``moriio_common.py`` reads from ``kv_connector_extra_config``
   (``notify_port``, ``http_port``, ``proxy_ip``, ``proxy_ping_port``; ``backend``
   ``xgmi`` within a node, ``rdma`` across).
@@ -68,14 +72,19 @@ def connector_for(vendor: str) -> str:
 
 
 def _transfer_config(vendor: str, role: str, port: int, same_node: bool,
-                     index: int = 0) -> dict:
+                     index: int = 0, transfer_mode: str = "pull") -> dict:
     name = connector_for(vendor)
+    push = transfer_mode == "push"
     if name != "MoRIIOConnector":
+        if push:  # vLLM selects the push scheduler/worker by name (kv_connector/factory.py)
+            name = "NixlPushConnector"
         return {"kv_connector": name, "kv_role": "kv_both"}
     return {"kv_connector": name,
             "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
             "kv_connector_extra_config": {
-                "read_mode": "true", "backend": "xgmi" if same_node else "rdma",
+                # MoRIIO's WRITE mode is its push (moriio_common.py:226-233)
+                "read_mode": "false" if push else "true",
+                "backend": "xgmi" if same_node else "rdma",
                 "notify_port": str(MORIIO_NOTIFY_PORT + 100 * index), "http_port": str(port),
                 "proxy_ip": "PROXY_HOST", "proxy_ping_port": str(MORIIO_PROXY_PING_PORT)}}
 
@@ -83,11 +92,12 @@ def _transfer_config(vendor: str, role: str, port: int, same_node: bool,
 def pd_serve_commands(*, num_prefill: int, num_decode: int, prefill_tp: int,
                       decode_tp: int, prefill_vendor: str, decode_vendor: str,
                       same_node: bool, extra_args: tuple[str, ...] = (),
-                      prefill_extra_args: tuple[str, ...] | None = None
-                      ) -> list[PDServeCommand]:
+                      prefill_extra_args: tuple[str, ...] | None = None,
+                      transfer_mode: str = "pull") -> list[PDServeCommand]:
     """Prefill instances first, then decode instances; ``extra_args`` (the scheduler
     flags of the profile) go on every one, ``prefill_extra_args`` (None: ``extra_args``)
-    on the prefill instances instead where their pool has its own limits."""
+    on the prefill instances instead where their pool has its own limits;
+    ``transfer_mode`` "push" names the push connector (module doc)."""
     out: list[PDServeCommand] = []
     for role, count, tp, vendor, base in (
             ("prefill", num_prefill, prefill_tp, prefill_vendor, PREFILL_PORT),
@@ -95,7 +105,8 @@ def pd_serve_commands(*, num_prefill: int, num_decode: int, prefill_tp: int,
         for i in range(count):
             port = base + i
             # one notify port range per instance (each TP rank adds its offset to it)
-            config = _transfer_config(vendor, role, port, same_node, index=len(out))
+            config = _transfer_config(vendor, role, port, same_node, index=len(out),
+                                      transfer_mode=transfer_mode)
             flags = (prefill_extra_args if role == "prefill" and prefill_extra_args is not None
                      else extra_args)
             args = ("--tensor-parallel-size", str(tp), *flags,

@@ -53,7 +53,8 @@ def pd_commands(profile: "Profile", scheduler_args: list[str]) -> list["PDServeC
         prefill_vendor=load_hardware(prefill_hw).vendor,
         decode_vendor=load_hardware(decode_hw).vendor, same_node="NIC" not in link.name,
         extra_args=tuple(_without_tp(scheduler_args)),
-        prefill_extra_args=_prefill_args(_without_tp(scheduler_args), raw))
+        prefill_extra_args=_prefill_args(_without_tp(scheduler_args), raw),
+        transfer_mode=str(raw.get("transfer_mode") or "pull"))
 
 
 def _prefill_args(args: list[str], raw: dict[str, Any]) -> tuple[str, ...] | None:

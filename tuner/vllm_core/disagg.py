@@ -1,4 +1,4 @@
-"""vLLM's own NIXL connector (scheduler side, pull variant) in the ``vllm-core`` driver: one
+"""vLLM's own NIXL connector (scheduler side, pull or push) in the ``vllm-core`` driver: one
 P/D pool engine at a time, replayed on the twin's event log.
 
 Runs inside the vLLM Python, like ``tuner.vllm_core.driver``, as a script with the same
@@ -7,7 +7,8 @@ backend starts it instead of ``driver.py`` when a job has ``pd_role``, and it re
 other jobs of a list with ``driver.VllmCoreReplay``. What is real and what is faked:
 
 * real: ``NixlPullConnector`` (``distributed/kv_transfer/kv_connector/v1/nixl/`` @ 0.33.0)
-  in the scheduler role, so ``NixlPullConnectorScheduler`` decides what a decode instance
+  in the scheduler role (``NixlPushConnector`` for a job with ``transfer_mode: push``:
+  the same hooks with ``NixlPushConnectorScheduler`` behind them), so ``NixlPullConnectorScheduler`` decides what a decode instance
   pulls (``get_num_new_matched_tokens``: the prompt beyond the local prefix hit; the
   request waits in ``WAITING_FOR_REMOTE_KVS``) and what a prefill instance holds
   (``request_finished``: ``delay_free_blocks`` until the notification); vLLM's
@@ -51,12 +52,14 @@ __all__ = ["FakeNixlWorker", "PDCoreEngine", "main", "nixl_transfer_config", "re
 PREFILL_ENGINE_ID = "tuner-prefill"
 
 
-def nixl_transfer_config(role: str) -> Any:
-    """vLLM's ``KVTransferConfig`` of a ``role`` ("prefill" / "decode") instance."""
+def nixl_transfer_config(role: str, transfer_mode: str = "pull") -> Any:
+    """vLLM's ``KVTransferConfig`` of a ``role`` ("prefill" / "decode") instance;
+    ``transfer_mode`` "push" selects ``NixlPushConnector`` (its scheduler class
+    ``NixlPushConnectorScheduler``), "pull" ``NixlConnector``."""
     from vllm.config import KVTransferConfig
 
     return KVTransferConfig(
-        kv_connector="NixlConnector",
+        kv_connector="NixlPushConnector" if transfer_mode == "push" else "NixlConnector",
         kv_role="kv_producer" if role == "prefill" else "kv_consumer",
         engine_id=PREFILL_ENGINE_ID if role == "prefill" else "tuner-decode")
 
@@ -179,8 +182,9 @@ class PDCoreEngine(VllmCoreEngine):
         return step
 
 
-def replay_pd_engine(job: dict[str, Any]) -> list[Any]:
-    """The step records of vLLM's scheduler driven through ``job["events"]`` (module doc)."""
+def replay_pd_engine(job: dict[str, Any]) -> Any:
+    """The step records of vLLM's scheduler driven through ``job["events"]`` (module doc);
+    with ``probe_has_requests``, ``{"steps": ..., "has_requests": ...}``."""
     role = job["pd_role"]
     cache = job["cache"]
     block_size = int(cache["block_size"])
@@ -190,7 +194,7 @@ def replay_pd_engine(job: dict[str, Any]) -> list[Any]:
         enable_prefix_caching=bool(cache.get("enable_prefix_caching", True)),
         max_model_len=int(cache["max_model_len"]),
         async_scheduling=bool(job.get("async_scheduling", False)),
-        kv_offload=nixl_transfer_config(role))
+        kv_offload=nixl_transfer_config(role, str(job.get("transfer_mode", "pull"))))
     requests = [DriverRequest(**r) for r in job["requests"]]
     worker = FakeNixlWorker(scheduler, role, job["read_end_s"])
     engine = PDCoreEngine(scheduler, TokenFactory(block_size), make_block_hasher(block_size),
@@ -198,12 +202,18 @@ def replay_pd_engine(job: dict[str, Any]) -> list[Any]:
                           role=role, prefill_tp=int(job.get("prefill_tp", 1)))
     steps: dict[int, Any] = {}
     num_scheduled = 0
+    #: with ``probe_has_requests``: per schedule, (``has_unfinished_requests``,
+    #: ``has_pending_push_work``), the two reasons ``Scheduler.has_requests`` steps for
+    probe: list[tuple[bool, bool]] | None = [] if job.get("probe_has_requests") else None
     for event in job["events"]:
         kind = event[0]
         if kind == "add":
             r = requests[event[1]]
             engine.add_request(event[1], r, float(event[2]))
         elif kind == "schedule":
+            if probe is not None:  # why vLLM's engine core would step here
+                probe.append((scheduler.has_unfinished_requests(),
+                              scheduler.connector.has_pending_push_work()))
             steps[num_scheduled] = engine.schedule(float(event[1]))
             num_scheduled += 1
         elif kind == "start":
@@ -212,6 +222,10 @@ def replay_pd_engine(job: dict[str, Any]) -> list[Any]:
             engine.update(steps.pop(event[1]), float(event[2]))
         elif kind == "abort":
             engine.abort(str(event[1]))
+    if probe is not None:  # and why it would step on after the log's last event
+        final = (scheduler.has_unfinished_requests(),
+                 scheduler.connector.has_pending_push_work())
+        return {"steps": engine.steps, "has_requests": probe, "after_last": final}
     return engine.steps
 
 

@@ -4,6 +4,8 @@
 * :mod:`tuner.sim.disagg.nixl`: the scheduler side of vLLM 0.33.0's
   ``NixlPullConnectorScheduler``, one connector per role, through the twin's connector
   interface (``tuner.sim.kv_connector.base``).
+* :mod:`tuner.sim.disagg.nixl_push`: the push variant (``NixlPushConnectorScheduler``,
+  ``PDSettings.variant == "push"``): the prefill instance writes, on its own link.
 * :mod:`tuner.sim.disagg.engines`: prefill and decode instances (fleet engines).
 * :mod:`tuner.sim.disagg.routers`: the proxy's prefill and decode choices (vLLM's example
   proxy, llm-d's P/D scheduler, Dynamo's KV router), ``PD_ROUTERS`` by name.

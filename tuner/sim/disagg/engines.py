@@ -18,6 +18,7 @@ from typing import Any
 
 from tuner.records import RequestTable
 from tuner.sim.disagg.nixl import NixlDecodeConnector, NixlPrefillConnector
+from tuner.sim.disagg.nixl_push import NixlPushDecodeConnector, NixlPushPrefillConnector
 from tuner.sim.disagg.settings import PDSettings
 from tuner.sim.fleet.engines import FleetTwinEngine
 from tuner.sim.request import RequestStatus, SimRequest
@@ -83,8 +84,12 @@ class PrefillEngine(_PoolEngine):
     """A prefill instance (see the module doc)."""
 
     def __init__(self, scheduler: Scheduler, block_size: int, options: SimOptions,
-                 table: RequestTable) -> None:
-        scheduler.connector = NixlPrefillConnector(scheduler.kv_cache_manager.block_pool)
+                 table: RequestTable, settings: PDSettings | None = None) -> None:
+        pool = scheduler.kv_cache_manager.block_pool
+        if settings is not None and settings.variant == "push":  # NixlPushConnector
+            scheduler.connector = NixlPushPrefillConnector(pool, settings)
+        else:
+            scheduler.connector = NixlPrefillConnector(pool)
         super().__init__(scheduler, block_size, options, table)
         # The scheduler's walk counts only live requests as block holders; held blocks
         # have one more, so this engine runs its own walk (check_holds) instead.
@@ -148,7 +153,8 @@ class PrefillEngine(_PoolEngine):
         super().finish()
 
     def has_requests(self) -> bool:
-        return self.scheduler.has_requests()
+        # push: held blocks keep the engine stepping (``has_pending_push_work``)
+        return self.scheduler.has_requests() or self.connector.has_pending_work()
 
 
 class DecodeEngine(_PoolEngine):
@@ -166,7 +172,8 @@ class DecodeEngine(_PoolEngine):
                  table: RequestTable, settings: PDSettings, on_read: Any,
                  prefill_times: dict[int, tuple[float, float, int, int]],
                  aborts: dict[int, float] | None = None) -> None:
-        scheduler.connector = NixlDecodeConnector(settings, on_read)
+        kind = NixlPushDecodeConnector if settings.variant == "push" else NixlDecodeConnector
+        scheduler.connector = kind(settings, on_read)
         scheduler.connector.free_blocks = lambda r: scheduler.kv_cache_manager.free(r)
         super().__init__(scheduler, block_size, options, table)
         self.prefill_times = prefill_times

@@ -11,12 +11,16 @@ from dataclasses import dataclass
 
 from tuner.errors import ConfigError
 
-__all__ = ["PDSettings"]
+__all__ = ["PDSettings", "TRANSFER_MODES"]
+
+#: vLLM 0.33.0's NIXL transfer modes (``_TRANSFER_MODE`` of its two scheduler classes)
+TRANSFER_MODES = ("pull", "push")
 
 
 @dataclass(frozen=True, slots=True)
 class PDSettings:
-    """A P:D deployment and the KV transfer between its pools (vLLM's NixlConnector)."""
+    """A P:D deployment and the KV transfer between its pools (vLLM's NixlConnector or
+    NixlPushConnector)."""
 
     num_prefill: int  # prefill instances (each one TP group), >= 1
     num_decode: int  # decode instances, >= 1
@@ -29,7 +33,10 @@ class PDSettings:
     link_bytes_per_s: float = 0.0  # per GPU, one direction (NIC, xGMI or NVLink), > 0
     link_latency_s: float = 0.0  # fixed cost per transfer (handshake, RDMA READ setup, notif)
     link_name: str = ""  # e.g. "400 Gb/s NIC per GPU" (for the summary)
-    variant: str = "pull"  # "pull": the decoder reads (NixlPullConnectorScheduler)
+    #: vLLM's ``transfer_mode``: "pull", the decoder reads (``NixlConnector``,
+    #: ``tuner.sim.disagg.nixl``); "push", the prefill instance writes
+    #: (``NixlPushConnector``, ``tuner.sim.disagg.nixl_push``)
+    variant: str = "pull"
     #: the proxy's prefill/decode choices: a ``tuner.sim.disagg.routers.PD_ROUTERS`` name
     router: str = "vllm-proxy"
 
@@ -41,9 +48,9 @@ class PDSettings:
             raise ConfigError("disaggregation: the link between the pools needs a bandwidth > 0")
         if self.bytes_per_token_rank < 0 or self.link_latency_s < 0:
             raise ConfigError("disaggregation: KV bytes and link latency must be >= 0")
-        if self.variant != "pull":
-            raise ConfigError(f"disaggregation: transfer variant {self.variant!r}: the twin "
-                              "replays vLLM's pull (READ) connector only")
+        if self.variant not in TRANSFER_MODES:
+            raise ConfigError(f"--pd-transfer-mode {self.variant!r}: use one of "
+                              f"{', '.join(TRANSFER_MODES)}")
         from tuner.sim.disagg.routers import PD_ROUTERS
 
         if self.router not in PD_ROUTERS:
@@ -60,8 +67,9 @@ class PDSettings:
         return max(1.0, self.decode_tp / self.prefill_tp)
 
     def transfer_s(self, num_blocks: int) -> float:
-        """Seconds to pull ``num_blocks`` KV blocks into every decode rank (the ranks read
-        in parallel, so one rank's shard over the busiest NIC is the transfer's time)."""
+        """Seconds to move ``num_blocks`` KV blocks into every decode rank, pulled or
+        pushed (the ranks transfer in parallel, so one rank's shard over the busiest NIC
+        is the transfer's time)."""
         bytes_rank = num_blocks * self.block_size * self.bytes_per_token_rank
         return self.link_latency_s + bytes_rank * self.fan_in / self.link_bytes_per_s
 

@@ -101,7 +101,8 @@ class PDSimulator:
             scheduler = Scheduler(prefill.settings, prefill.cache, options,
                                   num_hash_ids=source.num_hash_ids)
             source.bind(scheduler)
-            engine = PrefillEngine(scheduler, prefill.cache.block_size, options, self.table)
+            engine = PrefillEngine(scheduler, prefill.cache.block_size, options, self.table,
+                                   pd)
             engine.prefill_times = self.prefill_times
             self.prefill.append(engine)
         for _ in range(pd.num_decode):
@@ -113,6 +114,8 @@ class PDSimulator:
             self.decode.append(DecodeEngine(scheduler, decode.cache.block_size, options,
                                             self.table, pd, self._on_read,
                                             self.prefill_times, self.aborts))
+            if pd.variant == "push":  # the request's prefill engine times the write
+                self.decode[-1].connector.push_write = self._push_write
         if hasattr(source, "hold_in_transit"):  # a stream: its renumbering sees the queues
             source.hold_in_transit(self._in_transit)
         self.loop = PDLoop(self.prefill, self.decode, source, prefill.step_time,
@@ -147,6 +150,10 @@ class PDSimulator:
         for engine in self.prefill:
             held.extend(engine.sources.values())
         return held
+
+    def _push_write(self, index: int, ready_s: float, num_blocks: int) -> tuple[float, float]:
+        prefill = self.prefill[self.loop.prefill_of[index]]
+        return prefill.connector.write(index, ready_s, num_blocks)
 
     def _on_read(self, index: int, start_s: float, end_s: float) -> None:
         self.reads[index] = (start_s, end_s)
@@ -232,7 +239,7 @@ class PDSimulator:
         counters.update(self.pd_counters(span, summaries))
         pd = self.pd
         notes = [f"disaggregated: {pd.num_prefill} prefill x TP {pd.prefill_tp} + "
-                 f"{pd.num_decode} decode x TP {pd.decode_tp}, NIXL pull over "
+                 f"{pd.num_decode} decode x TP {pd.decode_tp}, NIXL {pd.variant} over "
                  f"{pd.link_name or 'the pool link'}, {pd.router} router",
                  "timeseries: the deployment at each engine step (waiting/running summed, "
                  "KV usage averaged over engines)"]
