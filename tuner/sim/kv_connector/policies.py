@@ -120,13 +120,14 @@ class LRUPolicy:
             self._inflight.discard(key)
 
     def classify(self, keys: Sequence[int], any_pending: bool = True
-                 ) -> tuple[list[int], list[int]]:
-        """(keys not in the pool, keys stored and readable), in offer order;
+                 ) -> tuple[list[int], list[int], set[int]]:
+        """(keys not in the pool, keys stored and readable, in offer order; the set of
+        keys in the pool);
         ``any_pending`` False promises that no chunk is in flight (all are readable);
         the in-flight keys are a set here, so readiness is one set difference."""
         present = self.chunks.keys() & keys
         ready = present - self._inflight if any_pending and self._inflight else present
-        return _classify(present, ready, keys)
+        return (*_classify(present, ready, keys), present)
 
     def insert_many(self, keys: Sequence[int], new: Sequence[Chunk], ctx: ReqContext) -> None:
         """``insert`` for each key in order; the chunks are in flight (ref_cnt -1), so
@@ -192,12 +193,16 @@ class LRUPolicy:
                                               (rank + 1 + len(present)) * RANK_SPAN, RANK_SPAN)))
         self._next_rank = rank + len(present)
 
-    def on_request_access(self, keys: Iterable[int], ctx: ReqContext) -> None:
+    def on_request_access(self, keys: Iterable[int], ctx: ReqContext,
+                          present: set[int] | None = None) -> None:
+        """``present``: ``keys``' members in the pool, when the caller computed them
+        (``classify`` of the same run, with no insertion or eviction since)."""
         rank_r = self._request_rank(ctx)
         positions, chunks, ranks = ctx.positions, self.chunks, self._ranks
         # Each key's new rank depends on that key alone, so only the keys in the pool are
         # visited (one C-level intersection instead of a lookup per offered key).
-        present = chunks.keys() & keys
+        if present is None:
+            present = chunks.keys() & keys
         base = rank_r * RANK_SPAN
         if rank_r == self._next_rank:  # the newest rank: no key outranks it, so every
             if positions.keys() >= present:  # positioned key takes it (C-level maps)
@@ -308,14 +313,16 @@ class ARCPolicy:
         self.b2.pop(key, None)
 
     def classify(self, keys: Sequence[int], any_pending: bool = True
-                 ) -> tuple[list[int], list[int]]:
-        """(keys not in T1/T2, keys stored and readable), in offer order."""
+                 ) -> tuple[list[int], list[int], set[int]]:
+        """(keys not in T1/T2, keys stored and readable, in offer order; the set of
+        keys in T1/T2)."""
         present = self.t1.keys() & keys
         present |= self.t2.keys() & keys
         if any_pending:
             pool = _ArcPool(self.t1, self.t2)
-            return _classify(present, {k for k in present if pool[k].ref_cnt >= 0}, keys)
-        return _classify(present, present, keys)
+            ready = {k for k in present if pool[k].ref_cnt >= 0}
+            return (*_classify(present, ready, keys), present)
+        return (*_classify(present, present, keys), present)
 
     def insert_many(self, keys: Sequence[int], new: Sequence[Chunk], ctx: ReqContext) -> None:
         """``insert`` for each key in order (T1's order is the run's)."""
@@ -367,7 +374,8 @@ class ARCPolicy:
             else:
                 self._adapt_to_ghost_hit(key)
 
-    def on_request_access(self, keys: Iterable[int], ctx: ReqContext) -> None:
+    def on_request_access(self, keys: Iterable[int], ctx: ReqContext,
+                          present: set[int] | None = None) -> None:
         return
 
     def on_request_finished(self, groups: Sequence[Sequence[int]], inserted_only: set[int],
