@@ -80,7 +80,12 @@ def order_request_keys(groups: Sequence[Sequence[int]], ctx: ReqContext) -> list
 
 
 class LRUPolicy:
-    """``LRUCachePolicy`` (lru.py): ranks with a lazily invalidated min-heap."""
+    """``LRUCachePolicy`` (lru.py): ranks with a lazily invalidated min-heap.
+
+    ``_inflight`` is the set of keys whose store is in flight (``ref_cnt == -1``), kept
+    beside the chunks so ``classify`` and ``complete_stores`` test readiness with set
+    operations instead of reading each chunk (held to the ref counts by
+    ``tests/sim/test_kv_pool_batched.py``)."""
 
     name = "lru"
 
