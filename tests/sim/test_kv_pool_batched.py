@@ -84,6 +84,8 @@ def test_the_batched_pool_decides_like_the_plain_one(policy: str, num_chunks: in
         assert out[:1] == out[1:] or not out, (op, out)
         assert _state(managers[0]) == _state(managers[1]), op
         if managers[1].policy.name == "lru":  # the lazy heap pops the true order
-            heap = managers[1].policy._heap
-            assert all(_rank(managers[1].policy, k) >= r for r, k in heap
-                       if k in managers[1].policy._evictable)
+            policy = managers[1].policy
+            heap = policy._heap
+            assert all(_rank(policy, k) >= r for r, k in heap if k in policy._evictable)
+            # the in-flight set classify and complete_stores read is the ref_cnt -1 keys
+            assert policy._inflight == {k for k, c in policy.chunks.items() if c.ref_cnt < 0}

@@ -54,6 +54,9 @@ class CPUOffloadingManager:
         self.num_evictable = 0  # ready chunks with ref_cnt 0
         self.num_write_pending = 0
         self.num_evicted = 0  # chunks evicted so far (counter)
+        # The access record's inserted/reused sets feed only ARC's on_request_finished
+        # (T1 -> T2 moves); LRU's ignores them, so an LRU pool does not keep them.
+        self._track_reuse = self.policy.name != "lru"
 
     def _num_free(self) -> int:
         return len(self._free) + self.num_chunks - self._num_allocated
@@ -75,7 +78,10 @@ class CPUOffloadingManager:
             ctx.access = _Access()
         return ctx.access  # type: ignore[return-value]
 
-    def _record(self, keys: list[int], ctx: ReqContext, reused: list[int] = ()) -> None:
+    def _record(self, keys: list[int], ctx: ReqContext, reused: list[int] = (),
+                present: set[int] | None = None) -> None:
+        """Record ``keys`` as seen by the request; ``present``: the keys of ``keys``
+        in the pool, when the caller has them (the policy's access update reuses them)."""
         state = self._access(ctx)
         seen = state.seen
         fresh = set(keys)
@@ -86,10 +92,11 @@ class CPUOffloadingManager:
                 new = keys
             else:  # seen keys, or a hash repeated in the offer: first one counts
                 new = [k for k in dict.fromkeys(keys) if k in fresh]
+                present = None
             state.keys.extend(new)
             seen |= fresh
-            self.policy.on_request_access(new, ctx)
-        if reused:
+            self.policy.on_request_access(new, ctx, present)
+        if reused and self._track_reuse:
             state.reused |= set(reused).difference(state.inserted)
 
     # ----------------------------------------------------------------- interface
@@ -126,7 +133,7 @@ class CPUOffloadingManager:
     def prepare_store(self, keys: list[int], ctx: ReqContext) -> tuple[list[int], int] | None:
         """(keys to store, chunks evicted for them), or None: not enough idle chunks."""
         policy = self.policy
-        to_store, ready_existing = policy.classify(keys, self.num_write_pending > 0)
+        to_store, ready_existing, present = policy.classify(keys, self.num_write_pending > 0)
         state = self._access(ctx)
         if to_store and policy.name != "lru":  # LRU: a miss is not in the pool, so its
             store_misses = state.store_misses  # touch (on_store_miss) changes nothing
@@ -140,7 +147,8 @@ class CPUOffloadingManager:
             recorded = set(to_store)
             recorded.update(ready_existing)
             recorded_keys = [k for k in keys if k in recorded]
-        self._record(recorded_keys, ctx, reused=ready_existing)
+            present = None
+        self._record(recorded_keys, ctx, reused=ready_existing, present=present)
         if not to_store:
             return [], 0
         num_evict = len(to_store) - self._num_free()
@@ -157,7 +165,8 @@ class CPUOffloadingManager:
             self.num_evicted += num_evicted
         policy.insert_many(to_store, self._allocate(len(to_store)), ctx)
         self.num_write_pending += len(to_store)
-        state.inserted.update(to_store)
+        if self._track_reuse:
+            state.inserted.update(to_store)
         return to_store, num_evicted
 
     def complete_store(self, keys: Iterable[int]) -> None:

@@ -80,7 +80,12 @@ def order_request_keys(groups: Sequence[Sequence[int]], ctx: ReqContext) -> list
 
 
 class LRUPolicy:
-    """``LRUCachePolicy`` (lru.py): ranks with a lazily invalidated min-heap."""
+    """``LRUCachePolicy`` (lru.py): ranks with a lazily invalidated min-heap.
+
+    ``_inflight`` is the set of keys whose store is in flight (``ref_cnt == -1``), kept
+    beside the chunks so ``classify`` and ``complete_stores`` test readiness with set
+    operations instead of reading each chunk (held to the ref counts by
+    ``tests/sim/test_kv_pool_batched.py``)."""
 
     name = "lru"
 
@@ -89,6 +94,7 @@ class LRUPolicy:
         self.chunks: dict[int, Chunk] = {}
         self._ranks: dict[int, int] = {}  # key -> rank * RANK_SPAN - position
         self._evictable: set[int] = set()
+        self._inflight: set[int] = set()  # keys whose store is in flight (ref_cnt -1)
         self._heap: list[tuple[int, int]] = []
         self._next_rank = 0
 
@@ -113,43 +119,50 @@ class LRUPolicy:
         if chunk.ref_cnt == 0:
             self._evictable.add(key)
             heapq.heappush(self._heap, (self._ranks[key], key))
+        if chunk.ref_cnt < 0:
+            self._inflight.add(key)
+        else:
+            self._inflight.discard(key)
 
     def classify(self, keys: Sequence[int], any_pending: bool = True
-                 ) -> tuple[list[int], list[int]]:
-        """(keys not in the pool, keys stored and readable), in offer order;
-        ``any_pending`` False promises that no chunk is in flight (all are readable)."""
-        return _classify(self.chunks, self.chunks.keys() & keys, keys, any_pending)
+                 ) -> tuple[list[int], list[int], set[int]]:
+        """(keys not in the pool, keys stored and readable, in offer order; the set of
+        keys in the pool);
+        ``any_pending`` False promises that no chunk is in flight (all are readable);
+        the in-flight keys are a set here, so readiness is one set difference."""
+        present = self.chunks.keys() & keys
+        ready = present - self._inflight if any_pending and self._inflight else present
+        return (*_classify(present, ready, keys), present)
 
     def insert_many(self, keys: Sequence[int], new: Sequence[Chunk], ctx: ReqContext) -> None:
         """``insert`` for each key in order; the chunks are in flight (ref_cnt -1), so
         none becomes evictable here."""
         self.chunks.update(zip(keys, new))
+        self._inflight.update(keys)
         positions = ctx.positions
-        pos = [positions.get(key) for key in keys]
-        if None in pos:  # an unpositioned key takes a global rank in between: one by one
-            for key, chunk in zip(keys, new):
-                self.chunks[key] = chunk
-                position = positions.get(key)
-                if position is None:
-                    self._next_rank += 1
-                    self._ranks[key] = self._next_rank * RANK_SPAN
-                else:
-                    self._ranks[key] = self._request_rank(ctx) * RANK_SPAN - position
+        if not keys:
             return
-        if keys:
+        if all(map(positions.__contains__, keys)):  # one request rank for all (C-level)
             base = self._request_rank(ctx) * RANK_SPAN
-            self._ranks.update(zip(keys, [base - p for p in pos]))
+            self._ranks.update(zip(keys, map(base.__sub__, map(positions.__getitem__, keys))))
+            return
+        for key in keys:  # an unpositioned key takes a global rank in between: one by one
+            position = positions.get(key)
+            if position is None:
+                self._next_rank += 1
+                self._ranks[key] = self._next_rank * RANK_SPAN
+            else:
+                self._ranks[key] = self._request_rank(ctx) * RANK_SPAN - position
 
     def complete_stores(self, keys: Iterable[int]) -> int:
         """Stores finished: in-flight chunks become readable and evictable; how many."""
-        chunks, ranks = self.chunks, self._ranks
-        done: list[int] = []
-        for key in keys:
-            chunk = chunks.get(key)
-            if chunk is not None and chunk.ref_cnt < 0:
-                chunk.ref_cnt = 0
-                done.append(key)
+        chunks, ranks, inflight = self.chunks, self._ranks, self._inflight
+        # The in-flight keys, first occurrence each (a job may name a key twice).
+        done = list(dict.fromkeys(filter(inflight.__contains__, keys)))
         if done:
+            inflight.difference_update(done)
+            for chunk in map(chunks.__getitem__, done):
+                chunk.ref_cnt = 0
             self._evictable.update(done)
             heap = self._heap
             entries = [(ranks[k], k) for k in done]
@@ -166,6 +179,7 @@ class LRUPolicy:
         del self.chunks[key]
         self._ranks.pop(key, None)
         self._evictable.discard(key)
+        self._inflight.discard(key)
 
     def on_store_miss(self, keys: Iterable[int], ctx: ReqContext) -> None:
         self.touch(keys, ctx)  # CachePolicy.on_store_miss default
@@ -178,23 +192,31 @@ class LRUPolicy:
         entry and ``evict`` re-pushes it at its true rank when it surfaces (exact: every
         heap rank is <= its key's true rank, so the first entry that is current holds the
         smallest true rank; lru.py pushes eagerly, with the same result)."""
-        chunks = self.chunks
-        present = [key for key in keys if key in chunks]
+        present = list(filter(self.chunks.__contains__, keys))
         rank = self._next_rank
         self._ranks.update(zip(present, range((rank + 1) * RANK_SPAN,
                                               (rank + 1 + len(present)) * RANK_SPAN, RANK_SPAN)))
         self._next_rank = rank + len(present)
 
-    def on_request_access(self, keys: Iterable[int], ctx: ReqContext) -> None:
+    def on_request_access(self, keys: Iterable[int], ctx: ReqContext,
+                          present: set[int] | None = None) -> None:
+        """``present``: ``keys``' members in the pool, when the caller computed them
+        (``classify`` of the same run, with no insertion or eviction since)."""
         rank_r = self._request_rank(ctx)
         positions, chunks, ranks = ctx.positions, self.chunks, self._ranks
         # Each key's new rank depends on that key alone, so only the keys in the pool are
         # visited (one C-level intersection instead of a lookup per offered key).
-        present = chunks.keys() & keys
+        if present is None:
+            present = chunks.keys() & keys
         base = rank_r * RANK_SPAN
         if rank_r == self._next_rank:  # the newest rank: no key outranks it, so every
-            ranks.update({key: base - p for key in present  # positioned key takes it
-                          if (p := positions.get(key)) is not None})
+            if positions.keys() >= present:  # positioned key takes it (C-level maps)
+                present = list(present)
+                ranks.update(zip(present, map(base.__sub__,
+                                              map(positions.__getitem__, present))))
+            else:
+                ranks.update({key: base - p for key in present
+                              if (p := positions.get(key)) is not None})
             return
         for key in present:
             position = positions.get(key)
@@ -222,15 +244,18 @@ class LRUPolicy:
         selected: list[tuple[int, int]] = []
         seen: set[int] = set()
         deferred: list[tuple[int, int]] = []
+        heappop, heapreplace = heapq.heappop, heapq.heapreplace
         while heap and len(selected) < n:
-            entry = heapq.heappop(heap)
+            entry = heap[0]
             rank, key = entry
             if key not in evictable or key in seen:
+                heappop(heap)
                 continue
             current = ranks[key]
-            if current != rank:  # a lazy entry: back in at the key's true rank
-                heapq.heappush(heap, (current, key))
+            if current != rank:  # a lazy entry: back in at the key's true rank (one
+                heapreplace(heap, (current, key))  # sift: pop + push as one operation)
                 continue
+            heappop(heap)
             if key in protected:
                 deferred.append(entry)
                 continue
@@ -266,6 +291,7 @@ class LRUPolicy:
         self.chunks = {new_of[k]: c for k, c in self.chunks.items()}
         self._ranks = {new_of[k]: r for k, r in self._ranks.items()}
         self._evictable = {new_of[k] for k in self._evictable}
+        self._inflight = {new_of[k] for k in self._inflight}
         self._heap = [(self._ranks[k], k) for k in self._evictable]
         heapq.heapify(self._heap)
 
@@ -292,11 +318,16 @@ class ARCPolicy:
         self.b2.pop(key, None)
 
     def classify(self, keys: Sequence[int], any_pending: bool = True
-                 ) -> tuple[list[int], list[int]]:
-        """(keys not in T1/T2, keys stored and readable), in offer order."""
+                 ) -> tuple[list[int], list[int], set[int]]:
+        """(keys not in T1/T2, keys stored and readable, in offer order; the set of
+        keys in T1/T2)."""
         present = self.t1.keys() & keys
         present |= self.t2.keys() & keys
-        return _classify(_ArcPool(self.t1, self.t2), present, keys, any_pending)
+        if any_pending:
+            pool = _ArcPool(self.t1, self.t2)
+            ready = {k for k in present if pool[k].ref_cnt >= 0}
+            return (*_classify(present, ready, keys), present)
+        return (*_classify(present, present, keys), present)
 
     def insert_many(self, keys: Sequence[int], new: Sequence[Chunk], ctx: ReqContext) -> None:
         """``insert`` for each key in order (T1's order is the run's)."""
@@ -348,7 +379,8 @@ class ARCPolicy:
             else:
                 self._adapt_to_ghost_hit(key)
 
-    def on_request_access(self, keys: Iterable[int], ctx: ReqContext) -> None:
+    def on_request_access(self, keys: Iterable[int], ctx: ReqContext,
+                          present: set[int] | None = None) -> None:
         return
 
     def on_request_finished(self, groups: Sequence[Sequence[int]], inserted_only: set[int],
@@ -442,18 +474,20 @@ class _ArcPool:
         return chunk if chunk is not None else self.t2[key]
 
 
-def _classify(pool: "dict[int, Chunk] | _ArcPool", present: set[int], keys: Sequence[int],
-              any_pending: bool) -> tuple[list[int], list[int]]:
-    """Split an offered run by the keys ``present`` in the pool, keeping offer order.
+def _classify(present: set[int], ready: set[int], keys: Sequence[int]
+              ) -> tuple[list[int], list[int]]:
+    """Split an offered run into (keys not ``present`` in the pool, keys ``ready`` to
+    read), keeping offer order.
 
-    Set membership in list comprehensions instead of a ``get`` and an attribute read per
-    key: the agentic hour offers ~1.4 M keys in two minutes, most already stored."""
+    Set membership instead of a ``get`` and an attribute read per key: the agentic hour
+    offers ~1.4 M keys in two minutes, most already stored, and then often all of a run
+    is stored and readable (``len(present) == len(keys)`` means distinct keys, all in)."""
     if not present:
         return list(keys), []
+    if len(present) == len(keys):
+        return [], list(keys) if len(ready) == len(present) else [k for k in keys if k in ready]
     missing = [k for k in keys if k not in present]
-    if any_pending:
-        present = {k for k in present if pool[k].ref_cnt >= 0}
-    return missing, [k for k in keys if k in present]
+    return missing, [k for k in keys if k in ready]
 
 
 def make_policy(name: str, capacity: int) -> LRUPolicy | ARCPolicy:
