@@ -24,6 +24,7 @@ def _args(trace, python: str, *extra: str) -> list[str]:
     ("1:2", ("--prefill-tp", "2", "--no-async-scheduling")),
     ("2:1", ("--async-scheduling", "--prefill-max-num-batched-tokens", "1024",
              "--prefill-max-num-seqs", "4")),
+    ("1:2", ("--async-scheduling", "--pd-transfer-mode", "push")),
 ])
 def test_every_pool_engine_matches_vllms_scheduler(mooncake_head_trace, pd, extra) -> None:
     res = CliRunner().invoke(cli, _args(mooncake_head_trace, vllm_python("0.33"), "--pd", pd,
