@@ -19,7 +19,10 @@ agentic hour (a slice, ``--end``; Llama-3.1-70B TP8 on MI355X, async scheduling,
 default) against the sum of its two engines' single-engine replays: the prefill
 instance's traffic alone (the same trace with one output token a request, as the proxy
 sends it) and the decode instance's as one aggregated engine (the whole trace: an upper
-bound of the decoder's work, which reads the prompts instead of computing them). Each
+bound of the decoder's work, which reads the prompts instead of computing them) and,
+the honest row, the decoder alone: the P/D replay's decode engine with no prefill
+engine, each request arriving when the proxy handed it off in an untimed recording P/D
+run (``_child_decoder``). Each
 replay runs in its own child process, alternating, ``--rounds`` times (medians of CPU
 seconds); ``--compare DIR`` also replays the P/D layout with another checkout.
 
