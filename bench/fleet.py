@@ -19,7 +19,10 @@ agentic hour (a slice, ``--end``; Llama-3.1-70B TP8 on MI355X, async scheduling,
 default) against the sum of its two engines' single-engine replays: the prefill
 instance's traffic alone (the same trace with one output token a request, as the proxy
 sends it) and the decode instance's as one aggregated engine (the whole trace: an upper
-bound of the decoder's work, which reads the prompts instead of computing them). Each
+bound of the decoder's work, which reads the prompts instead of computing them) and,
+the honest row, the decoder alone: the P/D replay's decode engine with no prefill
+engine, each request arriving when the proxy handed it off in an untimed recording P/D
+run (``_child_decoder``). Each
 replay runs in its own child process, alternating, ``--rounds`` times (medians of CPU
 seconds); ``--compare DIR`` also replays the P/D layout with another checkout.
 
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -83,33 +87,119 @@ def _run(trace: Any, *, dp: int, replicas: int, policy: str,
             "single_engine_fleet": single_engine_fleet}
 
 
-_PD_CHILD = r"""
-import json, sys, time
-from tuner import replay
-from tuner.perf.target import Target
-spec = json.loads(sys.argv[1])
-kw = {}
-if spec["pd"]:
-    from tuner.perf.pd_link import PDLayout
-    kw["pd"] = PDLayout(1, 1)
-target = Target(hardware="mi355x", model="llama-3.1-70b", tp=8)
-c0 = time.process_time()
-result = replay.run(spec["trace"], target=target, **kw)
-print(json.dumps({"cpu_s": time.process_time() - c0,
-                  "steps": int(result.counters["num_steps"]),
-                  "finished": int(result.counters["num_finished"])}))
-"""
+_TARGET = dict(hardware="mi355x", model="llama-3.1-70b", tp=8)
 
 
-def _pd_child(checkout: Path, trace: str, pd: bool) -> dict[str, Any]:
-    """One replay in a fresh child with ``checkout`` first on the path."""
+def _child_pd(spec: dict[str, Any]) -> dict[str, Any]:
+    """A whole replay (``--pd 1:1`` or one aggregated engine) through ``replay.run``;
+    with ``handoffs`` also writes when each request reached its decoder (untimed use)."""
+    from tuner import replay
+    from tuner.perf.target import Target
+
+    kw: dict[str, Any] = {}
+    if spec["pd"]:
+        from tuner.perf.pd_link import PDLayout
+
+        kw["pd"] = PDLayout(1, 1)
+    target = Target(**_TARGET)
+    c0 = time.process_time()
+    if spec.get("handoffs"):
+        # The recording run: the proxy's handoffs, as the loop makes them (``_hand_off``
+        # puts a request in its decoder's input queue at the loop's clock).
+        instance = replay.prepare(spec["trace"], target=target, **kw)
+        loop = instance._simulator.loop
+        table = instance._simulator.table
+        seen: dict[str, float] = {}
+        hand_off = loop._hand_off
+
+        def recording(index: int, source: Any, arrival_s: float) -> None:
+            seen[table.request_id[index]] = loop.now_s
+            hand_off(index, source, arrival_s)
+
+        loop._hand_off = recording
+        result = instance.run()
+        instance.close()
+        Path(spec["handoffs"]).write_text(json.dumps(seen))
+    else:
+        result = replay.run(spec["trace"], target=target, **kw)
+    return {"cpu_s": time.process_time() - c0, "steps": int(result.counters["num_steps"]),
+            "finished": int(result.counters["num_finished"])}
+
+
+class _ToTheDecoder:
+    """The decoder-alone replay's front end: every request to engine 0."""
+
+    targets_engines = True
+
+    def route(self, index: int, source: Any, arrival_s: float) -> int:
+        return 0
+
+    def finished(self, index: int) -> None:
+        """No in-flight counts."""
+
+
+def _child_decoder(spec: dict[str, Any]) -> dict[str, Any]:
+    """The decode instance's own traffic replayed alone by the P/D replay's decode engine
+    (``DecodeEngine``, its NIXL connector pulling every prompt over the 1:1 layout's
+    link, the fenced KV manager under async scheduling), in the P/D loop with no
+    prefill engine: the requests arrive when the proxy handed them off in the P/D
+    replay (the trace ``spec["trace"]`` carries those times as ``arrival_s``), with
+    their prompts' KV on a prefill instance that never makes the decoder wait."""
+    import math
+
+    from tuner.perf.pd_link import PDLayout, pd_settings
+    from tuner.perf.presets import resolve_target
+    from tuner.perf.target import Target
+    from tuner.replay._disagg import pd_pools
+    from tuner.replay._run import _kv_requests
+    from tuner.sim.clock import batch_queue_depth
+    from tuner.sim.disagg.engines import DecodeEngine, fence_decoder
+    from tuner.sim.disagg.loop import PDLoop
+    from tuner.sim.fleet.simulator import engine_summary, merge_timeseries, run_engines
+    from tuner.sim.loop import AdmissionRules
+    from tuner.sim.scheduler import Scheduler
+    from tuner.sim.settings import SimOptions
+
+    c0 = time.process_time()
+    resolved = resolve_target(Target(**_TARGET))
+    settings = resolved.default_settings
+    layout = PDLayout(1, 1)
+    prefill, decode = pd_pools(layout, resolved, settings)
+    pd = pd_settings(layout, prefill, decode)
+    options = SimOptions(async_scheduling=resolved.async_scheduling)
+    block_size = decode.cache.block_size
+    source: Any = _kv_requests(spec["trace"], None, block_size, arrays=True, hash_ids=True,
+                               stream=True)
+    table = source.table()
+    scheduler = Scheduler(settings, decode.cache, options, num_hash_ids=source.num_hash_ids)
+    if options.async_scheduling:
+        fence_decoder(scheduler, source.num_hash_ids)
+    source.bind(scheduler)
+    # every request was prefilled remotely (do_remote_prefill): its prefill's times
+    remote = {i: (math.nan, math.nan, 0, 0) for i in range(len(table))}
+    engine = DecodeEngine(scheduler, block_size, options, table, pd,
+                          lambda index, start_s, end_s: None, remote)
+    rules = AdmissionRules.of(settings, decode.cache)
+    loop = PDLoop([], [engine], source, decode.step_time, decode.step_time, rules, rules,
+                  table, num_requests=source.num_requests,
+                  batch_queue_depth=batch_queue_depth(options.async_scheduling),
+                  router=_ToTheDecoder())
+    run_engines([engine], loop, None)
+    engine_summary(0, engine, replica=0, dp_rank=0)  # what a result would build
+    merge_timeseries([engine.timeseries])
+    return {"cpu_s": time.process_time() - c0, "steps": engine.num_steps,
+            "finished": engine.num_finished}
+
+
+def _pd_child(checkout: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    """One replay in a fresh child with ``checkout``'s ``tuner`` first on the path."""
     import os
     import subprocess
     import sys
 
     env = dict(os.environ, PYTHONPATH=str(checkout), POLARS_MAX_THREADS="1")
-    out = subprocess.run([sys.executable, "-c", _PD_CHILD,
-                          json.dumps({"trace": trace, "pd": pd})], env=env, cwd=checkout,
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child",
+                          json.dumps(spec)], env=env, cwd=checkout,
                          check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -142,6 +232,25 @@ def _pd_traces(end: str, tmp: Path) -> tuple[str, str]:
     return str(full), str(prefill)
 
 
+def _decoder_trace(full: str, handoffs: str, tmp: Path) -> str:
+    """The decode instance's traffic: the requests the proxy handed off, each arriving at
+    its handoff time (a request refused at the handoff never reaches it)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    seen = json.loads(Path(handoffs).read_text())
+    table = pq.read_table(full)
+    metadata = {b"tuner.trace": pq.ParquetFile(full).metadata.metadata[b"tuner.trace"]}
+    ids = table.column("request_id").to_pylist()
+    keep = [i for i, rid in enumerate(ids) if rid in seen]
+    table = table.take(pa.array(keep, type=pa.int64()))
+    times = pa.array([seen[ids[i]] for i in keep], type=table.schema.field("arrival_s").type)
+    table = table.set_column(table.schema.get_field_index("arrival_s"), "arrival_s", times)
+    out = tmp / "decoder.parquet"
+    pq.write_table(table.replace_schema_metadata(metadata), out)
+    return str(out)
+
+
 def pd_main(end: str, rounds: int, compare: Path | None) -> None:
     """Issue 26's goal: a P/D replay costs at most the sum of its engines' single-engine
     replays (module doc)."""
@@ -150,26 +259,34 @@ def pd_main(end: str, rounds: int, compare: Path | None) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         full, prefill = _pd_traces(end, Path(tmp))
-        arms = [("pd", ROOT, full, True), ("prefill alone", ROOT, prefill, False),
-                ("aggregated", ROOT, full, False)]
+        handoffs = str(Path(tmp) / "handoffs.json")
+        _pd_child(ROOT, {"kind": "pd", "trace": full, "pd": True, "handoffs": handoffs})
+        decoder = _decoder_trace(full, handoffs, Path(tmp))
+        arms = [("pd", ROOT, {"kind": "pd", "trace": full, "pd": True}),
+                ("prefill alone", ROOT, {"kind": "pd", "trace": prefill, "pd": False}),
+                ("decoder alone", ROOT, {"kind": "decoder", "trace": decoder}),
+                ("aggregated", ROOT, {"kind": "pd", "trace": full, "pd": False})]
         if compare is not None:
-            arms.append(("pd, other checkout", compare.resolve(), full, True))
+            arms.append(("pd, other checkout", compare.resolve(),
+                         {"kind": "pd", "trace": full, "pd": True}))
         cpu: dict[str, list[float]] = {}
         steps: dict[str, int] = {}
         for r in range(rounds):
-            for name, checkout, trace, pd in arms:
-                row = _pd_child(checkout, trace, pd)
+            for name, checkout, spec in arms:
+                row = _pd_child(checkout, spec)
                 cpu.setdefault(name, []).append(row["cpu_s"])
                 steps[name] = row["steps"]
                 print(f"round {r + 1} {name:<20}{row['cpu_s']:8.2f} CPU s "
                       f"{row['steps']:>9,} steps {row['finished']:>7,} finished", flush=True)
     med = {name: statistics.median(v) for name, v in cpu.items()}
-    engines = med["prefill alone"] + med["aggregated"]
-    print(f"\nagentic slice {end}, Llama-3.1-70B TP8 MI355X, median of {rounds}, CPU s:")
+    print(f"\nagentic slice {end}, Llama-3.1-70B TP8 MI355X, median of {rounds}, CPU s "
+          f"(load average {os.getloadavg()[0]:.1f}):")
     for name in med:
         print(f"  {name:<20}{med[name]:8.2f} s {steps[name]:>9,} steps")
-    print(f"  --pd 1:1 / (prefill alone + aggregated) = {med['pd'] / engines:.2f} "
-          f"(goal <= 1.00)")
+    for other in ("decoder alone", "aggregated"):
+        engines = med["prefill alone"] + med[other]
+        print(f"  --pd 1:1 / (prefill alone + {other}) = {med['pd'] / engines:.2f} "
+              f"(goal <= 1.00)")
     if compare is not None:
         print(f"  --pd 1:1, other checkout over this one: "
               f"{med['pd, other checkout'] / med['pd']:.2f}x")
@@ -184,7 +301,13 @@ def main() -> None:
     parser.add_argument("--end", default="10m", help="--pd: slice of the agentic hour")
     parser.add_argument("--rounds", type=int, default=3, help="--pd: alternating rounds")
     parser.add_argument("--compare", type=Path, default=None, help="--pd: another checkout")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child is not None:  # one timed replay (_pd_child)
+        spec = json.loads(args.child)
+        child = _child_decoder if spec["kind"] == "decoder" else _child_pd
+        print(json.dumps(child(spec)))
+        return
     if args.pd:
         pd_main(args.end, args.rounds, args.compare)
         return

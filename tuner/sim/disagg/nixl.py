@@ -44,16 +44,19 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from tuner.sim.disagg.settings import PDSettings
+from tuner.sim.kv_cache_manager import KVCacheManager
 from tuner.sim.kv_connector.base import NO_DECODE_EVENT
+from tuner.sim.request import RequestStatus
 
 if TYPE_CHECKING:
     from tuner.sim.block_pool import BlockPool
     from tuner.sim.request import SimRequest
     from tuner.sim.scheduler_output import SchedulerOutput
 
-__all__ = ["NixlDecodeConnector", "NixlPrefillConnector"]
+__all__ = ["HoldingKVCacheManager", "NixlDecodeConnector", "NixlPrefillConnector"]
 
 _INF = float("inf")
+_FINISHED = RequestStatus.FINISHED
 _NO_IDS = np.empty(0, dtype=np.int64)
 
 
@@ -279,10 +282,23 @@ class NixlPrefillConnector:
     def launch(self, start_s: float, duration_s: float) -> None:
         """Nothing: the decoder moves the bytes (pull)."""
 
+    def keep_at_free(self, request: "SimRequest") -> int:
+        """The blocks of finished ``request`` to hold (its first ``n``, the blocks at its
+        last step), taken at the free (:class:`HoldingKVCacheManager`): ``n``, 0 when
+        there are none to hold."""
+        n = self._num_blocks.pop(request.request_id, 0)
+        if n:
+            self._held[request.index] = request.block_buf[:n].copy()
+            self._held_since[request.index] = request.finish_s
+            self.num_held += 1
+        return n
+
     def request_finished(self, request: "SimRequest") -> bool:
-        """Hold the request's blocks (``delay_free_blocks``). The scheduler has freed them
-        already (the twin's order); taking them back before anything else allocates
-        leaves the free queue exactly as if they had never been freed."""
+        """Hold the request's blocks (``delay_free_blocks``). Under a
+        :class:`HoldingKVCacheManager` they are held already (its free kept them);
+        under the plain manager the scheduler has freed them (the twin's order), and
+        taking them back before anything else allocates leaves the free queue exactly as
+        if they had never been freed."""
         n = self._num_blocks.pop(request.request_id, 0)
         if n:
             blocks = request.block_buf[:n].copy()
@@ -348,3 +364,45 @@ class NixlPrefillConnector:
 
     def counters(self) -> dict[str, float]:
         return {"pd_prefill_held": self.num_held, "pd_prefill_held_block_s": self.held_block_s}
+
+
+class HoldingKVCacheManager(KVCacheManager):
+    """The prefill instance's ``KVCacheManager``: the free of a finished request keeps
+    the blocks its decoder will read (``keep``: the connector's
+    :meth:`NixlPrefillConnector.keep_at_free`) and returns only the rest.
+
+    Why: vLLM's scheduler does not free a request whose ``request_finished`` delays the
+    free; the twin's scheduler frees first and the connector then took the blocks back
+    (``touch``), two passes over the pool for every prompt (agentic prompts are
+    thousands of blocks). Keeping them is the same state: between the free and the
+    connector's call nothing allocates, so every held block ends with the reference
+    count it had and out of the free queue, and the blocks freed (the ones past the
+    request's last step) reach the queue in the order a whole free puts them there
+    (tail first).
+    """
+
+    __slots__ = ("keep",)
+
+    def __init__(self, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.keep: Callable[["SimRequest"], int] | None = None  # set by the simulator
+
+    def free(self, request: "SimRequest") -> None:
+        keep = self.keep
+        n = keep(request) if keep is not None and request.status >= _FINISHED else 0
+        if not n:
+            super().free(request)
+            return
+        # KVCacheManager.free with the first n blocks kept: the registration first
+        total = request.num_blocks
+        if self.enable_caching and self.register_on_free:
+            num_full = min(request.num_computed_tokens, request.num_tokens) // self.block_size
+            if num_full > request.num_cached_blocks:
+                self.block_pool.cache_full_blocks(request, request.block_buf,
+                                                  request.num_cached_blocks, num_full)
+        if total > n:
+            self.block_pool.free_blocks(request.block_buf[total - 1:n - 1:-1],
+                                        may_repeat=request.repeated_blocks)
+        request.repeated_blocks = False
+        request.num_blocks = 0
+        request.num_cached_blocks = 0

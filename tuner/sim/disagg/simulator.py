@@ -30,8 +30,10 @@ from tuner.records import _STATUS_CODES, EngineSummary, GapSamples, ReplayResult
 from tuner.sim.clock import batch_queue_depth
 from tuner.sim.disagg.engines import DecodeEngine, PrefillEngine, fence_decoder
 from tuner.sim.disagg.loop import PDLoop
+from tuner.sim.disagg.nixl import HoldingKVCacheManager
 from tuner.sim.disagg.settings import PDSettings
 from tuner.sim.engine import ListArrivals
+from tuner.sim.kv_cache_manager import KVCacheManager
 from tuner.sim.fleet.simulator import engine_summary, merge_timeseries, run_engines
 from tuner.sim.load import ClosedLoop, OpenLoop
 from tuner.sim.loop import AdmissionRules, StepTime
@@ -44,6 +46,23 @@ _FINISHED = _STATUS_CODES.index("finished")
 
 #: the TTFT split, in order (see the module doc)
 TTFT_PARTS = ("prefill_queue", "prefill", "decode_queue", "transfer", "first_decode")
+
+
+def hold_at_free(scheduler: Scheduler, num_hash_ids: int | None) -> None:
+    """Give a fresh prefill scheduler the manager whose free keeps the blocks its
+    connector holds for the decoder's read (``HoldingKVCacheManager``: the same pool
+    state as freeing and taking them back, without the two passes). Built like
+    ``fence_decoder``'s: before anything is allocated or bound."""
+    cache, old = scheduler.cache, scheduler.kv_cache_manager
+    assert type(old) is KVCacheManager, (
+        f"a prefill instance runs the plain manager, not {type(old).__name__} (tuner bug)")
+    kvm = HoldingKVCacheManager(
+        num_gpu_blocks=cache.num_gpu_blocks, block_size=cache.block_size,
+        enable_caching=cache.enable_prefix_caching, max_model_len=cache.max_model_len,
+        watermark=scheduler.settings.watermark, num_hash_ids=num_hash_ids)
+    kvm.register_on_free = old.register_on_free
+    kvm.num_lookahead_tokens = old.num_lookahead_tokens
+    scheduler.kv_cache_manager = kvm
 
 
 class PDPool:
@@ -100,9 +119,11 @@ class PDSimulator:
         for _ in range(pd.num_prefill):
             scheduler = Scheduler(prefill.settings, prefill.cache, options,
                                   num_hash_ids=source.num_hash_ids)
+            hold_at_free(scheduler, source.num_hash_ids)
             source.bind(scheduler)
             engine = PrefillEngine(scheduler, prefill.cache.block_size, options, self.table,
                                    pd)
+            scheduler.kv_cache_manager.keep = engine.connector.keep_at_free
             engine.prefill_times = self.prefill_times
             self.prefill.append(engine)
         for _ in range(pd.num_decode):
