@@ -265,3 +265,43 @@ def test_a_tier_with_speculative_decoding_is_refused_in_one_line() -> None:
                   SimOptions(kv_offload=OffloadSettings(num_chunks=8, **LINK), speculative=spec))
     assert "\n" not in str(err.value)
     Scheduler(SchedulerSettings(), CacheSettings(), SimOptions(speculative=spec))  # alone: fine
+
+
+def test_a_closed_loop_waiting_on_a_load_in_flight_ends() -> None:
+    """A closed loop at its concurrency whose waiting requests need the blocks two loads in
+    flight hold: the empty steps wait for the loads to end (the load's due arrival, held
+    back by the loop, does not end the wait). Counting that arrival made every empty step
+    0 s long and the replay never ended (found by tests/sim/test_fast_path_contract.py);
+    here it runs under an alarm so a regression fails instead of hanging."""
+    import signal
+
+    from sim_helpers import nonlinear_step, random_trace
+    from tuner.sim.engine import Simulator
+    from tuner.sim.load import ClosedLoop
+
+    trace = random_trace(9520, 22, block_size=16, max_input=300, max_output=80,
+                         with_output_hashes=True, rate=5.0)
+    tier = OffloadSettings(num_chunks=400, blocks_per_chunk=2, policy="arc",
+                           bytes_per_block=1 << 16, load_bytes_per_s=1e9,
+                           store_bytes_per_s=1e9)
+    settings = SchedulerSettings(max_num_batched_tokens=77, max_num_seqs=25,
+                                 long_prefill_token_threshold=200)
+    cache = CacheSettings(block_size=16, num_gpu_blocks=24, enable_prefix_caching=False,
+                          max_model_len=330)
+
+    def hung(*_: object) -> None:
+        raise AssertionError("the replay did not end within 60 s")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        for fast in (False, True):
+            result = Simulator(trace, settings, cache, nonlinear_step, load=ClosedLoop(4),
+                               options=SimOptions(kv_offload=tier, fast_forward=fast,
+                                                  check_invariants=True)).run()
+            assert result.counters["num_finished"] + result.counters.get(
+                "num_rejected", 0) == len(trace)
+            assert result.counters["kv_offload_loaded_tokens"] > 0
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)

@@ -289,8 +289,11 @@ class OffloadingFeed:
     def empty_step_s(self, now_s: float, next_arrival_s: float) -> float:
         """An empty step lasts until the next transfer ends or the next request arrives
         (``tuner.sim.kv_connector.hooks.wait_for_transfers``)."""
-        end = min(self.worker.next_event_s(now_s), next_arrival_s)
-        return max(0.0, end - now_s)
+        # the twin's rule (tuner.sim.kv_connector.hooks.empty_wait_s), restated here: this
+        # module runs inside the vLLM environment and imports nothing of the twin's; an
+        # arrival already due is one a closed loop holds back and does not end the wait
+        arrival = next_arrival_s if next_arrival_s > now_s else float("inf")
+        return max(0.0, min(self.worker.next_event_s(now_s), arrival) - now_s)
 
     def counters(self) -> dict[str, float]:
         """The twin's ``kv_offload_*`` counters, read from vLLM's side."""

@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     from tuner.sim.scheduler_output import SchedulerOutput
     from tuner.sim.settings import CacheSettings
 
-__all__ = ["connector_has_work", "connector_update", "make_connector", "wait_for_transfers"]
+__all__ = ["connector_has_work", "connector_update", "empty_wait_s", "make_connector",
+           "wait_for_transfers"]
 
 
 def make_connector(settings: "OffloadSettings | None",
@@ -70,8 +71,21 @@ def connector_update(scheduler: Any,
 
 def wait_for_transfers(scheduler: Any, now_s: float, next_arrival_s: float) -> float:
     """GPU seconds of an empty step: until the next transfer ends or the next request
-    arrives, whichever is first (vLLM spins through empty steps meanwhile)."""
+    arrives, whichever is first (vLLM spins through empty steps meanwhile).
+
+    An arrival already due (``next_arrival_s <= now_s``) is one the load holds back (a
+    closed loop at its concurrency: it comes only when a request finishes), so it does
+    not end the wait: counting it made every empty step last 0 s, the clock stood still
+    at a transfer's start and the replay never ended (a closed loop whose waiting
+    requests need the blocks a load in flight holds)."""
     connector = scheduler.connector
     assert connector is not None
-    end = min(connector.next_event_s(now_s), next_arrival_s)
-    return max(0.0, end - now_s)
+    return empty_wait_s(connector.next_event_s(now_s), now_s, next_arrival_s)
+
+
+def empty_wait_s(next_event_s: float, now_s: float, next_arrival_s: float) -> float:
+    """The wait rule of :func:`wait_for_transfers` (vLLM's side, ``tuner.vllm_core.
+    offloading``, applies the same one): until the next transfer ends or the next
+    arrival still to come."""
+    arrival = next_arrival_s if next_arrival_s > now_s else float("inf")
+    return max(0.0, min(next_event_s, arrival) - now_s)
