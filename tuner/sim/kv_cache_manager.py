@@ -260,7 +260,7 @@ class KVCacheManager:
             self.block_pool.cache_full_blocks(request, request.block_buf, cached, num_full)
             request.num_cached_blocks = num_full
 
-    def free(self, request: "SimRequest") -> None:
+    def free(self, request: "SimRequest", keep: int = 0) -> None:
         """Release a finished or preempted request's blocks, tail block first.
 
         First the hashes of full blocks the decode group left unregistered (generated
@@ -268,6 +268,9 @@ class KVCacheManager:
         now, before they reach the free queue, is indistinguishable from on time). Sync
         only (``register_on_free``): in async mode vLLM's ``_free_request`` registers
         nothing, so a block completed by a token still in flight is never registered.
+        ``keep``: the first blocks stay held (a P/D prefill instance's blocks the decoder
+        will read, ``tuner.sim.disagg.nixl.HoldingKVCacheManager``); the rest are freed
+        in the same order.
         """
         n = request.num_blocks
         if self.enable_caching and self.register_on_free:
@@ -275,8 +278,9 @@ class KVCacheManager:
             if num_full > request.num_cached_blocks:
                 self.block_pool.cache_full_blocks(request, request.block_buf,
                                                   request.num_cached_blocks, num_full)
-        if n:
-            self.block_pool.free_blocks(request.block_buf[n - 1::-1],
+        if n > keep:
+            self.block_pool.free_blocks(request.block_buf[n - 1:keep - 1:-1] if keep
+                                        else request.block_buf[n - 1::-1],
                                         may_repeat=request.repeated_blocks)
         request.repeated_blocks = False
         request.num_blocks = 0

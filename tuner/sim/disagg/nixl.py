@@ -390,19 +390,4 @@ class HoldingKVCacheManager(KVCacheManager):
     def free(self, request: "SimRequest") -> None:
         keep = self.keep
         n = keep(request) if keep is not None and request.status >= _FINISHED else 0
-        if not n:
-            super().free(request)
-            return
-        # KVCacheManager.free with the first n blocks kept: the registration first
-        total = request.num_blocks
-        if self.enable_caching and self.register_on_free:
-            num_full = min(request.num_computed_tokens, request.num_tokens) // self.block_size
-            if num_full > request.num_cached_blocks:
-                self.block_pool.cache_full_blocks(request, request.block_buf,
-                                                  request.num_cached_blocks, num_full)
-        if total > n:
-            self.block_pool.free_blocks(request.block_buf[total - 1:n - 1:-1],
-                                        may_repeat=request.repeated_blocks)
-        request.repeated_blocks = False
-        request.num_blocks = 0
-        request.num_cached_blocks = 0
+        super().free(request, n)
