@@ -25,7 +25,8 @@ from tuner.sim.request import RequestStatus, SimRequest
 from tuner.sim.scheduler import Scheduler
 from tuner.sim.settings import SimOptions
 
-__all__ = ["DecodeEngine", "Handoff", "PrefillEngine", "PrefillView", "fence_decoder"]
+__all__ = ["DecodeEngine", "Handoff", "PrefillEngine", "PrefillView", "fence_decoder",
+           "replace_kv_cache_manager"]
 
 #: ``(trace index, source, arrival at the proxy)``
 Handoff = tuple[int, Any, float]
@@ -44,15 +45,23 @@ def fence_decoder(scheduler: Scheduler, num_hash_ids: int | None) -> None:
     """
     from tuner.sim.kv_connector.block_fence import FencedKVCacheManager
 
+    replace_kv_cache_manager(scheduler, FencedKVCacheManager, num_hash_ids)
+    scheduler.fenced = True
+
+
+def replace_kv_cache_manager(scheduler: Any, cls: type, num_hash_ids: int | None) -> Any:
+    """Swap a fresh scheduler's ``KVCacheManager`` for a ``cls`` one over the same cache
+    (a pool engine's role-specific manager: the decoder's fenced frees, the prefill
+    instance's held blocks), keeping the mode-dependent fields the scheduler set on the
+    old one; before anything is allocated or bound. Returns the new manager."""
     cache, old = scheduler.cache, scheduler.kv_cache_manager
-    kvm = FencedKVCacheManager(
-        num_gpu_blocks=cache.num_gpu_blocks, block_size=cache.block_size,
-        enable_caching=cache.enable_prefix_caching, max_model_len=cache.max_model_len,
-        watermark=scheduler.settings.watermark, num_hash_ids=num_hash_ids)
+    kvm = cls(num_gpu_blocks=cache.num_gpu_blocks, block_size=cache.block_size,
+              enable_caching=cache.enable_prefix_caching, max_model_len=cache.max_model_len,
+              watermark=scheduler.settings.watermark, num_hash_ids=num_hash_ids)
     kvm.register_on_free = old.register_on_free
     kvm.num_lookahead_tokens = old.num_lookahead_tokens
     scheduler.kv_cache_manager = kvm
-    scheduler.fenced = True
+    return kvm
 
 
 class PrefillView:

@@ -28,7 +28,8 @@ import numpy as np
 from tuner.errors import ConfigError
 from tuner.records import _STATUS_CODES, EngineSummary, GapSamples, ReplayResult, StepRecord
 from tuner.sim.clock import batch_queue_depth
-from tuner.sim.disagg.engines import DecodeEngine, PrefillEngine, fence_decoder
+from tuner.sim.disagg.engines import (DecodeEngine, PrefillEngine, fence_decoder,
+                                      replace_kv_cache_manager)
 from tuner.sim.disagg.loop import PDLoop
 from tuner.sim.disagg.nixl import HoldingKVCacheManager
 from tuner.sim.disagg.settings import PDSettings
@@ -53,16 +54,10 @@ def hold_at_free(scheduler: Scheduler, num_hash_ids: int | None) -> None:
     connector holds for the decoder's read (``HoldingKVCacheManager``: the same pool
     state as freeing and taking them back, without the two passes). Built like
     ``fence_decoder``'s: before anything is allocated or bound."""
-    cache, old = scheduler.cache, scheduler.kv_cache_manager
+    old = scheduler.kv_cache_manager
     assert type(old) is KVCacheManager, (
         f"a prefill instance runs the plain manager, not {type(old).__name__} (tuner bug)")
-    kvm = HoldingKVCacheManager(
-        num_gpu_blocks=cache.num_gpu_blocks, block_size=cache.block_size,
-        enable_caching=cache.enable_prefix_caching, max_model_len=cache.max_model_len,
-        watermark=scheduler.settings.watermark, num_hash_ids=num_hash_ids)
-    kvm.register_on_free = old.register_on_free
-    kvm.num_lookahead_tokens = old.num_lookahead_tokens
-    scheduler.kv_cache_manager = kvm
+    replace_kv_cache_manager(scheduler, HoldingKVCacheManager, num_hash_ids)
 
 
 class PDPool:
