@@ -27,7 +27,8 @@ from tuner.tune.pd_space import gpu_ratio, layout_gpus, pd_layouts, with_pd
 from tuner.tune.pd_verdict import knee_ratios
 from tuner.tune.select import Point
 from tuner.tune.space import (GPU_SPLIT, PD_LAYOUT, PD_MODE, PD_PREFILL_BATCHED_TOKENS,
-                              PD_PREFILL_SEQS, PD_ROUTER, ROUTER_POLICY, admission_space)
+                              PD_PREFILL_SEQS, PD_ROUTER, PD_TRANSFER_MODE, ROUTER_POLICY,
+                              admission_space)
 
 TARGET = Target(hardware="mi355x", model="llama-3.1-70b", tp=8)
 
@@ -199,7 +200,35 @@ def test_auto_conditions_both_kinds_on_the_mode() -> None:
     assert projected[PD_MODE] == "aggregated" and PD_LAYOUT not in projected
 
 
+def test_transfer_modes_are_a_dimension_only_when_asked() -> None:
+    """``--pd-transfer-modes``: without it every P/D point pulls (no dimension, the study
+    keys of before); with pull,push a point's mode reaches its layout, and a push
+    layout reads back (a warm start) and is described as such."""
+    _, plain = _space("on", pool_tps=(4,))
+    assert PD_TRANSFER_MODE not in plain.names
+    _, space = _space("on", pool_tps=(4,), transfer_modes=("pull", "push", "push"))
+    mode = next(p for p in space.params if p.name == PD_TRANSFER_MODE)
+    assert mode.choices == ("pull", "push") and mode.when == ()
+    drawn = {"cache_aware_admission_window": 16, "cache_aware_admission_threshold": 0.5,
+             PD_LAYOUT: "1:1,prefill_tp=4,decode_tp=4", PD_ROUTER: "llm-d",
+             PD_PREFILL_BATCHED_TOKENS: 8192, PD_PREFILL_SEQS: 64, PD_TRANSFER_MODE: "push"}
+    assert space.contains(drawn) and not plain.contains(drawn)
+    dep = deployment_for(space, Deployment(Split(8)), drawn)
+    assert dep is not None and dep.pd is not None and dep.pd.transfer_mode == "push"
+    assert "; push" in dep.describe()
+    assert space.project(SchedulerSettings(), dep)[PD_TRANSFER_MODE] == "push"
+    pulled = deployment_for(space, Deployment(Split(8)), {**drawn, PD_TRANSFER_MODE: "pull"})
+    assert pulled is not None and pulled.pd is not None and pulled.pd.transfer_mode == "pull"
+    assert "push" not in pulled.describe()
+    _, auto = _space("auto", pool_tps=(4,), transfer_modes=("push",))
+    assert next(p for p in auto.params if p.name == PD_TRANSFER_MODE).when == (
+        (PD_MODE, ("disaggregated",)),)
+
+
 @pytest.mark.parametrize(("kw", "match"), [
+    ({"mode": "on", "transfer_modes": ("write",)}, "--pd-transfer-modes 'write': pull or push"),
+    ({"mode": "on", "transfer_modes": ("",)}, "--pd-transfer-modes '': pull or push"),
+    ({"mode": "off", "transfer_modes": ("push",)}, "add --disaggregated on or auto"),
     ({"mode": "on", "gpu_budget": None}, "add --gpu-budget N"),
     ({"mode": "off", "pool_tps": (4,)}, "add --disaggregated on or auto"),
     ({"mode": "auto", "routers": ("nginx",)}, "P/D proxy 'nginx'"),
@@ -219,7 +248,10 @@ def test_the_cli_refuses_bad_p_d_flags_in_one_line(tmp_path: pathlib.Path) -> No
             "--tp", "8", "-o", str(tmp_path / "p.yaml")]
     for extra, text in ((["--disaggregated", "on"], "add --gpu-budget N"),
                         (["--pd-tp", "3", "--disaggregated", "on", "--gpu-budget", "8"],
-                         "--pd-tp '3': distinct powers of two")):
+                         "--pd-tp '3': distinct powers of two"),
+                        (["--disaggregated", "on", "--gpu-budget", "8",
+                          "--pd-transfer-modes", "pull,read"],
+                         "--pd-transfer-modes 'read': pull or push")):
         res = CliRunner().invoke(cli, args + extra)
         assert res.exit_code == 2, res.output
         assert res.output.count("\n") == 1 and text in res.output, res.output
@@ -432,6 +464,25 @@ def test_a_study_on_the_twin_replays_mixed_pools(small_trace: pathlib.Path) -> N
     pick = result.to_dict()["recommended"]["deployment"]
     if pick.get("pd"):
         assert pick["pd"]["prefill_hardware"] == "mi300x"
+
+
+@pytest.mark.slow
+def test_a_study_searching_push_replays_it_and_records_the_pick(small_trace: pathlib.Path
+                                                                ) -> None:
+    """``transfer_modes=("push",)``: every P/D trial replays the push connector (the
+    prefill engine keeps stepping while it writes), and a P/D pick records it."""
+    from tuner.tune.robust import RobustOptions
+
+    target = Target(hardware="mi355x", model="llama-3.1-70b", tp=8, num_gpu_blocks=1500)
+    result = tune(TuneInputs(small_trace, target=target),
+                  SearchOptions(n_trials=3, n_survivors=1, seed=0,
+                                robust=RobustOptions(enabled=False)),
+                  DeploymentSearch(gpu_budget=8, disaggregated="on", pd_tps=(4,),
+                                   pd_transfer_modes=("push",)))
+    assert result.pd_verdict is not None and "; push" in result.pd_verdict.best_pd
+    pick = result.to_dict()["recommended"]["deployment"]
+    if pick.get("pd"):
+        assert pick["pd"]["transfer_mode"] == "push"
 
 
 def _push_profile() -> Any:

@@ -186,6 +186,12 @@ def pd_search_flags() -> list[Any]:
                      help="With --disaggregated: the hardware the prefill pool may run on "
                           "(mixed pools; the decode pool is --hardware), e.g. mi355x,mi300x "
                           "[default: --hardware]. Every GPU counts one in the budget."),
+        click.option("--pd-transfer-modes", "pd_transfer_modes", default=None,
+                     metavar="M[,M]",
+                     help="With --disaggregated: search who moves the KV (vLLM's "
+                          "transfer_mode), e.g. pull,push: pull = the decoder reads "
+                          "(NixlConnector; MoRIIO READ), push = the prefill instance "
+                          "writes (NixlPushConnector; MoRIIO WRITE) [default: pull only]."),
     ]
 
 
@@ -247,7 +253,9 @@ def _run_tune(trace: str, output: str, kw: dict[str, Any], flags: TargetFlags,
                                   pd_tps=parse_pool_tps(kw["pd_tps"]), pd_gpus=kw["pd_gpus"],
                                   pd_routers=_split((kw["pd_routers"] or "",)),
                                   pd_prefill_hardware=parse_prefill_hardware(
-                                      kw["pd_prefill_hardware"]))
+                                      kw["pd_prefill_hardware"]),
+                                  pd_transfer_modes=None if kw["pd_transfer_modes"] is None else
+                                  [m.strip() for m in kw["pd_transfer_modes"].split(",")])
     with progress_display(kw["progress"]) as shown:
         study = StudyOutput(storage=kw["storage"], study_name=kw["study_name"],
                             workers=kw["workers"], progress=shown)

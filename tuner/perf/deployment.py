@@ -276,7 +276,8 @@ def _describe_pd(deployment: Deployment) -> str:
     on = f" on {pd.prefill_hardware}" if pd.prefill_hardware else ""
     own = ", ".join(f"{k} {v}" for k, v in pd.prefill_overrides().items())
     text = (f"P/D {pd.num_prefill}:{pd.num_decode} (prefill TP{pd.prefill_tp}{on}, "
-            f"decode TP{pd.decode_tp}" + (f"; prefill pool {own}" if own else ""))
+            f"decode TP{pd.decode_tp}" + (f"; prefill pool {own}" if own else "")
+            + ("; push" if pd.transfer_mode == "push" else ""))
     return text + (f"; proxy {deployment.pd_router})" if deployment.pd_router else ")")
 
 

@@ -135,6 +135,8 @@ class DeploymentSearch:
     pd_gpus: str = "full"
     #: hardware presets the prefill pool may run on (mixed pools; None: the target's)
     pd_prefill_hardware: Sequence[str] | None = None
+    #: vLLM ``transfer_mode`` values searched (None: pull only, no dimension)
+    pd_transfer_modes: Sequence[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

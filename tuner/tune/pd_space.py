@@ -43,8 +43,10 @@ from tuner.perf.deployment import MAX_TP, Deployment, Split, split_refusal
 from tuner.perf.deployment import pd_layout_label as layout_label
 from tuner.perf.pd_link import PDLayout
 from tuner.sim.disagg.routers import PD_ROUTERS as _SIM_PD_ROUTERS
+from tuner.sim.disagg.settings import TRANSFER_MODES
 from tuner.tune.space import (AGGREGATED, DISAGGREGATED, PD_LAYOUT, PD_MODE, PD_PARAMS,
-                              PD_PREFILL_BATCHED_TOKENS, PD_PREFILL_SEQS, PD_ROUTER, Param,
+                              PD_PREFILL_BATCHED_TOKENS, PD_PREFILL_SEQS, PD_ROUTER,
+                              PD_TRANSFER_MODE, Param,
                               SearchSpace)
 
 Disaggregated = Literal["off", "on", "auto"]
@@ -223,23 +225,28 @@ def gpu_ratio(layout: PDLayout) -> str:
 def with_pd(space: SearchSpace, aggregated: SearchSpace, target: Any, *, mode: Disaggregated,
             gpu_budget: int | None, pool_tps: Sequence[int] | None = None,
             routers: Sequence[str] | None = None, fill: PDFill = "full",
-            prefill_hardware: Sequence[str] | None = None) -> tuple[SearchSpace, list[str]]:
+            prefill_hardware: Sequence[str] | None = None,
+            transfer_modes: Sequence[str] | None = None) -> tuple[SearchSpace, list[str]]:
     """The study's space under ``--disaggregated mode``, and notes.
 
     ``space``: the scheduler space; ``aggregated``: it with the aggregated deployment
     dimensions (``tuner.tune.deployment_space.with_deployment``). ``off`` returns
     ``aggregated`` untouched.
 
+    ``transfer_modes`` (``--pd-transfer-modes``): vLLM's ``transfer_mode`` values the
+    P/D points may take (None: pull only, vLLM's default, with no dimension).
+
     Raises:
-        ConfigError: ``on``/``auto`` without ``--gpu-budget``, an unknown proxy policy,
-            ``--pd-tp`` without ``on``/``auto``.
+        ConfigError: ``on``/``auto`` without ``--gpu-budget``, an unknown proxy policy or
+            transfer mode, ``--pd-tp`` without ``on``/``auto``.
     """
     if fill not in ("full", "up-to"):
         raise ConfigError(f"--pd-gpus {fill!r}: full or up-to")
     if mode == "off":
-        if pool_tps is not None or fill != "full" or prefill_hardware is not None:
-            raise ConfigError("--pd-tp/--pd-gpus/--pd-prefill-hardware shape the P/D "
-                              "layouts: add --disaggregated on or auto")
+        if (pool_tps is not None or fill != "full" or prefill_hardware is not None
+                or transfer_modes is not None):
+            raise ConfigError("--pd-tp/--pd-gpus/--pd-prefill-hardware/--pd-transfer-modes "
+                              "shape the P/D layouts: add --disaggregated on or auto")
         return aggregated, []
     if gpu_budget is None:
         raise ConfigError(f"--disaggregated {mode} searches P/D layouts of a GPU budget: "
@@ -268,6 +275,7 @@ def with_pd(space: SearchSpace, aggregated: SearchSpace, target: Any, *, mode: D
                        when=when))
     extra.append(Param(PD_ROUTER, "categorical", choices=proxies, when=when))
     extra += prefill_limit_params(when)
+    extra += transfer_mode_params(transfer_modes, when)
     name = f"{aggregated.name}+pd" if mode == "auto" else f"{space.name}+pd{gpu_budget}"
     return SearchSpace(name, space.params + tuple(extra)), notes
 
@@ -291,6 +299,28 @@ def prefill_limit_params(when: tuple[tuple[str, tuple[Any, ...]], ...] = ()
                   when=when)]
 
 
+def transfer_mode_params(modes: Sequence[str] | None,
+                         when: tuple[tuple[str, tuple[Any, ...]], ...] = ()) -> list[Param]:
+    """``pd.transfer_mode`` over ``modes`` (none when None: every P/D point pulls).
+
+    Why a dimension and not a fixed choice: the two modes move the same bytes over the
+    same link, but push registers the decoder's blocks first (one link latency before
+    the prefill instance writes) and keeps the prefill engine stepping while it writes
+    (``tuner.sim.disagg.nixl_push``), while pull starts the read at the decoder's own
+    admission, so it waits for a free decode slot and blocks; which one gives the lower
+    TTFT depends on how full the decoder runs on this trace. Only opt-in
+    (``--pd-transfer-modes pull,push``): pull is vLLM's default connector, and a
+    dimension that rarely moves the front costs trials."""
+    if modes is None:
+        return []
+    chosen = tuple(dict.fromkeys(modes))
+    bad = [m for m in chosen if m not in TRANSFER_MODES]
+    if bad or not chosen:
+        raise ConfigError(f"--pd-transfer-modes {bad[0] if bad else ''!r}: "
+                          f"{' or '.join(TRANSFER_MODES)} (vLLM's transfer_mode)")
+    return [Param(PD_TRANSFER_MODE, "categorical", choices=chosen, when=when)]
+
+
 def pd_deployment_for(params: dict[str, Any]) -> Deployment | None:
     """The P/D deployment a point's parameters draw (None: the point is aggregated)."""
     if params.get(PD_MODE) == AGGREGATED or PD_LAYOUT not in params:
@@ -298,8 +328,9 @@ def pd_deployment_for(params: dict[str, Any]) -> Deployment | None:
     router = str(params.get(PD_ROUTER, PD_ROUTERS[0]))
     limits = {key[len("pd."):]: int(params[key])
               for key in (PD_PREFILL_BATCHED_TOKENS, PD_PREFILL_SEQS) if key in params}
+    mode = str(params.get(PD_TRANSFER_MODE, "pull"))
     layout = dataclasses.replace(parse_layout_label(str(params[PD_LAYOUT])), router=router,
-                                 **limits)
+                                 transfer_mode=mode, **limits)
     return Deployment(Split(int(layout.decode_tp or 1)), None, pd=layout, pd_router=router)
 
 
@@ -321,5 +352,5 @@ def check_pd_inputs(mode: Disaggregated, *, speculative: Any, kv_sizes: Any,
 __all__ = ["AGGREGATED", "DISAGGREGATED", "MODES", "PD_LAYOUT", "PD_MODE", "PD_PARAMS",
            "PD_ROUTER", "PD_ROUTERS", "PDFill", "check_pd_inputs", "gpu_ratio", "layout_gpus",
            "layout_label", "parse_disaggregated", "parse_layout_label", "parse_pool_tps",
-           "parse_prefill_hardware",
+           "parse_prefill_hardware", "transfer_mode_params",
            "pd_deployment_for", "pd_layouts", "prefill_share", "with_pd"]

@@ -90,7 +90,11 @@ PD_ROUTER = PD_PREFIX + "router"  # the P/D proxy's policy
 #: the prefill pool's own limits (tuner.perf.pd_link.PDLayout.prefill_max_num_*)
 PD_PREFILL_BATCHED_TOKENS = PD_PREFIX + "prefill_max_num_batched_tokens"
 PD_PREFILL_SEQS = PD_PREFIX + "prefill_max_num_seqs"
-PD_PARAMS = (PD_MODE, PD_LAYOUT, PD_ROUTER, PD_PREFILL_BATCHED_TOKENS, PD_PREFILL_SEQS)
+#: who moves the KV (vLLM's ``transfer_mode``: pull | push), searched with
+#: ``--pd-transfer-modes`` (tuner.tune.pd_space.transfer_mode_param)
+PD_TRANSFER_MODE = PD_PREFIX + "transfer_mode"
+PD_PARAMS = (PD_MODE, PD_LAYOUT, PD_ROUTER, PD_PREFILL_BATCHED_TOKENS, PD_PREFILL_SEQS,
+             PD_TRANSFER_MODE)
 AGGREGATED, DISAGGREGATED = "aggregated", "disaggregated"
 
 #: A base on which any single field value passes the cross-field checks
@@ -281,7 +285,7 @@ def deployment_value(deployment: Any, name: str) -> Scalar | None:
             return AGGREGATED if pd is None else DISAGGREGATED
         if pd is None:
             return None
-        if name in (PD_PREFILL_BATCHED_TOKENS, PD_PREFILL_SEQS):
+        if name in (PD_PREFILL_BATCHED_TOKENS, PD_PREFILL_SEQS, PD_TRANSFER_MODE):
             return getattr(pd, name[len(PD_PREFIX):])
         return pd_layout_label(pd) if name == PD_LAYOUT else deployment.pd_router
     if deployment.router is None:

@@ -111,7 +111,8 @@ def tune(inputs: TuneInputs, search: SearchOptions = SearchOptions(),
                                   gpu_budget=deployment.gpu_budget,
                                   pool_tps=deployment.pd_tps, routers=deployment.pd_routers,
                                   fill=deployment.pd_gpus,  # type: ignore[arg-type]
-                                  prefill_hardware=deployment.pd_prefill_hardware)
+                                  prefill_hardware=deployment.pd_prefill_hardware,
+                                  transfer_modes=deployment.pd_transfer_modes)
     deploy_notes += pd_notes
     the_space = with_spec_tokens(the_space, inputs.speculative, search.spec_tokens)
     the_space, tier_notes = with_kv_tier(the_space, target, search.kv_offloading_sizes,
