@@ -4,6 +4,8 @@ which engine they ran (tuner/perf/fit/benchmark_rows.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -34,7 +36,8 @@ def test_a_saturated_server_stretches_the_run_and_caps_the_wait():
     r = MAX_WAIT_UTILISATION
     assert load.wait_s == pytest.approx(r * (2.2 / 1000) / (2 * (1 - r)))
     # two API server processes share the work
-    two = server_load(ApiServerCost(servers=2), isl, osl, span_s=1.1, num_steps=900)
+    two = server_load(dataclasses.replace(COST, servers=2), isl, osl, span_s=1.1,
+                      num_steps=900)
     assert two.utilisation == pytest.approx(1.0)
 
 

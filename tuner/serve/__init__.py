@@ -9,6 +9,8 @@ Modules, one job each:
   loop, one ``/v1/completions`` stream per request;
 * :mod:`tuner.serve.http` -- the minimal asyncio HTTP/1.1 client both of them use;
 * :mod:`tuner.serve.prometheus` -- the ``/metrics`` text-exposition parser and deltas;
+* :mod:`tuner.serve.api_cost` -- the API server's CPU cost per request and token, measured
+  on a launched server (the costs the twin's API server layer charges);
 * :mod:`tuner.serve.backend` -- the ``vllm-serve`` replay backend
   (``tuner.replay.run(..., backend="vllm-serve", server=ServerOptions(...))``).
 
