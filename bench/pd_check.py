@@ -101,20 +101,55 @@ def request_figures(table: object, slo: tuple[float, float] | None) -> dict[str,
 
 
 def check_source(rows: list[Row], seeds: int) -> dict[str, list[float]]:
-    """Print one source's table; the |error| per metric over its replayed rows."""
+    """Print one source's table, then each row relative to its shape's reference row;
+    return the |error| per metric over the source's replayed rows."""
     errors: dict[str, list[float]] = {m: [] for m in METRICS}
+    twins: dict[str, dict[str, float]] = {}
     for row in rows:
         if row.layout not in REPLAYED:
             print(f"{row.id:<26} not replayed ({row.layout}: {row.raw['notes']})")
             continue
         runs = [replay_row(row, seed) for seed in range(seeds)]
+        twins[row.id] = {m: float(np.mean([x[m] for x in runs])) for m in runs[0]}
         for metric in row.published():
-            twin = float(np.mean([x[metric] for x in runs]))
+            twin = twins[row.id][metric]
             published = row.num(metric)
             err = (twin - published) / published if published else float("nan")
             errors[metric].append(abs(err))
             print(f"{row.id:<26} {metric:<17} {published:>10.4g} {twin:>10.4g} {err:>+8.1%}")
+    print_relative(rows, twins)
     return errors
+
+
+def shape(row: Row) -> tuple[str, ...]:
+    return tuple(row.raw[k] for k in ("isl", "osl", "rate_rps", "num_prompts"))
+
+
+def print_relative(rows: list[Row], twins: dict[str, dict[str, float]]) -> None:
+    """Each replayed row's figures divided by its reference's (the first aggregated row of
+    the same source and shape, in CSV order: the source's own baseline), published vs
+    twin: does the clock get the *change* a layout brings, where its absolute level is
+    off? Every published metric but the SLO count (a count of requests, not a scale)."""
+    refs: dict[tuple[str, ...], Row] = {}
+    for row in rows:
+        if row.layout == "aggregated" and row.id in twins:
+            refs.setdefault(shape(row), row)
+    lines = []
+    for row in rows:
+        ref = refs.get(shape(row))
+        if ref is None or ref is row or row.id not in twins:
+            continue
+        for metric in row.published():
+            if metric == "slo_met" or ref.raw[metric] == "" or not ref.num(metric):
+                continue
+            published = row.num(metric) / ref.num(metric)
+            twin = twins[row.id][metric] / twins[ref.id][metric]
+            lines.append(f"{row.id:<26} {metric:<17} {published:>10.3g} {twin:>10.3g} "
+                         f"{(twin - published) / published:>+8.1%}   / {ref.id}")
+    if lines:
+        print(f"\n{'relative to the reference':<26} {'metric':<17} {'published':>10} "
+              f"{'twin':>10} {'error':>8}")
+        print("\n".join(lines))
 
 
 def main() -> int:
