@@ -118,7 +118,8 @@ def offline_unexplained(fit) -> list[str]:  # type: ignore[no-untyped-def]
     in ms per request across BF16/FP8/MXFP4 of one model lives outside them."""
     from tuner.perf.fit.to_benchmarks import _model
 
-    lines = ["offline rows, time per request (ms): published | predicted | unexplained | "
+    lines = ["offline rows, engine time per request (ms, 1 / request throughput): published | "
+             "predicted | unexplained | "
              "of which the model's GEMMs (predicted)"]
     for run in fit.runs:
         if run.row.kind != "offline" or "out_tok_s" not in run.row.figures:
