@@ -446,18 +446,22 @@ def test_a_study_on_the_twin_replays_p_d_layouts(small_trace: pathlib.Path) -> N
     assert pd != agg
 
 
+def _twin_pd_study(trace: pathlib.Path, n_trials: int, n_survivors: int, **pd: Any) -> Any:
+    """A small ``--disaggregated on`` study of 8 GPUs (pool TP4) on the twin."""
+    from tuner.tune.robust import RobustOptions
+
+    target = Target(hardware="mi355x", model="llama-3.1-70b", tp=8, num_gpu_blocks=1500)
+    return tune(TuneInputs(trace, target=target),
+                SearchOptions(n_trials=n_trials, n_survivors=n_survivors, seed=0,
+                              robust=RobustOptions(enabled=False)),
+                DeploymentSearch(gpu_budget=8, disaggregated="on", pd_tps=(4,), **pd))
+
+
 @pytest.mark.slow
 def test_a_study_on_the_twin_replays_mixed_pools(small_trace: pathlib.Path) -> None:
     """``prefill_hardware``: the study's P/D trials replay the prefill pool on the named
     hardware (here only MI300X prefill with MI355X decode), and the answer names it."""
-    from tuner.tune.robust import RobustOptions
-
-    target = Target(hardware="mi355x", model="llama-3.1-70b", tp=8, num_gpu_blocks=1500)
-    result = tune(TuneInputs(small_trace, target=target),
-                  SearchOptions(n_trials=4, n_survivors=2, seed=0,
-                                robust=RobustOptions(enabled=False)),
-                  DeploymentSearch(gpu_budget=8, disaggregated="on", pd_tps=(4,),
-                                   pd_prefill_hardware=("mi300x",)))
+    result = _twin_pd_study(small_trace, 4, 2, pd_prefill_hardware=("mi300x",))
     verdict = result.pd_verdict
     assert verdict is not None
     assert verdict.best_pd.startswith("P/D 1:1 (prefill TP4 on mi300x, decode TP4")
@@ -471,14 +475,7 @@ def test_a_study_searching_push_replays_it_and_records_the_pick(small_trace: pat
                                                                 ) -> None:
     """``transfer_modes=("push",)``: every P/D trial replays the push connector (the
     prefill engine keeps stepping while it writes), and a P/D pick records it."""
-    from tuner.tune.robust import RobustOptions
-
-    target = Target(hardware="mi355x", model="llama-3.1-70b", tp=8, num_gpu_blocks=1500)
-    result = tune(TuneInputs(small_trace, target=target),
-                  SearchOptions(n_trials=3, n_survivors=1, seed=0,
-                                robust=RobustOptions(enabled=False)),
-                  DeploymentSearch(gpu_budget=8, disaggregated="on", pd_tps=(4,),
-                                   pd_transfer_modes=("push",)))
+    result = _twin_pd_study(small_trace, 3, 1, pd_transfer_modes=("push",))
     assert result.pd_verdict is not None and "; push" in result.pd_verdict.best_pd
     pick = result.to_dict()["recommended"]["deployment"]
     if pick.get("pd"):
