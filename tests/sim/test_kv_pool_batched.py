@@ -42,6 +42,12 @@ def _state(m) -> tuple:
             m._num_allocated, list(m._free))
 
 
+def _inflight_keys(p) -> set[int]:
+    """The pool's keys whose chunk is still being stored (ref_cnt -1), from the chunks."""
+    chunks = p.chunks.items() if p.name == "lru" else [*p.t1.items(), *p.t2.items()]
+    return {k for k, c in chunks if c.ref_cnt < 0}
+
+
 @settings(max_examples=300, deadline=None)
 @given(policy=st.sampled_from(["lru", "arc"]), num_chunks=st.integers(2, 16),
        ops=st.lists(_op, max_size=60))
@@ -87,5 +93,5 @@ def test_the_batched_pool_decides_like_the_plain_one(policy: str, num_chunks: in
             policy = managers[1].policy
             heap = policy._heap
             assert all(_rank(policy, k) >= r for r, k in heap if k in policy._evictable)
-            # the in-flight set classify and complete_stores read is the ref_cnt -1 keys
-            assert policy._inflight == {k for k, c in policy.chunks.items() if c.ref_cnt < 0}
+        # the in-flight set classify and complete_stores read is the ref_cnt -1 keys
+        assert managers[1].policy._inflight == _inflight_keys(managers[1].policy)
