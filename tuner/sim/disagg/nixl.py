@@ -257,6 +257,9 @@ class NixlPrefillConnector:
         self.num_held = 0
         self.held_block_s = 0.0  # sum over requests of blocks x seconds held
         self._held_since: dict[int, float] = {}
+        #: trace index -> whether its held blocks may repeat (the request's
+        #: ``repeated_blocks`` at the free); absent: unknown, checked at the release
+        self._held_repeats: dict[int, bool] = {}
 
     def on_new_request(self, request: "SimRequest") -> None:
         """Nothing: a ``do_remote_decode`` request is admitted as any other."""
@@ -290,6 +293,9 @@ class NixlPrefillConnector:
         if n:
             self._held[request.index] = request.block_buf[:n].copy()
             self._held_since[request.index] = request.finish_s
+            # a request whose blocks never repeat holds a repeat-free prefix of them:
+            # the release may skip the pool's duplicate check, as the plain free does
+            self._held_repeats[request.index] = request.repeated_blocks
             self.num_held += 1
         return n
 
@@ -322,7 +328,8 @@ class NixlPrefillConnector:
             end = self._release_s.pop(index)
             blocks = self._held.pop(index)
             self.held_block_s += len(blocks) * (end - self._held_since.pop(index))
-            self.block_pool.free_blocks(blocks[::-1])
+            self.block_pool.free_blocks(blocks[::-1],
+                                        may_repeat=self._held_repeats.pop(index, True))
 
     @property
     def num_held_blocks(self) -> int:
