@@ -1,6 +1,6 @@
 """The published P/D serving results ``bench/pd_check.py`` replays: the CSV's schema, and
 the check that every row is one the twin can replay (so a broken row fails loudly, in
-``tests/bench/test_pd_published.py``, before any replay runs).
+``tests/perf/test_pd_published.py``, before any replay runs).
 
 One CSV row is one published configuration of one source (``source`` names it, and
 ``source_url`` / ``source_file`` say where each figure is). A metric cell left empty means

@@ -91,7 +91,7 @@ PD_ROUTER = PD_PREFIX + "router"  # the P/D proxy's policy
 PD_PREFILL_BATCHED_TOKENS = PD_PREFIX + "prefill_max_num_batched_tokens"
 PD_PREFILL_SEQS = PD_PREFIX + "prefill_max_num_seqs"
 #: who moves the KV (vLLM's ``transfer_mode``: pull | push), searched with
-#: ``--pd-transfer-modes`` (tuner.tune.pd_space.transfer_mode_param)
+#: ``--pd-transfer-modes`` (tuner.tune.pd_space.transfer_mode_params)
 PD_TRANSFER_MODE = PD_PREFIX + "transfer_mode"
 PD_PARAMS = (PD_MODE, PD_LAYOUT, PD_ROUTER, PD_PREFILL_BATCHED_TOKENS, PD_PREFILL_SEQS,
              PD_TRANSFER_MODE)
