@@ -16,7 +16,10 @@
 from __future__ import annotations
 
 import pathlib
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -81,3 +84,41 @@ def mooncake_head_trace(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch)
     out = tmp_path / "t.parquet"
     assert CliRunner().invoke(cli, ["ingest", str(src), "-o", str(out)]).exit_code == 0
     return out
+
+
+#: The signals whose disposition a child process inherits through exec: an ignored or blocked
+#: SIGINT in a test worker reaches every ``tuner`` process a later test starts there, whose
+#: Ctrl-C then does nothing (Python installs its KeyboardInterrupt handler only where SIGINT
+#: is not ignored at start-up). Three SIGINT tests failed in whole-suite runs only, as if so.
+_INHERITED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _signal_state() -> tuple[tuple[object, ...], frozenset[int]]:
+    """The main thread's handlers for the inherited signals and its blocked-signal mask."""
+    handlers = tuple(signal.getsignal(sig) for sig in _INHERITED)
+    blocked = frozenset(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    return handlers, blocked & {int(s) for s in _INHERITED}
+
+
+@pytest.fixture(autouse=True)
+def _keeps_signal_dispositions(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that leaves a signal ignored, blocked or re-handled in its worker fails here,
+    and the worker gets its previous state back, so the culprit is named instead of a later
+    Ctrl-C test failing far away from it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = _signal_state()
+    yield
+    after = _signal_state()
+    if after == before:
+        return
+    for sig, handler in zip(_INHERITED, before[0]):
+        signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+    leaked = after[1] - before[1]
+    if leaked:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, leaked)
+    changed = [sig.name for sig, b, a in zip(_INHERITED, before[0], after[0]) if a is not b]
+    pytest.fail(f"{request.node.nodeid} left its worker's signal state changed: handlers "
+                f"{changed}, newly blocked {sorted(signal.Signals(s).name for s in leaked)}",
+                pytrace=False)
