@@ -43,6 +43,7 @@ from tuner.metrics import parse_slo
 from tuner.processes import cap_workers, pid_alive
 from tuner.progress import Progress, Reporter, check_progress
 from tuner.tune.baseline import baseline_settings
+from tuner.tune.baseline_track import BaselineTrack
 from tuner.tune.deployment_space import (base_deployment_of, deployment_for, evaluate_point,
                                          join_settings, with_deployment)
 from tuner.tune.spec_space import spec_gain, with_spec_tokens
@@ -161,9 +162,14 @@ def tune(inputs: TuneInputs, search: SearchOptions = SearchOptions(),
         notes += _fail_dead_local_trials(study)
         notes += _enqueue_start_points(study, config, evaluator, search.warm_start)
         timings: dict[str, float] = {}
+        # the baseline's replays beside stage 1 (not needed when stage 1 is the training
+        # window: trial 0 is then stage 2's baseline replay)
+        track = (BaselineTrack(storage_url, study_name, config, evaluator)
+                 if workers > 1 and storage_url and evaluator.windows.staged else None)
         with Reporter(check_progress(output.progress), unit="trials") as bar:
             t = time.perf_counter()
-            _run_stage1(study, storage_url, config, evaluator, workers, bar, search.early_stop)
+            _run_stage1(study, storage_url, config, evaluator, workers, bar, search.early_stop,
+                        track)
             timings["stage1_s"] = time.perf_counter() - t
             stage1 = _stage1_points(study)
             baseline_key = settings_key(join_settings(
@@ -206,8 +212,9 @@ def tune(inputs: TuneInputs, search: SearchOptions = SearchOptions(),
         pd = pd_verdict(evaluator, pd_mode, stage1=stage1, stage2=stage2, baseline=baseline,
                         selection=selection, objectives=objs, rule=rule)
         t = time.perf_counter()
-        overload = overload_report(evaluator, baseline, evaluator.default_settings)
-        timings["capacity_s"] = time.perf_counter() - t
+        overload = (track.report() if track is not None
+                    else overload_report(evaluator, baseline, evaluator.default_settings))
+        timings["capacity_s"] = time.perf_counter() - t  # ~0 after the baseline track
         notes = (input_warnings(baseline, evaluator) + size_notes + deploy_notes + tier_notes
                  + notes)
         notes += [worker_note] if worker_note else []
@@ -521,18 +528,24 @@ def _optimize(study: "optuna.Study", config: StudyConfig, evaluator: Evaluator, 
 
 
 def _worker_main(storage_url: str, study_name: str, config: StudyConfig, evaluator: Evaluator,
-                 seed: int, early_stop: bool = True) -> None:
-    """Entry of a forked stage-1 worker: its own storage connection, its own sampler."""
+                 seed: int, early_stop: bool = True,
+                 first: Callable[[], None] | None = None) -> None:
+    """Entry of a forked stage-1 worker: its own storage connection, its own sampler;
+    ``first`` (the baseline track) runs before its trials."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if first is not None:
+        first()
     study = optuna.load_study(study_name=study_name, storage=open_storage(storage_url))
     _optimize(study, config, evaluator, worker_cap=None, seed=seed, early_stop=early_stop)
 
 
 def _run_stage1(study: "optuna.Study", storage_url: str | None, config: StudyConfig,
                 evaluator: Evaluator, workers: int, bar: Reporter,
-                early_stop: bool = True) -> None:
+                early_stop: bool = True, track: BaselineTrack | None = None) -> None:
+    """Stage 1 in this process or ``workers`` forked ones; the last of those runs
+    ``track`` (the baseline's replays, :mod:`tuner.tune.baseline_track`) first."""
     label = "stage 1" if evaluator.windows.staged else "search"
     bar.stage(label, config.n_trials, min(_finished(study), config.n_trials))
     if workers == 1 or storage_url is None:
@@ -544,7 +557,7 @@ def _run_stage1(study: "optuna.Study", storage_url: str | None, config: StudyCon
     ctx = multiprocessing.get_context("fork")
     procs = [ctx.Process(target=_worker_main, name=f"tuner-worker-{i}",
                          args=(storage_url, study.study_name, config, evaluator, config.seed + i,
-                               early_stop))
+                               early_stop, track.run if track and i == workers - 1 else None))
              for i in range(workers)]
     for proc in procs:
         proc.start()
