@@ -75,10 +75,17 @@ class BaselineTrack:
                 StudyRecords.write_holdout(study2, base.settings, base.holdout)
         self._writer.send(overload_report(evaluator, base, evaluator.default_settings))
 
-    def report(self) -> OverloadReport | None:
-        """The overload report the worker sent (LookupError: it sent none)."""
+    def poll(self) -> None:
+        """In the parent, while stage 1 runs: take the report once it is sent (so a
+        worker never blocks on a full pipe), then close both ends."""
         if not self._received and self._reader.poll():
             self._received.append(self._reader.recv())
+            self._reader.close()
+            self._writer.close()
+
+    def report(self) -> OverloadReport | None:
+        """The overload report the worker sent (LookupError: it sent none)."""
+        self.poll()
         if not self._received:
             raise LookupError("the baseline track sent no overload report")
         return self._received[0]

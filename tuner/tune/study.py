@@ -564,6 +564,8 @@ def _run_stage1(study: "optuna.Study", storage_url: str | None, config: StudyCon
     try:
         while any(p.is_alive() for p in procs):
             time.sleep(0.5)
+            if track is not None:
+                track.poll()
             trials = study.get_trials(deepcopy=False)
             bar.update(min(_finished(study), config.n_trials), best_so_far(trials, config.objectives))
     finally:
