@@ -66,6 +66,11 @@ def search_options(func):  # type: ignore[no-untyped-def]
                           "survivors are replayed on all of it (1 = no staging)."),
         click.option("--survivors", type=click.IntRange(min=1), default=None,
                      help="Points promoted to stage 2 [default: trials/10, 8..32]."),
+        click.option("--early-stop/--no-early-stop", "early_stop", default=True,
+                     show_default=True,
+                     help="Stop a stage-1 replay once it proves a TTFT or end-to-end "
+                          "percentile constraint violated (the trial is pruned, never a "
+                          "survivor); off: replay every trial whole."),
         click.option("--vllm-version", default="0.33.0", show_default=True,
                      help="vLLM version for the flags printed at the end."),
         click.option("--throughput-tolerance", type=click.FloatRange(0, 100, max_open=True),
@@ -243,7 +248,8 @@ def _run_tune(trace: str, output: str, kw: dict[str, Any], flags: TargetFlags,
                            kv_offloading_sizes=parse_kv_sizes(kw["kv_offloading_sizes"]),
                            kv_offloading_policies=parse_kv_policies(
                                kw["kv_offloading_policies"]),
-                           host_memory_gb=kw["host_memory_gb"])
+                           host_memory_gb=kw["host_memory_gb"],
+                           early_stop=kw.get("early_stop", True))
     # the baseline's router (--router and its parameters), as the replay takes it
     from tuner.tune.pd_space import parse_pool_tps, parse_prefill_hardware
 

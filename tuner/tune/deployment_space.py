@@ -102,16 +102,21 @@ def base_deployment_of(evaluator: Any) -> Deployment | None:
 
 
 def evaluate_point(evaluator: Any, settings: SchedulerSettings, deployment: Deployment | None,
-                   window: str) -> dict[str, Any]:
+                   window: str, stop: Sequence[Any] = ()) -> dict[str, Any]:
     """Replay one point -- its scheduler ``settings`` on ``deployment`` (None: the
-    evaluator's own) -- on ``window``.
+    evaluator's own) -- on ``window``; ``stop``: early-stop rules
+    (:mod:`tuner.tune.early_stop`), passed only to an evaluator that supports them.
 
-    An evaluator is asked about a deployment only when the point carries one, so the
-    ones that replay a fixed deployment (tests, custom backends) keep their signature.
+    An evaluator is asked about a deployment (or stop rules) only when the point carries
+    one, so the ones that replay a fixed deployment (tests, custom backends) keep their
+    signature.
     """
-    if deployment is None:
-        return evaluator.evaluate(settings, window)
-    return evaluator.evaluate(settings, window, deployment=deployment)
+    extra: dict[str, Any] = {}
+    if deployment is not None:
+        extra["deployment"] = deployment
+    if stop and getattr(evaluator, "supports_early_stop", False):
+        extra["stop"] = stop
+    return evaluator.evaluate(settings, window, **extra)
 
 
 def router_params(policies: Sequence[str], when: tuple[tuple[str, tuple[Scalar, ...]], ...]

@@ -39,6 +39,7 @@ from tuner.perf.target import Target
 from tuner.perf.deployment import Deployment, default_router, router_settings
 from tuner.sim.fleet import RouterSettings
 from tuner.sim.settings import SimOptions
+from tuner.tune.early_stop import StopRule, watch
 from tuner.tune.kv_tier_space import tier_metrics
 from tuner.tune.spec_space import spec_at, spec_from_record
 
@@ -284,16 +285,21 @@ class ReplayEvaluator:
     #: (``evaluate(..., clock=ClockVariant)``, :mod:`tuner.tune.robust`): the sim prices
     #: steps with the target's step-time model, which a variant scales.
     supports_clock_variants = True
+    #: A stage-1 trial may pass ``stop=`` rules (:mod:`tuner.tune.early_stop`): a
+    #: one-engine twin replay then raises ``ReplayStopped`` once one is proven violated.
+    supports_early_stop = True
 
     def evaluate(self, settings: SchedulerSettings, window: WindowName, *,
                  deployment: Deployment | None = None,
-                 clock: Any = None) -> dict[str, Any]:
+                 clock: Any = None, stop: Sequence[StopRule] = ()) -> dict[str, Any]:
         """Replay ``window`` under ``settings`` (on ``deployment``'s split and router, else
         the target's) and summarise it; ``clock``, a ``tuner.perf.clock_variant.
         ClockVariant``, scales the step-time model's parts (the robust check).
 
         ``stage1``/``train`` replay the requests arriving before their end and are measured
         whole; ``holdout`` replays from its warm-up start and measures from ``t_split``.
+        ``stop`` (windows measured whole only) ends the replay with ``ReplayStopped`` as
+        soon as one of the rules is proven violated.
         """
         use = deployment or self.default_deployment
         target = use.apply(self.target)
@@ -302,11 +308,12 @@ class ReplayEvaluator:
         return self._replay(self._requests(window), settings, window, target,
                             router=use.router,
                             speculative=spec_at(self.speculative, use.num_speculative_tokens),
-                            pd=use.pd)
+                            pd=use.pd, stop=stop if window != "holdout" else ())
 
     def _replay(self, requests: list[Any], settings: SchedulerSettings, window: WindowName,
                 target: Target, *, router: RouterSettings | None = None,
-                speculative: Any = None, pd: Any = None) -> dict[str, Any]:
+                speculative: Any = None, pd: Any = None,
+                stop: Sequence[StopRule] = ()) -> dict[str, Any]:
         from tuner import metrics, replay
 
         extra: dict[str, Any] = {} if router is None else {"router": router}
@@ -314,8 +321,19 @@ class ReplayEvaluator:
             extra = {"pd": pd}
         if speculative is not None:
             extra["options"] = SimOptions(speculative=speculative)
-        result = replay.run(requests, settings, backend=self.backend, target=target,
-                            hash_block_size=self.block_size, **extra)
+        if stop:  # replay.run's steps, with the twin watched between prepare and run
+            instance = replay.prepare(requests, settings, backend=self.backend, target=target,
+                                      hash_block_size=self.block_size, **extra)
+            try:
+                watch(instance, stop, len(requests))
+                result = instance.run(None)
+            finally:
+                instance.close()
+            if result.async_scheduling is None:
+                result.async_scheduling = instance.async_scheduling
+        else:
+            result = replay.run(requests, settings, backend=self.backend, target=target,
+                                hash_block_size=self.block_size, **extra)
         measure_from = self.windows.t_split if window == "holdout" else None
         from tuner.perf.api_server import replay_api_server
 

@@ -110,6 +110,9 @@ class SearchOptions:
     kv_offloading_policies: Sequence[str] | None = None
     #: host memory per node the tier sizes must fit (None: the preset's reference node)
     host_memory_gb: float | None = None
+    #: stop a stage-1 replay once it proves a latency-percentile constraint violated
+    #: (tuner.tune.early_stop; the trial is pruned, never a survivor); False: replay whole
+    early_stop: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,6 +72,9 @@ class TuneResult:
     num_gpus: int = 1
     block_size: int | None = None
     timings: dict[str, float] = field(default_factory=dict)  # stage1_s, stage2_s, holdout_s
+    #: pruned stage-1 trials whose replay stopped once it proved a constraint violated
+    #: (tuner.tune.early_stop); also counted in ``n_pruned``
+    n_stopped: int = 0
     rule: PickRule = PickRule()
     overload: OverloadReport | None = None  # set when the baseline cannot keep up
     max_model_len: int | None = None  # what the twin admitted (the target's resolved value)
@@ -147,7 +150,8 @@ class TuneResult:
             "constraints": [str(c) for c in self.constraints], "prefer": self.prefer,
             "windows": self.windows.to_dict(),
             "trials": {"complete": self.n_complete, "refused": self.n_refused,
-                       "pruned": self.n_pruned, "failed": self.n_failed,
+                       "pruned": self.n_pruned, "stopped": self.n_stopped,
+                       "failed": self.n_failed,
                        "infeasible": self.n_infeasible, "stage2": len(self.stage2)},
             "recommended": {"trial": self.recommended.number,
                             "is_baseline": self.recommended.is_baseline,

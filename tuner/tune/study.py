@@ -43,12 +43,14 @@ from tuner.metrics import parse_slo
 from tuner.processes import cap_workers, pid_alive
 from tuner.progress import Progress, Reporter, check_progress
 from tuner.tune.baseline import baseline_settings
+from tuner.tune.baseline_track import BaselineTrack
 from tuner.tune.deployment_space import (base_deployment_of, deployment_for, evaluate_point,
                                          join_settings, with_deployment)
 from tuner.tune.spec_space import spec_gain, with_spec_tokens
 from tuner.tune.kv_tier_space import kv_tier_gain, with_kv_tier
 from tuner.tune.pd_space import check_pd_inputs, parse_disaggregated, with_pd
 from tuner.tune.pd_verdict import pd_verdict
+from tuner.tune.early_stop import ReplayStopped, stop_rules
 from tuner.tune.evaluate import Evaluator, ReplayEvaluator, evaluator_from_spec
 from tuner.tune.inputs import check_window_sizes, fixed_space, input_warnings
 from tuner.tune.objectives import best_so_far, parse_constraints, parse_objectives
@@ -160,9 +162,14 @@ def tune(inputs: TuneInputs, search: SearchOptions = SearchOptions(),
         notes += _fail_dead_local_trials(study)
         notes += _enqueue_start_points(study, config, evaluator, search.warm_start)
         timings: dict[str, float] = {}
+        # the baseline's replays beside stage 1 (not needed when stage 1 is the training
+        # window: trial 0 is then stage 2's baseline replay)
+        track = (BaselineTrack(storage_url, study_name, config, evaluator)
+                 if workers > 1 and storage_url and evaluator.windows.staged else None)
         with Reporter(check_progress(output.progress), unit="trials") as bar:
             t = time.perf_counter()
-            _run_stage1(study, storage_url, config, evaluator, workers, bar)
+            _run_stage1(study, storage_url, config, evaluator, workers, bar, search.early_stop,
+                        track)
             timings["stage1_s"] = time.perf_counter() - t
             stage1 = _stage1_points(study)
             baseline_key = settings_key(join_settings(
@@ -205,8 +212,9 @@ def tune(inputs: TuneInputs, search: SearchOptions = SearchOptions(),
         pd = pd_verdict(evaluator, pd_mode, stage1=stage1, stage2=stage2, baseline=baseline,
                         selection=selection, objectives=objs, rule=rule)
         t = time.perf_counter()
-        overload = overload_report(evaluator, baseline, evaluator.default_settings)
-        timings["capacity_s"] = time.perf_counter() - t
+        overload = (track.report() if track is not None
+                    else overload_report(evaluator, baseline, evaluator.default_settings))
+        timings["capacity_s"] = time.perf_counter() - t  # ~0 after the baseline track
         notes = (input_warnings(baseline, evaluator) + size_notes + deploy_notes + tier_notes
                  + notes)
         notes += [worker_note] if worker_note else []
@@ -216,7 +224,7 @@ def tune(inputs: TuneInputs, search: SearchOptions = SearchOptions(),
             space=the_space, objectives=objs, constraints=cons, windows=evaluator.windows,
             baseline=baseline, selection=selection, front=front, stage2=stage2,
             n_complete=counts["complete"], n_refused=counts["refused"],
-            n_pruned=counts["pruned"], n_failed=counts["failed"],
+            n_pruned=counts["pruned"], n_failed=counts["failed"], n_stopped=counts["stopped"],
             n_infeasible=sum(1 for p in stage1 if not p.feasible), prefer=rule.prefer,
             rule=rule, overload=overload, robust=robust,
             seed=seed, wall_s=time.perf_counter() - started, notes=notes,
@@ -420,6 +428,7 @@ def _counts(study: "optuna.Study") -> dict[str, int]:
     return {"complete": sum(t.state == TrialState.COMPLETE for t in trials),
             "pruned": len(pruned),
             "refused": sum(StudyRecords.refused(t) is not None for t in pruned),
+            "stopped": sum(StudyRecords.stopped(t) is not None for t in pruned),
             "failed": sum(t.state == TrialState.FAIL for t in trials)}
 
 
@@ -428,13 +437,16 @@ def _round(value: Any) -> Any:
     return round(value, 6) if isinstance(value, float) else value
 
 
-def _make_objective(config: StudyConfig, evaluator: Evaluator, window: str
-                    ) -> Callable[["optuna.Trial"], Sequence[float]]:
+def _make_objective(config: StudyConfig, evaluator: Evaluator, window: str,
+                    early_stop: bool = True) -> Callable[["optuna.Trial"], Sequence[float]]:
     import optuna
 
     host, pid = socket.gethostname(), os.getpid()
     base = evaluator.default_settings
     base_deployment = base_deployment_of(evaluator)
+    # Replays that prove a latency bound violated stop there (tuner.tune.early_stop); the
+    # baseline (trial 0) always runs whole: reports compare every trial with it.
+    rules = stop_rules(config.constraints) if early_stop else ()
 
     def objective(trial: "optuna.Trial") -> Sequence[float]:
         StudyRecords.mark_worker(trial, host, pid)
@@ -447,8 +459,16 @@ def _make_objective(config: StudyConfig, evaluator: Evaluator, window: str
             # Refused before anything runs: vLLM itself would reject this combination.
             StudyRecords.refuse(trial, str(exc))
             raise optuna.TrialPruned(f"refused: {exc}") from None
+        stop = () if StudyRecords.role(trial) == StudyRecords.BASELINE else rules
         try:
-            metrics = evaluate_point(evaluator, settings, deployment, window)
+            metrics = evaluate_point(evaluator, settings, deployment, window, stop)
+        except ReplayStopped as stopped:
+            # Proven infeasible: never a survivor. PRUNED, with the violation's lower
+            # bound as its constraint value, so TPE ranks it among the infeasible trials.
+            StudyRecords.record_stopped(trial, join_settings(settings, deployment),
+                                        stopped.reason)
+            trial.set_constraint(stopped.rule.constraint, stopped.violation)
+            raise optuna.TrialPruned(f"stopped: {stopped.reason}") from None
         except ConfigError as exc:
             if deployment is None:
                 raise
@@ -476,14 +496,15 @@ def _make_objective(config: StudyConfig, evaluator: Evaluator, window: str
 
 
 def _optimize(study: "optuna.Study", config: StudyConfig, evaluator: Evaluator, *,
-              worker_cap: int | None, seed: int, bar: Reporter | None = None) -> None:
+              worker_cap: int | None, seed: int, bar: Reporter | None = None,
+              early_stop: bool = True) -> None:
     """Run stage-1 trials in this process until the study has ``config.n_trials``
     (COMPLETE + PRUNED, all workers together) or this process ran ``worker_cap``."""
     import optuna
 
     study.sampler = _sampler(seed, config.space)
     window = "stage1" if evaluator.windows.staged else "train"
-    objective = _make_objective(config, evaluator, window)
+    objective = _make_objective(config, evaluator, window, early_stop)
     ran = 0
 
     def stop_when_done(st: "optuna.Study", _trial: "FrozenTrial") -> None:
@@ -507,33 +528,44 @@ def _optimize(study: "optuna.Study", config: StudyConfig, evaluator: Evaluator, 
 
 
 def _worker_main(storage_url: str, study_name: str, config: StudyConfig, evaluator: Evaluator,
-                 seed: int) -> None:
-    """Entry of a forked stage-1 worker: its own storage connection, its own sampler."""
+                 seed: int, early_stop: bool = True,
+                 first: Callable[[], None] | None = None) -> None:
+    """Entry of a forked stage-1 worker: its own storage connection, its own sampler;
+    ``first`` (the baseline track) runs before its trials."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if first is not None:
+        first()
     study = optuna.load_study(study_name=study_name, storage=open_storage(storage_url))
-    _optimize(study, config, evaluator, worker_cap=None, seed=seed)
+    _optimize(study, config, evaluator, worker_cap=None, seed=seed, early_stop=early_stop)
 
 
 def _run_stage1(study: "optuna.Study", storage_url: str | None, config: StudyConfig,
-                evaluator: Evaluator, workers: int, bar: Reporter) -> None:
+                evaluator: Evaluator, workers: int, bar: Reporter,
+                early_stop: bool = True, track: BaselineTrack | None = None) -> None:
+    """Stage 1 in this process or ``workers`` forked ones; the last of those runs
+    ``track`` (the baseline's replays, :mod:`tuner.tune.baseline_track`) first."""
     label = "stage 1" if evaluator.windows.staged else "search"
     bar.stage(label, config.n_trials, min(_finished(study), config.n_trials))
     if workers == 1 or storage_url is None:
-        _optimize(study, config, evaluator, worker_cap=None, seed=config.seed, bar=bar)
+        _optimize(study, config, evaluator, worker_cap=None, seed=config.seed, bar=bar,
+                  early_stop=early_stop)
         return
     # Fork, not spawn: the evaluator (trace slices already in memory) is inherited, and the
     # parent's storage handle is never used by a child (each opens its own).
     ctx = multiprocessing.get_context("fork")
     procs = [ctx.Process(target=_worker_main, name=f"tuner-worker-{i}",
-                         args=(storage_url, study.study_name, config, evaluator, config.seed + i))
+                         args=(storage_url, study.study_name, config, evaluator, config.seed + i,
+                               early_stop, track.run if track and i == workers - 1 else None))
              for i in range(workers)]
     for proc in procs:
         proc.start()
     try:
         while any(p.is_alive() for p in procs):
             time.sleep(0.5)
+            if track is not None:
+                track.poll()
             trials = study.get_trials(deepcopy=False)
             bar.update(min(_finished(study), config.n_trials), best_so_far(trials, config.objectives))
     finally:

@@ -7,7 +7,10 @@ A tuning run keeps two studies in one storage (journal file or database):
   (``baseline`` / ``warm-start-profile`` / ``warm-start-pareto``; absent for a sampled
   point), ``warm_start`` (the warm-start profile's name), ``host`` and ``pid`` (the worker
   running it, so a rerun can fail a dead worker's trial), ``refused`` (why vLLM would
-  reject the point; the trial is PRUNED), ``settings`` and ``metrics`` (the replay; a
+  reject the point; the trial is PRUNED), ``stopped`` (the replay proved a constraint
+  violated and stopped, :mod:`tuner.tune.early_stop`; PRUNED, ``settings`` but no
+  ``metrics``, the violation's lower bound as its constraint), ``settings`` and
+  ``metrics`` (the replay; a
   study that searches the deployment keeps it in ``settings["deployment"]``, see
   :func:`tuner.tune.deployment_space.join_settings`, and per-engine summaries in
   ``metrics["engines"]``).
@@ -102,6 +105,7 @@ class StudyRecords:
     HOLDOUT_PREFIX = "holdout:"  # stage-2 study attr per point: held-out metrics
     ROLE, WARM_START, HOST, PID = "role", "warm_start", "host", "pid"
     REFUSED, SETTINGS, METRICS = "refused", "settings", "metrics"
+    STOPPED = "stopped"  # why the replay stopped early (the trial is PRUNED)
     KEY, PARAMS, STAGE1_TRIAL = "key", "params", "stage1_trial"
     BASELINE, SURVIVOR = "baseline", "survivor"  # roles
 
@@ -152,6 +156,18 @@ class StudyRecords:
                       metrics: dict[str, Any]) -> None:
         trial.set_user_attr(cls.SETTINGS, settings)
         trial.set_user_attr(cls.METRICS, metrics)
+
+    @classmethod
+    def record_stopped(cls, trial: "optuna.Trial", settings: dict[str, Any],
+                       reason: str) -> None:
+        """A replay stopped once it proved a constraint violated (tuner.tune.early_stop):
+        its settings and why, no metrics (the replay did not finish)."""
+        trial.set_user_attr(cls.SETTINGS, settings)
+        trial.set_user_attr(cls.STOPPED, reason)
+
+    @classmethod
+    def stopped(cls, trial: "FrozenTrial") -> str | None:
+        return trial.user_attrs.get(cls.STOPPED)
 
     @classmethod
     def role(cls, trial: "FrozenTrial") -> str | None:

@@ -94,6 +94,25 @@ def evaluate_many(evaluator: Evaluator, jobs: Sequence[tuple[Any, ...]], workers
 
 
 
+def baseline_point(config: StudyConfig, evaluator: Evaluator, number: int = -1) -> Point:
+    """The baseline as stage 2 replays it: the evaluator's default settings (and, in a
+    space that searches the deployment, its deployment), no metrics yet."""
+    base_deployment = base_deployment_of(evaluator) if config.space.has_deployment else None
+    return Point(number=number,
+                 params=config.space.project(evaluator.default_settings, base_deployment),
+                 settings=join_settings(evaluator.default_settings, base_deployment),
+                 metrics={}, is_baseline=True)
+
+
+def open_stage2(storage: Any, study_name: str, config: StudyConfig) -> "optuna.Study":
+    """The stage-2 study ``<study>.full``, created on first use."""
+    import optuna
+
+    return optuna.create_study(storage=storage, study_name=StudyRecords.stage2_name(study_name),
+                               load_if_exists=True,
+                               directions=[o.direction for o in config.objectives])
+
+
 def run_stage2(storage: Any, study_name: str, config: StudyConfig, evaluator: Evaluator,
                 survivors: list[Point], stage1: list[Point], workers: int,
                 bar: Reporter) -> list[Point]:
@@ -103,23 +122,16 @@ def run_stage2(storage: Any, study_name: str, config: StudyConfig, evaluator: Ev
     so a resumed run replays only what is missing. Without staging, stage-1 metrics are
     already on the training window and are reused.
     """
-    import optuna
     from optuna.trial import TrialState
 
-    study2 = optuna.create_study(storage=storage, study_name=StudyRecords.stage2_name(study_name),
-                                 load_if_exists=True,
-                                 directions=[o.direction for o in config.objectives])
+    study2 = open_stage2(storage, study_name, config)
     done = {StudyRecords.stage2_key(t): t
             for t in study2.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
-    base_deployment = base_deployment_of(evaluator) if config.space.has_deployment else None
-    base_settings = join_settings(evaluator.default_settings, base_deployment)
     by_key = {settings_key(p.settings): p for p in stage1}
-    base_stage1 = by_key.get(settings_key(base_settings))
-    todo: list[Point] = [Point(number=base_stage1.number if base_stage1 else -1,
-                               params=config.space.project(evaluator.default_settings,
-                                                           base_deployment),
-                               settings=base_settings, metrics={}, is_baseline=True)]
-    todo += survivors
+    base = baseline_point(config, evaluator)
+    base_stage1 = by_key.get(settings_key(base.settings))
+    base.number = base_stage1.number if base_stage1 else -1
+    todo: list[Point] = [base] + survivors
     results: list[Point | None] = [None] * len(todo)
     jobs: list[tuple[int, dict[str, Any]]] = []
     for i, p in enumerate(todo):
@@ -130,7 +142,7 @@ def run_stage2(storage: Any, study_name: str, config: StudyConfig, evaluator: Ev
         elif not evaluator.windows.staged and key in by_key:
             # Unstaged: stage 1 already replayed the whole training window.
             results[i] = _point_from_stage2(p, by_key[key].metrics, config)
-            _record_stage2(study2, config, results[i])  # type: ignore[arg-type]
+            record_stage2(study2, config, results[i])  # type: ignore[arg-type]
         else:
             jobs.append((i, p.settings))
     bar.stage("stage 2", len(todo), len(todo) - len(jobs))
@@ -138,7 +150,7 @@ def run_stage2(storage: Any, study_name: str, config: StudyConfig, evaluator: Ev
     def store(j: int, metrics: dict[str, Any]) -> None:
         i = jobs[j][0]
         results[i] = _point_from_stage2(todo[i], metrics, config)
-        _record_stage2(study2, config, results[i])  # type: ignore[arg-type]
+        record_stage2(study2, config, results[i])  # type: ignore[arg-type]
         bar.update(sum(r is not None for r in results))
 
     evaluate_many(evaluator, [_job(s, "train") for _, s in jobs], workers, store)
@@ -151,7 +163,9 @@ def _point_from_stage2(p: Point, metrics: dict[str, Any], config: StudyConfig) -
                  feasible=feasible, is_baseline=p.is_baseline, extra=dict(p.extra))
 
 
-def _record_stage2(study2: "optuna.Study", config: StudyConfig, p: Point) -> None:
+def record_stage2(study2: "optuna.Study", config: StudyConfig, p: Point) -> None:
+    """Store ``p``'s training-window replay as a trial of the stage-2 study (what a
+    resumed run, or stage 2 after the baseline track, reuses)."""
     from optuna.trial import TrialState, create_trial
 
     values = [p.value(o) for o in config.objectives]
