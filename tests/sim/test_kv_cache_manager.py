@@ -184,10 +184,11 @@ def test_memo_stays_exact_through_a_pressured_replay():
 @pytest.mark.parametrize("seed", range(12))
 def test_memos_stay_exact_per_watch_slot_generated(seed, monkeypatch):
     """Generated pressured replays, windows below and above the 15 own watch slots (the
-    rest share the overflow slot), both modes, with the watch bits rebuilt at every
+    rest share the overflow slot; window 2-40), both modes, with the watch bits rebuilt at every
     unwatch or never: check_invariants compares every memo with a fresh walk after each
-    step, so a slot whose epoch an eviction of its hashes failed to bump (a memo
-    invalidated too little) fails here."""
+    step, and every window probe (``num_cached_tokens_of``, which decides valid memos
+    inline) is compared with a walk, so a slot whose epoch an eviction of its hashes
+    failed to bump (a memo invalidated too little) fails here."""
     import random
 
     from sim_helpers import random_trace, replay
@@ -198,7 +199,18 @@ def test_memos_stay_exact_per_watch_slot_generated(seed, monkeypatch):
     rng = random.Random(seed)
     if seed % 2:
         monkeypatch.setattr(kv_cache_manager, "REBUILD_STALE_IDS", -(1 << 30))
-    window = rng.choice([1, 4, 12, 40])
+    batch_probe = kv_cache_manager.KVCacheManager.num_cached_tokens_of
+    probes = []
+
+    def checked_probe(kvm, requests):  # the window's inline memo case against a walk
+        got = batch_probe(kvm, requests)
+        assert got == [len(kvm._longest_hit(r)) * kvm.block_size for r in requests]
+        probes.append(len(requests))
+        return got
+
+    monkeypatch.setattr(kv_cache_manager.KVCacheManager, "num_cached_tokens_of",
+                        checked_probe)
+    window = rng.choice([2, 4, 12, 40])
     reqs = random_trace(seed, 90, families=rng.choice([2, 3, 6]), max_input=400, rate=120.0)
     sim, _ = replay(reqs, SchedulerSettings(max_num_batched_tokens=128, max_num_seqs=8,
                                             cache_aware_admission_window=window,
@@ -206,7 +218,7 @@ def test_memos_stay_exact_per_watch_slot_generated(seed, monkeypatch):
                     CacheSettings(num_gpu_blocks=rng.choice([30, 45, 70])),
                     async_scheduling=bool(seed % 3 == 0))
     pool = sim.scheduler.kv_cache_manager.block_pool
-    assert pool.num_evictions > 0
+    assert pool.num_evictions > 0 and probes
     assert not pool.watched and len(pool.free_slots) == WATCH_SLOTS - 1
 
 
