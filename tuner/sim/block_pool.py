@@ -297,9 +297,9 @@ class BlockPool:
         self.last_holder[hashes.compress(tail)] = prev.compress(tail)
         emptied = head & tail  # a later round's block may be its hash's last holder
         if np.count_nonzero(emptied):
-            bits = int(np.bitwise_or.reduce(self.watch_bits.take(hashes.compress(emptied))))
-            if bits:
-                self._stale_slots(bits)
+            bits = self.watch_bits.take(hashes.compress(emptied))
+            if np.count_nonzero(bits):  # a count first: half an OR-reduce's cost
+                self._stale_slots(int(np.bitwise_or.reduce(bits)))
         inner_next, inner_prev = ~tail, ~head
         self.next_holder[prev.compress(inner_prev)] = nxt.compress(inner_prev)
         self.prev_holder[nxt.compress(inner_next)] = prev.compress(inner_next)
@@ -310,9 +310,9 @@ class BlockPool:
         """The hashes of evicted only holders leave the map (memos over them go stale)."""
         self.first_holder[hashes] = -1
         self.last_holder[hashes] = -1
-        bits = int(np.bitwise_or.reduce(self.watch_bits.take(hashes)))
-        if bits:
-            self._stale_slots(bits)
+        bits = self.watch_bits.take(hashes)
+        if np.count_nonzero(bits):  # the usual answer is no: a count is half an OR-reduce
+            self._stale_slots(int(np.bitwise_or.reduce(bits)))
 
     def _stale_slots(self, bits: int) -> None:
         """Watched hashes with these slot bits left the map: those slots' memos are stale."""
