@@ -296,3 +296,47 @@ def test_turn_prefix_reuse_covers_a_followed_turn(tmp_path: Path) -> None:
         _stream._HashMap.lookup = original  # type: ignore[method-assign]
     assert len(looked_up) == 2
     assert looked_up[1] != [1, 2, 4, 5, 6, 7] and len(looked_up[1]) < 6
+
+
+class _CountingSpace:
+    """The id space's ``reserve`` alone: consecutive ranges from 0."""
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def reserve(self, count: int) -> int:
+        base, self.size = self.size, self.size + count
+        return base
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_hash_map_runs_give_the_ids_of_one_sorted_run(seed: int) -> None:
+    """The map's recent run (merged into the large one past an eighth of it) gives every
+    hash the id one sorted run gives (merging at every lookup), and so does never
+    merging; keep_live and renumber agree too. Random windows of hashes from a small
+    pool (so they repeat within and across windows), k = 1 and 4."""
+    from tuner.replay._stream import _HashMap
+
+    rng = np.random.default_rng(seed)
+    k = int(rng.choice([1, 4]))
+    maps = [_HashMap(k) for _ in range(3)]
+    maps[0]._MERGE_FRACTION = 1 << 40  # type: ignore[misc]  # one run: merge every lookup
+    maps[2]._MERGE_FRACTION = 0  # type: ignore[misc]  # only keep_live merges
+    spaces = [_CountingSpace() for _ in maps]
+    pool = rng.integers(1, 1 << 63, size=int(rng.integers(20, 400)), dtype=np.uint64)
+    for step in range(40):
+        raw = pool[rng.integers(0, len(pool), size=int(rng.integers(0, 60)))]
+        got = [m.lookup(raw, s) for m, s in zip(maps, spaces)]
+        assert all(np.array_equal(got[0], g) for g in got[1:]), step
+        if rng.random() < 0.15:  # a renumbering keeping a random part of the ids
+            size = spaces[0].size + k
+            keep = rng.random(size) < 0.5
+            lives = []
+            for m in maps:
+                mask = keep.copy()
+                m.keep_live(mask)
+                lives.append(mask.nonzero()[0].astype(np.int64))
+                m.renumber(lives[-1])
+            assert all(np.array_equal(lives[0], live) for live in lives[1:])
+            for s in spaces:
+                s.size = len(lives[0])

@@ -288,7 +288,7 @@ def _crowded_pool(rng: random.Random, size: int, num_hashes: int) -> BlockPool:
     blocks = pool.get_new_blocks(size - 1).tolist()
     for block in blocks[:rng.randint(0, len(blocks))]:
         pool.cache_block(block, rng.randrange(num_hashes))
-    pool.watched_mask[:rng.randint(0, num_hashes)] = True
+    pool.watch_bits[:] = [rng.choice([0, 0, 1, 2, 5, 1 << 15]) for _ in range(len(pool.watch_bits))]
     rng.shuffle(blocks)
     while blocks:
         k = rng.randint(1, len(blocks))
@@ -311,12 +311,14 @@ def test_batched_holder_updates_equal_one_by_one(seed):
     single = copy.deepcopy(batched)
     for _ in range(8):
         n = rng.randint(1, batched.get_num_free_blocks())
-        epochs = batched.watch_epoch, single.watch_epoch
+        epochs = list(batched.slot_epochs), list(single.slot_epochs)
         got = batched.get_new_blocks(n).tolist()
         assert got == [single.get_new_block() for _ in range(n)]
         assert _pool_state(batched) == _pool_state(single)
-        # Memos only ask whether the epoch moved (a batch bumps it once, not per block).
-        assert (batched.watch_epoch != epochs[0]) == (single.watch_epoch != epochs[1])
+        # Memos only ask whether their slot's epoch moved (a batch bumps it once, not
+        # per block): the same slots must move, exactly those of the evicted hashes.
+        moved = [a != b for a, b in zip(batched.slot_epochs, epochs[0])]
+        assert moved == [a != b for a, b in zip(single.slot_epochs, epochs[1])]
         batched.check_invariants()
         chosen = rng.sample(got, rng.randint(0, n))
         hashes = [rng.randrange(num_hashes) for _ in chosen]

@@ -146,15 +146,17 @@ def test_memoised_hit_shrinks_on_eviction_and_grows_on_registration():
     waiter = make_request("w", 64, [1, 2, 3, 4])
     assert kvm.num_hit_blocks(waiter) == 3
     pool = kvm.block_pool
-    assert waiter in pool.watched and pool.watched_mask[[1, 2, 3]].all()
-    epoch = pool.watch_epoch
+    assert waiter in pool.watched
+    bit = 1 << waiter.hit_slot
+    assert (pool.watch_bits[[1, 2, 3]] & bit).all() and not pool.watch_bits[4] & bit
+    epoch = pool.slot_epochs[waiter.hit_slot]
     # Take blocks until block 2 (hash 2) is reallocated: the memo drops to 1 block.
     taken = []
     while pool.block_hash[2] >= 0:
         taken.extend(pool.get_new_blocks(1).tolist())
-    assert pool.watch_epoch > epoch  # a covered hash left: the memo is stale
+    assert pool.slot_epochs[waiter.hit_slot] > epoch  # a covered hash left: memo stale
     assert kvm.num_hit_blocks(waiter) == len(kvm._longest_hit(waiter)) == 1
-    assert waiter.hit_memo == 1 and waiter.hit_epoch == pool.watch_epoch
+    assert waiter.hit_memo == 1 and waiter.hit_epoch == pool.slot_epochs[waiter.hit_slot]
     pool.free_blocks(np.asarray(taken))
     # Registering hash 2 again (another request computes it) extends the memo.
     other = make_request("o", 32, [1, 2], status=RequestStatus.RUNNING)
@@ -177,6 +179,64 @@ def test_memo_stays_exact_through_a_pressured_replay():
                       CacheSettings(num_gpu_blocks=30))
     assert sim.scheduler.kv_cache_manager.block_pool.num_evictions > 0
     assert not sim.scheduler.kv_cache_manager.block_pool.watched  # all unwatched at the end
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_memos_stay_exact_per_watch_slot_generated(seed, monkeypatch):
+    """Generated pressured replays, windows below and above the 15 own watch slots (the
+    rest share the overflow slot; window 2-40), both modes, with the watch bits rebuilt at every
+    unwatch or never: check_invariants compares every memo with a fresh walk after each
+    step, and every window probe (``num_cached_tokens_of``, which decides valid memos
+    inline) is compared with a walk, so a slot whose epoch an eviction of its hashes
+    failed to bump (a memo invalidated too little) fails here."""
+    import random
+
+    from sim_helpers import random_trace, replay
+    import tuner.sim.kv_cache_manager as kv_cache_manager
+    from tuner.sim.block_pool import WATCH_SLOTS
+    from tuner.sim.settings import CacheSettings, SchedulerSettings
+
+    rng = random.Random(seed)
+    if seed % 2:
+        monkeypatch.setattr(kv_cache_manager, "REBUILD_STALE_IDS", -(1 << 30))
+    batch_probe = kv_cache_manager.KVCacheManager.num_cached_tokens_of
+    probes = []
+
+    def checked_probe(kvm, requests):  # the window's inline memo case against a walk
+        got = batch_probe(kvm, requests)
+        assert got == [len(kvm._longest_hit(r)) * kvm.block_size for r in requests]
+        probes.append(len(requests))
+        return got
+
+    monkeypatch.setattr(kv_cache_manager.KVCacheManager, "num_cached_tokens_of",
+                        checked_probe)
+    window = rng.choice([2, 4, 12, 40])
+    reqs = random_trace(seed, 90, families=rng.choice([2, 3, 6]), max_input=400, rate=120.0)
+    sim, _ = replay(reqs, SchedulerSettings(max_num_batched_tokens=128, max_num_seqs=8,
+                                            cache_aware_admission_window=window,
+                                            cache_aware_admission_threshold=0.0),
+                    CacheSettings(num_gpu_blocks=rng.choice([30, 45, 70])),
+                    async_scheduling=bool(seed % 3 == 0))
+    pool = sim.scheduler.kv_cache_manager.block_pool
+    assert pool.num_evictions > 0 and probes
+    assert not pool.watched and len(pool.free_slots) == WATCH_SLOTS - 1
+
+
+def test_a_memo_survives_the_eviction_of_another_watched_prefix():
+    """Per-slot invalidation: evicting a hash only another waiter covers leaves this
+    waiter's memo valid (no recompute), and bumps only the other's slot."""
+    kvm = cached_pool(8, (48, [1, 2, 3]), (48, [7, 8, 9]))
+    pool = kvm.block_pool
+    a, b = make_request("a", 64, [1, 2, 3, 4]), make_request("b", 64, [7, 8, 9, 10])
+    assert kvm.num_hit_blocks(a) == kvm.num_hit_blocks(b) == 3
+    assert a.hit_slot != b.hit_slot
+    taken = []
+    while pool.get_cached_block(1) is not None:  # the LRU front: a's prefix goes first
+        taken.extend(pool.get_new_blocks(1).tolist())
+    assert pool.get_cached_block(7) is not None
+    assert a.hit_epoch != pool.slot_epochs[a.hit_slot]
+    assert b.hit_epoch == pool.slot_epochs[b.hit_slot]
+    assert kvm.num_hit_blocks(a) == 0 and kvm.num_hit_blocks(b) == 3
 
 
 def test_memo_with_a_hash_repeated_in_one_chain_uses_its_first_position():

@@ -143,3 +143,32 @@ def test_vectorised_reblocking_on_synth_agentic() -> None:
         prompt, output = reblock_request_hashes(r.block_hashes, r.output_block_hashes,
                                                 r.input_len, r.output_len, 64, 16)
         assert (g.block_hashes, g.output_block_hashes) == (prompt, output)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_id_split_gives_first_plus_position_of_each_sub_block(seed: int) -> None:
+    """``reblock_ids`` / ``reblock_id_ranges``: KV block ``j`` of a request is sub-block
+    ``j % k`` of chain element ``j // k``, id ``first + j % k`` (``first = id * k`` for
+    dense ids), written out one by one here; sizes up to 12k sources, so the cached
+    offset pattern grows while calls alternate k."""
+    import numpy as np
+
+    from tuner.trace.reblock_vec import _kv_chain, reblock_id_ranges, reblock_ids
+
+    rng = np.random.default_rng(seed)
+    for _ in range(25):
+        f, t = [(64, 16), (16, 16), (32, 16), (512, 16), (64, 32)][int(rng.integers(5))]
+        k = f // t
+        n_src = int(rng.choice([1, 3, 40, 760, 12_000]))
+        input_len = int(rng.integers(max(1, (n_src - 1) * f), n_src * f + 1))
+        n_out = int(rng.integers(0, 4))
+        output_len = int(rng.integers(1, 4 * f + 2))
+        src = rng.integers(0, 1 << 40, size=n_src).astype(np.int64)
+        out = rng.integers(0, 1 << 40, size=n_out).astype(np.int64)
+        for split, first_of in ((reblock_id_ranges, 1), (reblock_ids, k)):
+            prompt, output = split(src, out, input_len, output_len, f, t)
+            chain, n_target, with_output = _kv_chain(src, out, input_len, output_len, f, t)
+            whole = [int(chain[j // k]) * first_of + j % k for j in range(n_target)]
+            n_prompt = input_len // t
+            assert prompt.tolist() == whole[:n_prompt]
+            assert output.tolist() == (whole[n_prompt:] if with_output else [])

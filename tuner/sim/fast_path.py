@@ -37,6 +37,17 @@ path decides. What it promises, and when it steps aside:
    ``defer_block_free``) members count as scheduled in the steps they took part in, and
    a group step that would run out of blocks is a plain step (vLLM stops at a victim
    whose blocks it cannot free yet).
+5. **Memoised prefix hits** (both paths: the waiting loop and the window's reorder,
+   ``KVCacheManager.num_hit_blocks`` / ``num_cached_tokens_of``). A waiting request's
+   walk over its prompt hashes may be skipped only while its watch slot's epoch has not
+   moved since its memo was stored: the pool bumps a slot's epoch whenever a hash id
+   carrying the slot's bit leaves the map, and a slot's bits cover at least every hash
+   its requests' memos cover (a superset: stale bits only cost a recompute). A skipped
+   walk still extends the memo past its end when the next hash is cached. ``check_invariants``
+   compares every memo with a walk after each step;
+   ``tests/sim/test_kv_cache_manager.py::test_memos_stay_exact_per_watch_slot_generated``
+   also compares every window probe with a walk, with shared slots and the bits rebuilt
+   or never.
 
 Adding a settings field: declare it in ``FAST_PATH_FIELDS`` below, either with how the
 group step already gives the plain path's result for every value (name the code that

@@ -2,7 +2,7 @@
 the live ones when dead ones dominate.
 
 Why: the prefix cache indexes arrays by hash id (``tuner.sim.block_pool``: first holder,
-shared-hash flag, watched mask: ~10 bytes an id). Interned once per trace, the id space
+last holder, watch bits: 14 bytes an id). Interned once per trace, the id space
 grows with every distinct hash the trace ever has: a production day of fresh prompts at
 16-token blocks is ~100 million ids, a gigabyte of arrays for hashes nobody will look up
 again. A replay that interns as it reads (``tuner.replay._stream``) takes id ranges from
@@ -92,7 +92,7 @@ class HashIdSpace:
 
         pool.first_holder = keep(pool.first_holder, -1)
         pool.last_holder = keep(pool.last_holder, -1)  # holder links are per block
-        pool.watched_mask = keep(pool.watched_mask, False)
+        pool.watch_bits = keep(pool.watch_bits, 0)
         pool.num_hash_ids = len(live)
         self.manager.num_trace_hash_ids = len(live)
         for request in self._live_requests():

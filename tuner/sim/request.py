@@ -68,7 +68,7 @@ class SimRequest:
         "num_cached_tokens", "session_id", "seq", "steady", "g0", "s0",
         "next_event",
         "event_kinds",
-        "hit_memo", "hit_epoch", "hit_watched", "hash_array", "synthetic_base",
+        "hit_memo", "hit_epoch", "hit_slot", "hit_watched", "hash_array", "synthetic_base",
         "_num_known", "num_shared_hash_blocks",
         "num_output_placeholders", "num_in_flight_tokens", "num_stale_output_tokens",
         "num_spec_tokens",
@@ -144,11 +144,12 @@ class SimRequest:
         self.next_event = -1
         self.event_kinds = 0
         # Memoised prefix hit of a waiting request, in blocks (-1: not watched), valid
-        # while ``hit_epoch`` equals the pool's ``watch_epoch``; its first
-        # ``hit_watched`` hash ids are marked in the pool's ``watched_mask``. See
-        # KVCacheManager.num_hit_blocks.
+        # while ``hit_epoch`` equals the pool's epoch of its watch slot ``hit_slot``;
+        # its first ``hit_watched`` hash ids carry the slot's bit in the pool's
+        # ``watch_bits``. See KVCacheManager.num_hit_blocks.
         self.hit_memo = -1
         self.hit_epoch = -1
+        self.hit_slot = 0
         self.hit_watched = 0
 
     def num_synthetic_ids(self) -> int:

@@ -368,8 +368,9 @@ class Scheduler:
                  if r.status == _WAITING and r.num_computed_tokens == 0]
         if len(slots) < 2:
             return
-        cached = {i: kvm.get_num_cached_tokens(head[i]) for i in slots}
-        order = sorted(slots, key=lambda i: (-cached[i], i))
+        cached = kvm.num_cached_tokens_of([head[i] for i in slots])
+        # Stable: equal counts keep their queue order (the PR's key (-cached, index)).
+        order = [slots[j] for j in sorted(range(len(slots)), key=lambda j: -cached[j])]
         if order == slots:
             return
         new_head = list(head)
