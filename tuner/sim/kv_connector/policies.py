@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
+from itertools import islice
 from typing import Iterable, Iterator, Sequence
 
 __all__ = ["ARCPolicy", "Chunk", "KEY_SPAN", "LRUPolicy", "RANK_SPAN", "ReqContext",
@@ -421,49 +422,47 @@ class ARCPolicy:
                 self.t2.move_to_end(key)
 
     def evict(self, n: int, protected: set[int]) -> list[tuple[int, Chunk]] | None:
+        """arc.py's ``evict``, taken in three runs instead of one candidate at a time.
+
+        arc.py picks each of the ``n`` victims in turn: from T1 while T1's virtual size
+        (its length less the T1 victims so far) is at least ``int(target_t1_size)``, else
+        from T2, else from T1; a list with no idle, unprotected entry left is skipped.
+        The target does not move during an eviction and each T1 pick lowers the virtual
+        size by one, so the picks are: T1 up to ``len(T1) - target + 1`` times, then T2,
+        then (T2 exhausted) T1 again, each list read front to back. Taking those three
+        runs gives the same victims in the same order (a full pool evicts ~800 chunks a
+        call in the agentic hour; one Python call per victim cost a quarter of the tier)."""
         if n == 0:
             return []
-        candidates: list[tuple[int, Chunk, bool]] = []
-        virtual_t1 = len(self.t1)
-        t1_iter, t2_iter = iter(self.t1.items()), iter(self.t2.items())
+        t1, t2 = self.t1, self.t2
 
-        def nxt(entries: Iterator[tuple[int, Chunk]]) -> tuple[int, Chunk] | None:
-            for key, chunk in entries:
-                if chunk.ref_cnt == 0 and key not in protected:
-                    return key, chunk
+        def idle(entries: Iterator[tuple[int, Chunk]], count: int) -> list[tuple[int, Chunk]]:
+            if count <= 0:
+                return []
+            return list(islice(((k, c) for k, c in entries
+                                if c.ref_cnt == 0 and k not in protected), count))
+
+        t1_iter = iter(t1.items())
+        from_t1 = idle(t1_iter, min(n, len(t1) - int(self.target_t1_size) + 1))
+        from_t2 = idle(iter(t2.items()), n - len(from_t1))
+        rest = n - len(from_t1) - len(from_t2)
+        from_t1_after = idle(t1_iter, rest)  # empty if T1 ran out in the first run
+        if len(from_t1_after) < rest:
             return None
-
-        for _ in range(n):
-            cand: tuple[int, Chunk, bool] | None = None
-            if virtual_t1 >= int(self.target_t1_size):
-                entry = nxt(t1_iter)
-                if entry is not None:
-                    cand = (*entry, True)
-                    virtual_t1 -= 1
-            if cand is None:
-                entry = nxt(t2_iter)
-                if entry is not None:
-                    cand = (*entry, False)
-            if cand is None:
-                entry = nxt(t1_iter)
-                if entry is None:
-                    return None
-                cand = (*entry, True)
-                virtual_t1 -= 1
-            candidates.append(cand)
-        out = []
-        for key, chunk, from_t1 in candidates:
-            if from_t1:
-                del self.t1[key]
-                self.b1[key] = None
-            else:
-                del self.t2[key]
-                self.b2[key] = None
-            out.append((key, chunk))
-        for ghost in (self.b1, self.b2):
+        b1, b2 = self.b1, self.b2
+        for key, _ in from_t1:
+            del t1[key]
+            b1[key] = None
+        for key, _ in from_t2:
+            del t2[key]
+            b2[key] = None
+        for key, _ in from_t1_after:
+            del t1[key]
+            b1[key] = None
+        for ghost in (b1, b2):
             for _ in range(len(ghost) - self.capacity):
                 ghost.popitem(last=False)
-        return out
+        return from_t1 + from_t2 + from_t1_after
 
     def mark_evictable(self, key: int) -> None:
         return
