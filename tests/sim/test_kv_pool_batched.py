@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tuner.sim.kv_connector import cpu_manager as batched
-from tuner.sim.kv_connector.policies import RANK_SPAN, ReqContext
+from tuner.sim.kv_connector.policies import KEY_SPAN, RANK_SPAN, ReqContext
 
 NUM_KEYS = 40
 
@@ -91,7 +91,8 @@ def test_the_batched_pool_decides_like_the_plain_one(policy: str, num_chunks: in
         assert _state(managers[0]) == _state(managers[1]), op
         if managers[1].policy.name == "lru":  # the lazy heap pops the true order
             policy = managers[1].policy
-            heap = policy._heap
-            assert all(_rank(policy, k) >= r for r, k in heap if k in policy._evictable)
+            entries = [divmod(e, KEY_SPAN) for e in policy._heap]  # rank * KEY_SPAN + key
+            assert all(_rank(policy, k) >= r for r, k in entries if k in policy._evictable)
+            assert {k for _, k in entries} >= policy._evictable  # every evictable key is in
         # the in-flight set classify and complete_stores read is the ref_cnt -1 keys
         assert managers[1].policy._inflight == _inflight_keys(managers[1].policy)

@@ -44,7 +44,7 @@ import numpy as np
 
 from tuner.sim.kv_connector.base import NO_DECODE_EVENT
 from tuner.sim.kv_connector.cpu_manager import HIT_PENDING, MISS, CPUOffloadingManager
-from tuner.sim.kv_connector.policies import RANK_SPAN, ReqContext
+from tuner.sim.kv_connector.policies import KEY_SPAN, RANK_SPAN, ReqContext
 from tuner.sim.kv_connector.settings import OffloadSettings
 
 if TYPE_CHECKING:
@@ -132,6 +132,8 @@ class OffloadingConnector:
         positions = state.ctx.positions
         tpc = self.tokens_per_chunk
         assert n * tpc < RANK_SPAN, "offload key position past the LRU rank span (tuner bug)"
+        assert not new or 0 <= min(new) and max(new) < KEY_SPAN, \
+            "offload key outside the LRU heap's key bits (tuner bug)"
         positions.update(zip(new, range((have + 1) * tpc, (n + 1) * tpc, tpc)))
         state.keys.extend(new)
 
