@@ -257,6 +257,7 @@ def pd_main(end: str, rounds: int, compare: Path | None) -> None:
     import statistics
     import tempfile
 
+    load_start = os.getloadavg()[0]  # the machine is shared: say how busy it was
     with tempfile.TemporaryDirectory() as tmp:
         full, prefill = _pd_traces(end, Path(tmp))
         handoffs = str(Path(tmp) / "handoffs.json")
@@ -280,13 +281,18 @@ def pd_main(end: str, rounds: int, compare: Path | None) -> None:
                       f"{row['steps']:>9,} steps {row['finished']:>7,} finished", flush=True)
     med = {name: statistics.median(v) for name, v in cpu.items()}
     print(f"\nagentic slice {end}, Llama-3.1-70B TP8 MI355X, median of {rounds}, CPU s "
-          f"(load average {os.getloadavg()[0]:.1f}):")
+          f"(load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end):")
     for name in med:
         print(f"  {name:<20}{med[name]:8.2f} s {steps[name]:>9,} steps")
     for other in ("decoder alone", "aggregated"):
         engines = med["prefill alone"] + med[other]
         print(f"  --pd 1:1 / (prefill alone + {other}) = {med['pd'] / engines:.2f} "
               f"(goal <= 1.00)")
+    # each round's own ratio: its arms ran back to back, so the spread shows the noise
+    per_round = [cpu["pd"][r] / (cpu["prefill alone"][r] + cpu["decoder alone"][r])
+                 for r in range(rounds)]
+    print("  per round, --pd 1:1 / (prefill alone + decoder alone): "
+          + ", ".join(f"{x:.2f}" for x in per_round))
     if compare is not None:
         print(f"  --pd 1:1, other checkout over this one: "
               f"{med['pd, other checkout'] / med['pd']:.2f}x")

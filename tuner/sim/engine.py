@@ -141,12 +141,18 @@ class TwinEngine:
                              lambda now, nxt: wait_for_transfers(scheduler, now, nxt))
 
     # ----------------------------------------------------------------- arrivals
-    def add_request(self, index: int, source: Any, arrival_s: float) -> None:
+    def add_request(self, index: int, source: Any, arrival_s: float, *,
+                    prompt_only: bool = False) -> None:
+        """A request arrives. ``prompt_only``: as vLLM's P/D proxy sends it to a prefill
+        instance (``max_tokens=1``, so no output hashes); a flag rather than a wrapper
+        around ``source``, whose attribute forwarding cost a Python call per field."""
         request = SimRequest(
             request_id=str(source.request_id), index=index, arrival_s=arrival_s,
-            num_prompt_tokens=int(source.input_len), max_tokens=int(source.output_len),
+            num_prompt_tokens=int(source.input_len),
+            max_tokens=1 if prompt_only else int(source.output_len),
             block_size=self.block_size, prompt_block_hashes=source.block_hashes,
-            output_block_hashes=getattr(source, "output_block_hashes", None),
+            output_block_hashes=(None if prompt_only
+                                 else getattr(source, "output_block_hashes", None)),
             priority=int(getattr(source, "priority", 0) or 0),
             session_id=getattr(source, "session_id", None))
         self.live[index] = request

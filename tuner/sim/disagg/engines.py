@@ -25,7 +25,7 @@ from tuner.sim.request import RequestStatus, SimRequest
 from tuner.sim.scheduler import Scheduler
 from tuner.sim.settings import SimOptions
 
-__all__ = ["DecodeEngine", "Handoff", "PrefillEngine", "PrefillView", "fence_decoder",
+__all__ = ["DecodeEngine", "Handoff", "PrefillEngine", "fence_decoder",
            "replace_kv_cache_manager"]
 
 #: ``(trace index, source, arrival at the proxy)``
@@ -64,20 +64,6 @@ def replace_kv_cache_manager(scheduler: Any, cls: type, num_hash_ids: int | None
     return kvm
 
 
-class PrefillView:
-    """A trace request as the proxy sends it to a prefill instance: ``max_tokens=1``."""
-
-    __slots__ = ("source",)
-    output_len = 1
-    output_block_hashes = None
-
-    def __init__(self, source: Any) -> None:
-        self.source = source
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.source, name)
-
-
 class _PoolEngine(FleetTwinEngine):
     """A fleet engine that also sums its GPU's busy time (the pool's utilisation)."""
 
@@ -108,9 +94,12 @@ class PrefillEngine(_PoolEngine):
         #: trace index -> (first scheduled, prefill done, cached tokens, preemptions)
         self.prefill_times: dict[int, tuple[float, float, int, int]] = {}
 
-    def add_request(self, index: int, source: Any, arrival_s: float) -> None:
+    def add_request(self, index: int, source: Any, arrival_s: float, *,
+                    prompt_only: bool = True) -> None:
+        """The request as the proxy sends it here, ``max_tokens=1``: always prompt only
+        (the flag is the fleet engine's signature)."""
         self.sources[index] = source
-        super().add_request(index, PrefillView(source), arrival_s)
+        super().add_request(index, source, arrival_s, prompt_only=True)
 
     def _record(self, request: SimRequest, status: Any) -> None:
         if status != "finished":  # never reached the decoder: the prefill's outcome

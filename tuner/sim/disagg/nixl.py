@@ -260,6 +260,7 @@ class NixlPrefillConnector:
         #: trace index -> whether its held blocks may repeat (the request's
         #: ``repeated_blocks`` at the free); absent: unknown, checked at the release
         self._held_repeats: dict[int, bool] = {}
+        self._first_release_s = _INF  # no read end known before it (release_until)
 
     def on_new_request(self, request: "SimRequest") -> None:
         """Nothing: a ``do_remote_decode`` request is admitted as any other."""
@@ -291,7 +292,9 @@ class NixlPrefillConnector:
         there are none to hold."""
         n = self._num_blocks.pop(request.request_id, 0)
         if n:
-            self._held[request.index] = request.block_buf[:n].copy()
+            # A view, not a copy: the buffer is the finished request's own (never pooled),
+            # and nothing writes it again (``release_memory`` only drops the reference).
+            self._held[request.index] = request.block_buf[:n]
             self._held_since[request.index] = request.finish_s
             # a request whose blocks never repeat holds a repeat-free prefix of them:
             # the release may skip the pool's duplicate check, as the plain free does
@@ -318,10 +321,16 @@ class NixlPrefillConnector:
         """The decoder's read of request ``index`` ends at ``end_s`` (its notification)."""
         if index in self._held:
             self._release_s[index] = end_s
+            if end_s < self._first_release_s:
+                self._first_release_s = end_s
 
     def release_until(self, now_s: float) -> None:
-        """Free the blocks of every request whose read ended by ``now_s`` (tail first)."""
-        if not self._release_s:
+        """Free the blocks of every request whose read ended by ``now_s`` (tail first).
+
+        ``_first_release_s`` (the earliest end among ``_release_s``, or earlier) lets the
+        update of every step return at once until a read has ended: the scan and the
+        sort ran at each of the prefill engine's updates."""
+        if now_s < self._first_release_s:
             return
         done = sorted(i for i, t in self._release_s.items() if t <= now_s)
         for index in done:
@@ -330,6 +339,7 @@ class NixlPrefillConnector:
             self.held_block_s += len(blocks) * (end - self._held_since.pop(index))
             self.block_pool.free_blocks(blocks[::-1],
                                         may_repeat=self._held_repeats.pop(index, True))
+        self._first_release_s = min(self._release_s.values(), default=_INF)
 
     @property
     def num_held_blocks(self) -> int:

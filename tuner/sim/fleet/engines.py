@@ -74,8 +74,9 @@ class FleetTwinEngine(TwinEngine):
         self.num_dummy_steps = 0
         self._finished: list[int] = []
 
-    def add_request(self, index: int, source: Any, arrival_s: float) -> None:
-        super().add_request(index, source, arrival_s)
+    def add_request(self, index: int, source: Any, arrival_s: float, *,
+                    prompt_only: bool = False) -> None:
+        super().add_request(index, source, arrival_s, prompt_only=prompt_only)
         self.num_added += 1
 
     def _record(self, request: SimRequest, status: Any) -> None:
