@@ -29,6 +29,15 @@ hashes twice (plausibly a session's next turn prefilling the previous turn's out
 blocks before that turn has decoded them), and the dict-of-lists this replaced spent
 ~6.6 % of that replay's samples in Python loops over the extra holders (py-spy; see
 docs/performance.md, where ``bench/replay.py --compare`` measures the round's gain).
+
+Dtypes: arrays that hold block ids (the holder links and the hash -> holder map, and the
+duplicate check's positions) are int32: a block id is < ``num_gpu_blocks``, which the
+constructor bounds below 2**31. Why: a P/D replay alternates two pools of ~400,000 blocks
+step by step on one core, and the per-call cost grew with the bytes both keep hot
+(docs/disaggregation.md, cost section). Block ids leave the pool and are used as indices
+as int64 (``int(...)``, ``_longest_hit``'s hit, ``popleft_n``), because numpy converts
+an int32 index array on every gather and scatter (twice a gather's cost, numpy 2.4).
+Hash ids (``block_hash``) and the free queue's stamps stay int64.
 """
 
 from __future__ import annotations
@@ -47,7 +56,7 @@ __all__ = ["BlockPool", "NULL_BLOCK", "WATCH_SLOTS"]
 
 NULL_BLOCK = 0
 _ID = np.int64
-_LINK = np.int32  # block ids in per-hash arrays (a pool has far fewer than 2**31 blocks)
+_LINK = np.int32  # stored block ids: < num_gpu_blocks < 2**31 (checked at construction)
 _NO_IDS = np.empty(0, dtype=_ID)
 # Watch slots of memoised prefix hits: one bit a slot per hash id. 2 bytes an id (the
 # bool mask this replaced took 1): 15 own slots cover the ~16 requests a window of 16
@@ -80,13 +89,14 @@ class BlockPool:
                  "free_block_queue", "first_holder", "last_holder", "next_holder",
                  "prev_holder", "num_hash_ids", "null_block", "num_evictions", "watched",
                  "watch_bits", "slot_epochs", "free_slots", "num_watched_ids", "num_stale_watched",
-                 "_mark", "_positions",
-                 "_positions32")
+                 "_mark", "_positions32")
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool = True,
                  num_hash_ids: int = 1 << 16) -> None:
         if num_gpu_blocks < 2:
             raise ValueError(f"num_gpu_blocks={num_gpu_blocks} must be >= 2 (block 0 is null)")
+        if num_gpu_blocks >= 1 << 31:  # block ids are stored as int32 (module doc)
+            raise ValueError(f"num_gpu_blocks={num_gpu_blocks} must be < 2**31")
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.ref_cnt = np.zeros(num_gpu_blocks, dtype=np.int32)
@@ -95,12 +105,20 @@ class BlockPool:
                                                num_gpu_blocks)
         # Hash ids below num_hash_ids are the trace's; synthetic ones are reserved above.
         self.num_hash_ids = num_hash_ids
-        self.first_holder = np.full(max(num_hash_ids, 16), -1, dtype=_ID)  # block, -1: none
-        # The hash's latest holder (int32: one more array per hash id, kept small).
+        # The hash's first holder (block, -1: none), and its latest: int32, block ids
+        # being < num_gpu_blocks < 2**31. Indexed by hash id, these are the pool's largest
+        # arrays (the agentic hour's 20-minute slice: ~1 million ids, capacity 1.9 million;
+        # first_holder alone took 15 MB as int64), and a P/D replay keeps two pools hot in
+        # a 32 MB L3. Hits read from here leave as int64 (``_longest_hit``): numpy
+        # converts an int32 index array on every gather and scatter, at twice the cost.
+        self.first_holder = np.full(max(num_hash_ids, 16), -1, dtype=_LINK)
         self.last_holder = np.full(len(self.first_holder), -1, dtype=_LINK)
         # The holder registered after / before this block with the same hash, -1: none.
-        self.next_holder = np.full(num_gpu_blocks, -1, dtype=_ID)
-        self.prev_holder = np.full(num_gpu_blocks, -1, dtype=_ID)
+        # int32 (block ids < num_gpu_blocks < 2**31): read at every eviction batch, so
+        # half the bytes of int64 in the cache; used as indices only on the rare linked
+        # path (a hash with several holders), where numpy converts them.
+        self.next_holder = np.full(num_gpu_blocks, -1, dtype=_LINK)
+        self.prev_holder = np.full(num_gpu_blocks, -1, dtype=_LINK)
         self.null_block = NULL_BLOCK
         self.num_evictions = 0  # cached hashes dropped by reallocation
         # Waiting requests with a memoised prefix hit (``SimRequest.hit_memo``), each on
@@ -118,10 +136,12 @@ class BlockPool:
         self.free_slots = deque(range(WATCH_SLOTS - 1))
         self.num_watched_ids = 0  # ids marked in the bits (with stale ones)
         self.num_stale_watched = 0  # ids of unwatched requests still in the bits
-        # Scratch for the duplicate check of a block batch (see _has_repeats).
-        self._mark = np.zeros(num_gpu_blocks, dtype=_ID)
-        self._positions = np.arange(1024, dtype=_ID)
-        self._positions32 = np.arange(1024, dtype=np.int32)  # touch's check, on ref_cnt
+        # Scratch for the duplicate check of a block batch (see _has_repeats): int32,
+        # it holds positions in one batch (< num_gpu_blocks < 2**31), compared only.
+        self._mark = np.zeros(num_gpu_blocks, dtype=np.int32)
+        # Positions 0..n-1 for both duplicate checks (_has_repeats on _mark, touch's on
+        # ref_cnt), int32 like both arrays: a store of int64 into int32 casts on the way.
+        self._positions32 = np.arange(1024, dtype=np.int32)
 
     # ----------------------------------------------------------------- hash ids
     def reserve_ids(self, count: int) -> int:
@@ -164,9 +184,9 @@ class BlockPool:
         count updates would count such a block once, so those batches take the loop.
         """
         n = len(block_ids)
-        if n > len(self._positions):
-            self._positions = np.arange(2 * n, dtype=_ID)
-        pos = self._positions[:n]
+        if n > len(self._positions32):
+            self._positions32 = np.arange(2 * n, dtype=np.int32)
+        pos = self._positions32[:n]
         self._mark[block_ids] = pos
         return np.count_nonzero(self._mark.take(block_ids) != pos) != 0
 
@@ -230,6 +250,8 @@ class BlockPool:
         if len(blocks) == 1:
             self.cache_block(int(blocks[0]), int(hashes[0]))
             return
+        index = blocks  # int64: the per-block arrays' index
+        blocks = blocks.astype(_LINK)  # the holder arrays' values: one cast, not four
         last = self.last_holder
         tails = last.take(hashes)
         last[hashes] = blocks
@@ -238,7 +260,7 @@ class BlockPool:
             for block, block_hash in zip(blocks.tolist(), hashes.tolist()):
                 self.cache_block(block, block_hash)
             return
-        self.block_hash[blocks] = hashes
+        self.block_hash[index] = hashes
         held = tails >= 0
         num_held = np.count_nonzero(held)
         if not num_held:  # the usual case: every hash new to the map
@@ -247,9 +269,9 @@ class BlockPool:
         if num_held < len(blocks):
             fresh = ~held
             self.first_holder[hashes.compress(fresh)] = blocks.compress(fresh)
-            tails, blocks = tails.compress(held), blocks.compress(held)
+            tails, blocks, index = tails.compress(held), blocks.compress(held), index.compress(held)
         self.next_holder[tails] = blocks
-        self.prev_holder[blocks] = tails
+        self.prev_holder[index] = tails
 
     def _evict_many(self, blocks: np.ndarray, hashes: np.ndarray) -> None:
         """Drop the cached hashes of freshly popped ``blocks`` (``_evict`` each).

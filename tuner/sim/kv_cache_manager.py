@@ -97,7 +97,9 @@ class KVCacheManager:
         found = self.block_pool.first_holder.take(request.hashes_upto(max_blocks))
         missing = found < 0
         first = int(missing.argmax())  # stops at the first miss; 0 when none
-        return found[:first] if missing[first] else found
+        # int64 out (the pool stores int32 holders): the hit indexes the pool's arrays
+        # several times (touch), and numpy converts an int32 index at each use.
+        return (found[:first] if missing[first] else found).astype(np.int64)
 
     def num_hit_blocks(self, request: "SimRequest") -> int:
         """Length in blocks of the longest cached prefix, memoised across steps.
