@@ -172,3 +172,19 @@ def test_id_split_gives_first_plus_position_of_each_sub_block(seed: int) -> None
             n_prompt = input_len // t
             assert prompt.tolist() == whole[:n_prompt]
             assert output.tolist() == (whole[n_prompt:] if with_output else [])
+
+
+@pytest.mark.parametrize("dtype", ["int64", "uint64", "int32"])
+def test_id_split_keeps_the_ids_dtype(dtype: str) -> None:
+    """Ids read from a trace's Parquet column are uint64 (the study report's lazy ids):
+    the split adds its sub-block offsets in the ids' own dtype, so it neither fails
+    (numpy refuses an in-place uint64 + int64) nor turns the ids into floats."""
+    import numpy as np
+
+    from tuner.trace.reblock_vec import reblock_ids
+
+    src = np.array([11, 12, 13], dtype=dtype)
+    prompt, output = reblock_ids(src, np.zeros(0, dtype=dtype), 192, 0, 64, 16)
+    assert prompt.dtype == np.dtype(dtype)
+    assert prompt.tolist() == [i * 4 + j for i in (11, 12, 13) for j in range(4)]
+    assert len(output) == 0

@@ -254,23 +254,25 @@ def _split_id_ranges(sources: np.ndarray, output_sources: np.ndarray, input_len:
         # 1.6 against 4.9 us at 100 sources); the tile this pattern replaces was a fresh
         # array every call.
         whole = firsts.repeat(k)
-        np.add(whole, _sub_block_offsets(k, len(whole)), out=whole)
+        np.add(whole, _sub_block_offsets(k, len(whole), whole.dtype), out=whole)
         whole = whole[:n_target]
     n_prompt = input_len // t
     return whole[:n_prompt], (whole[n_prompt:] if with_output else _NO_IDS)
 
 
 _NO_IDS = np.zeros(0, dtype=np.int64)
-_SUB_BLOCK_OFFSETS: dict[int, np.ndarray] = {}
+_SUB_BLOCK_OFFSETS: dict[tuple[int, np.dtype], np.ndarray] = {}
 
 
-def _sub_block_offsets(k: int, n: int) -> np.ndarray:
-    """``0, 1, .., k-1`` repeated over ``n`` entries (a view of a cached array, grown by
-    doubling, never written)."""
-    offsets = _SUB_BLOCK_OFFSETS.get(k)
+def _sub_block_offsets(k: int, n: int, dtype: np.dtype) -> np.ndarray:
+    """``0, 1, .., k-1`` repeated over ``n`` entries in the ids' own ``dtype`` (a view of a
+    cached array, grown by doubling, never written). The dtype matters: ids read from a
+    trace's Parquet column are uint64, and uint64 + int64 is float64 in numpy, which the
+    in-place add refuses (and an out-of-place one would turn the ids into floats)."""
+    offsets = _SUB_BLOCK_OFFSETS.get((k, dtype))
     if offsets is None or len(offsets) < n:
         reps = max(-(-n // k), 2 * (len(offsets) // k if offsets is not None else 1024))
-        offsets = _SUB_BLOCK_OFFSETS[k] = np.tile(np.arange(k, dtype=np.int64), reps)
+        offsets = _SUB_BLOCK_OFFSETS[k, dtype] = np.tile(np.arange(k, dtype=dtype), reps)
         offsets.flags.writeable = False
     return offsets[:n]
 
