@@ -155,31 +155,20 @@ class _TrialParts:
         self._storage = {name: getattr(JournalStorage, name) for name in self.STORAGE_CALLS
                          if hasattr(JournalStorage, name)}
 
-        def timed(method):
+        def timed(method, key):
+            """``method``, adding its wall seconds to ``seconds[key]``."""
             def call(*args, **kwargs):
                 t = time.perf_counter()
                 try:
                     return method(*args, **kwargs)
                 finally:
-                    seconds["storage"] += time.perf_counter() - t
+                    seconds[key] += time.perf_counter() - t
             return call
 
         for name, method in self._storage.items():
-            setattr(JournalStorage, name, timed(method))
-
-        def timed_prepare(*args, **kwargs):
-            t = time.perf_counter()
-            try:
-                return prepare(*args, **kwargs)
-            finally:
-                seconds["prepare"] += time.perf_counter() - t
-
-        def timed_summarize(result, *args, **kwargs):
-            t = time.perf_counter()
-            try:
-                return summarize(result, *args, **kwargs)
-            finally:
-                seconds["metrics"] += time.perf_counter() - t
+            setattr(JournalStorage, name, timed(method, "storage"))
+        timed_prepare = timed(prepare, "prepare")
+        timed_summarize = timed(summarize, "metrics")
 
         def timed_evaluate(*args, **kwargs):
             # the replay: the evaluation less its preparation and summary (a replay that
