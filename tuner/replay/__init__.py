@@ -29,7 +29,7 @@ from tuner.replay._disagg import pd_pools, prefill_settings
 from tuner.replay._ideal import IdealHitRate, ideal_hit_rate
 from tuner.replay._kv_requests import InternedRequests, dense_hash_ids
 from tuner.replay._run import (TraceLike, intern_requests, load_requests, prepare,
-                               reblock_request, run)
+                               reblock_request, run, run_prepared)
 from tuner.replay._settings import parse_settings
 
 __all__ = [
@@ -51,4 +51,5 @@ __all__ = [
     "reblock_request",
     "register_backend",
     "run",
+    "run_prepared",
 ]

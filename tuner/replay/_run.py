@@ -240,6 +240,14 @@ def run(trace: TraceLike, settings: SchedulerSettings | None = None, *, backend:
     """
     instance = prepare(trace, settings, backend=backend, target=target, load=load,
                        options=options, hash_block_size=hash_block_size, **backend_options)
+    return run_prepared(instance, progress)
+
+
+def run_prepared(instance: Any,
+                 progress: "Progress | ProgressCallback | None" = None) -> "ReplayResult":
+    """The second half of :func:`run`: run a backend from :func:`prepare`, close it, and
+    return its records with ``async_scheduling`` set. Callers that touch the prepared
+    backend before it runs (``tuner.tune.early_stop.watch``) use the two halves."""
     try:
         if callable(progress):
             result = instance.run(progress)

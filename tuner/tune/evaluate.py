@@ -321,16 +321,15 @@ class ReplayEvaluator:
             extra = {"pd": pd}
         if speculative is not None:
             extra["options"] = SimOptions(speculative=speculative)
-        if stop:  # replay.run's steps, with the twin watched between prepare and run
+        if stop:  # replay.run's two halves, with the twin watched between them
             instance = replay.prepare(requests, settings, backend=self.backend, target=target,
                                       hash_block_size=self.block_size, **extra)
             try:
                 watch(instance, stop, len(requests))
-                result = instance.run(None)
-            finally:
+            except BaseException:
                 instance.close()
-            if result.async_scheduling is None:
-                result.async_scheduling = instance.async_scheduling
+                raise
+            result = replay.run_prepared(instance)
         else:
             result = replay.run(requests, settings, backend=self.backend, target=target,
                                 hash_block_size=self.block_size, **extra)
