@@ -43,7 +43,8 @@ from tuner.progress import Reporter  # noqa: E402
 from tuner.tune import ReplayEvaluator, StudyConfig, load_space, parse_objectives  # noqa: E402
 from tuner.tune.objectives import parse_constraints  # noqa: E402
 from tuner.tune.storage import open_storage  # noqa: E402
-from tuner.tune.study import _create_or_load, _enqueue_start_points, _run_stage1  # noqa: E402
+from tuner.tune.stage1 import run_stage1  # noqa: E402
+from tuner.tune.study import _create_or_load, _enqueue_start_points  # noqa: E402
 
 
 def main() -> None:
@@ -99,7 +100,7 @@ def main() -> None:
             parts = _TrialParts() if workers == 1 else None
             t = time.perf_counter()
             with parts or _nothing():
-                _run_stage1(study, url, config, evaluator, workers, Reporter(None, unit="trials"))
+                run_stage1(study, url, config, evaluator, workers, Reporter(None, unit="trials"))
             walls[workers] = time.perf_counter() - t
             trials = study.get_trials(deepcopy=False)
             done = len(trials)

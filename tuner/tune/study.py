@@ -15,12 +15,16 @@ so a rerun with the same study name resumes where the last run stopped.
 Call order inside :func:`tune`::
 
     open/create study -> fail own dead trials -> enqueue baseline (+ warm start)
-    -> stage 1 (1 process, or N forked workers sharing the storage; remote joiners too)
+    -> stage 1 (1 process, or N forked workers sharing the storage; remote joiners too:
+       tuner.tune.stage1)
     -> survivors -> stage 2 (train window) -> held-out window -> select
+       (tuner.tune.survivors)
     -> robust check (the pick under clock variants, tuner.tune.robust) -> TuneResult
 
-A joiner (:func:`join`, ``tuner tune --join``) only runs stage-1 trials; the process that
-created the study runs stages 2 and 3 (:mod:`tuner.tune.survivors`).
+This module is that order and the study's set-up; what runs a stage lives beside it. A
+joiner (:func:`join`, ``tuner tune --join``) only runs stage-1 trials
+(:func:`tuner.tune.stage1.run_trials`); the process that created the study runs stages 2
+and 3 (:mod:`tuner.tune.survivors`).
 """
 
 from __future__ import annotations
@@ -28,15 +32,13 @@ from __future__ import annotations
 import datetime
 
 import contextlib
-import math
-import multiprocessing
 import os
 import pathlib
 import socket
 import tempfile
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from tuner.errors import ConfigError, StudyNotFound
 from tuner.metrics import parse_slo
@@ -44,30 +46,29 @@ from tuner.processes import cap_workers, pid_alive
 from tuner.progress import Progress, Reporter, check_progress
 from tuner.tune.baseline import baseline_settings
 from tuner.tune.baseline_track import BaselineTrack
-from tuner.tune.deployment_space import (base_deployment_of, deployment_for, evaluate_point,
-                                         join_settings, with_deployment)
+from tuner.tune.deployment_space import base_deployment_of, join_settings, with_deployment
 from tuner.tune.spec_space import spec_gain, with_spec_tokens
 from tuner.tune.kv_tier_space import kv_tier_gain, with_kv_tier
 from tuner.tune.pd_space import check_pd_inputs, parse_disaggregated, with_pd
 from tuner.tune.pd_verdict import pd_verdict
-from tuner.tune.early_stop import ReplayStopped, stop_rules
 from tuner.tune.evaluate import Evaluator, ReplayEvaluator, evaluator_from_spec
 from tuner.tune.inputs import check_window_sizes, fixed_space, input_warnings
-from tuner.tune.objectives import best_so_far, parse_constraints, parse_objectives
+from tuner.tune.objectives import parse_constraints, parse_objectives
 from tuner.tune.options import (DeploymentSearch, SearchOptions, StudyOutput, TuneInputs,
                                 WarmStart)
 from tuner.tune.overload import overload_report
 from tuner.tune.result import TuneResult
 from tuner.tune.robust import robust_check, robust_selection
-from tuner.tune.select import PickRule, Point, pareto_front, rank, select
-from tuner.tune.space import SearchSpace, load_space
+from tuner.tune.select import PickRule, pareto_front, rank, select
+from tuner.tune.space import load_space
+from tuner.tune.stage1 import (finished_trials, run_stage1, run_trials, stage1_points,
+                               stage1_sampler)
 from tuner.tune.storage import default_journal_path, open_storage, quiet_optuna, redact_url
 from tuner.tune.study_records import StudyConfig, StudyRecords, settings_key
 from tuner.tune.survivors import pick_survivors, run_holdout, run_stage2
 
 if TYPE_CHECKING:
     import optuna
-    from optuna.trial import FrozenTrial
 
 # --------------------------------------------------------------------------- public API
 
@@ -168,10 +169,10 @@ def tune(inputs: TuneInputs, search: SearchOptions = SearchOptions(),
                  if workers > 1 and storage_url and evaluator.windows.staged else None)
         with Reporter(check_progress(output.progress), unit="trials") as bar:
             t = time.perf_counter()
-            _run_stage1(study, storage_url, config, evaluator, workers, bar, search.early_stop,
-                        track)
+            run_stage1(study, storage_url, config, evaluator, workers, bar, search.early_stop,
+                       track)
             timings["stage1_s"] = time.perf_counter() - t
-            stage1 = _stage1_points(study)
+            stage1 = stage1_points(study)
             baseline_key = settings_key(join_settings(
                 evaluator.default_settings,
                 base_deployment_of(evaluator) if the_space.has_deployment else None))
@@ -270,13 +271,13 @@ def join(study_name: str, storage: str, n_trials: int | None = None, *, trace: A
                               f"{str(theirs)[:16]} differs from the study's "
                               f"{str(config.evaluator.get('trace_fingerprint'))[:16]}; "
                               "use the same trace file")
-        before = _finished(study)
+        before = finished_trials(study)
         with Reporter(check_progress(progress), unit="trials") as bar:
             bar.stage(f"join {study_name}", config.n_trials, before)
-            _optimize(study, config, evaluator, worker_cap=n_trials,
-                      seed=config.seed + 1000 + os.getpid() % 1000, bar=bar)
+            run_trials(study, config, evaluator, worker_cap=n_trials,
+                       seed=config.seed + 1000 + os.getpid() % 1000, bar=bar)
         study = optuna.load_study(study_name=study_name, storage=storage_obj)
-        after = _finished(study)
+        after = finished_trials(study)
         return {"study": study_name, "trials_run": after - before, "study_trials": after,
                 "n_trials": config.n_trials}
 
@@ -290,24 +291,6 @@ def _check_goodput(objectives: Any, constraints: Sequence[str], slo_ms: dict[str
 
 
 # --------------------------------------------------------------------------- study set-up
-
-
-def _sampler(seed: int, space: SearchSpace | None = None) -> "optuna.samplers.BaseSampler":
-    import optuna
-
-    # TPE is Optuna 5's default multi-objective sampler; it reads trial.constraints itself.
-    # constant_liar keeps parallel workers from proposing the same point. A space with
-    # conditional parameters (the router only for splits with replicas) samples by group,
-    # so the joint model covers each sub-space instead of falling back to independent
-    # draws for every parameter that is not always present.
-    import warnings
-
-    if space is None or not any(p.when for p in space.params):
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
-    with warnings.catch_warnings():  # ``group`` is marked experimental since Optuna 2.8
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
-                                          group=True)
 
 
 def _load(storage: Any, name: str) -> "optuna.Study":
@@ -327,7 +310,7 @@ def _create_or_load(storage: Any, name: str, config: StudyConfig) -> "optuna.Stu
 
     study = optuna.create_study(storage=storage, study_name=name, load_if_exists=True,
                                 directions=[o.direction for o in config.objectives],
-                                sampler=_sampler(config.seed, config.space))
+                                sampler=stage1_sampler(config.seed, config.space))
     stored = StudyRecords.config_attrs(study)
     if stored is None:
         StudyRecords.write_config(study, config.to_attrs())
@@ -411,13 +394,7 @@ def _enqueue_start_points(study: "optuna.Study", config: StudyConfig, evaluator:
     return notes
 
 
-# --------------------------------------------------------------------------- stage 1
-
-
-def _finished(study: "optuna.Study") -> int:
-    from optuna.trial import TrialState
-
-    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+# --------------------------------------------------------------------------- the tally
 
 
 def _counts(study: "optuna.Study") -> dict[str, int]:
@@ -430,172 +407,3 @@ def _counts(study: "optuna.Study") -> dict[str, int]:
             "refused": sum(StudyRecords.refused(t) is not None for t in pruned),
             "stopped": sum(StudyRecords.stopped(t) is not None for t in pruned),
             "failed": sum(t.state == TrialState.FAIL for t in trials)}
-
-
-def _round(value: Any) -> Any:
-    # Optuna's float grid gives 0.35000000000000003; profiles should say 0.35.
-    return round(value, 6) if isinstance(value, float) else value
-
-
-def _make_objective(config: StudyConfig, evaluator: Evaluator, window: str,
-                    early_stop: bool = True) -> Callable[["optuna.Trial"], Sequence[float]]:
-    import optuna
-
-    host, pid = socket.gethostname(), os.getpid()
-    base = evaluator.default_settings
-    base_deployment = base_deployment_of(evaluator)
-    # Replays that prove a latency bound violated stop there (tuner.tune.early_stop); the
-    # baseline (trial 0) always runs whole: reports compare every trial with it.
-    rules = stop_rules(config.constraints) if early_stop else ()
-
-    def objective(trial: "optuna.Trial") -> Sequence[float]:
-        StudyRecords.mark_worker(trial, host, pid)
-        params = {k: _round(v) for k, v in config.space.suggest(trial).items()}
-        try:
-            settings = config.space.settings_for(base, params,
-                                                 max_model_len=evaluator.max_model_len)
-            deployment = deployment_for(config.space, base_deployment, params)
-        except ConfigError as exc:
-            # Refused before anything runs: vLLM itself would reject this combination.
-            StudyRecords.refuse(trial, str(exc))
-            raise optuna.TrialPruned(f"refused: {exc}") from None
-        stop = () if StudyRecords.role(trial) == StudyRecords.BASELINE else rules
-        try:
-            metrics = evaluate_point(evaluator, settings, deployment, window, stop)
-        except ReplayStopped as stopped:
-            # Proven infeasible: never a survivor. PRUNED, with the violation's lower
-            # bound as its constraint value, so TPE ranks it among the infeasible trials.
-            StudyRecords.record_stopped(trial, join_settings(settings, deployment),
-                                        stopped.reason)
-            trial.set_constraint(stopped.rule.constraint, stopped.violation)
-            raise optuna.TrialPruned(f"stopped: {stopped.reason}") from None
-        except ConfigError as exc:
-            if deployment is None:
-                raise
-            # The replay can refuse a deployment it cannot model for this trace (a
-            # session router over a trace without session ids): recorded, not fatal.
-            StudyRecords.refuse(trial, str(exc))
-            raise optuna.TrialPruned(f"refused: {exc}") from None
-        StudyRecords.record_replay(trial, join_settings(settings, deployment), metrics)
-        for con in config.constraints:
-            trial.set_constraint(str(con), con.violation(metrics))
-        values = []
-        for obj in config.objectives:
-            if obj.key not in metrics:
-                raise ConfigError(f"objective {obj.key!r} is not a replay metric; known: "
-                                  f"{', '.join(sorted(metrics))}")
-            v = metrics[obj.key]
-            if v is None or not math.isfinite(float(v)):
-                StudyRecords.refuse(trial, f"{obj.key} is undefined on this window "
-                                           "(no request finished?)")
-                raise optuna.TrialPruned(f"{obj.key} undefined")
-            values.append(float(v))
-        return values
-
-    return objective
-
-
-def _optimize(study: "optuna.Study", config: StudyConfig, evaluator: Evaluator, *,
-              worker_cap: int | None, seed: int, bar: Reporter | None = None,
-              early_stop: bool = True) -> None:
-    """Run stage-1 trials in this process until the study has ``config.n_trials``
-    (COMPLETE + PRUNED, all workers together) or this process ran ``worker_cap``."""
-    import optuna
-
-    study.sampler = _sampler(seed, config.space)
-    window = "stage1" if evaluator.windows.staged else "train"
-    objective = _make_objective(config, evaluator, window, early_stop)
-    ran = 0
-
-    def stop_when_done(st: "optuna.Study", _trial: "FrozenTrial") -> None:
-        nonlocal ran
-        ran += 1
-        trials = st.get_trials(deepcopy=False)
-        done = sum(t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-                   for t in trials)
-        # Trials other workers are running count too, or each worker starts one more once
-        # the last ones are under way (--workers 500 --trials 2 ran about 27).
-        running = sum(t.state == optuna.trial.TrialState.RUNNING for t in trials)
-        if bar is not None:
-            bar.update(min(done, config.n_trials), best_so_far(trials, config.objectives))
-        if (done + running >= config.n_trials
-                or (worker_cap is not None and ran >= worker_cap)):
-            st.stop()
-
-    if _finished(study) >= config.n_trials or worker_cap == 0:
-        return
-    study.optimize(objective, callbacks=[stop_when_done], gc_after_trial=False)
-
-
-def _worker_main(storage_url: str, study_name: str, config: StudyConfig, evaluator: Evaluator,
-                 seed: int, early_stop: bool = True,
-                 first: Callable[[], None] | None = None) -> None:
-    """Entry of a forked stage-1 worker: its own storage connection, its own sampler;
-    ``first`` (the baseline track) runs before its trials."""
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if first is not None:
-        first()
-    study = optuna.load_study(study_name=study_name, storage=open_storage(storage_url))
-    _optimize(study, config, evaluator, worker_cap=None, seed=seed, early_stop=early_stop)
-
-
-def _run_stage1(study: "optuna.Study", storage_url: str | None, config: StudyConfig,
-                evaluator: Evaluator, workers: int, bar: Reporter,
-                early_stop: bool = True, track: BaselineTrack | None = None) -> None:
-    """Stage 1 in this process or ``workers`` forked ones; the last of those runs
-    ``track`` (the baseline's replays, :mod:`tuner.tune.baseline_track`) first."""
-    label = "stage 1" if evaluator.windows.staged else "search"
-    bar.stage(label, config.n_trials, min(_finished(study), config.n_trials))
-    if workers == 1 or storage_url is None:
-        _optimize(study, config, evaluator, worker_cap=None, seed=config.seed, bar=bar,
-                  early_stop=early_stop)
-        return
-    # Fork, not spawn: the evaluator (trace slices already in memory) is inherited, and the
-    # parent's storage handle is never used by a child (each opens its own).
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_worker_main, name=f"tuner-worker-{i}",
-                         args=(storage_url, study.study_name, config, evaluator, config.seed + i,
-                               early_stop, track.run if track and i == workers - 1 else None))
-             for i in range(workers)]
-    for proc in procs:
-        proc.start()
-    try:
-        while any(p.is_alive() for p in procs):
-            time.sleep(0.5)
-            if track is not None:
-                track.poll()
-            trials = study.get_trials(deepcopy=False)
-            bar.update(min(_finished(study), config.n_trials), best_so_far(trials, config.objectives))
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.terminate()
-            proc.join()
-    failed = [p.name for p in procs if p.exitcode not in (0, None)]
-    if failed:
-        raise ConfigError(f"stage-1 worker(s) {', '.join(failed)} failed (exit code "
-                          f"{[p.exitcode for p in procs]}); rerun with --workers 1 to see the error")
-    bar.update(min(_finished(study), config.n_trials),
-               best_so_far(study.get_trials(deepcopy=False), config.objectives))
-
-
-def _stage1_points(study: "optuna.Study") -> list[Point]:
-    from optuna.trial import TrialState
-
-    points: dict[str, Point] = {}
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        settings = StudyRecords.settings(t)
-        if settings is None:
-            continue
-        key = settings_key(settings)
-        if key in points:  # the same point sampled twice: keep the first
-            continue
-        points[key] = Point(number=t.number, params={k: _round(v) for k, v in t.params.items()},
-                            settings=settings,
-                            metrics=StudyRecords.metrics(t),
-                            feasible=all(v <= 0 for v in t.constraints.values()),
-                            is_baseline=StudyRecords.role(t) == StudyRecords.BASELINE,
-                            extra={"role": StudyRecords.role(t)})
-    return list(points.values())
