@@ -121,6 +121,17 @@ class TwinEngine:
         self.block_size = block_size
         self.check = options.check_invariants
         self.table = table
+        #: The record hook: called with a request's trace position right after its
+        #: outcome is written to ``table`` (finished, rejected at arrival, or unfinished
+        #: when the replay ends), while a finishing request is still in ``live``. Why
+        #: here: every step path (plain, decode group, async, speculative) hands its
+        #: finished requests to :meth:`update`, which records them with :meth:`_record`,
+        #: so no path can skip it. An observer reads the row from ``table`` and may raise
+        #: to end the replay (``tuner.tune.early_stop``). None: not called; a replay
+        #: without it pays one ``is None`` test per recorded request, none per step. (The
+        #: P/D decode pool writes its own rows and does not call it: nothing watches a
+        #: P/D replay.)
+        self.on_record: Callable[[int], None] | None = None
         self.live: dict[int, SimRequest] = {}  # trace position -> live request
         self.num_rejected = 0
         self.num_finished = 0
@@ -160,6 +171,8 @@ class TwinEngine:
 
     def reject_request(self, index: int, source: Any, arrival_s: float) -> None:
         self.table.record(index, "rejected", arrival_s)
+        if self.on_record is not None:
+            self.on_record(index)
         self.num_rejected += 1
 
     def has_requests(self) -> bool:
@@ -174,6 +187,8 @@ class TwinEngine:
             first_scheduled_s=request.first_scheduled_s, first_token_s=request.first_token_s,
             finish_s=request.finish_s, num_cached_tokens=max(0, request.num_cached_tokens),
             num_preemptions=request.num_preemptions)
+        if self.on_record is not None:
+            self.on_record(request.index)
 
     def finish(self) -> None:
         """The replay ended: record the requests still live as unfinished."""

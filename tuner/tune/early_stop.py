@@ -28,12 +28,16 @@ percentile of the finished requests' latencies, the live requests' latencies so 
 the agentic hour that bound is within 0.1 % of the full replay's value for points just
 over the bound and a quarter to a sixth of it for points far over (docs/tuning.md).
 
-What this module reads of the twin (``tuner.sim.engine.Simulator``): ``engine.table``
-(a :class:`~tuner.records.RequestTable`, replaced by a subclass that counts as outcomes
-are recorded; a row's ``arrival_s`` is NaN until its outcome is), ``engine.live`` (index
--> live request with ``index``, ``arrival_s``, ``first_token_s``) and ``loop.now_s``. A backend without them (a fleet, P/D, vLLM's
-core) replays to the end. ``tests/tune/test_early_stop.py`` fails when the twin stops
-writing outcomes this way.
+How it hears of outcomes: it registers an observer on the twin engine's record hook
+(``TwinEngine.on_record``, ``tuner.sim.engine``), which the engine calls with each
+request's trace position once its row is written, on every step path (the decode-group
+fast path included). What it reads of the twin (``tuner.sim.engine.Simulator``), and
+never changes: ``engine.table`` (a :class:`~tuner.records.RequestTable`; a row's
+``arrival_s`` is NaN until its outcome is written), ``engine.live`` (index -> live
+request with ``index``, ``arrival_s``, ``first_token_s``) and ``loop.now_s``. A backend
+without them (a fleet, P/D, vLLM's core) replays to the end.
+``tests/tune/test_early_stop.py`` fails when the hook is not called, and
+``tests/sim/test_record_hook.py`` checks that every path calls it once per request.
 """
 
 from __future__ import annotations
@@ -108,18 +112,28 @@ class ReplayStopped(Exception):
                 f"{r.metric}_p{r.q:g} >= {self.lower_bound:,.3f} s")
 
 
-class _StoppingTable(RequestTable):
-    """The twin's request table, counting latencies over the rules' bounds as outcomes
-    are written (:meth:`record`); shares every column with the table it replaces."""
+class _StopWatch:
+    """The observer on the twin engine's record hook: counts latencies over the rules'
+    bounds as outcomes are written, and raises :class:`ReplayStopped` at the count that
+    proves one violated. Reads the row the engine has just written to its table."""
 
-    __slots__ = ("_rules", "_needed", "_late", "_n", "_sim", "_finished")
+    __slots__ = ("_rules", "_needed", "_late", "_n", "_sim", "_table", "_finished")
 
-    def record(self, index: int, status: Any, arrival_s: float, **outcome: Any) -> None:
-        RequestTable.record(self, index, status, arrival_s, **outcome)
+    def __init__(self, sim: Any, rules: Sequence[StopRule], n_requests: int) -> None:
+        self._rules = tuple(rules)
+        self._needed = [rule.needed(n_requests) for rule in rules]
+        self._late = [0] * len(rules)
+        self._n = n_requests
+        self._sim = sim
+        self._table: RequestTable = sim.engine.table
+        self._finished = 0
+
+    def __call__(self, index: int) -> None:
+        table = self._table
         self._finished += 1
+        arrival_s = table.arrival_s[index]
         for i, rule in enumerate(self._rules):
-            end = outcome.get("first_token_s" if rule.metric == "ttft" else "finish_s",
-                              math.nan)
+            end = (table.first_token_s if rule.metric == "ttft" else table.finish_s)[index]
             if end - arrival_s > rule.bound:  # NaN (no token, rejected) compares False
                 self._late[i] += 1
                 if self._late[i] >= self._needed[i]:
@@ -128,8 +142,8 @@ class _StoppingTable(RequestTable):
     def _stopped(self, i: int) -> ReplayStopped:
         rule = self._rules[i]
         now = float(self._sim.loop.now_s)
-        return ReplayStopped(rule, _lower_bound(self, rule, self._sim.engine.live.values(),
-                                                now, self._n),
+        return ReplayStopped(rule, _lower_bound(self._table, rule,
+                                                self._sim.engine.live.values(), now, self._n),
                              self._late[i], self._n, self._finished, now)
 
 
@@ -158,25 +172,17 @@ def _lower_bound(table: RequestTable, rule: StopRule, live: Any, now: float, n: 
 def watch(backend: Any, rules: Sequence[StopRule], n_requests: int) -> bool:
     """Make ``backend``'s prepared twin raise :class:`ReplayStopped` during ``run()`` as
     soon as one of ``rules`` is proven violated over its ``n_requests`` requests. False
-    (nothing changed) when the backend is not a one-engine twin this module can watch."""
+    (nothing changed) when the backend is not a one-engine twin this module can watch,
+    or its record hook is taken already."""
     if not rules or n_requests < 1:
         return False
     sim = getattr(backend, "simulator", None) if getattr(backend, "name", "") == "sim" else None
     engine, loop = getattr(sim, "engine", None), getattr(sim, "loop", None)
-    table = getattr(engine, "table", None)
-    if type(table) is not RequestTable or not hasattr(engine, "live") \
-            or not hasattr(loop, "now_s"):
+    if (getattr(engine, "on_record", True) is not None
+            or not isinstance(getattr(engine, "table", None), RequestTable)
+            or not hasattr(engine, "live") or not hasattr(loop, "now_s")):
         return False
-    watched = _StoppingTable.__new__(_StoppingTable)
-    for name in RequestTable.__slots__:
-        setattr(watched, name, getattr(table, name))
-    watched._rules = tuple(rules)
-    watched._needed = [rule.needed(n_requests) for rule in rules]
-    watched._late = [0] * len(rules)
-    watched._n = n_requests
-    watched._sim = sim
-    watched._finished = 0
-    engine.table = watched
+    engine.on_record = _StopWatch(sim, rules, n_requests)
     return True
 
 
