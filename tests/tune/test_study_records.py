@@ -35,6 +35,11 @@ def test_stage2_point_and_holdout_round_trip() -> None:
     assert back.is_baseline and back.feasible
     assert back.holdout == {"output_throughput_per_gpu": 3.1}
     assert StudyRecords.is_stage2_name("s.full") and not StudyRecords.is_stage2_name("s")
+    # the stored-result lookup stage 2 and the baseline track share: COMPLETE trials only
+    again.add_trial(optuna.trial.create_trial(
+        state=TrialState.FAIL, user_attrs=StudyRecords.stage2_attrs(
+            Point(number=8, params={}, settings={"max_num_seqs": 32}, metrics={}))))
+    assert StudyRecords.stage2_trials(again) == {settings_key(p.settings): trial}
 
 
 def test_fail_trial_uses_public_api_on_another_process_trial() -> None:

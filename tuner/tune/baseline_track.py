@@ -14,7 +14,10 @@ What changes: nothing the study decides. The replays are the same calls
 (``evaluate_point`` on ``train`` and ``holdout``, :func:`overload_report` on their
 metrics), stored where stage 2 and the held-out check look for them first (the stage-2
 trial keyed by the baseline's settings, the ``holdout:<key>`` attr: what a resumed run
-reuses), so those stages skip them; the overload report comes back over a pipe.
+reuses), so those stages skip them; the overload report comes back over a pipe. The
+track looks them up as those stages do (``StudyRecords.stage2_trials``; the held-out
+replay is :func:`~tuner.tune.survivors.run_holdout` itself), so both always agree on
+what is stored.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from tuner.tune.evaluate import Evaluator
 from tuner.tune.overload import OverloadReport, overload_report
 from tuner.tune.storage import open_storage
 from tuner.tune.study_records import StudyConfig, StudyRecords, settings_key
-from tuner.tune.survivors import baseline_point, open_stage2, record_stage2
+from tuner.tune.survivors import baseline_point, open_stage2, record_stage2, run_holdout
 
 
 @dataclass
@@ -60,19 +63,14 @@ class BaselineTrack:
         base = baseline_point(config, evaluator, number)
         key = settings_key(base.settings)
         study2 = open_stage2(storage, self.study_name, config)
-        stored = {StudyRecords.stage2_key(t): t for t in study2.get_trials(
-            deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))}
-        scheduler, deployment = split_settings(base.settings)
-        if key in stored:
-            base.metrics = StudyRecords.metrics(stored[key])
+        stored = StudyRecords.stage2_trials(study2).get(key)
+        if stored is not None:
+            base.metrics = StudyRecords.metrics(stored)
         else:
+            scheduler, deployment = split_settings(base.settings)
             base.metrics = evaluate_point(evaluator, scheduler, deployment, "train")
             record_stage2(study2, config, base)
-        if evaluator.windows.has_holdout:
-            base.holdout = StudyRecords.holdouts(study2).get(key)
-            if base.holdout is None:
-                base.holdout = evaluate_point(evaluator, scheduler, deployment, "holdout")
-                StudyRecords.write_holdout(study2, base.settings, base.holdout)
+        run_holdout(storage, self.study_name, evaluator, [base], workers=1)
         self._writer.send(overload_report(evaluator, base, evaluator.default_settings))
 
     def poll(self) -> None:

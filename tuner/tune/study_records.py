@@ -206,6 +206,15 @@ class StudyRecords:
         return a[cls.KEY] if cls.KEY in a else settings_key(a.get(cls.SETTINGS, {}))
 
     @classmethod
+    def stage2_trials(cls, study2: "optuna.Study") -> dict[str, "FrozenTrial"]:
+        """settings_key -> the COMPLETE stage-2 trial: every training-window replay
+        stored so far (what stage 2 and the baseline track look up before replaying)."""
+        from optuna.trial import TrialState
+
+        return {cls.stage2_key(t): t
+                for t in study2.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+
+    @classmethod
     def stage2_point(cls, trial: "FrozenTrial",
                      holdouts: dict[str, dict[str, Any]] | None = None) -> Point:
         """The :class:`Point` a stage-2 trial records (feasible from its constraints)."""

@@ -122,11 +122,8 @@ def run_stage2(storage: Any, study_name: str, config: StudyConfig, evaluator: Ev
     so a resumed run replays only what is missing. Without staging, stage-1 metrics are
     already on the training window and are reused.
     """
-    from optuna.trial import TrialState
-
     study2 = open_stage2(storage, study_name, config)
-    done = {StudyRecords.stage2_key(t): t
-            for t in study2.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+    done = StudyRecords.stage2_trials(study2)
     by_key = {settings_key(p.settings): p for p in stage1}
     base = baseline_point(config, evaluator)
     base_stage1 = by_key.get(settings_key(base.settings))
