@@ -96,11 +96,11 @@ class StepTimeModel(ABC):
 
 def add_full_attention(t: float, batch: StepBatch, ndr: int, npt: int, kv_tok: float,
                        occ: float, attn_d: float, attn_p: float, attn_p_tok: float = 0.0,
-                       attn_p_key: float = 0.0, attn_p_tail: float = 0.0) -> float:
+                       tail_s: float = 0.0) -> float:
     """``t`` plus the full-attention layers' time: decode (KV read, at least the occupancy
     floor, against compute) and prefill (KV read against causal query-key pairs, plus
-    ``attn_p_tok`` per query token and ``attn_p_key`` per key of the longest prompt with
-    ``attn_p_tail`` for its last tile: tuner/perf/prefill_attention.py).
+    ``attn_p_tok`` per query token and ``tail_s``, the longest prompt's last tile:
+    tuner/perf/prefill_attention.py).
 
     It adds to ``t`` in the same order as an inlined sum, so results are bit-identical.
     """
@@ -113,11 +113,7 @@ def add_full_attention(t: float, batch: StepBatch, ndr: int, npt: int, kv_tok: f
         t += mem if mem > cmp else cmp
     if npt:
         mem = kv_tok * (batch.prefill_ctx_tokens + npt)
-        pairs = batch.prefill_attn_pairs
-        cmp = attn_p * pairs + attn_p_tok * npt
-        if attn_p_key:  # the longest prompt's last tile: pairs / npt + npt / (2 npr) keys
-            cmp += attn_p_key * (pairs / npt + 0.5 * npt / (batch.num_prefill_reqs or 1))
-            cmp += attn_p_tail
+        cmp = attn_p * batch.prefill_attn_pairs + attn_p_tok * npt + tail_s
         t += mem if mem > cmp else cmp
     return t
 
@@ -240,7 +236,8 @@ class RooflineStepTimeModel(StepTimeModel):
             one[0], one[1], one[2], dense if len(dense) > 1 else (),
             *self._lm, self._moe, self._e_mem, self._e_tok, self._e_half, self._num_experts,
             self._expert_q, self._kv_tok, self._occ_floor, self._attn_d, self._attn_p,
-            self._attn_p_tok, self._attn_p_key, self._attn_p_tail, self._sliding,
+            self._attn_p_tok, self._attn_p_key, self._attn_p_tail,
+            bool(self._attn_p_key or (self._sliding and self._slide_p_key)), self._sliding,
             self._ar_lib_tokens, self._ar_lib_extra, self._ar_lib_tok, self._linear)
 
     def step_time_s(self, batch: StepBatch) -> float:
@@ -251,9 +248,10 @@ class RooflineStepTimeModel(StepTimeModel):
             return 0.0  # vLLM does not run the model for an empty schedule
         (mixed, decode, per_req, per_tok, d_mem, d_tok, d_zero, more, lm_mem, lm_tok, lm_zero,
          moe, e_mem, e_tok, e_half, num_experts, expert_q, kv_tok, occ, attn_d, attn_p,
-         attn_p_tok, attn_p_key, attn_p_tail, sliding, lib_tokens, lib_extra, lib_tok,
+         attn_p_tok, attn_p_key, attn_p_tail, tail_on, sliding, lib_tokens, lib_extra, lib_tok,
          linear) = self._k
-        reqs = batch.num_prefill_reqs + ndr
+        npr = batch.num_prefill_reqs
+        reqs = npr + ndr
         t = (mixed if npt else decode) + per_req * reqs + per_tok * tokens
         cmp = d_tok * tokens + d_zero
         t += d_mem if d_mem > cmp else cmp
@@ -268,17 +266,22 @@ class RooflineStepTimeModel(StepTimeModel):
             cmp = e_tok * tokens + e_half * touched
             t += mem if mem > cmp else cmp
         # attention: decode part (KV read vs occupancy floor vs compute), prefill part
+        # the longest prompt's keys (pairs / npt + npt / (2 npr)): its last tile's tail
+        keys = tail = 0.0
+        if npt and tail_on:
+            keys = batch.prefill_attn_pairs / npt + 0.5 * npt / (npr or 1)
+            tail = attn_p_key * keys + attn_p_tail
         t = add_full_attention(t, batch, ndr, npt, kv_tok, occ, attn_d, attn_p, attn_p_tok,
-                               attn_p_key, attn_p_tail)
+                               tail)
         if sliding:
-            t += self._sliding_s(batch)
+            t += self._sliding_s(batch, keys)
         if linear:
             t += linear_attention_s(linear, batch)
         if tokens > lib_tokens:
             t += lib_extra + lib_tok * tokens
         return t
 
-    def _sliding_s(self, batch: StepBatch) -> float:
+    def _sliding_s(self, batch: StepBatch, keys: float = 0.0) -> float:
         """Sliding-window layers: each query sees at most ``window`` keys (conditional
         expressions instead of ``min``: a builtin call costs ~60 ns here)."""
         w = self._window
@@ -289,13 +292,12 @@ class RooflineStepTimeModel(StepTimeModel):
         sp = batch.prefill_ctx_tokens
         if sp > npr * w:
             sp = npr * w
-        pairs = pp = batch.prefill_attn_pairs
+        pp = batch.prefill_attn_pairs
         if pp > npt * w:
             pp = npt * w
         mem = self._kv_slide_tok * (sd + sp + npt)
         cmp = self._slide_p * pp + self._slide_p_tok * npt + self._slide_d * sd
-        if npt and self._slide_p_key:  # the longest prompt's last tile sees <= window keys
-            keys = pairs / npt + 0.5 * npt / (npr or 1)
+        if keys:  # the longest prompt's last tile sees at most the window's keys
             cmp += self._slide_p_key * (keys if keys < w else w) + self._slide_p_tail
         return mem if mem > cmp else cmp
 
