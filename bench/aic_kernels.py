@@ -13,8 +13,9 @@ model (how time grows with M, context, message size), kernel by kernel.
 Formulas (docs/step-time-model.md §1), per kernel:
 
 * GEMM:   t0 + max(N K b / (eta_mem BW), 2 N K (M + m_half) / (eta_compute P))
-* context attention: floor + max(KV bytes / (kv_eff BW),
-  4 H d (pairs + half_tokens x tokens) / (prefill_eff P))
+* context attention: floor + KV write + max(KV read / (kv_eff BW), compute), compute =
+  4 H d [pairs + (half + kv / g) tokens] / (eff(d) P) + the longest prompt's last tile
+  (tuner/perf/prefill_attention.py, the formula the step-time model folds)
 * generation attention: floor + max(KV bytes / (kv_eff BW), occupancy floor,
   4 H d ctx / (decode_eff P))
 * all-reduce: latency + 2(p-1)/p (bytes + half) / (eff link)
@@ -51,6 +52,7 @@ from tuner.perf.dtypes import FORMAT_BYTES  # noqa: E402
 from tuner.perf.fit.published import default_coefficients  # noqa: E402
 from tuner.perf.hardware import load_hardware  # noqa: E402
 from tuner.perf.models import aic_model_dir  # noqa: E402
+from tuner.perf.prefill_attention import prefill_attention_s  # noqa: E402
 
 SYSTEMS = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm"}
 GEMM_FORMAT = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8b", "nvfp4": "fp4",
@@ -125,11 +127,8 @@ def attention(system: Path, hw, c) -> list[str]:  # type: ignore[no-untyped-def]
         bw = c.kv_bw_eff * hw.hbm_bandwidth
         if kind == "context":
             ctx = step  # tokens already cached before the chunk
-            pairs = b * s * (ctx + (s + 1) / 2)
-            mem = b * (ctx + 2 * s) * per_tok / bw
-            cmp = 4 * h * hd * (pairs + c.attn_prefill_half_tokens * b * s) / (
-                c.attn_prefill_eff * peak)
-            pred = c.attn_floor_s + np.maximum(mem, cmp)
+            pred = prefill_attention_s(c, hw, h, kvh, hd, per_tok, b, b * s,
+                                       b * s * (ctx + (s + 1) / 2), ctx, np.maximum)
         else:
             ctx = step + s
             mem = np.maximum(b * ctx * per_tok / bw,
@@ -139,7 +138,11 @@ def attention(system: Path, hw, c) -> list[str]:  # type: ignore[no-untyped-def]
         meas = d["latency"].to_numpy()
         out.append(f"  {kind:10s} attention       {_stats(pred * 1e3, meas)}")
         if kind == "context":  # GQA serving head dims apart from MLA-like 192/512
-            for label, sel in (("hd<=128", hd <= 128), ("s<1k", s < 1024), ("s>=1k", s >= 1024)):
+            g = h / kvh
+            for label, sel in (("hd<=128", hd <= 128), ("hd 192/256", (hd > 128) & (hd <= 256)),
+                               ("hd 512", hd == 512), ("s<1k", s < 1024), ("s>=1k", s >= 1024),
+                               ("MHA g=1", g == 1), ("GQA g>=4", g >= 4),
+                               ("serving", (hd <= 128) & (h >= 4) & (s >= 128))):
                 out.append(f"  {kind:10s} {label:10s}      {_stats(pred[sel] * 1e3, meas[sel])}")
         if kind == "generation":
             for label, sel in (("ctx<2k", ctx < 2048), ("ctx>=2k", ctx >= 2048)):
@@ -463,15 +466,23 @@ def fit_block_fp8(d, hw, t0_s: float) -> dict:  # type: ignore[no-untyped-def]
     return out
 
 
+#: The prefill-attention shape coefficients ``--fit-priors`` fits (tuner/perf/prefill_attention.py).
+CONTEXT_PARAMS = ("attn_prefill_eff", "attn_prefill_half_tokens", "attn_prefill_kv_tokens",
+                  "attn_prefill_tail_rows", "attn_softmax_head_dim")
+
+
 def fit_context_attention(system: Path, hw) -> dict:  # type: ignore[no-untyped-def]
-    """``attn_prefill_eff`` and ``attn_prefill_half_tokens`` fitted to the measured context
-    (prefill) attention, the kernel floor and KV bandwidth held at the preset's priors:
-    ``floor + max(KV / (kv_eff BW), 4 H d (pairs + half x tokens) / (eff P))``."""
+    """The prefill-attention shape (``CONTEXT_PARAMS``) fitted to the measured context
+    attention of the serving head dims (64 and 128; no window), the kernel floor and KV
+    bandwidth held at the preset's priors (they are decode's too): the formula of
+    tuner/perf/prefill_attention.py, exactly as a replay prices it."""
+    import dataclasses
+
     import polars as pl
 
     from tuner.perf.fit.least_squares import Param, fit_params
 
-    c = default_coefficients(hw)
+    c = hw.coefficients
     d = _table(system, "attention", "context_attention_perf.parquet")
     d = d.filter((pl.col("window_size") == 0) & (pl.col("head_dim") <= 128)).group_by(
         ["batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim",
@@ -480,16 +491,18 @@ def fit_context_attention(system: Path, hw) -> dict:  # type: ignore[no-untyped-
         "batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "step"))
     kvb = np.where(d["kv_cache_dtype"].to_numpy() == "fp8", 1.0, 2.0)
     y = d["latency"].to_numpy() * 1e-3
-    mem = b * (ctx + 2 * s) * 2 * kvh * hd * kvb / (c.kv_bw_eff * hw.hbm_bandwidth)
     pairs = b * s * (ctx + (s + 1) / 2)
 
     def res(v: dict) -> np.ndarray:
-        cmp = 4 * h * hd * (pairs + v["attn_prefill_half_tokens"] * b * s) / (
-            v["attn_prefill_eff"] * hw.peak("bf16"))
-        return np.log((c.attn_floor_s + np.maximum(mem, cmp)) / y)
+        cv = dataclasses.replace(c, **v)
+        return np.log(prefill_attention_s(cv, hw, h, kvh, hd, 2 * kvh * hd * kvb, b, b * s,
+                                          pairs, ctx, np.maximum) / y)
 
-    r = fit_params(res, [Param("attn_prefill_eff", 0.02, 1.0, 0.5, np.inf),
-                         Param("attn_prefill_half_tokens", 1.0, 8192.0, 256.0, np.inf)])
+    r = fit_params(res, [Param("attn_prefill_eff", 0.02, 1.0, 0.6, np.inf),
+                         Param("attn_prefill_half_tokens", 1.0, 8192.0, 256.0, np.inf),
+                         Param("attn_prefill_kv_tokens", 1.0, 8192.0, 256.0, np.inf),
+                         Param("attn_prefill_tail_rows", 1.0, 1024.0, 64.0, np.inf),
+                         Param("attn_softmax_head_dim", 1.0, 1024.0, 50.0, np.inf)])
     out = {k: float(f"{v:.3g}") for k, v in r.values.items()}
     out["context_attention_median_abs_err_pct"] = float(
         f"{100 * np.median(np.abs(np.expm1(r.residuals))):.3g}")

@@ -121,3 +121,68 @@ def test_measured_priors_are_held_tighter_by_the_serving_fit():
     assert prior_sigma("allreduce_bw_eff", H200) == MEASURED_SIGMA
     assert prior_sigma("gemm.int4.eta_compute", H200) == SIGMA["eta_compute"]
     assert prior_sigma("gemm.bf16.eta_compute", MI300X) == SIGMA["eta_compute"]
+
+
+def _attention(hw, model, tp, c, batch):  # type: ignore[no-untyped-def]
+    return RooflineStepTimeModel(hw, model, tp, c).breakdown(batch)["attention"]
+
+
+def test_prefill_attention_depends_on_the_gqa_ratio_head_dim_and_tail():
+    """The prefill-attention shape (tuner/perf/prefill_attention.py): a per-token cost per
+    KV head that pack-GQA shares among the g query heads of a KV head, an efficiency that
+    falls with the head dim's softmax share, and the longest prompt's last tile. Each
+    check fails if its term is dropped."""
+    c = H200.coefficients
+    assert min(c.attn_prefill_kv_tokens, c.attn_prefill_tail_rows, c.attn_softmax_head_dim) > 0
+    off = dataclasses.replace(c, attn_prefill_kv_tokens=0.0)
+    gqa = L70  # 64 query heads, 8 KV heads: g = 8 at TP1
+    mha = dataclasses.replace(L70, num_kv_heads=64)
+    one = prefill(2048)
+    # the KV-head term: MHA pays kv_tokens per token per head, GQA an eighth of it
+    added = {name: _attention(H200, m, 1, c, one) - _attention(H200, m, 1, off, one)
+             for name, m in (("gqa", gqa), ("mha", mha))}
+    assert added["mha"] == pytest.approx(8 * added["gqa"], rel=1e-6)
+    assert added["gqa"] > 0
+    # the head dim: the same FLOPs at head dim 64 take (64 + d_sm)/64 x 128/(128 + d_sm) longer
+    d_sm = c.attn_softmax_head_dim
+    flat = dataclasses.replace(c, attn_softmax_head_dim=0.0, attn_prefill_half_tokens=0.0,
+                               attn_prefill_kv_tokens=0.0, attn_prefill_tail_rows=0.0)
+    soft = dataclasses.replace(flat, attn_softmax_head_dim=d_sm)
+    hd64 = dataclasses.replace(L70, head_dim=64, num_attention_heads=128)  # same 4 H d
+    big = prefill(32768)
+    ratio = _attention(H200, hd64, 1, soft, big) / _attention(H200, hd64, 1, flat, big)
+    assert ratio == pytest.approx((64 + d_sm) / 64 * 128 / (128 + d_sm), rel=0.01)
+    assert _attention(H200, L70, 1, soft, big) == pytest.approx(  # head dim 128: unchanged
+        _attention(H200, L70, 1, flat, big), rel=1e-12)
+    # the tail: one 4k prompt costs more than an eighth of eight of them
+    lone = _attention(H200, L70, 8, c, prefill(4096))
+    eight = _attention(H200, L70, 8, c, StepBatch.from_requests([(0, 4096)] * 8))
+    assert lone > 1.05 * eight / 8
+    no_tail = dataclasses.replace(c, attn_prefill_tail_rows=0.0)
+    assert _attention(H200, L70, 8, no_tail, prefill(4096)) == pytest.approx(
+        _attention(H200, L70, 8, no_tail, StepBatch.from_requests([(0, 4096)] * 8)) / 8,
+        rel=0.02)
+    # AMD: no per-shape measurement, every shape term stays off (priced as before)
+    m = MI300X.coefficients
+    assert (m.attn_prefill_kv_tokens, m.attn_prefill_tail_rows, m.attn_softmax_head_dim) == (
+        0.0, 0.0, 0.0)
+
+
+def test_the_kernel_bench_prices_context_attention_as_the_replay_does():
+    """bench/aic_kernels.py checks tuner/perf/prefill_attention.prefill_attention_s against
+    the measured tables; the replay folds the same formula into constants. One layer of a
+    prefill-only step must agree (attention floors sit in the step's launch term)."""
+    import numpy as np
+
+    from tuner.perf.prefill_attention import prefill_attention_s
+
+    c = H200.coefficients
+    for tp, reqs, tokens in ((1, 1, 3000), (8, 4, 1024), (2, 16, 128)):
+        batch = StepBatch.from_requests([(0, tokens)] * reqs)
+        heads, kvh = L70.num_attention_heads / tp, max(1, L70.num_kv_heads // tp)
+        one_layer = prefill_attention_s(
+            c, H200, np.array([heads]), np.array([kvh]), np.array([128.0]),
+            2 * kvh * 128 * 2.0, reqs, reqs * tokens, batch.prefill_attn_pairs, 0.0,
+            np.maximum)[0] - c.attn_floor_s
+        assert _attention(H200, L70, tp, c, batch) == pytest.approx(
+            one_layer * L70.num_layers, rel=1e-9)

