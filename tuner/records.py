@@ -329,17 +329,60 @@ class RequestTable(_ListStandIn[RequestResult]):
 
 class GapSamples(_ListStandIn[tuple[float, int]]):
     """Pooled inter-token gaps ``(gap_s, count)`` as two columns (16 bytes a pair, not
-    ~120 for a tuple of a float and an int): a day's replay appends one or two per step."""
+    ~120 for a tuple of a float and an int): a day's replay appends one or two per step.
 
-    __slots__ = ("gap_s", "count")
+    Why :meth:`compact`: appended as they come, a 24-hour replay's pairs are ~9 million
+    (140 MB, the largest thing a long replay grew; docs/performance.md), yet the twin's
+    step times repeat: an hour of chat traffic had 366k pairs over only 13k distinct
+    gaps. The metrics read the pool as a multiset (a token-weighted percentile,
+    ``tuner.metrics.percentiles``), so pairs with the same gap can be summed without
+    changing any figure. A producer calls :meth:`maybe_compact` once per step: past
+    ``COMPACT_PAIRS`` pairs the pool is sorted by gap and equal gaps merged, and the next
+    compaction waits until the pool has doubled again. Below the threshold (every test
+    replay, every golden digest) the pairs stay in step order, exactly as appended.
+    """
+
+    __slots__ = ("gap_s", "count", "compact_at")
+
+    #: Pairs held before the first compaction (16 MB).
+    COMPACT_PAIRS = 1 << 20
 
     def __init__(self) -> None:
         self.gap_s = array("d")
         self.count = array("q")
+        self.compact_at = self.COMPACT_PAIRS
 
     def append(self, pair: tuple[float, int]) -> None:
         self.gap_s.append(pair[0])
         self.count.append(pair[1])
+
+    def maybe_compact(self) -> None:
+        """:meth:`compact` once the pool holds ``compact_at`` pairs (one length check)."""
+        if len(self.gap_s) >= self.compact_at:
+            self.compact()
+
+    def compact(self) -> None:
+        """Sort the pairs by gap and merge equal gaps (counts summed): the same multiset of
+        gaps per token, in ascending gap order. Pairs with count <= 0 carry no token and
+        are dropped (the percentiles ignore them)."""
+        import numpy as np  # the records module stays importable without numpy loaded
+
+        gaps = np.frombuffer(self.gap_s, dtype=np.float64) if len(self.gap_s) else np.zeros(0)
+        counts = (np.frombuffer(self.count, dtype=np.int64) if len(self.count)
+                  else np.zeros(0, dtype=np.int64))
+        keep = counts > 0
+        gaps, counts = gaps[keep], counts[keep]
+        order = np.argsort(gaps, kind="stable")
+        gaps, counts = gaps[order], counts[order]
+        starts = np.flatnonzero(np.r_[True, gaps[1:] != gaps[:-1]]) if len(gaps) else order
+        values = gaps[starts]
+        sums = (np.add.reduceat(counts, starts) if len(gaps)
+                else np.zeros(0, dtype=np.int64))
+        gap_s, count = array("d"), array("q")
+        gap_s.frombytes(values.tobytes())
+        count.frombytes(sums.tobytes())
+        self.gap_s, self.count = gap_s, count
+        self.compact_at = max(self.COMPACT_PAIRS, 2 * len(gap_s))
 
     def __len__(self) -> int:
         return len(self.gap_s)

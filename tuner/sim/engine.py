@@ -266,6 +266,7 @@ class TwinEngine:
         samples = self.itl_samples
         for gap in sorted(gaps):  # sorted: the same pairs whichever path ran the step
             samples.append((gap, gaps[gap]))
+        samples.maybe_compact()  # a long replay's pool stays bounded (GapSamples)
         live = self.live
         for request in finished:
             self._record(request, "finished")

@@ -233,6 +233,7 @@ class PDSimulator:
         for engine in self.decode:  # the user's tokens come from the decoders
             gaps.gap_s.extend(engine.itl_samples.gap_s)
             gaps.count.extend(engine.itl_samples.count)
+        gaps.maybe_compact()
         for engine in engines:
             if steps is not None and engine.steps is not None:
                 steps.extend(engine.steps)

@@ -198,6 +198,7 @@ def pool_gaps(engines: "list[Any]") -> GapSamples:
             gaps.gap_s.extend(own.gap_s)
             gaps.count.extend(own.count)
         engine.itl_samples = GapSamples()
+    gaps.maybe_compact()
     return gaps
 
 
