@@ -59,10 +59,13 @@ def _sorted_run(ranks: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.nda
 
 
 def _upto(ranks: np.ndarray, keys: np.ndarray, rank: int, key: int) -> int:
-    """How many entries of a sorted run are at or below ``(rank, key)``."""
+    """How many entries of a sorted run are at or below ``(rank, key)`` (one search:
+    equal ranks, which only generated tests make, take two more)."""
     lo = int(np.searchsorted(ranks, rank, "left"))
+    if lo == len(ranks) or ranks[lo] != rank:
+        return lo
     hi = int(np.searchsorted(ranks, rank, "right"))
-    return lo + int(np.searchsorted(keys[lo:hi], key, "right")) if hi > lo else lo
+    return lo + int(np.searchsorted(keys[lo:hi], key, "right"))
 
 
 class EvictionOrder:
@@ -134,7 +137,8 @@ class EvictionOrder:
             is_idle = idle[seg_k]
             true = rank[seg_k]
             lazy = is_idle & (true > seg_r)
-            if lazy.any():  # read only up to the smallest true rank among them
+            any_lazy = bool(lazy.any())
+            if any_lazy:  # read only up to the smallest true rank among them
                 at = np.flatnonzero(lazy)
                 lows = true[at]
                 low_rank = int(lows.min())
@@ -143,14 +147,15 @@ class EvictionOrder:
                 seg_r, seg_k, is_idle, true, lazy = (
                     seg_r[:cut], seg_k[:cut], is_idle[:cut], true[:cut], lazy[:cut])
             live = is_idle & (true == seg_r)
-            prot = protected[seg_k]
-            picks = np.flatnonzero(live & ~prot)
+            prot = protected[seg_k] & live
+            any_prot = bool(prot.any())
+            picks = np.flatnonzero(live & ~prot if any_prot else live)
             if len(picks) > need:
                 picks = picks[:need]
                 stop = int(picks[-1]) + 1
             else:
                 stop = len(seg_k)
-            behind = np.flatnonzero(lazy[:stop])
+            behind = np.flatnonzero(lazy[:stop]) if any_lazy else ()
             if len(behind):
                 r, k = true[behind], seg_k[behind]
                 back_r.append(r)
@@ -163,7 +168,7 @@ class EvictionOrder:
                 on_taken(got)
                 taken.append(got)
                 need -= len(got)
-            guarded = np.flatnonzero(live[:stop] & prot[:stop])
+            guarded = np.flatnonzero(prot[:stop]) if any_prot else ()
             if len(guarded):  # protected: back in at the same (current) rank
                 back_r.append(seg_r[guarded])
                 back_k.append(seg_k[guarded])
