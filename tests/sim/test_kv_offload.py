@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sim_helpers import Req, prompt_hashes, replay
-from tuner.sim.kv_connector.cpu_manager import HIT, HIT_PENDING, MISS, CPUOffloadingManager
+from tuner.sim.kv_connector.cpu_manager import HIT, HIT_PENDING, MISS, make_pool
 from tuner.sim.kv_connector.offloading import OffloadingConnector
 from tuner.sim.kv_connector.policies import ReqContext
 from tuner.sim.kv_connector.settings import OffloadSettings
@@ -70,7 +70,7 @@ def test_a_slow_link_makes_the_load_cost_more_than_it_saves() -> None:
     assert ttft(on) > 6.0 > ttft(off)
 
 
-def _ctx(manager: CPUOffloadingManager, keys: list[int]) -> ReqContext:
+def _ctx(manager: object, keys: list[int]) -> ReqContext:
     ctx = ReqContext()
     for i, key in enumerate(keys, 1):
         ctx.positions[key] = i * BS
@@ -78,7 +78,7 @@ def _ctx(manager: CPUOffloadingManager, keys: list[int]) -> ReqContext:
     return ctx
 
 
-def _store(manager: CPUOffloadingManager, keys: list[int]) -> ReqContext:
+def _store(manager: object, keys: list[int]) -> ReqContext:
     ctx = _ctx(manager, keys)
     result = manager.prepare_store(keys, ctx)
     assert result is not None
@@ -91,7 +91,7 @@ def test_full_pool_lru_and_arc_evict_different_chunks(policy: str, survivor: str
     """Pool of 4 chunks: A stored and then reused by a load (ARC: A moves to T2), B stored
     later (the most recent). Storing C evicts two chunks: LRU the least recent (A),
     ARC from T1 (B, used once)."""
-    m = CPUOffloadingManager(4, policy)
+    m = make_pool(4, policy)
     a, b, c = [1, 2], [3, 4], [5, 6]
     m.on_request_finished(_store(m, a))
     reader = _ctx(m, a)
@@ -107,13 +107,15 @@ def test_full_pool_lru_and_arc_evict_different_chunks(policy: str, survivor: str
 
 
 def test_full_pool_with_every_chunk_pinned_refuses_the_store() -> None:
-    m = CPUOffloadingManager(2, "lru")
+    m = make_pool(2, "lru")
     ctx = _ctx(m, [1, 2])
-    assert m.prepare_store([1, 2], ctx) == ([1, 2], 0)  # in flight: not evictable
+    stored, evicted = m.prepare_store([1, 2], ctx)
+    assert (list(stored), evicted) == ([1, 2], 0)  # in flight: not evictable
     assert m.lookup(1) == HIT_PENDING
     assert m.prepare_store([3], _ctx(m, [3])) is None
     m.complete_store([1, 2])
-    assert m.prepare_store([3], _ctx(m, [3])) == ([3], 1)
+    stored, evicted = m.prepare_store([3], _ctx(m, [3]))
+    assert (list(stored), evicted) == ([3], 1)
     assert m.lookup(3) == HIT_PENDING and MISS in (m.lookup(1), m.lookup(2))
 
 
@@ -208,49 +210,51 @@ def test_offload_settings_refuse_bad_values() -> None:
 
 
 def test_lru_evicts_the_smallest_ranks_like_a_brute_force_scan() -> None:
-    """The lazy heap (ranks only grow; stale entries re-pushed at their true rank) evicts
-    exactly the n evictable, unprotected keys of smallest rank, over random operations."""
+    """The LRU pool's run-sorted eviction order (stale entries skipped, protected ones kept
+    for later) evicts exactly the n idle, unprotected keys of smallest (rank, key), over
+    random stores, accesses, finishes, loads and evictions."""
     import random
 
-    from tuner.sim.kv_connector.policies import Chunk, LRUPolicy
+    from tuner.sim.kv_connector.lru_pool import LRUPool
 
     rng = random.Random(1)
     for _ in range(60):
-        p = LRUPolicy(50)
+        pool = LRUPool(400)
+        positions = [{k: rng.randint(1, 100) * 16 for k in range(300)} for _ in range(6)]
         ctxs = [ReqContext() for _ in range(6)]
-        for c in ctxs:
-            for k in range(300):
-                c.positions[k] = rng.randint(1, 100) * 16
-        next_id = 0
+        for ctx, pos in zip(ctxs, positions):
+            ctx.positions.update(pos)
+        loading: list[list[int]] = []
         for _ in range(300):
-            op, ctx = rng.random(), rng.choice(ctxs)
+            op, i = rng.random(), rng.randrange(6)
             keys = rng.sample(range(300), rng.randint(1, 8))
-            if op < 0.35:
-                for k in keys:
-                    if k not in p.chunks:
-                        chunk = Chunk(next_id)
-                        next_id += 1
-                        p.insert(k, chunk, ctx)
-                        chunk.ref_cnt = 0
-                        p.mark_evictable(k)
-            elif op < 0.55:
-                p.on_request_access(keys, ctx)
-            elif op < 0.7:
-                p.on_request_finished((keys,), set(), set(keys), ctx)
-            elif op < 0.8:
-                k = keys[0]
-                if k in p._evictable:
-                    p.mark_non_evictable(k)
-                    p.chunks[k].ref_cnt = 1
-                elif k in p.chunks and p.chunks[k].ref_cnt == 1:
-                    p.chunks[k].ref_cnt = 0
-                    p.mark_evictable(k)
+            if op < 0.35:  # store and complete
+                result = pool.prepare_store(keys, ctxs[i])
+                assert result is not None
+                pool.complete_store(result[0])
+            elif op < 0.55:  # an access raises ranks (a fresh request each time)
+                pool._on_access(np.array(keys), np.array([positions[i][k] for k in keys]),
+                                ReqContext())
+            elif op < 0.7:  # a finish gives fresh ranks
+                ctx = ReqContext()
+                ctx.positions.update(positions[i])
+                pool.prepare_store(keys, ctx)
+                pool.on_request_finished(ctx)
+            elif op < 0.8:  # pin a key by a load, or unpin one
+                ready = [k for k in keys if pool.lookup(k) == HIT]
+                if loading and rng.random() < 0.5:
+                    pool.complete_load(loading.pop())
+                elif ready:
+                    pool.prepare_load(ready[:1], ReqContext())
+                    loading.append(ready[:1])
             else:
-                n, protected = rng.randint(1, 4), set(rng.sample(range(300), 5))
-                ranked = sorted((p._ranks[k], k) for k in p._evictable if k not in protected)
-                want = None if len(ranked) < n else sorted(k for _, k in ranked[:n])
-                got = p.evict(n, protected)
-                assert want == (None if got is None else sorted(k for k, _ in got))
+                n, offered = rng.randint(1, 4), rng.sample(range(300), 5)
+                idle = np.flatnonzero((pool._chunk >= 0) & (pool._ref == 0)).tolist()
+                ranked = sorted((int(pool._rank[k]), k) for k in idle if k not in offered)
+                want = None if len(ranked) < n else [k for _, k in ranked[:n]]
+                stored = [k for k in offered if pool.lookup(k) != MISS]
+                got = pool._evict(n, np.array(stored, dtype=np.int64))
+                assert want == (None if got is None else got.tolist())
 
 
 def test_a_tier_with_speculative_decoding_is_refused_in_one_line() -> None:

@@ -9,8 +9,11 @@ import _kv_pool_plain as plain
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import numpy as np
+
 from tuner.sim.kv_connector import cpu_manager as batched
-from tuner.sim.kv_connector.policies import KEY_SPAN, RANK_SPAN, ReqContext
+from tuner.sim.kv_connector.lru_pool import RANK_SPAN
+from tuner.sim.kv_connector.policies import ReqContext
 
 NUM_KEYS = 40
 
@@ -30,6 +33,12 @@ def _rank(p, key: int) -> int:
 
 
 def _state(m) -> tuple:
+    if isinstance(m, batched.LRUPool):  # the arrays by key, read back as the plain state
+        keys = np.flatnonzero(m._chunk >= 0).tolist()
+        pool = sorted((k, int(m._ref[k]), int(m._chunk[k]), int(m._rank[k])) for k in keys)
+        order = sorted((int(m._rank[k]), k) for k in keys if m._ref[k] == 0)
+        return (pool, order, m._next_rank, m.num_evictable, m.num_write_pending,
+                m.num_evicted, m._num_allocated, m._free[:m._num_free_ids].tolist())
     p = m.policy
     if p.name == "lru":
         pool = sorted((k, c.ref_cnt, c.chunk_id, _rank(p, k)) for k, c in p.chunks.items())
@@ -54,7 +63,7 @@ def _inflight_keys(p) -> set[int]:
 def test_the_batched_pool_decides_like_the_plain_one(policy: str, num_chunks: int,
                                                      ops: list) -> None:
     managers = (plain.CPUOffloadingManager(num_chunks, policy),
-                batched.CPUOffloadingManager(num_chunks, policy))
+                batched.make_pool(num_chunks, policy))
     ctxs = ([plain.ReqContext() for _ in range(4)], [ReqContext() for _ in range(4)])
     for side in ctxs:
         for i, ctx in enumerate(side):  # request i's keys sit at its own positions
@@ -69,7 +78,13 @@ def test_the_batched_pool_decides_like_the_plain_one(policy: str, num_chunks: in
         for side, m in enumerate(managers):
             ctx = ctxs[side][r]
             if op == "store":
-                res = m.prepare_store(list(arg), ctx)
+                if side and isinstance(m, batched.LRUPool) and r % 2:  # positions given
+                    res = m.prepare_store(list(arg), ctx, np.array(  # as the connector does
+                        [ctx.positions[k] for k in arg], dtype=np.int64))
+                else:
+                    res = m.prepare_store(list(arg), ctx)
+                if res is not None:
+                    res = (list(map(int, res[0])), res[1])
                 if res is not None and res[0]:
                     pending[side].append(res[0])
                 out.append(res)
@@ -89,10 +104,12 @@ def test_the_batched_pool_decides_like_the_plain_one(policy: str, num_chunks: in
             finished.add(r)
         assert out[:1] == out[1:] or not out, (op, out)
         assert _state(managers[0]) == _state(managers[1]), op
-        if managers[1].policy.name == "lru":  # the lazy heap pops the true order
-            policy = managers[1].policy
-            entries = [divmod(e, KEY_SPAN) for e in policy._heap]  # rank * KEY_SPAN + key
-            assert all(_rank(policy, k) >= r for r, k in entries if k in policy._evictable)
-            assert {k for _, k in entries} >= policy._evictable  # every evictable key is in
-        # the in-flight set classify and complete_stores read is the ref_cnt -1 keys
-        assert managers[1].policy._inflight == _inflight_keys(managers[1].policy)
+        pool = managers[1]
+        if isinstance(pool, batched.LRUPool):  # every idle key has an order entry at or
+            lowest: dict[int, int] = {}  # below its rank (the eviction raises it to its rank)
+            for rank, key in pool._order.entries():
+                lowest[key] = min(rank, lowest.get(key, rank))
+            idle = np.flatnonzero((pool._chunk >= 0) & (pool._ref == 0)).tolist()
+            assert all(lowest.get(k, pool._rank[k] + 1) <= pool._rank[k] for k in idle)
+        else:  # the in-flight set classify and complete_stores read: the ref_cnt -1 keys
+            assert pool.policy._inflight == _inflight_keys(pool.policy)

@@ -1,4 +1,5 @@
-"""``CPUOffloadingManager``: the host-memory chunk pool of vLLM 0.33.0's native offloading.
+"""``CPUOffloadingManager``: the host-memory chunk pool of vLLM 0.33.0's native offloading,
+with the ARC policy; :func:`make_pool` picks it or the LRU pool (``lru_pool``).
 
 Mirrors ``vllm/v1/kv_offload/cpu/manager.py`` @ 0.33.0 with ``store_threshold=1`` (the
 default: no admission counter) and no KV events: a fixed number of chunks, a free list,
@@ -9,12 +10,11 @@ policy (``tuner.sim.kv_connector.policies``) that orders them for eviction.
 hits, ``complete_load`` unpins; ``prepare_store`` evicts idle chunks (never the offered
 keys) and allocates chunks for the missing keys, or returns None when not enough chunks
 are idle; ``complete_store`` makes them readable. The per-request access record
-(``_Access``) feeds ``on_request_finished`` (LRU's recency commit, ARC's T1 -> T2 moves).
+(``_Access``) feeds ``on_request_finished`` (ARC's T1 -> T2 moves).
 
 Speed (docs/kv-offloading.md "Speed", ``bench/kv_tier.py``): vLLM's manager walks an offered
 run key by key; this one takes the run whole (the policy's ``classify`` / ``insert_many``
-/ ``complete_stores``, set operations for the access record, LRU's store-miss touch
-skipped because a missed key is not in the pool and so has no rank to refresh). Contract:
+/ ``complete_stores``, set operations for the access record). Contract:
 every answer and every policy state equals the key-at-a-time port's, held by
 ``tests/sim/test_kv_pool_batched.py`` against ``tests/sim/_kv_pool_plain.py``.
 """
@@ -24,11 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Collection, Iterable
 
+import numpy as np
+
+from tuner.sim.kv_connector.lru_pool import HIT, HIT_PENDING, MISS, LRUPool
 from tuner.sim.kv_connector.policies import Chunk, ReqContext, make_policy
 
-__all__ = ["CPUOffloadingManager", "HIT", "HIT_PENDING", "MISS"]
-
-MISS, HIT, HIT_PENDING = 0, 1, 2
+__all__ = ["CPUOffloadingManager", "HIT", "HIT_PENDING", "MISS", "make_pool"]
 
 
 @dataclass(slots=True)
@@ -42,11 +43,38 @@ class _Access:
     store_misses: set[int] = field(default_factory=set)
     finished: bool = False
 
+    def renumber(self, live: np.ndarray) -> None:
+        """Hash ids renumbered (monotone): the new id of ``k`` is its index in ``live``."""
+        def new_ids(keys: "list[int] | set[int]") -> list[int]:
+            return np.searchsorted(live, np.fromiter(keys, np.int64, len(keys))).tolist()
+
+        self.keys = new_ids(self.keys)
+        for name in ("seen", "inserted", "reused", "store_misses"):
+            setattr(self, name, set(new_ids(getattr(self, name))))
+
+
+def make_pool(num_chunks: int, policy: str) -> "LRUPool | CPUOffloadingManager":
+    """The CPU pool for vLLM's ``eviction_policy`` name: LRU over arrays by dense key
+    (``lru_pool``: a full pool evicts whole runs), ARC as the batched port here."""
+    if policy == "lru":
+        return LRUPool(num_chunks)
+    return CPUOffloadingManager(num_chunks, policy)
+
+
+def _listed(keys: Iterable[int]) -> Iterable[int]:
+    """The ARC pool keeps keys as Python ints; a caller may hand it an array run."""
+    return keys.tolist() if isinstance(keys, np.ndarray) else keys
+
 
 class CPUOffloadingManager:
-    """The CPU chunk pool; see the module doc. ``num_chunks`` from ``cpu_bytes_to_use``."""
+    """The CPU chunk pool (ARC); see the module doc. ``num_chunks`` from
+    ``cpu_bytes_to_use``. ``positions`` arguments are accepted for the LRU pool's
+    interface and not read: ARC orders a finish by ``ReqContext.positions``."""
 
-    def __init__(self, num_chunks: int, policy: str = "lru") -> None:
+    #: the pool's finish reads ``ReqContext.positions``: callers must keep it
+    needs_position_map = True
+
+    def __init__(self, num_chunks: int, policy: str = "arc") -> None:
         self.num_chunks = num_chunks
         self._num_allocated = 0
         self._free: list[int] = []
@@ -60,9 +88,6 @@ class CPUOffloadingManager:
         self.num_evictable = 0  # ready chunks with ref_cnt 0
         self.num_write_pending = 0
         self.num_evicted = 0  # chunks evicted so far (counter)
-        # The access record's inserted/reused sets feed only ARC's on_request_finished
-        # (T1 -> T2 moves); LRU's ignores them, so an LRU pool does not keep them.
-        self._track_reuse = self.policy.name != "lru"
 
     def _num_free(self) -> int:
         return len(self._free) + self.num_chunks - self._num_allocated
@@ -106,7 +131,7 @@ class CPUOffloadingManager:
             state.keys.extend(new)
             seen |= fresh
             self.policy.on_request_access(new, ctx, present)
-        if reused and self._track_reuse:
+        if reused:
             state.reused |= set(reused).difference(state.inserted)
 
     # ----------------------------------------------------------------- interface
@@ -119,7 +144,21 @@ class CPUOffloadingManager:
             return MISS
         return HIT if chunk.ref_cnt >= 0 else HIT_PENDING
 
-    def prepare_load(self, keys: Collection[int], ctx: ReqContext) -> None:
+    def lookup_run(self, keys: Iterable[int]) -> tuple[int, bool]:
+        """(how many of ``keys`` from the first are stored, whether any of those is
+        still being stored)."""
+        hits, pending = 0, False
+        for key in _listed(keys):
+            result = self.lookup(key)
+            if result == MISS:
+                break
+            hits += 1
+            pending |= result == HIT_PENDING
+        return hits, pending
+
+    def prepare_load(self, keys: Collection[int], ctx: ReqContext,
+                     positions: object = None) -> None:
+        keys = _listed(keys)
         policy = self.policy
         for key in keys:
             chunk = policy.get(key)
@@ -131,6 +170,7 @@ class CPUOffloadingManager:
         self._record(keys, ctx, reused=keys)
 
     def complete_load(self, keys: Iterable[int]) -> None:
+        keys = _listed(keys)
         policy = self.policy
         for key in keys:
             chunk = policy.get(key)
@@ -140,13 +180,15 @@ class CPUOffloadingManager:
                 self.num_evictable += 1
                 policy.mark_evictable(key)
 
-    def prepare_store(self, keys: list[int], ctx: ReqContext) -> tuple[list[int], int] | None:
+    def prepare_store(self, keys: list[int], ctx: ReqContext, positions: object = None
+                      ) -> tuple[list[int], int] | None:
         """(keys to store, chunks evicted for them), or None: not enough idle chunks."""
+        keys = _listed(keys)
         policy = self.policy
         to_store, ready_existing, present = policy.classify(keys, self.num_write_pending > 0)
         state = self._access(ctx)
-        if to_store and policy.name != "lru":  # LRU: a miss is not in the pool, so its
-            store_misses = state.store_misses  # touch (on_store_miss) changes nothing
+        if to_store:
+            store_misses = state.store_misses
             misses = [k for k in to_store if k not in store_misses]
             if misses:
                 policy.on_store_miss(misses, ctx)
@@ -175,12 +217,11 @@ class CPUOffloadingManager:
             self.num_evicted += num_evicted
         policy.insert_many(to_store, self._allocate(len(to_store)), ctx)
         self.num_write_pending += len(to_store)
-        if self._track_reuse:
-            state.inserted.update(to_store)
+        state.inserted.update(to_store)
         return to_store, num_evicted
 
     def complete_store(self, keys: Iterable[int]) -> None:
-        n = self.policy.complete_stores(keys)
+        n = self.policy.complete_stores(_listed(keys))
         self.num_write_pending -= n
         self.num_evictable += n
 
@@ -202,3 +243,13 @@ class CPUOffloadingManager:
     @property
     def num_used_chunks(self) -> int:
         return self._num_allocated - len(self._free)
+
+    # ----------------------------------------------------------------- hash ids
+    def pool_keys(self) -> list[int]:
+        """Every key the policy holds (T1, T2 and the ghost lists)."""
+        return list(self.policy.keys())
+
+    def renumber(self, live: np.ndarray) -> None:
+        """Hash id ``live[i]`` becomes ``i`` (monotone, ``tuner.sim.hash_space``)."""
+        old = np.unique(np.asarray(self.pool_keys(), dtype=np.int64))
+        self.policy.renumber(dict(zip(old.tolist(), np.searchsorted(live, old).tolist())))

@@ -43,8 +43,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tuner.sim.kv_connector.base import NO_DECODE_EVENT
-from tuner.sim.kv_connector.cpu_manager import HIT_PENDING, MISS, CPUOffloadingManager
-from tuner.sim.kv_connector.policies import KEY_SPAN, RANK_SPAN, ReqContext
+from tuner.sim.kv_connector.cpu_manager import make_pool
+from tuner.sim.kv_connector.lru_pool import RANK_SPAN
+from tuner.sim.kv_connector.policies import ReqContext
 from tuner.sim.kv_connector.settings import OffloadSettings
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
 __all__ = ["OffloadingConnector"]
 
 _INF = float("inf")
+_NO_KEYS = np.empty(0, np.int64)
 
 
 @dataclass(slots=True)
@@ -62,7 +64,7 @@ class _Job:
 
     job_id: int
     req_id: str
-    keys: list[int]
+    keys: "np.ndarray | list[int]"  # the pool's run type (the LRU pool's are arrays)
     is_store: bool
     num_blocks: int  # GPU blocks moved (per rank)
     start_s: float = -1.0
@@ -75,7 +77,8 @@ class _ReqState:
 
     request: "SimRequest"
     ctx: ReqContext = field(default_factory=ReqContext)
-    keys: list[int] = field(default_factory=list)  # offload keys known so far
+    keys: np.ndarray = field(default_factory=lambda: _NO_KEYS)  # offload keys so far
+    # (key i: the hash id of the block ending chunk i, at position (i + 1) chunks)
     next_stored: int = 0  # next_stored_chunk_idx
     num_block_ids: int = 0  # len(group_state.block_ids)
     num_local: int = 0  # num_locally_computed_tokens
@@ -95,7 +98,10 @@ class OffloadingConnector:
         self.block_size = block_size
         self.bpc = settings.blocks_per_chunk
         self.tokens_per_chunk = block_size * settings.blocks_per_chunk
-        self.manager = CPUOffloadingManager(settings.num_chunks, settings.policy)
+        self.manager = make_pool(settings.num_chunks, settings.policy)
+        # ReqContext.positions (key -> tokens to its chunk's end) is read only by the ARC
+        # pool; the LRU pool gets each run's positions as an array beside its keys.
+        self._position_map = self.manager.needs_position_map
         self._req: dict[str, _ReqState] = {}
         self._jobs: dict[int, _Job] = {}
         self._batch_jobs: list[_Job] = []  # built by this step, not launched yet
@@ -128,14 +134,13 @@ class OffloadingConnector:
         if n <= have:
             return
         hashes = request.hashes_upto(n * bpc)
-        new = hashes[(have + 1) * bpc - 1::bpc].tolist()
-        positions = state.ctx.positions
+        new = hashes[(have + 1) * bpc - 1::bpc].astype(np.int64)
         tpc = self.tokens_per_chunk
         assert n * tpc < RANK_SPAN, "offload key position past the LRU rank span (tuner bug)"
-        assert not new or 0 <= min(new) and max(new) < KEY_SPAN, \
-            "offload key outside the LRU heap's key bits (tuner bug)"
-        positions.update(zip(new, range((have + 1) * tpc, (n + 1) * tpc, tpc)))
-        state.keys.extend(new)
+        if self._position_map:
+            state.ctx.positions.update(zip(new.tolist(),
+                                           range((have + 1) * tpc, (n + 1) * tpc, tpc)))
+        state.keys = np.concatenate([state.keys, new]) if have else new
 
     # ----------------------------------------------------------------- admission
     def on_new_request(self, request: "SimRequest") -> None:
@@ -167,15 +172,7 @@ class OffloadingConnector:
             return 0
         num_chunks = min(-(-max_hit // tpc), len(keys))
         start = num_local // tpc
-        lookup = self.manager.lookup
-        hits = 0
-        pending = False
-        for key in keys[start:num_chunks]:
-            result = lookup(key)
-            if result == MISS:
-                break
-            hits += 1
-            pending |= result == HIT_PENDING
+        hits, pending = self.manager.lookup_run(keys[start:num_chunks])
         if hits == 0:
             return 0
         if pending:
@@ -186,7 +183,7 @@ class OffloadingConnector:
             return 0
         if self._being_loaded:
             end = -(-(num_local + num_hit) // tpc)
-            if any(k in self._being_loaded for k in keys[start:end]):
+            if not self._being_loaded.isdisjoint(keys[start:end].tolist()):
                 return None
         return num_hit
 
@@ -200,12 +197,13 @@ class OffloadingConnector:
         first_fresh = -(-state.num_local // bs)
         num_pending = num_gpu_blocks - first_fresh
         num_chunks = -(-num_cached // tpc)
-        keys = state.keys[first_fresh // self.bpc:num_chunks] if num_pending else []
+        first = first_fresh // self.bpc if num_pending else num_chunks
+        keys = state.keys[first:num_chunks]
         state.next_stored = num_chunks  # OffloadPolicy.CHUNK_LEVEL
-        self.manager.prepare_load(keys, state.ctx)
+        self.manager.prepare_load(keys, state.ctx, self._positions(first, num_chunks))
         job = self._new_job(state, keys, False, num_pending)
         if self._being_loaded is not None:
-            self._being_loaded.update(keys)
+            self._being_loaded.update(keys.tolist())
         if request.num_preemptions == 0:
             self.external_hits += num_external
         self.loaded_tokens += num_external
@@ -222,7 +220,13 @@ class OffloadingConnector:
         if request.num_preemptions == 0:
             self.external_queries += request.num_tokens - num_local
 
-    def _new_job(self, state: _ReqState, keys: list[int], is_store: bool,
+    def _positions(self, start: int, end: int) -> np.ndarray:
+        """The positions of a request's keys ``start .. end - 1`` (tokens to each chunk's
+        end): what ``ReqContext.positions`` holds for them, as an array."""
+        tpc = self.tokens_per_chunk
+        return np.arange((start + 1) * tpc, (end + 1) * tpc, tpc, dtype=np.int64)
+
+    def _new_job(self, state: _ReqState, keys: "np.ndarray | list[int]", is_store: bool,
                  num_blocks: int) -> _Job:
         job = _Job(self._job_counter, state.request.request_id, keys, is_store, num_blocks)
         self._job_counter += 1
@@ -269,13 +273,13 @@ class OffloadingConnector:
             state.next_stored = max(start, num_chunks)
             return
         offered = state.keys[start:num_chunks]
-        result = self.manager.prepare_store(offered, state.ctx)
+        result = self.manager.prepare_store(offered, state.ctx, self._positions(start, num_chunks))
         if result is None:
             self.num_store_failures += 1
             return
         to_store, _ = result
         state.next_stored = max(start, num_chunks)
-        if not to_store:
+        if not len(to_store):
             return
         job = self._new_job(state, to_store, True, len(to_store) * bpc)
         self.stored_tokens += len(to_store) * tpc
@@ -328,7 +332,8 @@ class OffloadingConnector:
             else:
                 self.manager.complete_load(job.keys)
                 if self._being_loaded:
-                    self._being_loaded.difference_update(job.keys)
+                    self._being_loaded.difference_update(
+                        job.keys.tolist() if isinstance(job.keys, np.ndarray) else job.keys)
                 recving.add(job.req_id)
                 self.wait_s += now_s - state.load_issued_s
             del self._jobs[job.job_id]
@@ -365,31 +370,33 @@ class OffloadingConnector:
     def live_hash_ids(self) -> np.ndarray:
         """Every hash id the tier holds (pool, ghost lists, request keys): a renumbering
         of the id space must keep them (``tuner.sim.hash_space``)."""
-        ids = list(self.manager.policy.keys())
-        for state in self._req.values():
-            ids.extend(state.keys)
-        return np.asarray(ids, dtype=np.int64)
+        ids = [np.asarray(self.manager.pool_keys(), dtype=np.int64)]
+        ids.extend(state.keys for state in self._req.values())
+        return np.concatenate(ids)
 
     def renumber(self, live: np.ndarray) -> None:
         """Hash id ``live[i]`` becomes ``i`` everywhere the tier holds ids (monotone)."""
-        old = np.unique(self.live_hash_ids())
-        if not len(old):
-            return
-        new_of = dict(zip(old.tolist(), np.searchsorted(live, old).tolist()))
-        self.manager.policy.renumber(new_of)
+        live = np.asarray(live, dtype=np.int64)
+
+        def new_ids(keys: "np.ndarray | list[int] | set[int]") -> np.ndarray:
+            return np.searchsorted(live, np.fromiter(keys, np.int64, len(keys))
+                                   if not isinstance(keys, np.ndarray) else keys)
+
+        self.manager.renumber(live)
         for state in self._req.values():
-            state.keys = [new_of[k] for k in state.keys]
+            state.keys = new_ids(state.keys)
             ctx = state.ctx
-            ctx.positions = {new_of[k]: p for k, p in ctx.positions.items()}
+            if ctx.positions:
+                ctx.positions = dict(zip(new_ids(list(ctx.positions)).tolist(),
+                                         ctx.positions.values()))
             access = ctx.access
             if access is not None:
-                access.keys = [new_of[k] for k in access.keys]  # type: ignore[attr-defined]
-                for name in ("seen", "inserted", "reused", "store_misses"):
-                    setattr(access, name, {new_of[k] for k in getattr(access, name)})
+                access.renumber(live)  # type: ignore[attr-defined]
         for job in self._jobs.values():
-            job.keys = [new_of[k] for k in job.keys]
+            job.keys = new_ids(job.keys) if isinstance(job.keys, np.ndarray) \
+                else new_ids(job.keys).tolist()
         if self._being_loaded:
-            self._being_loaded = {new_of[k] for k in self._being_loaded}
+            self._being_loaded = set(new_ids(self._being_loaded).tolist())
 
     # ----------------------------------------------------------------- results
     def counters(self) -> dict[str, float]:

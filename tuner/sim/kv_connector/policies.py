@@ -1,53 +1,31 @@
-"""The CPU pool's eviction policies: vLLM 0.33.0's ``LRUCachePolicy`` and ``ARCCachePolicy``.
+"""The CPU pool's ARC eviction policy: vLLM 0.33.0's ``ARCCachePolicy``.
 
-Mirrors ``vllm/v1/kv_offload/cpu/policies/{base,lru,arc}.py`` @ 0.33.0 for one KV-cache
+Mirrors ``vllm/v1/kv_offload/cpu/policies/{base,arc}.py`` @ 0.33.0 for one KV-cache
 group (the twin models full attention only). Keys are the twin's hash ids of a chunk's
 last block (vLLM: ``make_offload_key(block_hash, group_idx)``); a ``ChunkStatus`` is a
 ``[ref_cnt, chunk_id]`` pair (``ref_cnt == -1``: a store is in flight, not readable).
+LRU is a pool of its own over arrays (``tuner.sim.kv_connector.lru_pool``).
 
 Why a port and not a model: which prefix survives in host memory decides which request
 loads and which recomputes, so the twin must evict exactly the chunk vLLM evicts.
-
-LRU ranks: every key carries a rank; the smallest evictable, unprotected rank goes
-first. A request's keys share one request rank (taken at its first access) and order by
-``-position`` (tails before heads); when the request finishes, its keys get fresh ranks
-tail first, so its head is the most recent. Ranks are unique, so vLLM's lazy heap and
-this one pop the same keys. vLLM's rank is the pair ``(rank, -position)``; here it is the
-one int ``rank * RANK_SPAN - position`` (same order while positions stay below
-``RANK_SPAN`` = 2**40 tokens), so the rank updates build ints, not tuples. The heap's
-entries are ints too: ``rank * KEY_SPAN + key`` (ranks are unique, so the order is the
-rank's; the key is the low 40 bits). An int compare is a third of a tuple compare's cost
-(a tuple compares its first items for equality, then for order), and the agentic hour's
-pool evicts ~2.5 M chunks in its first 10 minutes, ~2.5 heap operations each.
 
 Batched calls (the manager's hot path; the agentic hour offers ~2,800 chunks per prompt):
 ``classify`` / ``insert_many`` / ``complete_stores`` do over a request's run of keys what
 ``get`` / ``insert`` / ``mark_evictable`` do one key at a time, with one dict operation per
 run where the order cannot matter. Contract: the same keys in the same order give the same
-chunks, ranks, heap pops and T1/T2/B1/B2 orders as the one-key calls (every key's rank or
-list position is independent of the others except through the order the run gives, which
-the batched calls keep). ``tests/sim/test_kv_pool_batched.py`` holds them to the plain
-port (``tests/sim/_kv_pool_plain.py``) over generated operation sequences.
+chunks, T1/T2/B1/B2 orders and target as the one-key calls (every key's list position is
+independent of the others except through the order the run gives, which the batched calls
+keep). ``tests/sim/test_kv_pool_batched.py`` holds them to the plain port
+(``tests/sim/_kv_pool_plain.py``) over generated operation sequences.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections import OrderedDict
 from itertools import islice
 from typing import Iterable, Iterator, Sequence
 
-__all__ = ["ARCPolicy", "Chunk", "KEY_SPAN", "LRUPolicy", "RANK_SPAN", "ReqContext",
-           "make_policy"]
-
-#: LRU ranks are ``rank * RANK_SPAN - position``: vLLM's ``(rank, -position)`` order as one int
-RANK_SPAN = 1 << 40
-#: LRU heap entries are ``rank * KEY_SPAN + key``: keys are dense hash ids (``tuner.sim.
-#: hash_space``: array indices, far below 2**40), so the key is the entry's low bits
-_KEY_BITS = 40
-KEY_SPAN = 1 << _KEY_BITS
-_KEY_MASK = KEY_SPAN - 1
-
+__all__ = ["ARCPolicy", "Chunk", "ReqContext", "make_policy"]
 
 class Chunk:
     """One CPU chunk (vLLM ``ChunkStatus``): ``ref_cnt`` -1 while its store is in flight,
@@ -87,225 +65,6 @@ def order_request_keys(groups: Sequence[Sequence[int]], ctx: ReqContext) -> list
     if len(pos) == len(keys):
         keys.sort(key=pos.__getitem__)
     return keys
-
-
-class LRUPolicy:
-    """``LRUCachePolicy`` (lru.py): ranks with a lazily invalidated min-heap.
-
-    ``_inflight`` is the set of keys whose store is in flight (``ref_cnt == -1``), kept
-    beside the chunks so ``classify`` and ``complete_stores`` test readiness with set
-    operations instead of reading each chunk (held to the ref counts by
-    ``tests/sim/test_kv_pool_batched.py``)."""
-
-    name = "lru"
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.chunks: dict[int, Chunk] = {}
-        self._ranks: dict[int, int] = {}  # key -> rank * RANK_SPAN - position
-        self._evictable: set[int] = set()
-        self._inflight: set[int] = set()  # keys whose store is in flight (ref_cnt -1)
-        self._heap: list[int] = []  # rank * KEY_SPAN + key, lazily invalidated
-        self._next_rank = 0
-
-    def _request_rank(self, ctx: ReqContext) -> int:
-        if ctx.lru_owner is not self:
-            self._next_rank += 1
-            ctx.lru_rank = self._next_rank
-            ctx.lru_owner = self
-        return ctx.lru_rank
-
-    def get(self, key: int) -> Chunk | None:
-        return self.chunks.get(key)
-
-    def insert(self, key: int, chunk: Chunk, ctx: ReqContext) -> None:
-        self.chunks[key] = chunk
-        position = ctx.positions.get(key)
-        if position is None:
-            self._next_rank += 1
-            self._ranks[key] = self._next_rank * RANK_SPAN
-        else:
-            self._ranks[key] = self._request_rank(ctx) * RANK_SPAN - position
-        if chunk.ref_cnt == 0:
-            self._evictable.add(key)
-            heapq.heappush(self._heap, self._ranks[key] * KEY_SPAN + key)
-        if chunk.ref_cnt < 0:
-            self._inflight.add(key)
-        else:
-            self._inflight.discard(key)
-
-    def classify(self, keys: Sequence[int], any_pending: bool = True
-                 ) -> tuple[list[int], list[int], set[int]]:
-        """(keys not in the pool, keys stored and readable, in offer order; the set of
-        keys in the pool);
-        ``any_pending`` False promises that no chunk is in flight (all are readable);
-        the in-flight keys are a set here, so readiness is one set difference."""
-        present = self.chunks.keys() & keys
-        ready = present - self._inflight if any_pending and self._inflight else present
-        return (*_classify(present, ready, keys), present)
-
-    def insert_many(self, keys: Sequence[int], new: Sequence[Chunk], ctx: ReqContext) -> None:
-        """``insert`` for each key in order; the chunks are in flight (ref_cnt -1), so
-        none becomes evictable here."""
-        self.chunks.update(zip(keys, new))
-        self._inflight.update(keys)
-        positions = ctx.positions
-        if not keys:
-            return
-        if all(map(positions.__contains__, keys)):  # one request rank for all (C-level)
-            base = self._request_rank(ctx) * RANK_SPAN
-            self._ranks.update(zip(keys, map(base.__sub__, map(positions.__getitem__, keys))))
-            return
-        for key in keys:  # an unpositioned key takes a global rank in between: one by one
-            position = positions.get(key)
-            if position is None:
-                self._next_rank += 1
-                self._ranks[key] = self._next_rank * RANK_SPAN
-            else:
-                self._ranks[key] = self._request_rank(ctx) * RANK_SPAN - position
-
-    def complete_stores(self, keys: Iterable[int]) -> int:
-        """Stores finished: in-flight chunks become readable and evictable; how many."""
-        chunks, ranks, inflight = self.chunks, self._ranks, self._inflight
-        # The in-flight keys, first occurrence each (a job may name a key twice).
-        done = list(dict.fromkeys(filter(inflight.__contains__, keys)))
-        if done:
-            inflight.difference_update(done)
-            for chunk in map(chunks.__getitem__, done):
-                chunk.ref_cnt = 0
-            self._evictable.update(done)
-            heap = self._heap
-            entries = [ranks[k] * KEY_SPAN + k for k in done]
-            if len(entries) * 8 > len(heap):  # the heap's pop order does not depend on
-                heap.extend(entries)          # its layout (ranks are unique)
-                heapq.heapify(heap)
-            else:
-                for entry in entries:
-                    heapq.heappush(heap, entry)
-            self._compact()
-        return len(done)
-
-    def remove(self, key: int) -> None:
-        del self.chunks[key]
-        self._ranks.pop(key, None)
-        self._evictable.discard(key)
-        self._inflight.discard(key)
-
-    def on_store_miss(self, keys: Iterable[int], ctx: ReqContext) -> None:
-        self.touch(keys, ctx)  # CachePolicy.on_store_miss default
-
-    def touch(self, keys: Iterable[int], ctx: ReqContext) -> None:
-        self._update_recency(reversed(list(keys)))
-
-    def _update_recency(self, keys: Iterable[int]) -> None:
-        """Fresh ranks, tail first. Ranks only grow, so the heap keeps the old (smaller)
-        entry and ``evict`` re-pushes it at its true rank when it surfaces (exact: every
-        heap rank is <= its key's true rank, so the first entry that is current holds the
-        smallest true rank; lru.py pushes eagerly, with the same result)."""
-        present = list(filter(self.chunks.__contains__, keys))
-        rank = self._next_rank
-        self._ranks.update(zip(present, range((rank + 1) * RANK_SPAN,
-                                              (rank + 1 + len(present)) * RANK_SPAN, RANK_SPAN)))
-        self._next_rank = rank + len(present)
-
-    def on_request_access(self, keys: Iterable[int], ctx: ReqContext,
-                          present: set[int] | None = None) -> None:
-        """``present``: ``keys``' members in the pool, when the caller computed them
-        (``classify`` of the same run, with no insertion or eviction since)."""
-        rank_r = self._request_rank(ctx)
-        positions, chunks, ranks = ctx.positions, self.chunks, self._ranks
-        # Each key's new rank depends on that key alone, so only the keys in the pool are
-        # visited (one C-level intersection instead of a lookup per offered key).
-        if present is None:
-            present = chunks.keys() & keys
-        base = rank_r * RANK_SPAN
-        if rank_r == self._next_rank:  # the newest rank: no key outranks it, so every
-            if positions.keys() >= present:  # positioned key takes it (C-level maps)
-                present = list(present)
-                ranks.update(zip(present, map(base.__sub__,
-                                              map(positions.__getitem__, present))))
-            else:
-                ranks.update({key: base - p for key in present
-                              if (p := positions.get(key)) is not None})
-            return
-        for key in present:
-            position = positions.get(key)
-            if position is None or key not in chunks:
-                continue
-            rank = base - position
-            if ranks[key] < rank:  # ranks only grow (lru.py: ``>= rank: continue``)
-                ranks[key] = rank
-
-    def on_request_finished(self, groups: Sequence[Sequence[int]], inserted_only: set[int],
-                            reused: set[int], ctx: ReqContext, ordered: bool = False) -> None:
-        keys = groups[0] if ordered else order_request_keys(groups, ctx)
-        self._update_recency(reversed(keys))
-
-    def _compact(self) -> None:
-        if len(self._heap) >= max(64, 2 * len(self._evictable)):
-            ranks = self._ranks
-            self._heap = [ranks[k] * KEY_SPAN + k for k in self._evictable]
-            heapq.heapify(self._heap)
-
-    def evict(self, n: int, protected: set[int]) -> list[tuple[int, Chunk]] | None:
-        """The ``n`` evictable, unprotected keys of smallest rank, or None (no change)."""
-        if n == 0:
-            return []
-        heap, ranks, evictable = self._heap, self._ranks, self._evictable
-        selected: list[int] = []  # heap entries
-        deferred: list[int] = []
-        heappop, heapreplace = heapq.heappop, heapq.heapreplace
-        mask, need = _KEY_MASK, n
-        while need and heap:
-            entry = heap[0]
-            key = entry & mask
-            if key not in evictable:  # gone, pinned, or selected already (a duplicate)
-                heappop(heap)
-                continue
-            current = ranks[key]
-            if current != entry >> _KEY_BITS:  # a lazy entry: back in at the key's true
-                heapreplace(heap, current * KEY_SPAN + key)  # rank (one sift: pop + push)
-                continue
-            heappop(heap)
-            if key in protected:
-                deferred.append(entry)
-                continue
-            evictable.remove(key)  # taken out at once: its duplicates read as gone
-            selected.append(entry)
-            need -= 1
-        keys = [entry & mask for entry in selected]
-        if need:
-            evictable.update(keys)
-            for entry in selected + deferred:
-                heapq.heappush(heap, entry)
-            return None
-        for entry in deferred:
-            heapq.heappush(heap, entry)
-        out = list(zip(keys, map(self.chunks.pop, keys)))
-        for key in keys:
-            del ranks[key]
-        self._compact()
-        return out
-
-    def mark_evictable(self, key: int) -> None:
-        self._evictable.add(key)
-        heapq.heappush(self._heap, self._ranks[key] * KEY_SPAN + key)
-        self._compact()
-
-    def mark_non_evictable(self, key: int) -> None:
-        self._evictable.remove(key)
-
-    def keys(self) -> Iterator[int]:
-        return iter(self.chunks)
-
-    def renumber(self, new_of: dict[int, int]) -> None:
-        """Hash ids renumbered (monotone, ``tuner.sim.hash_space``): same order, new keys."""
-        self.chunks = {new_of[k]: c for k, c in self.chunks.items()}
-        self._ranks = {new_of[k]: r for k, r in self._ranks.items()}
-        self._evictable = {new_of[k] for k in self._evictable}
-        self._inflight = {new_of[k] for k in self._inflight}
-        self._heap = [self._ranks[k] * KEY_SPAN + k for k in self._evictable]
-        heapq.heapify(self._heap)
 
 
 class ARCPolicy:
@@ -499,10 +258,9 @@ def _classify(present: set[int], ready: set[int], keys: Sequence[int]
     return missing, [k for k in keys if k in ready]
 
 
-def make_policy(name: str, capacity: int) -> LRUPolicy | ARCPolicy:
-    """vLLM's ``CachePolicyFactory`` for the two built-in names."""
-    if name == "lru":
-        return LRUPolicy(capacity)
+def make_policy(name: str, capacity: int) -> ARCPolicy:
+    """vLLM's ``CachePolicyFactory`` for ARC (LRU is a whole pool of its own:
+    ``tuner.sim.kv_connector.lru_pool``)."""
     if name == "arc":
         return ARCPolicy(capacity)
     raise ValueError(f"eviction policy {name!r}: vLLM 0.33.0 has 'lru' and 'arc'")

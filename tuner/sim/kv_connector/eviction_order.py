@@ -1,0 +1,204 @@
+"""The LRU pool's eviction order as sorted runs of ``(rank, key)`` entries.
+
+Why runs and not a heap of keys: the agentic hour's 512 GiB pool fills in its second
+minute and from then on evicts about one chunk per chunk it stores (~2.5 M in the first
+10 minutes). A key-at-a-time heap paid one Python-level pop or sift per evicted key and per
+stale entry (~9 us a chunk in all). Ranks change by whole runs (a request's access, its
+finish, a store job's completion), so each change is pushed as one numpy-sorted run, and
+an eviction reads the oldest run a slice at a time: per eviction call a few numpy
+operations per run touched, not per key.
+
+Entries are eager and never removed in place: a key whose rank changes gets a new entry in
+a new run, and its old entry goes stale. An entry ``(r, k)`` is *live* while ``k`` is in
+the pool, idle (ref count 0, store complete) and ``rank[k] == r``; the pool guarantees
+that every idle key has a live entry (it pushes one whenever a key becomes idle or an
+idle key's rank changes). The smallest live entries, in ``(rank, key)`` order, are the
+plain heap's pops (``tests/sim/_kv_pool_plain.py``: ties on the rank, which only the
+generated tests make, go to the smaller key there too).
+
+Taking entries in order across runs: the runs sit in a heap by their first unread entry;
+the smallest run is read up to the second-smallest run's head (every entry there is
+smaller than anything in the other runs), then they swap. A run is read in windows of a
+few times what is still needed, so a long run is not scanned to take a few keys.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+__all__ = ["EvictionOrder"]
+
+_I64 = np.int64
+
+
+@dataclass(slots=True)
+class _Run:
+    """One pushed run, sorted by (rank, key); ``cursor``: the first entry not yet read."""
+
+    ranks: np.ndarray
+    keys: np.ndarray
+    cursor: int = 0
+
+
+def _sorted_run(ranks: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(ranks, keys)`` in (rank, key) order; most runs arrive in rank order or reversed
+    (a request's keys rank tail first), so the sort is usually a check or a reversal."""
+    if len(ranks) > 1:
+        steps = np.diff(ranks)
+        if (steps > 0).all():
+            return ranks, keys
+        if (steps < 0).all():
+            return ranks[::-1], keys[::-1]
+        order = np.lexsort((keys, ranks))
+        return ranks[order], keys[order]
+    return ranks, keys
+
+
+def _upto(ranks: np.ndarray, keys: np.ndarray, rank: int, key: int) -> int:
+    """How many entries of a sorted run are at or below ``(rank, key)`` (one search:
+    equal ranks, which only generated tests make, take two more)."""
+    lo = int(np.searchsorted(ranks, rank, "left"))
+    if lo == len(ranks) or ranks[lo] != rank:
+        return lo
+    hi = int(np.searchsorted(ranks, rank, "right"))
+    return lo + int(np.searchsorted(keys[lo:hi], key, "right"))
+
+
+class EvictionOrder:
+    """Sorted runs of ``(rank, key)`` entries; see the module doc."""
+
+    def __init__(self) -> None:
+        self._runs: dict[int, _Run] = {}
+        self._heap: list[tuple[int, int, int]] = []  # (head rank, head key, run id)
+        self._next_id = 0
+        self.size = 0  # entries not yet read (live or stale)
+
+    def push(self, ranks: np.ndarray, keys: np.ndarray) -> None:
+        """Add entries (distinct keys); any order."""
+        if not len(keys):
+            return
+        ranks, keys = _sorted_run(np.asarray(ranks, _I64), np.asarray(keys, _I64))
+        run_id = self._next_id
+        self._next_id += 1
+        self._runs[run_id] = _Run(ranks, keys)
+        heapq.heappush(self._heap, (int(ranks[0]), int(keys[0]), run_id))
+        self.size += len(keys)
+
+    def reset(self, ranks: np.ndarray, keys: np.ndarray) -> None:
+        """Drop every run and start again from the given (live) entries: what a pool does
+        when stale entries dominate, or after its keys are renumbered."""
+        self._runs.clear()
+        self._heap.clear()
+        self.size = 0
+        self.push(ranks, keys)
+
+    def take(self, n: int, rank: np.ndarray, idle: np.ndarray,
+             protected: np.ndarray, on_taken: Callable[[np.ndarray], None]) -> list[np.ndarray]:
+        """The ``n`` idle, unprotected keys of smallest ``(rank[key], key)``, in order, as
+        key arrays. ``rank``: the true ranks by key; ``idle``: whether a key is stored and
+        idle, and ``protected``, as bool arrays by key. The caller guarantees that ``n``
+        such keys exist and that every idle key has an entry at or below its true rank.
+        ``on_taken(keys)`` is called on each array before reading on and must make those
+        keys not idle (so another entry of a taken key reads stale).
+
+        An entry below its key's true rank (the rank rose since it was pushed) goes back
+        in at the true rank (``LRUPolicy``'s lazy heap, ``tests/sim/_kv_pool_plain.py``,
+        does the same one entry at a time). Those entries wait in one pending batch, and
+        the reading stops at the batch's smallest entry until the batch is pushed as a
+        run (when the reading gets there, else at the end): one run per call instead of
+        one per window (the 10-minute slice read ~13k small runs to their end otherwise).
+        Protected idle entries passed over are kept the same way."""
+        heap, runs = self._heap, self._runs
+        taken: list[np.ndarray] = []
+        back_r: list[np.ndarray] = []  # entries going back in (lazy, or protected)
+        back_k: list[np.ndarray] = []
+        low: tuple[int, int] | None = None  # the smallest lazy entry going back in
+        need = n
+        window = max(2 * need, 512)
+        while need:
+            if low is not None and (not heap or low <= heap[0][:2]):
+                self._push_back(back_r, back_k)  # the reading reached the pending batch
+                low = None
+            _, _, run_id = heapq.heappop(heap)
+            run = runs[run_id]
+            ranks, keys, cur = run.ranks, run.keys, run.cursor
+            end = min(len(ranks), cur + window)
+            window = min(2 * window, 1 << 16)  # stale entries: read more at a time
+            bound = heap[0][:2] if heap else None
+            if low is not None and (bound is None or low < bound):
+                bound = low
+            if bound is not None:  # no further than the next run's head (inclusive: a
+                end = cur + _upto(ranks[cur:end], keys[cur:end], *bound)  # tie is one key)
+            seg_r, seg_k = ranks[cur:end], keys[cur:end]
+            is_idle = idle[seg_k]
+            true = rank[seg_k]
+            lazy = is_idle & (true > seg_r)
+            any_lazy = bool(lazy.any())
+            if any_lazy:  # read only up to the smallest true rank among them
+                at = np.flatnonzero(lazy)
+                lows = true[at]
+                low_rank = int(lows.min())
+                low_key = int(seg_k[at[lows == low_rank]].min())
+                cut = _upto(seg_r, seg_k, low_rank, low_key)
+                seg_r, seg_k, is_idle, true, lazy = (
+                    seg_r[:cut], seg_k[:cut], is_idle[:cut], true[:cut], lazy[:cut])
+            live = is_idle & (true == seg_r)
+            prot = protected[seg_k] & live
+            any_prot = bool(prot.any())
+            picks = np.flatnonzero(live & ~prot if any_prot else live)
+            if len(picks) > need:
+                picks = picks[:need]
+                stop = int(picks[-1]) + 1
+            else:
+                stop = len(seg_k)
+            behind = np.flatnonzero(lazy[:stop]) if any_lazy else ()
+            if len(behind):
+                r, k = true[behind], seg_k[behind]
+                back_r.append(r)
+                back_k.append(k)
+                i = int(np.argmin(r))
+                smallest = (int(r[i]), int(k[r == r[i]].min()))
+                low = smallest if low is None or smallest < low else low
+            if len(picks):
+                got = seg_k[picks]
+                on_taken(got)
+                taken.append(got)
+                need -= len(got)
+            guarded = np.flatnonzero(prot[:stop]) if any_prot else ()
+            if len(guarded):  # protected: back in at the same (current) rank
+                back_r.append(seg_r[guarded])
+                back_k.append(seg_k[guarded])
+            run.cursor = cur = cur + stop
+            self.size -= stop
+            if cur < len(ranks):
+                heapq.heappush(heap, (int(ranks[cur]), int(keys[cur]), run_id))
+            else:
+                del runs[run_id]
+        self._push_back(back_r, back_k)
+        return taken
+
+    def _push_back(self, ranks: list[np.ndarray], keys: list[np.ndarray]) -> None:
+        """Push the entries going back in as one run (and empty the lists): a key met
+        twice (its entries in two runs) goes in once, at its true rank."""
+        if not keys:
+            return
+        k = np.concatenate(keys)
+        r = np.concatenate(ranks)
+        ranks.clear()
+        keys.clear()
+        if len(k) > 1:
+            k, first = np.unique(k, return_index=True)
+            r = r[first]
+        self.push(r, k)
+
+    def entries(self) -> list[tuple[int, int]]:
+        """Every unread entry as ``(rank, key)`` (tests: every idle key must have its live
+        entry here)."""
+        out: list[tuple[int, int]] = []
+        for run in self._runs.values():
+            out.extend(zip(run.ranks[run.cursor:].tolist(), run.keys[run.cursor:].tolist()))
+        return out

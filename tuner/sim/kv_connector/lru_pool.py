@@ -1,0 +1,412 @@
+"""The CPU pool with vLLM 0.33.0's LRU policy, as arrays over the dense hash-id space.
+
+Mirrors ``vllm/v1/kv_offload/cpu/manager.py`` (``CPUOffloadingManager`` with
+``store_threshold=1`` and no KV events) with ``cpu/policies/lru.py`` (``LRUCachePolicy``)
+for one KV-cache group; the ARC pool stays in ``cpu_manager`` / ``policies``.
+
+Why arrays: keys are dense hash ids (``tuner.sim.hash_space``), so a key's pool state is a
+slot in a few numpy arrays (chunk id, ref count, rank), and what vLLM does key by key over
+an offered run (~2,450 chunks a prompt in the agentic hour, most of them already stored)
+is a handful of fancy-indexing operations here. Eviction reads an
+:class:`~tuner.sim.kv_connector.eviction_order.EvictionOrder` of sorted runs instead of a
+heap of keys (a full pool evicts about one chunk per chunk stored).
+
+LRU ranks (lru.py): a request's keys share one request rank ``R`` taken at its first
+access and order by ``-position`` (tails before heads); an access raises a stored key's
+rank to the request's (``max``: ranks only grow); when a request finishes, its stored keys
+take fresh ranks tail first, so its head is the most recent; the smallest idle (ref count
+0), unprotected rank goes first. vLLM's rank is the pair ``(R, -position)``; here it is the
+int ``R * RANK_SPAN - position`` (same order while positions stay below ``RANK_SPAN``;
+int64 while ranks stay below 2**37, asserted).
+
+Contract: every answer and every state equals the key-at-a-time port's
+(``tests/sim/_kv_pool_plain.py``), held by ``tests/sim/test_kv_pool_batched.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tuner.sim.kv_connector.eviction_order import EvictionOrder
+from tuner.sim.kv_connector.policies import ReqContext
+
+__all__ = ["LRUPool", "RANK_SPAN"]
+
+MISS, HIT, HIT_PENDING = 0, 1, 2
+
+#: LRU ranks are ``rank * RANK_SPAN - position``: vLLM's ``(rank, -position)`` as one int64
+RANK_SPAN = 1 << 26
+_MAX_RANK = (1 << 62) // RANK_SPAN
+_I64 = np.int64
+_EMPTY = np.empty(0, _I64)
+
+
+@dataclass(slots=True)
+class _Access:
+    """The keys one request observed, first seen first, with their positions (-1: none)
+    (manager.py ``_RequestCacheAccess``; an LRU pool needs no inserted/reused sets).
+
+    Which keys it has seen is read from ``keys`` itself, sorted once per record that
+    follows another (``seen``): most requests record one run (their prompt's chunks),
+    and a Python set of ~2,500 keys per request cost more than the rest of the record."""
+
+    keys: list[np.ndarray] = field(default_factory=list)
+    positions: list[np.ndarray] = field(default_factory=list)
+    finished: bool = False
+    _seen: np.ndarray | None = None  # ``keys`` sorted, while no run was added since
+
+    def seen(self) -> np.ndarray:
+        """Every key recorded so far, sorted."""
+        if self._seen is None:
+            self._seen = np.sort(np.concatenate(self.keys)) if len(self.keys) > 1 \
+                else np.sort(self.keys[0])
+        return self._seen
+
+    def add(self, keys: np.ndarray, positions: np.ndarray) -> None:
+        self.keys.append(keys)
+        self.positions.append(positions)
+        self._seen = None
+
+    def renumber(self, live: np.ndarray) -> None:
+        """Hash ids renumbered (monotone): the new id of ``k`` is its index in ``live``."""
+        self.keys = [np.searchsorted(live, k) for k in self.keys]
+        self._seen = None
+
+
+class LRUPool:
+    """The CPU chunk pool under LRU; see the module doc. ``num_chunks`` from
+    ``cpu_bytes_to_use``. Keys may be passed as lists or int64 arrays; ``positions`` (the
+    tokens up to each key's chunk end, as in ``ReqContext.positions``) may be passed beside
+    them by a caller that has them as an array, else they are read from ``ctx.positions``."""
+
+    name = "lru"
+    #: the pool reads positions from the ``positions`` arguments when given, so a caller
+    #: that always gives them need not keep ``ReqContext.positions`` (ARC's pool does read it)
+    needs_position_map = False
+
+    def __init__(self, num_chunks: int) -> None:
+        self.num_chunks = num_chunks
+        self._num_allocated = 0
+        self._free = np.empty(max(num_chunks, 1), _I64)  # evicted chunk ids, a stack
+        self._num_free_ids = 0
+        self.num_evictable = 0  # ready chunks with ref_cnt 0
+        self.num_write_pending = 0
+        self.num_evicted = 0  # chunks evicted so far (counter)
+        self._next_rank = 0
+        size = 1024
+        self._chunk = np.full(size, -1, _I64)  # key -> chunk id, -1: not in the pool
+        self._ref = np.zeros(size, np.int32)  # -1: store in flight, n: n loads reading
+        self._rank = np.zeros(size, _I64)  # valid while the key is in the pool
+        self._idle = np.zeros(size, bool)  # stored, store complete, no load reading it
+        self._protected = np.zeros(size, bool)  # scratch: the offered keys of one store
+        self._slot = np.zeros(size, _I64)  # scratch: repeated keys in a run
+        self._order = EvictionOrder()
+        self._index = np.arange(4096, dtype=_I64)
+
+    # ----------------------------------------------------------------- arrays
+    def _fit(self, keys: np.ndarray) -> None:
+        """Grow the per-key arrays (geometrically) to hold ``keys``; ids appear as the
+        replay interns new hashes."""
+        if not len(keys):
+            return
+        top = int(keys.max())
+        size = len(self._chunk)
+        if top < size:
+            return
+        assert int(keys.min()) >= 0, "negative offload key (tuner bug)"
+        new = max(2 * size, top + 1)
+        self._chunk = np.concatenate([self._chunk, np.full(new - size, -1, _I64)])
+        self._ref = np.concatenate([self._ref, np.zeros(new - size, np.int32)])
+        self._rank = np.concatenate([self._rank, np.zeros(new - size, _I64)])
+        self._idle = np.concatenate([self._idle, np.zeros(new - size, bool)])
+        self._protected = np.concatenate([self._protected, np.zeros(new - size, bool)])
+        self._slot = np.concatenate([self._slot, np.zeros(new - size, _I64)])
+
+    def _repeats(self, keys: np.ndarray) -> bool:
+        """Whether a key occurs twice in ``keys`` (a write per key to a scratch slot: any
+        repeated key then reads back another index than its own at one occurrence)."""
+        n = len(keys)
+        if n < 2:
+            return False
+        if n > len(self._index):
+            self._index = np.arange(2 * n, dtype=_I64)
+        index = self._index[:n]
+        self._slot[keys] = index
+        return not (self._slot[keys] == index).all()
+
+    def _push_idle(self, keys: np.ndarray) -> None:
+        """Keys (distinct, stored) that just became idle get an order entry at their rank;
+        a rank that rises later (an access, a finish) is not pushed: the eviction finds the
+        entry below it and puts it back at the true rank (``EvictionOrder.take``)."""
+        self._order.push(self._rank[keys], keys)
+        if self._order.size > 8 * self.num_evictable + 65536:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Stale entries dominate: rebuild the order from the idle keys' ranks."""
+        keys = np.flatnonzero(self._idle)
+        self._order.reset(self._rank[keys], keys)
+
+    @staticmethod
+    def _positions(keys: np.ndarray, ctx: ReqContext) -> np.ndarray:
+        get = ctx.positions.get
+        return np.fromiter((get(k, -1) for k in keys.tolist()), _I64, len(keys))
+
+    # ----------------------------------------------------------------- ranks
+    def _request_rank(self, ctx: ReqContext) -> int:
+        if ctx.lru_owner is not self:
+            self._next_rank += 1
+            ctx.lru_rank = self._next_rank
+            ctx.lru_owner = self
+        return ctx.lru_rank
+
+    def _on_access(self, keys: np.ndarray, positions: np.ndarray, ctx: ReqContext) -> None:
+        """lru.py ``on_request_access``: stored, positioned keys rise to the request's rank."""
+        base = self._request_rank(ctx) * RANK_SPAN
+        sel = (positions >= 0) & (self._chunk[keys] >= 0)
+        if not sel.all():
+            keys, positions = keys[sel], positions[sel]
+        if not len(keys):
+            return
+        new = base - positions
+        up = new > self._rank[keys]
+        if not up.all():
+            keys, new = keys[up], new[up]
+        if len(keys):
+            self._rank[keys] = new
+
+    @staticmethod
+    def _access(ctx: ReqContext) -> _Access:
+        state = ctx.access
+        if state is None:
+            state = ctx.access = _Access()
+        return state  # type: ignore[return-value]
+
+    def _record(self, keys: np.ndarray, positions: np.ndarray, ctx: ReqContext) -> None:
+        """The access record: keys the request sees for the first time (first occurrence
+        of a repeated one) are kept for its finish and raise their ranks."""
+        state = self._access(ctx)
+        if not len(keys):
+            return
+        if state.keys:
+            seen = state.seen()
+            at = np.searchsorted(seen, keys)
+            at[at == len(seen)] = 0
+            unseen = seen[at] != keys
+        else:
+            unseen = np.ones(len(keys), bool)
+        if self._repeats(keys):  # first occurrences only, one by one
+            firsts = dict.fromkeys(keys[unseen].tolist())
+            picks = [i for i, k in enumerate(keys.tolist()) if firsts.pop(k, 0) is None]
+            keys, positions = keys[picks], positions[picks]
+        elif not unseen.all():
+            keys, positions = keys[unseen], positions[unseen]
+        if not len(keys):
+            return
+        assert not state.finished, "new cache keys after request finalization (tuner bug)"
+        state.add(keys, positions)
+        self._on_access(keys, positions, ctx)
+
+    # ----------------------------------------------------------------- interface
+    def on_new_request(self, ctx: ReqContext) -> None:
+        self._access(ctx)
+
+    def lookup(self, key: int) -> int:
+        if key >= len(self._chunk) or self._chunk[key] < 0:
+            return MISS
+        return HIT if self._ref[key] >= 0 else HIT_PENDING
+
+    def lookup_run(self, keys: np.ndarray) -> tuple[int, bool]:
+        """(how many of ``keys`` from the first are stored, whether any of those is still
+        being stored): the connector's consecutive-hit lookup in one pass."""
+        keys = np.asarray(keys, _I64)
+        self._fit(keys)
+        stored = self._chunk[keys] >= 0
+        hits = len(keys) if stored.all() else int(np.argmin(stored))
+        return hits, bool(hits and (self._ref[keys[:hits]] < 0).any())
+
+    def prepare_load(self, keys, ctx: ReqContext, positions: np.ndarray | None = None) -> None:
+        k = np.asarray(keys, _I64)
+        if not len(k):
+            self._record(k, _EMPTY, ctx)
+            return
+        self._fit(k)
+        assert (self._chunk[k] >= 0).all() and (self._ref[k] >= 0).all(), \
+            "chunk not loadable (tuner bug)"
+        idle = k[self._ref[k] == 0]
+        self.num_evictable -= len(np.unique(idle)) if len(idle) > 1 else len(idle)
+        np.add.at(self._ref, k, 1)
+        self._idle[k] = False
+        self._record(k, self._positions(k, ctx) if positions is None else positions, ctx)
+
+    def complete_load(self, keys) -> None:
+        k = np.asarray(keys, _I64)
+        if not len(k):
+            return
+        np.subtract.at(self._ref, k, 1)
+        assert (self._ref[k] >= 0).all() and (self._chunk[k] >= 0).all(), \
+            "chunk not loading (tuner bug)"
+        idle = np.unique(k[self._ref[k] == 0])
+        self.num_evictable += len(idle)
+        self._idle[idle] = True
+        self._push_idle(idle)
+
+    def _num_free(self) -> int:
+        return self._num_free_ids + self.num_chunks - self._num_allocated
+
+    def _allocate(self, n: int) -> np.ndarray:
+        """Chunk ids: never-used ones first, then evicted ones from the free list's end."""
+        fresh = min(n, self.num_chunks - self._num_allocated)
+        ids = np.arange(self._num_allocated, self._num_allocated + fresh, dtype=_I64)
+        self._num_allocated += fresh
+        if n > fresh:
+            top = self._num_free_ids
+            reuse = self._free[top - (n - fresh):top][::-1]
+            self._num_free_ids = top - (n - fresh)
+            ids = np.concatenate([ids, reuse])
+        return ids
+
+    def _evict(self, n: int, offered: np.ndarray) -> np.ndarray | None:
+        """The ``n`` idle keys of smallest rank not among ``offered``, evicted; None (and
+        no change) if there are fewer."""
+        idle_offered = offered[self._idle[offered]]
+        if self.num_evictable - len(idle_offered) < n:  # exact count when keys repeat
+            if self.num_evictable - len(np.unique(idle_offered)) < n:
+                return None
+        protected = self._protected
+        protected[idle_offered] = True
+        chunk, idle, freed = self._chunk, self._idle, []
+
+        def evicted(keys: np.ndarray) -> None:
+            freed.append(chunk[keys])
+            chunk[keys] = -1
+            idle[keys] = False
+
+        try:
+            victims = self._order.take(n, self._rank, idle, protected, evicted)
+        finally:
+            protected[idle_offered] = False
+        ids = np.concatenate(freed)
+        top = self._num_free_ids
+        self._free[top:top + len(ids)] = ids
+        self._num_free_ids = top + len(ids)
+        self.num_evictable -= n
+        self.num_evicted += n
+        return np.concatenate(victims)
+
+    def prepare_store(self, keys, ctx: ReqContext, positions: np.ndarray | None = None
+                      ) -> tuple[np.ndarray, int] | None:
+        """(keys to store, chunks evicted for them), or None: not enough idle chunks."""
+        k = np.asarray(keys, _I64)
+        self._fit(k)
+        if positions is None:
+            positions = self._positions(k, ctx)
+        present = self._chunk[k] >= 0
+        if self.num_write_pending:
+            recorded = ~present | (self._ref[k] >= 0)  # in-flight keys are not recorded
+            if recorded.all():
+                self._record(k, positions, ctx)
+            else:
+                self._record(k[recorded], positions[recorded], ctx)
+        else:
+            self._record(k, positions, ctx)
+        if present.all():
+            return _EMPTY, 0
+        to_store = k[~present]
+        num_evict = len(to_store) - self._num_free()
+        num_evicted = 0
+        if num_evict > 0:
+            if num_evict > self.num_evictable or self._evict(num_evict, k[present]) is None:
+                return None
+            num_evicted = num_evict
+        self._insert(to_store, positions[~present], ctx)
+        self.num_write_pending += len(to_store)
+        return to_store, num_evicted
+
+    def _insert(self, keys: np.ndarray, positions: np.ndarray, ctx: ReqContext) -> None:
+        """New chunks for ``keys`` (in flight, so not idle: no order entry yet)."""
+        ids = self._allocate(len(keys))
+        if (positions >= 0).all() and not self._repeats(keys):
+            self._chunk[keys] = ids
+            self._ref[keys] = -1
+            ranks = self._request_rank(ctx) * RANK_SPAN - positions
+        else:  # an unpositioned key takes a global rank in between; a repeated key's
+            ranks = np.empty(len(keys), _I64)  # last chunk wins: one by one, as vLLM
+            for i, (key, position) in enumerate(zip(keys.tolist(), positions.tolist())):
+                self._chunk[key] = ids[i]
+                self._ref[key] = -1
+                if position < 0:
+                    self._next_rank += 1
+                    ranks[i] = self._next_rank * RANK_SPAN
+                else:
+                    ranks[i] = self._request_rank(ctx) * RANK_SPAN - position
+        assert self._next_rank < _MAX_RANK, "LRU rank past int64 (tuner bug)"
+        self._rank[keys] = ranks
+
+    def complete_store(self, keys) -> None:
+        """Stores finished: in-flight chunks become readable and idle."""
+        k = np.asarray(keys, _I64)
+        if not len(k):
+            return
+        done = k[(self._chunk[k] >= 0) & (self._ref[k] < 0)]
+        if self._repeats(done):  # a job may name a key twice
+            done = np.unique(done)
+        self._ref[done] = 0
+        self._idle[done] = True
+        self.num_write_pending -= len(done)
+        self.num_evictable += len(done)
+        self._push_idle(done)
+
+    def on_request_finished(self, ctx: ReqContext) -> None:
+        """lru.py ``on_request_finished``: the request's stored keys take fresh ranks,
+        tail first (head to tail by position when every key has one, else first-seen)."""
+        state = ctx.access
+        if not isinstance(state, _Access) or state.finished:
+            return
+        state.finished = True
+        if not state.keys:
+            return
+        keys = np.concatenate(state.keys)
+        positions = np.concatenate(state.positions)
+        if (positions >= 0).all():
+            keys = keys[np.argsort(positions, kind="stable")]
+        keys = keys[::-1][self._chunk[keys[::-1]] >= 0]
+        if not len(keys):
+            return
+        rank = self._next_rank
+        self._rank[keys] = np.arange(rank + 1, rank + 1 + len(keys), dtype=_I64) * RANK_SPAN
+        self._next_rank = rank + len(keys)
+        assert self._next_rank < _MAX_RANK, "LRU rank past int64 (tuner bug)"
+
+    @property
+    def num_used_chunks(self) -> int:
+        return self._num_allocated - self._num_free_ids
+
+    # ----------------------------------------------------------------- hash ids
+    def pool_keys(self) -> np.ndarray:
+        """The keys in the pool (a renumbering of the id space must keep them)."""
+        return np.flatnonzero(self._chunk >= 0)
+
+    def renumber(self, live: np.ndarray) -> None:
+        """Hash id ``live[i]`` becomes ``i`` (monotone, ``tuner.sim.hash_space``); every
+        pool key is in ``live``."""
+        live = np.asarray(live, _I64)
+        inside = live[live < len(self._chunk)]
+        size = max(1024, len(live))
+
+        def keep(values: np.ndarray, fill: object) -> np.ndarray:
+            out = np.full(size, fill, dtype=values.dtype)
+            out[:len(inside)] = values[inside]
+            return out
+
+        stored = int((self._chunk >= 0).sum())
+        self._chunk = keep(self._chunk, -1)
+        assert int((self._chunk >= 0).sum()) == stored, "renumbering drops a pool key (tuner bug)"
+        self._ref = keep(self._ref, 0)
+        self._rank = keep(self._rank, 0)
+        self._idle = keep(self._idle, False)
+        self._protected = np.zeros(size, bool)
+        self._slot = np.zeros(size, _I64)
+        self._compact()
