@@ -37,13 +37,14 @@ import argparse
 import json
 import math
 import os
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from peak_rss import peak_rss_mib as _peak_mib
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "traces" / "mooncake_synthetic.jsonl"
@@ -126,10 +127,6 @@ def build_synth(hours: float, out: Path, *, kind: str, rate: float, seed: int) -
                        rate=rate, seed=seed)
     trace.write(out)
     return len(trace)
-
-
-def _peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _child(spec: dict[str, Any]) -> dict[str, Any]:

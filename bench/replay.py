@@ -44,6 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from peak_rss import peak_rss_mib
+
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_RATIO = 1000.0  # issue 23: >= 1,000x on the agentic hour (>= 1,500x on Mooncake)
 AISIM_VERSION = "0.13.0.dev202610270000000085"
@@ -75,7 +77,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
                         options=SimOptions(async_scheduling=async_scheduling))
     total_wall, total_cpu = time.perf_counter() - t0, time.process_time() - c0
     s = summarize(result)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB (Linux)
+    rss = peak_rss_mib()  # this child's own peak (bench/peak_rss.py says why)
     return {"summary": s.to_dict(), "total_wall_s": total_wall, "total_cpu_s": total_cpu,
             "peak_rss_mib": rss,
             "target": resolved.description, "num_gpu_blocks": resolved.cache.num_gpu_blocks,
