@@ -12,7 +12,7 @@ model (how time grows with M, context, message size), kernel by kernel.
 
 Formulas (docs/step-time-model.md §1), per kernel:
 
-* GEMM:   t0 + max(N K b / (eta_mem BW), 2 N K (M + m_half) / (eta_compute P))
+* GEMM:   t0 + max(N K b / (eta_mem BW), 2 (N + n_half)(K + k_half)(M + m_half) / (eta_compute P))
 * context attention: floor + KV write + max(KV read / (kv_eff BW), compute), compute =
   4 H d [pairs + (half + kv / g) tokens] / (eff(d) P) + the longest prompt's last tile
   (tuner/perf/prefill_attention.py, the formula the step-time model folds)
@@ -78,6 +78,14 @@ def _stats(pred: np.ndarray, meas: np.ndarray) -> str:
             f"/{100 * np.percentile(err, 90):+6.1f}%")
 
 
+def gemm_s(g, hw, fmt: str, m, n, k):  # type: ignore[no-untyped-def]
+    """One GEMM kernel as the step-time model prices it (vectorised over m, n, k):
+    ``t0 + max(N K b / (eta_mem BW), 2 (N + n_half)(K + k_half)(M + m_half) / (eta P))``."""
+    mem = n * k * FORMAT_BYTES[fmt] / (g.eta_mem * hw.hbm_bandwidth)
+    cmp = 2 * g.flop_elems(n * k, n, k, 1.0) * (m + g.m_half) / (g.eta_compute * hw.peak(fmt))
+    return g.t0_s + np.maximum(mem, cmp)
+
+
 def gemm(system: Path, hw, c) -> list[str]:  # type: ignore[no-untyped-def]
     import polars as pl
 
@@ -92,10 +100,7 @@ def gemm(system: Path, hw, c) -> list[str]:  # type: ignore[no-untyped-def]
         if sub.is_empty():
             continue
         m, n, k = (sub[x].to_numpy().astype(float) for x in ("m", "n", "k"))
-        g = c.gemm_for(fmt)
-        mem = n * k * FORMAT_BYTES[fmt] / (g.eta_mem * hw.hbm_bandwidth)
-        cmp = 2 * n * k * (m + g.m_half) / (g.eta_compute * hw.peak(fmt))
-        pred = (g.t0_s + np.maximum(mem, cmp)) * 1e3
+        pred = gemm_s(c.gemm_for(fmt), hw, fmt, m, n, k) * 1e3
         meas = sub["latency"].to_numpy()
         # compute-bound: the format's peak needs over 200 us for the shape (dispatch outside
         # the kernel, e.g. the fp8_block rows' ~90 us floor, is then a small share)
@@ -196,9 +201,11 @@ def moe(system: Path, hw, c) -> list[str]:  # type: ignore[no-untyped-def]
         g = c.gemm_for(fmt)
         local = e / ep
         w = 3 * h * i / tp  # one expert's elements on this rank
+        # its FLOP elements with the tile terms: w13 (N = 2 I/tp, K = h), w2 (N = h, K = I/tp)
+        wf = g.flop_elems(w, 2 * i / tp + h, h + i / tp, 2.0)
         touched = local * (1 - (1 - k / e) ** t)
         mem = touched * w * FORMAT_BYTES[fmt] / (g.eta_mem * hw.hbm_bandwidth)
-        cmp = 2 * w * (k * t / ep + touched * g.m_half) / (g.eta_compute * hw.peak(fmt))
+        cmp = 2 * wf * (k * t / ep + touched * g.m_half) / (g.eta_compute * hw.peak(fmt))
         pred = 2 * g.t0_s + c.moe_layer_overhead_s + np.maximum(mem, cmp)
         meas = sub["latency"].to_numpy()
         for label, sel in (("all", t > 0), ("T<=64", t <= 64), ("T>64", t > 64)):
@@ -374,6 +381,7 @@ def fit_priors(system: Path, hw) -> dict:  # type: ignore[no-untyped-def]
     the numbers the NVIDIA presets' ``step_time`` priors quote (``--fit-priors``)."""
     import polars as pl
 
+    from tuner.perf.fit.coefficients import GemmCoefficients
     from tuner.perf.fit.least_squares import Param, fit_params
 
     out: dict = {"gemm": {}}
@@ -386,12 +394,12 @@ def fit_priors(system: Path, hw) -> dict:  # type: ignore[no-untyped-def]
         y = sub["latency"].to_numpy() * 1e-3
 
         def res(v: dict, m=m, n=n, k=k, y=y, fmt=fmt) -> np.ndarray:
-            mem = n * k * FORMAT_BYTES[fmt] / (v["eta_mem"] * hw.hbm_bandwidth)
-            cmp = 2 * n * k * (m + v["m_half"]) / (v["eta_compute"] * hw.peak(fmt))
-            return np.log((v["t0_s"] + np.maximum(mem, cmp)) / y)
+            return np.log(gemm_s(GemmCoefficients(**v), hw, fmt, m, n, k) / y)
 
         r = fit_params(res, [Param("t0_s", 2e-7, 4e-4, 6e-6, np.inf), Param("eta_mem", 0.02, 1.0, 0.7, np.inf),
-                             Param("eta_compute", 0.02, 1.0, 0.6, np.inf), Param("m_half", 1.0, 4096.0, 64.0, np.inf)])
+                             Param("eta_compute", 0.02, 1.0, 0.6, np.inf), Param("m_half", 1.0, 4096.0, 64.0, np.inf),
+                             Param("k_half", 1.0, 16384.0, 64.0, np.inf),
+                             Param("n_half", 1.0, 16384.0, 64.0, np.inf)])
         out["gemm"][fmt] = {k2: float(f"{v:.3g}") for k2, v in r.values.items()}
         out["gemm"][fmt]["median_abs_err_pct"] = float(f"{100 * np.median(np.abs(np.expm1(r.residuals))):.3g}")
     out["gemm"]["fp8b"] = fit_block_fp8(d, hw, out["gemm"]["fp8"]["t0_s"])

@@ -6,7 +6,8 @@ A per-layer, per-kernel model (docs/step-time-model.md has the formulas). Per TP
     cpu  = step_overhead + request_overhead x requests        (scheduler, inputs, outputs)
     gpu  = launch gaps (per layer; more with prefill: piecewise graphs)
          + sum over GEMMs  t0[f] + max(bytes / (eta_mem[f] BW),
-                                       2 N K (M + m_half[f]) / (eta_compute[f] peak[f]))
+                                       2 (N + n_half[f]) (K + k_half[f]) (M + m_half[f])
+                                       / (eta_compute[f] peak[f]))
            (qkv, o, gate_up, down per layer; router, routed experts over the experts the
             batch touches, shared experts; the LM head once, on one row per request)
          + attention per layer: floor + max(KV bytes / (kv_eff BW), occupancy floor,
@@ -26,9 +27,12 @@ floats in ``__init__`` and ``step_time_s`` is plain float arithmetic on the ``St
 counters (bench/bench_step_time.py measures it). :meth:`terms` is the explained slow
 path; with NumPy arrays for the counters it prices many steps at once (the fits).
 
-Since all GEMMs of one format in a layer see the same token count M, their maxima have
-the same crossover, so summing the per-GEMM ``max`` terms equals one ``max`` over the
-format's summed bytes and FLOPs: exact, and one comparison per format per step.
+All GEMMs of one format in a layer see the same token count M, so the model takes one
+``max`` over the format's summed bytes and FLOPs: one comparison per format per step.
+Without the tile terms (``k_half = n_half = 0``) every GEMM's maxima cross at the same M
+and this equals the sum of per-GEMM maxima exactly; with them a skinny GEMM crosses a
+little later than a wide one, and the shared max is the sum's lower bound near the
+crossover (M of a few hundred; below it all are memory-bound, above it all compute-bound).
 """
 
 from __future__ import annotations
@@ -141,23 +145,29 @@ class RooflineStepTimeModel(StepTimeModel):
         self.shape = shape = _shape(model, tp)
         bw = hardware.hbm_bandwidth
 
-        def gemm(fmt: str, elems: float) -> tuple[float, float, float]:
-            """(memory s, compute s per token, compute s at M=0) for ``elems`` weights."""
+        def gemm(fmt: str, elems: float, dims: tuple[float, float, float]
+                 ) -> tuple[float, float, float]:
+            """(memory s, compute s per token, compute s at M=0) for ``elems`` weights in
+            GEMMs of ``dims`` = (sum N, sum K, count): bytes stream once, FLOPs are priced
+            with the tile terms (``GemmCoefficients.flop_elems``)."""
             g: GemmCoefficients = c.gemm_for(fmt)
-            per_tok = 2.0 * elems / (g.eta_compute * hardware.peak(fmt))
+            per_tok = 2.0 * g.flop_elems(elems, *dims) / (g.eta_compute * hardware.peak(fmt))
             return elems * DTYPE_BYTES[fmt] / (g.eta_mem * bw), per_tok, per_tok * g.m_half
 
         # dense GEMMs (M = tokens), one entry per kernel format
-        self._dense = tuple(gemm(fmt, elems) for fmt, elems in sorted(shape["dense"].items()))
-        self._lm = gemm(shape["lm_fmt"], shape["lm_elems"])  # M = requests
+        self._dense = tuple(gemm(fmt, elems, shape["dims"][fmt])
+                            for fmt, elems in sorted(shape["dense"].items()))
+        self._lm = gemm(shape["lm_fmt"], shape["lm_elems"], shape["lm_dims"])  # M = requests
         self._moe = model.is_moe
         # experts: TP-split widths, or whole experts over tp x dp ranks with expert
         # parallelism (tuner/perf/expert_parallel.py), fed by the whole DP group's tokens
         self.expert_layout = layout = expert_layout(model, tp, dp, expert_parallel)
         self.couples_ranks = layout.ep > 1 and layout.dp > 1
         if self._moe:
-            elems = shape["expert_elems"] if layout.ep == 1 else shape["expert_elems"] * tp
-            e_mem, e_tok, e_zero = gemm(shape["expert_fmt"], elems)
+            whole = layout.ep > 1  # whole experts per rank: widths not split over TP
+            elems = shape["expert_elems"] * (tp if whole else 1)
+            e_mem, e_tok, e_zero = gemm(shape["expert_fmt"], elems,
+                                        expert_dims(model, 1 if whole else tp))
             # pairs routed to this rank per token of the DP group: k, or k / EP
             self._e_tok_group = e_tok * model.num_experts_per_tok / layout.ep
             self._e_mem, self._e_half = e_mem, e_zero
@@ -439,19 +449,34 @@ def _shape(m: ModelSpec, tp: int) -> dict[str, Any]:
     exp_f, act_f = kernel_format(m.expert_weight_dtype), kernel_format(m.act_dtype)
     dense: dict[str, float] = {}
     kernels: dict[str, float] = {}
+    dims: dict[str, tuple[float, float, float]] = {}  # (sum N, sum K, GEMMs) per format
+    h = float(m.hidden_size)
 
-    def add(fmt: str, elems: float, launches: float) -> None:
+    def add(fmt: str, elems: float, launches: float, outs: float = 0.0,
+            out_elems: float = 0.0) -> None:
+        """``launches`` GEMMs of ``elems`` weights, ``outs`` of them output projections
+        (N = hidden, ``out_elems`` of the weights) and the rest input projections
+        (K = hidden): the sums of N and K the tile terms need."""
         if elems > 0:
             dense[fmt] = dense.get(fmt, 0.0) + elems
             kernels[fmt] = kernels.get(fmt, 0.0) + launches
+            n, k, cnt = dims.get(fmt, (0.0, 0.0, 0.0))
+            dims[fmt] = (n + (elems - out_elems) / h + outs * h,
+                         k + (launches - outs) * h + out_elems / h, cnt + launches)
 
     layers = m.num_layers
-    # attention projections: GQA qkv + o; MLA q_a, q_b, kv_a, kv_b (absorbed), o
+    # attention projections: GQA qkv + o; MLA q_a, q_b, kv_a, kv_b (absorbed), o (MLA's
+    # inner q_b/kv_b priced as if fed by the hidden state: an approximation of their K)
+    attn_out = (m.num_layers - m.num_linear_layers) * h * m.num_attention_heads * (
+        m.v_head_dim if m.attention == "mla" else m.head_dim) / tp
+    attn_out += m.num_linear_layers * h * m.linear_num_value_heads * m.linear_value_head_dim / tp
     add(attn_f, wb["attn"] / DTYPE_BYTES[m.attn_weight_dtype],
-        layers * (5 if m.attention == "mla" else 2))
-    add(dense_f, wb["dense_mlp"] / DTYPE_BYTES[m.weight_dtype], m.num_dense_layers * 2)
-    add(exp_f, wb["shared_experts"] / DTYPE_BYTES[m.expert_weight_dtype],
-        m.num_moe_layers * 2 if m.shared_expert_intermediate_size else 0)
+        layers * (5 if m.attention == "mla" else 2), layers, attn_out)
+    mlp = wb["dense_mlp"] / DTYPE_BYTES[m.weight_dtype]
+    add(dense_f, mlp, m.num_dense_layers * 2, m.num_dense_layers, mlp / 3.0)  # gate_up, down
+    shared = wb["shared_experts"] / DTYPE_BYTES[m.expert_weight_dtype]
+    n_shared = m.num_moe_layers if m.shared_expert_intermediate_size else 0
+    add(exp_f, shared, n_shared * 2, n_shared, shared / 3.0)
     add(act_f, wb["router"] / DTYPE_BYTES[m.act_dtype], m.num_moe_layers)
     lm_elems = (m.vocab_size * m.hidden_size) / tp
     kernels[act_f] = kernels.get(act_f, 0.0) + 1  # the LM head
@@ -479,7 +504,8 @@ def _shape(m: ModelSpec, tp: int) -> dict[str, Any]:
     full, slide = m.num_full_layers, m.num_sliding_layers
     ar_calls = (2 * layers + 1) if tp > 1 else 0
     return {
-        "dense": dense, "kernels": kernels, "lm_fmt": act_f, "lm_elems": lm_elems,
+        "dense": dense, "kernels": kernels, "dims": dims, "lm_fmt": act_f,
+        "lm_elems": lm_elems, "lm_dims": (lm_elems / h, h, 1.0),
         "expert_fmt": exp_f, "expert_elems": expert_elems,
         "kv_full": full * per_layer_kv, "kv_slide": slide * per_layer_kv,
         "pair_p_full": full * pair_p, "pair_d_full": full * pair_d,
@@ -488,3 +514,10 @@ def _shape(m: ModelSpec, tp: int) -> dict[str, Any]:
         "pf_group": pf_group, "ar_calls": float(ar_calls), "ring": 2.0 * (tp - 1) / tp,
         "ar_bytes_tok": m.hidden_size * DTYPE_BYTES[m.act_dtype],
     }
+
+
+def expert_dims(m: ModelSpec, split: int) -> tuple[float, float, float]:
+    """(sum N, sum K, GEMMs) of one routed expert's fused w13 (K = hidden, N = 2 I) and
+    w2 (N = hidden, K = I) with the intermediate width ``I`` split ``split`` ways."""
+    h, i = float(m.hidden_size), m.moe_intermediate_size / split
+    return 2.0 * i + h, h + i, 2.0

@@ -32,25 +32,41 @@ FORMATS: tuple[str, ...] = ("bf16", "fp8", "fp8b", "fp4", "int4")
 
 @dataclass(frozen=True, slots=True)
 class GemmCoefficients:
-    """One GEMM kernel family: ``t0 + max(bytes / (eta_mem BW), flops / (eta(M) peak))``
-    with ``eta(M) = eta_compute * M / (M + m_half)``.
+    """One GEMM kernel family: ``t0 + max(bytes / (eta_mem BW), flops / (eta peak))``
+    with the compute side ``2 (N + n_half) (K + k_half) (M + m_half) / (eta_compute peak)``.
 
-    ``m_half`` is the token count at which the kernel reaches half its asymptotic compute
-    efficiency (tile quantisation and too few waves make skinny GEMMs slow); it turns
-    the compute side into ``2 N K (M + m_half) / (eta_compute peak)``, linear in M.
+    Each ``*_half`` is the size along one dimension at which the kernel reaches half its
+    asymptotic efficiency along it: a tiled kernel computes whole output tiles in whole
+    waves over the SMs (tile and wave quantisation make skinny M and N slow), and each
+    tile pays a fixed prologue and epilogue (pipeline fill, the C write) worth ``k_half``
+    steps of its K loop (small K is slow). The library's tile heuristic (cuBLAS,
+    CUTLASS, hipBLASLt pick among tile shapes, split-K and stream-K per shape) smooths the
+    staircase of any one tile into these hyperbolae (docs/step-time-model.md §1).
+    ``k_half = n_half = 0`` is the M-only form (what presets without them price).
     """
 
     t0_s: float = 6e-6  # launch-to-finish floor of one GEMM kernel
     eta_mem: float = 0.75  # fraction of HBM bandwidth when streaming the weights
     eta_compute: float = 0.65  # asymptotic fraction of the format's dense peak
     m_half: float = 64.0  # tokens at half the asymptotic compute efficiency
+    k_half: float = 0.0  # reduction depth at half efficiency (per-tile prologue/epilogue)
+    n_half: float = 0.0  # output columns at half efficiency (tiles and waves along N)
+
+    def flop_elems(self, elems: float, sum_n: float, sum_k: float, count: float) -> float:
+        """``sum (N + n_half)(K + k_half)`` over ``count`` GEMMs with ``elems = sum N K``,
+        ``sum_n = sum N`` and ``sum_k = sum K``: the weight elements a token's FLOPs are
+        priced on (``elems`` itself when both terms are 0, bit for bit)."""
+        if not (self.k_half or self.n_half):
+            return elems
+        return (elems + self.n_half * sum_k + self.k_half * sum_n
+                + self.n_half * self.k_half * count)
 
     def __post_init__(self) -> None:
         for name in ("eta_mem", "eta_compute"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v <= 1.0:
                 raise ConfigError(f"gemm coefficient {name}={v!r} must be in (0, 1]")
-        for name in ("t0_s", "m_half"):
+        for name in ("t0_s", "m_half", "k_half", "n_half"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0.0 or math.isinf(v):
                 raise ConfigError(f"gemm coefficient {name}={v!r} must be a number >= 0")
@@ -229,7 +245,7 @@ def _number(value: Any, key: str, source: str) -> float:
 def coefficients_from_preset(data: Mapping[str, Any] | None, *, source: str) -> Coefficients:
     """Coefficients from a hardware preset's ``step_time`` section.
 
-    Layout: ``gemm: {<fmt>: {t0_us, eta_mem, eta_compute, m_half}}`` and any other
+    Layout: ``gemm: {<fmt>: {t0_us, eta_mem, eta_compute, m_half, k_half, n_half}}`` and any other
     coefficient by name, with ``*_us`` keys in microseconds (``step_overhead_us``); a
     ``sources`` entry (free text) is ignored here and kept for the reader, and so is
     ``measured`` (the names whose priors are measured, ``HardwareSpec.measured_priors``).
