@@ -112,7 +112,7 @@ class KVCacheManager:
         first = int(missing.argmax())  # stops at the first miss; 0 when none
         return first if missing[first] else max_blocks
 
-    def num_hit_blocks(self, request: "SimRequest") -> int:
+    def num_hit_blocks(self, request: "SimRequest", known: int = -1) -> int:
         """Length in blocks of the longest cached prefix, memoised across steps.
 
         Same value as ``len(_longest_hit(request))`` (check_invariants compares them).
@@ -126,6 +126,10 @@ class KVCacheManager:
         with one gather. Per slot, so an eviction under another request's prefix leaves
         this memo alone. No per-request index is kept (building one per watched prompt
         cost more than the recomputes it saved).
+
+        ``known``: the current hit length when the caller just computed it with the pool
+        unchanged since (a head whose allocation failed after ``get_computed_blocks``),
+        which saves the second gather over its prompt.
         """
         if request.synthetic_base < 0:
             self.adopt(request)
@@ -134,7 +138,7 @@ class KVCacheManager:
             pool.watched.add(request)
             free = pool.free_slots
             request.hit_slot = free.popleft() if free else WATCH_SLOTS - 1
-        length = self._current_hit_blocks(request)
+        length = known if known >= 0 else self._current_hit_blocks(request)
         request.hit_epoch = pool.slot_epochs[request.hit_slot]
         request.hit_memo = length
         start = request.hit_watched
