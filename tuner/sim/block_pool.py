@@ -82,7 +82,7 @@ def _first_occurrences(values: np.ndarray) -> np.ndarray | None:
 
     Why not ``np.unique(..., return_index=True)``: an eviction batch's linked blocks are
     a few dozen (the agentic hour: ~36 a batch, ~7,000 batches), where ``np.unique``'s
-    Python layers and stable sort cost ~10x a set over the list (py-spy: ~3 % of the
+    Python layers and stable sort cost ~10x a set over the list (py-spy: ~1.6 % of the
     window-16 replay). Large batches keep the vectorised sort.
     """
     n = len(values)
