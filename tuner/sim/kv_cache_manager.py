@@ -103,8 +103,8 @@ class KVCacheManager:
 
     def _hit_length(self, request: "SimRequest") -> int:
         """``len(_longest_hit(request))`` without building the hit: a memo's recompute
-        needs only the length, and the int64 copy of a ~3,000-block hit was a fifth of
-        the call."""
+        needs only the length, and the int64 copy of a ~3,000-block hit was 15-30 % of
+        the call (a microbenchmark; py-spy in the agentic hour)."""
         max_blocks = self._max_hit_blocks(request)
         if max_blocks <= 0:
             return 0
