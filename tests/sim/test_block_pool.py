@@ -352,3 +352,24 @@ def test_lookup_follows_registration_order_when_holders_leave():
     assert pool.get_new_block() == 2  # the first holder: 5 takes over
     assert pool.get_cached_block(3) == 5
     pool.check_invariants()
+
+
+def test_first_occurrences_matches_unique_small_and_large():
+    """The eviction rounds' repeated-hash finder (a set for small batches, a stable sort
+    for large ones) marks exactly ``np.unique``'s first occurrences, None when distinct."""
+    import numpy as np
+
+    from tuner.sim.block_pool import _SMALL_BATCH, _first_occurrences
+
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 9, _SMALL_BATCH, _SMALL_BATCH + 1, 3000):
+        for spread in (n // 3 + 1, 10 * n):
+            values = rng.integers(0, spread, n).astype(np.int64)
+            _, first = np.unique(values, return_index=True)
+            mask = _first_occurrences(values)
+            if len(first) == n:
+                assert mask is None
+            else:
+                expected = np.zeros(n, dtype=bool)
+                expected[first] = True
+                assert mask is not None and mask.tolist() == expected.tolist()

@@ -210,6 +210,20 @@ def test_memos_stay_exact_per_watch_slot_generated(seed, monkeypatch):
 
     monkeypatch.setattr(kv_cache_manager.KVCacheManager, "num_cached_tokens_of",
                         checked_probe)
+    computed = kv_cache_manager.KVCacheManager.get_computed_blocks
+    memo_hits = []
+
+    def checked_hit(kvm, request):  # an admission's hit from a current memo, or a walk
+        memo_current = (request.hit_memo >= 0 and request.hit_epoch
+                        == kvm.block_pool.slot_epochs[request.hit_slot])
+        blocks, tokens = computed(kvm, request)
+        walk = kvm._longest_hit(request)
+        assert blocks.dtype == walk.dtype and blocks.tolist() == walk.tolist()
+        assert tokens == len(walk) * kvm.block_size
+        memo_hits.append(memo_current)
+        return blocks, tokens
+
+    monkeypatch.setattr(kv_cache_manager.KVCacheManager, "get_computed_blocks", checked_hit)
     window = rng.choice([2, 4, 12, 40])
     reqs = random_trace(seed, 90, families=rng.choice([2, 3, 6]), max_input=400, rate=120.0)
     sim, _ = replay(reqs, SchedulerSettings(max_num_batched_tokens=128, max_num_seqs=8,
@@ -218,7 +232,7 @@ def test_memos_stay_exact_per_watch_slot_generated(seed, monkeypatch):
                     CacheSettings(num_gpu_blocks=rng.choice([30, 45, 70])),
                     async_scheduling=bool(seed % 3 == 0))
     pool = sim.scheduler.kv_cache_manager.block_pool
-    assert pool.num_evictions > 0 and probes
+    assert pool.num_evictions > 0 and probes and any(memo_hits)
     assert not pool.watched and len(pool.free_slots) == WATCH_SLOTS - 1
 
 
@@ -248,3 +262,16 @@ def test_memo_with_a_hash_repeated_in_one_chain_uses_its_first_position():
     while pool.get_cached_block(5) is not None:  # evict every block carrying hash 5
         taken.extend(pool.get_new_blocks(1).tolist())
     assert kvm.num_hit_blocks(waiter) == len(kvm._longest_hit(waiter)) == 0
+
+
+def test_a_known_hit_length_stores_the_memo_a_walk_would():
+    """``num_hit_blocks(request, known)`` (a blocked head's memo from the hit just
+    gathered) stores the same memo, epoch and watch bits as the walk."""
+    kvm = cached_pool(8, (48, [1, 2, 3]))
+    walked, told = make_request("a", 64, [1, 2, 3, 4]), make_request("b", 64, [1, 2, 3, 4])
+    assert kvm.num_hit_blocks(walked) == 3
+    assert kvm.num_hit_blocks(told, len(kvm._longest_hit(told))) == 3
+    assert (told.hit_memo, told.hit_watched) == (walked.hit_memo, walked.hit_watched)
+    assert told.hit_epoch == kvm.block_pool.slot_epochs[told.hit_slot]
+    bits = kvm.block_pool.watch_bits
+    assert all(bits[h] & (1 << told.hit_slot) for h in told.hashes_upto(3).tolist())

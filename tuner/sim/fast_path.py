@@ -43,11 +43,15 @@ path decides. What it promises, and when it steps aside:
    moved since its memo was stored: the pool bumps a slot's epoch whenever a hash id
    carrying the slot's bit leaves the map, and a slot's bits cover at least every hash
    its requests' memos cover (a superset: stale bits only cost a recompute). A skipped
-   walk still extends the memo past its end when the next hash is cached. ``check_invariants``
+   walk still extends the memo past its end when the next hash is cached. The same
+   rule lets an admission (``get_computed_blocks``) take its hit's length from a current
+   memo and gather only the hit (no search for its end), and a blocked head store the
+   length of the hit it just gathered (a failed ``allocate_slots`` changes nothing)
+   instead of walking again. ``check_invariants``
    compares every memo with a walk after each step;
    ``tests/sim/test_kv_cache_manager.py::test_memos_stay_exact_per_watch_slot_generated``
-   also compares every window probe with a walk, with shared slots and the bits rebuilt
-   or never.
+   also compares every window probe and every admission's hit with a walk, with shared
+   slots and the bits rebuilt or never.
 
 Adding a settings field: declare it in ``FAST_PATH_FIELDS`` below, either with how the
 group step already gives the plain path's result for every value (name the code that
