@@ -133,10 +133,15 @@ def test_empty_pool_raises_value_error():
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_free_queue_matches_deque_reference(seed):
-    """Random popleft/popleft_n/remove/append_n/prepend_n against a slow deque."""
+@pytest.mark.parametrize("stamp_limit", [None, 30, 47])
+def test_free_queue_matches_deque_reference(seed, stamp_limit):
+    """Random popleft/popleft_n/remove/append_n/prepend_n against a slow deque; with a
+    small ``stamp_limit`` the int32 stamps are renumbered many times on the way."""
     rng = random.Random(seed)
-    queue = FreeBlockQueue(list(range(30)), 30)
+    if stamp_limit is None:
+        queue = FreeBlockQueue(list(range(30)), 30)
+    else:
+        queue = FreeBlockQueue(list(range(30)), 30, stamp_limit=stamp_limit)
     ref: deque[int] = deque(range(30))
     out: list[int] = []
     for _ in range(400):
@@ -175,6 +180,18 @@ def test_free_queue_matches_deque_reference(seed):
             ref.extendleft(reversed(chunk))
         assert queue.get_all_free_blocks() == list(ref)
         assert queue.num_free_blocks == len(ref)
+        assert queue._next_stamp <= (stamp_limit or 2**31 - 1)  # noqa: SLF001
+    if stamp_limit is not None:
+        assert queue.num_rebases > 0  # the renumbering was exercised
+
+
+def test_free_queue_stamps_are_int32_and_limit_is_checked():
+    """The stamps' dtype is the point (bytes kept hot); a limit below the pool's size
+    could not renumber every live entry, so it is refused."""
+    queue = FreeBlockQueue(list(range(10)), 10)
+    assert queue.stamp_of.dtype == np.int32
+    with pytest.raises(ValueError):
+        FreeBlockQueue(list(range(10)), 10, stamp_limit=9)
 
 
 def test_free_queue_compacts_and_stays_bounded():

@@ -17,7 +17,16 @@ blocks is a handful of numpy calls:
   an entry is live iff its stamp equals ``stamp_of`` of its block. Removing a block
   from the middle is one store (``stamp_of[id] = -1``); its entry goes stale and is
   skipped when a pop reaches it (each stale entry is passed over once);
-* the back buffer is compacted when full, so memory stays O(number of blocks).
+* the back buffer is compacted when full, so memory stays O(number of blocks);
+* stamps are int32 (``stamp_of`` and both buffers' stamp columns): a stamp is only
+  compared for equality, so when the counter nears 2**31 (``STAMP_LIMIT``) every live
+  entry is renumbered from 0 and the stale ones dropped (``_rebase``), which keeps the
+  order and which entries are live. Why int32: a P/D replay alternates two pools of
+  ~400,000 blocks step by step on one core and the per-call cost grows with the bytes
+  both keep hot (docs/disaggregation.md, cost section); ``stamp_of`` is gathered at
+  every pop and scattered at every free, at random block ids. Block ids stay int64:
+  they leave the queue as indices, and numpy converts an int32 index array on every
+  gather and scatter.
 
 ``tests/sim/test_block_pool.py`` checks it against a ``deque`` reference on random
 operation sequences, and the whole pool against vLLM's linked-list design.
@@ -28,32 +37,45 @@ from __future__ import annotations
 import numpy as np
 
 _ID = np.int64
+_STAMP = np.int32
+#: Stamps run below this; the next batch that would reach it renumbers first (_rebase).
+STAMP_LIMIT = (1 << 31) - 1
 
 
 class FreeBlockQueue:
     """Free block ids in eviction order (front = next to allocate / evict)."""
 
     __slots__ = ("num_free_blocks", "stamp_of", "_next_stamp", "_ids", "_stamps", "_head",
-                 "_tail", "_fids", "_fstamps", "_ftop")
+                 "_tail", "_fids", "_fstamps", "_ftop", "stamp_limit", "num_rebases")
 
-    def __init__(self, block_ids: "np.ndarray | list[int]", num_blocks: int | None = None
-                 ) -> None:
-        """Start with ``block_ids`` free, in that order; ids are < ``num_blocks``."""
+    def __init__(self, block_ids: "np.ndarray | list[int]", num_blocks: int | None = None,
+                 stamp_limit: int = STAMP_LIMIT) -> None:
+        """Start with ``block_ids`` free, in that order; ids are < ``num_blocks``.
+
+        ``stamp_limit``: stamps stay below it (``STAMP_LIMIT``; tests pass a small one
+        to exercise the renumbering).
+        """
         ids = np.asarray(block_ids, dtype=_ID)
         n = len(ids)
         size = int(ids.max()) + 1 if num_blocks is None and n else (num_blocks or 0)
+        if not size <= stamp_limit <= STAMP_LIMIT:
+            # after a rebase the live entries take stamps 0..live-1 and a batch of other,
+            # distinct blocks follows them: together at most ``size`` stamps
+            raise ValueError(f"stamp_limit={stamp_limit} must be in [{size}, 2**31 - 1]")
+        self.stamp_limit = stamp_limit
+        self.num_rebases = 0
         self.num_free_blocks = n
-        self.stamp_of = np.full(size, -1, dtype=_ID)
+        self.stamp_of = np.full(size, -1, dtype=_STAMP)
         cap = max(2 * size, 1024)
         self._ids = np.empty(cap, dtype=_ID)
-        self._stamps = np.empty(cap, dtype=_ID)
+        self._stamps = np.empty(cap, dtype=_STAMP)
         self._ids[:n] = ids
-        self._stamps[:n] = np.arange(n, dtype=_ID)
+        self._stamps[:n] = np.arange(n, dtype=_STAMP)
         self.stamp_of[ids] = self._stamps[:n]
         self._next_stamp = n
         self._head, self._tail = 0, n
         self._fids = np.empty(max(size, 256), dtype=_ID)
-        self._fstamps = np.empty(max(size, 256), dtype=_ID)
+        self._fstamps = np.empty(max(size, 256), dtype=_STAMP)
         self._ftop = 0
 
     # ----------------------------------------------------------------- queries
@@ -166,10 +188,12 @@ class FreeBlockQueue:
         k = len(block_ids)
         if not k:
             return
+        if self._next_stamp + k > self.stamp_limit:
+            self._rebase(k)  # compacts both buffers: before the room check below
         if self._tail + k > len(self._ids):
             self._compact(k)
         tail, stamp = self._tail, self._next_stamp
-        stamps = np.arange(stamp, stamp + k, dtype=_ID)
+        stamps = np.arange(stamp, stamp + k, dtype=_STAMP)
         self._ids[tail:tail + k] = block_ids
         self._stamps[tail:tail + k] = stamps
         self.stamp_of[block_ids] = stamps
@@ -182,18 +206,41 @@ class FreeBlockQueue:
         k = len(block_ids)
         if not k:
             return
-        top = self._ftop
-        if top + k > len(self._fids):
+        if self._next_stamp + k > self.stamp_limit:
+            self._rebase(k)  # compacts both buffers: before the room check below
+        if self._ftop + k > len(self._fids):
             self._compact_front(k)
-            top = self._ftop
+        top = self._ftop
         stamp = self._next_stamp
-        stamps = np.arange(stamp, stamp + k, dtype=_ID)
+        stamps = np.arange(stamp, stamp + k, dtype=_STAMP)
         self._fids[top:top + k] = block_ids[::-1]  # the first one ends on top
         self._fstamps[top:top + k] = stamps
         self.stamp_of[block_ids[::-1]] = stamps
         self._ftop = top + k
         self._next_stamp = stamp + k
         self.num_free_blocks += k
+
+    def _rebase(self, extra: int) -> None:
+        """Renumber the live entries' stamps from 0 (the counter neared the limit).
+
+        Both buffers are compacted first (stale entries dropped: their stamps could
+        otherwise equal a renumbered live one), then the live entries, front stack then
+        back buffer, take 0..n-1: the order and the set of free blocks are unchanged,
+        only the stamps' values, which are compared for equality alone. O(blocks), once
+        every ~2**31 frees (a pool of 400,000 blocks: after ~5,000 full turnovers).
+        """
+        self._compact_front(0)
+        self._compact(0)
+        f, b = self._ftop, self._tail - self._head
+        self._fstamps[:f] = np.arange(f, dtype=_STAMP)
+        self._stamps[self._head:self._tail] = np.arange(f, f + b, dtype=_STAMP)
+        self.stamp_of[self._fids[:f]] = self._fstamps[:f]
+        self.stamp_of[self._ids[self._head:self._tail]] = self._stamps[self._head:self._tail]
+        self._next_stamp = f + b
+        self.num_rebases += 1
+        if self._next_stamp + extra > self.stamp_limit:
+            raise RuntimeError("free queue stamps: more live entries than the limit "
+                               "allows (tuner bug)")
 
     def _compact(self, extra: int) -> None:
         """Drop stale back entries (and grow if the live ones still do not leave room)."""
@@ -215,7 +262,7 @@ class FreeBlockQueue:
         n = len(ids)
         if n + extra > len(ids_buf) // 2:
             ids_buf = np.empty(2 * (n + extra), dtype=_ID)
-            stamps_buf = np.empty(2 * (n + extra), dtype=_ID)
+            stamps_buf = np.empty(2 * (n + extra), dtype=_STAMP)
         ids_buf[:n] = ids
         stamps_buf[:n] = stamps
         return ids_buf, stamps_buf, n

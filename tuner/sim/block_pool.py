@@ -37,7 +37,8 @@ step by step on one core, and the per-call cost grew with the bytes both keep ho
 (docs/disaggregation.md, cost section). Block ids leave the pool and are used as indices
 as int64 (``int(...)``, ``_longest_hit``'s hit, ``popleft_n``), because numpy converts
 an int32 index array on every gather and scatter (twice a gather's cost, numpy 2.4).
-Hash ids (``block_hash``) and the free queue's stamps stay int64.
+Hash ids (``block_hash``) stay int64; the free queue's stamps are int32
+(``tuner.sim._free_queue``, renumbered before they reach 2**31).
 """
 
 from __future__ import annotations
