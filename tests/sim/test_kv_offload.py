@@ -209,6 +209,38 @@ def test_offload_settings_refuse_bad_values() -> None:
         == pytest.approx(1e-5 + 2 * (1 << 20) / 50e9)
 
 
+def test_offload_size_beyond_any_host_is_a_one_line_error() -> None:
+    """A typo'd ``--kv-offloading-size 1e30`` once reached numpy as a 10^20-entry array
+    ("Maximum allowed dimension exceeded", a traceback); it is refused by name."""
+    from tuner.errors import ConfigError
+    from tuner.perf.host_link import MAX_OFFLOAD_GIB, offload_settings
+
+    kw = dict(backend="native", policy="lru", blocks_per_chunk=1, hardware_name="mi355x",
+              tp=1, bytes_per_block=1 << 21)
+    with pytest.raises(ConfigError, match="--kv-offloading-size 1e\\+30: more than"):
+        offload_settings(size_gib=1e30, **kw)
+    assert offload_settings(size_gib=MAX_OFFLOAD_GIB, **kw).num_chunks == MAX_OFFLOAD_GIB * 512
+
+
+def test_lru_pool_memory_follows_the_chunks_used_not_the_pool_size() -> None:
+    """The LRU pool's free-id stack grows with evictions instead of being sized by
+    ``num_chunks`` (a 64 TiB pool of 2 MiB chunks is 32 M chunks, 256 MB of stack), and
+    a burst of evictions larger than its first allocation keeps every chunk id unique."""
+    from tuner.sim.kv_connector.lru_pool import LRUPool
+
+    assert LRUPool(1 << 40)._free.nbytes <= 8 * 1024
+    pool = LRUPool(3000)
+    first = pool.prepare_store(list(range(3000)), ReqContext())
+    assert first is not None
+    pool.complete_store(first[0])
+    second = pool.prepare_store(list(range(3000, 5000)), ReqContext())
+    assert second is not None
+    pool.complete_store(second[0])
+    held = pool._chunk[pool._chunk >= 0]
+    assert len(held) == 3000 and len(np.unique(held)) == 3000 and held.max() < 3000
+    assert [pool.lookup(k) for k in (0, 1999, 2000, 4999)] == [MISS, MISS, HIT, HIT]
+
+
 def test_lru_evicts_the_smallest_ranks_like_a_brute_force_scan() -> None:
     """The LRU pool's run-sorted eviction order (stale entries skipped, protected ones kept
     for later) evicts exactly the n idle, unprotected keys of smallest (rank, key), over

@@ -85,6 +85,11 @@ def host_link_for(hardware_name: str) -> HostLink:
 PAGE_BYTES = 4096
 
 
+#: The largest ``--kv-offloading-size`` accepted: vLLM pins the pool in host RAM, and
+#: no single host carries 64 TiB; a larger figure is a typo, not a configuration.
+MAX_OFFLOAD_GIB = 1 << 16
+
+
 def offload_settings(*, size_gib: float | None, backend: str, policy: str,
                      blocks_per_chunk: int, hardware_name: str, tp: int,
                      bytes_per_block: int) -> OffloadSettings | None:
@@ -96,6 +101,9 @@ def offload_settings(*, size_gib: float | None, backend: str, policy: str,
         return None
     if not size_gib > 0:
         raise ConfigError(f"--kv-offloading-size {size_gib}: must be > 0 GiB")
+    if not size_gib <= MAX_OFFLOAD_GIB:
+        raise ConfigError(f"--kv-offloading-size {size_gib}: more than {MAX_OFFLOAD_GIB} GiB, "
+                          "beyond any host's memory (vLLM pins it in host RAM)")
     chunk_bytes = bytes_per_block * tp * blocks_per_chunk
     aligned = -(-chunk_bytes // PAGE_BYTES) * PAGE_BYTES
     num_chunks = int(size_gib * (1 << 30)) // aligned

@@ -89,7 +89,9 @@ class LRUPool:
     def __init__(self, num_chunks: int) -> None:
         self.num_chunks = num_chunks
         self._num_allocated = 0
-        self._free = np.empty(max(num_chunks, 1), _I64)  # evicted chunk ids, a stack
+        # evicted chunk ids, a stack; it never holds more than the chunks allocated so
+        # far, so it grows with them rather than being sized by the (possibly huge) pool
+        self._free = np.empty(min(max(num_chunks, 1), 1024), _I64)
         self._num_free_ids = 0
         self.num_evictable = 0  # ready chunks with ref_cnt 0
         self.num_write_pending = 0
@@ -290,6 +292,10 @@ class LRUPool:
             protected[idle_offered] = False
         ids = np.concatenate(freed)
         top = self._num_free_ids
+        if top + len(ids) > len(self._free):
+            grown = np.empty(max(2 * len(self._free), top + len(ids)), _I64)
+            grown[:top] = self._free[:top]
+            self._free = grown
         self._free[top:top + len(ids)] = ids
         self._num_free_ids = top + len(ids)
         self.num_evictable -= n
