@@ -277,23 +277,32 @@ class TraceArrivals:
         self._split = f > 0 and block_size > 0 and f % block_size == 0
         self._map = _HashMap(f // block_size if self._split else 1)
         self._frame = trace.stored()
-        meta = (self._frame.with_row_index("_row")
-                .select(["_row", "request_id", "arrival_s", "input_len", "output_len",
-                         "session_id", "priority"])
-                .sort("arrival_s", maintain_order=True).collect())
+        # Issue order: arrival, ties in storage order (``Trace.lazy``'s stable sort). The
+        # order comes from the arrival column alone and each column is gathered and packed
+        # one at a time: polars' sort of the whole frame left ~60 MB more resident for a
+        # day's 285k requests (docs/performance.md, second memory round).
+        meta = self._frame.select(["request_id", "arrival_s", "input_len", "output_len",
+                                   "session_id", "priority"]).collect()
         if not meta.height:
             raise ConfigError("the trace has no requests to replay")
         self.num_requests = meta.height
         self.num_hash_ids = 0  # ids are reserved as windows are read
-        self._rows = meta.get_column("_row").to_numpy().astype(np.int64)
+        arrivals = meta.get_column("arrival_s").cast(pl.Float64).to_numpy().astype(np.float64)
+        order = np.argsort(arrivals, kind="stable")
+        self._rows = order.astype(np.int64)
+        gather = pl.Series(order.astype(np.uint32) if self.num_requests < 2**32 else order)
+
+        def column(name: str) -> Any:
+            return meta.get_column(name).gather(gather)
+
         # Compact columns (no Python object a request): a day of traffic is millions.
-        self._request_ids = _strings(meta.get_column("request_id"))
-        self._session_ids = _strings(meta.get_column("session_id"))
-        self._arrivals = array("d", meta.get_column("arrival_s").cast(pl.Float64)
-                               .to_numpy().astype(np.float64).tobytes())
-        self._input_lens = _ints(meta.get_column("input_len"))
-        self._output_lens = _ints(meta.get_column("output_len"))
-        self._priorities = _ints(meta.get_column("priority"))
+        self._request_ids = _strings(column("request_id"))
+        self._session_ids = _strings(column("session_id"))
+        self._arrivals = array("d", arrivals[order].tobytes())
+        del arrivals
+        self._input_lens = _ints(column("input_len"))
+        self._output_lens = _ints(column("output_len"))
+        self._priorities = _ints(column("priority"))
         del meta
         # The last issue position of each storage chunk: when its hashes can be dropped.
         chunks = self._rows // CHUNK_ROWS
