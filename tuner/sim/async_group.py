@@ -36,7 +36,6 @@ What async scheduling (``tuner.sim.async_update``) changes for a steady decoder:
 from __future__ import annotations
 
 from bisect import insort
-from typing import Iterable
 
 from tuner.sim._step_rules import cdiv
 from tuner.sim.decode_group import (
@@ -104,40 +103,34 @@ class AsyncDecodeGroup(DecodeGroup):
 
     def _file(self, request: SimRequest) -> None:
         """File a member at the schedule about to run (key ``S``)."""
-        self._file_at((request,), self.S, self.G)
+        self._file_at(request, self.S, self.tokens(request), self.output_tokens(request))
 
-    def _file_at(self, requests: Iterable[SimRequest], key: int, g: int) -> None:
-        """File members whose schedule ``key`` sees ``t`` applied tokens and ``o`` output
-        tokens (their stored counters plus ``g - g0``) under their next event: a block
-        boundary (``t + k`` a multiple of the block size) or the schedule of their last
-        token (output ``o + k + 2 == max_tokens``: one token is always in flight). One
-        loop over the members a step files, the group's fields read once."""
+    def _file_at(self, request: SimRequest, key: int, t: int, o: int) -> None:
+        """File a member whose schedule ``key`` sees ``t`` applied tokens and ``o`` output
+        tokens under its next event: a block boundary (``t + k`` a multiple of the block
+        size) or the schedule of its last token (output ``o + k + 2 == max_tokens``: one
+        token is always in flight)."""
         bs = self.block_size
-        caching = self.caching
-        calendar = self.calendar
-        for request in requests:
-            d = g - request.g0
-            t = request.num_tokens + d
-            k = (-t) % bs
-            k_fin = request.max_tokens - 2 - (request.num_output_tokens + d)
-            kinds = 0
-            if k_fin <= k:
-                k = k_fin
-                kinds = FINISHES
-            t += k  # block_events(request, t + k), inlined (check_invariants compares them)
-            if t % bs == 0:
-                if caching and t // bs <= request.num_shared_hash_blocks:
-                    kinds |= OPENS_BLOCK | FILLS_BLOCK
-                else:
-                    kinds |= OPENS_BLOCK
-            event = key + k
-            request.next_event = event
-            request.event_kinds = kinds
-            bucket = calendar.get(event)
-            if bucket is None:
-                calendar[event] = [request]
+        k = (-t) % bs
+        k_fin = request.max_tokens - 2 - o
+        kinds = 0
+        if k_fin <= k:
+            k = k_fin
+            kinds = FINISHES
+        t += k  # block_events(request, t + k), inlined (check_invariants compares them)
+        if t % bs == 0:
+            if self.caching and t // bs <= request.num_shared_hash_blocks:
+                kinds |= OPENS_BLOCK | FILLS_BLOCK
             else:
-                bucket.append(request)
+                kinds |= OPENS_BLOCK
+        event = key + k
+        request.next_event = event
+        request.event_kinds = kinds
+        bucket = self.calendar.get(event)
+        if bucket is None:
+            self.calendar[event] = [request]
+        else:
+            bucket.append(request)
 
     # ------------------------------------------------------------------- membership
     def join(self, pending: SchedulerOutput | None) -> None:
@@ -224,17 +217,18 @@ class AsyncDecodeGroup(DecodeGroup):
         budget, prefill_scheduled = super().run(out, token_budget, plan)
         step = out.group
         assert step is not None
+        key = self.S + 1
+        g1 = self.G + 1  # lag + 1: the next schedule sees one more applied token
+        file_at = self._file_at
         finishing: list[SimRequest] = []
-        filing: list[SimRequest] = []
         for member in step.events:
             if not member.steady:
                 continue  # preempted in this step
             if member.event_kinds & FINISHES:
                 finishing.append(member)
-            else:
-                filing.append(member)
-        # The next schedule (S + 1) sees one more applied token: tokens(member) + 1.
-        self._file_at(filing, self.S + 1, self.G + 1)
+            else:  # tokens(member) + 1 and output_tokens(member) + 1, inlined
+                d = g1 - member.g0
+                file_at(member, key, member.num_tokens + d, member.num_output_tokens + d)
         if finishing:
             for member in finishing:  # still running until the update: back in others
                 self._depart(member, allocated=True)

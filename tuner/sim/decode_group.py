@@ -41,7 +41,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Iterable, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -167,7 +167,7 @@ class DecodeGroup:
         one; its computed tokens fill a block when ``num_tokens`` is a multiple of the
         block size, and the fill is registered now only if the block's hash is one
         another request can look up (a synthetic one waits for ``KVCacheManager.free``).
-        ``_file_all`` inlines this rule (it runs once per member event); ``check_invariants``
+        ``_file`` inlines this rule (it runs once per member event); ``check_invariants``
         compares every member's filed kinds with this method after each checked step.
         """
         bs = self.block_size
@@ -234,54 +234,42 @@ class DecodeGroup:
         self._file(request)
 
     def _file(self, request: SimRequest) -> None:
-        """File one member in the calendar under its next event (``_file_all``)."""
-        self._file_all((request,))
-
-    def _file_all(self, requests: Iterable[SimRequest]) -> None:
-        """File members in the calendar under their next event, the first group step >= G
-        where ``block_events`` is not empty or they get their last token, with the kinds
-        of event (``event_kinds``), so the group step reads bits instead of re-deriving
-        them.
+        """File a member in the calendar under its next event, the first group step >= G
+        where ``block_events`` is not empty or it gets its last token, with the kinds of
+        event (``event_kinds``), so the group step reads bits instead of re-deriving them.
 
         The first block event is found without trying every step: a block opens every
         ``block_size`` tokens, at ``k = (1 - t) % block_size`` steps from now, and one
         fills at ``(-t) % block_size`` (``t`` = true tokens); ``block_events`` at the
-        chosen step decides which actually happen. One loop over all the members a step
-        files (``apply_tokens``: ~700k filings an hour on the agentic trace), with the
-        group's fields read once, rather than a method call each.
+        chosen step decides which actually happen.
         """
         bs = self.block_size
+        lag = self.G - request.g0  # self.tokens / self.output_tokens, inlined
+        t = request.num_tokens + lag
+        k = (1 - t) % bs  # steps until the computed token opens a block
         caching = self.caching
-        g = self.G
-        s = self.S
-        calendar = self.calendar
-        for request in requests:
-            lag = g - request.g0  # self.tokens / self.output_tokens, inlined
-            t = request.num_tokens + lag
-            k = (1 - t) % bs  # steps until the computed token opens a block
-            shared = request.num_shared_hash_blocks
-            if caching:
-                k_reg = (-t) % bs  # steps until the computed tokens fill a block
-                if k_reg < k and (t + k_reg) // bs <= shared:
-                    k = k_reg
-            k_fin = request.max_tokens - 1 - (request.num_output_tokens + lag)
-            kinds = 0
-            if k_fin <= k:
-                k = k_fin
-                kinds = FINISHES
-            t += k  # block_events(request, t + k), inlined (check_invariants compares them)
-            if (t - 1) % bs == 0:
-                kinds |= OPENS_BLOCK
-            if caching and t % bs == 0 and t // bs <= shared:
-                kinds |= FILLS_BLOCK
-            event = s + k
-            request.next_event = event
-            request.event_kinds = kinds
-            bucket = calendar.get(event)
-            if bucket is None:
-                calendar[event] = [request]
-            else:
-                bucket.append(request)
+        if caching:
+            k_reg = (-t) % bs  # steps until the computed tokens fill a block
+            if k_reg < k and (t + k_reg) // bs <= request.num_shared_hash_blocks:
+                k = k_reg
+        k_fin = request.max_tokens - 1 - (request.num_output_tokens + lag)
+        kinds = 0
+        if k_fin <= k:
+            k = k_fin
+            kinds = FINISHES
+        t += k  # block_events(request, t + k), inlined (check_invariants compares them)
+        if (t - 1) % bs == 0:
+            kinds |= OPENS_BLOCK
+        if caching and t % bs == 0 and t // bs <= request.num_shared_hash_blocks:
+            kinds |= FILLS_BLOCK
+        event = self.S + k
+        request.next_event = event
+        request.event_kinds = kinds
+        bucket = self.calendar.get(event)
+        if bucket is None:
+            self.calendar[event] = [request]
+        else:
+            bucket.append(request)
 
     def _leave(self, request: SimRequest) -> None:
         """Take a materialised member out of the group (its calendar entry goes stale)."""
@@ -479,49 +467,33 @@ class DecodeGroup:
         member by member; the pool ends in the same state: a registered block is held,
         so no allocation can take it, and an evicted hash that a member registers again
         ends with the same first holder either way.
-
-        One pass over the members (a batch is ~56 members on the agentic hour, 700k
-        member events an hour, so per-member Python is what this costs): a filler's
-        full block and hash are read in the pass, since above block size 1 the full
-        block is one it already holds; at block size 1 (sync) it is the block this step
-        allocates, so those are read after the allocations. ``append_block`` is inlined.
         """
         pool = self.host.kv_cache_manager.block_pool
         bs = self.block_size
-        g = self.G
-        late = bs == 1  # the full block may be the one allocated below: read it after
         takers: list[SimRequest] = []
-        fill_blocks: list[int] = []  # block and hash of each full block, in order
-        fill_hashes: list[int] = []
-        late_fills: list[tuple[SimRequest, int]] = []
+        fillers: list[SimRequest] = []
         for m in members:
             kinds = m.event_kinds
             if kinds & OPENS_BLOCK:
                 takers.append(m)
             if kinds & FILLS_BLOCK:
-                index = (m.num_tokens + g - m.g0) // bs - 1  # self.tokens(m) // bs - 1
-                assert m.num_cached_blocks == index, f"{m!r}: registration gap (tuner bug)"
-                m.num_cached_blocks = index + 1
-                fill_hashes.append(m.hash_array.item(index))  # laid out when it joined
-                if late:
-                    late_fills.append((m, index))
-                else:
-                    fill_blocks.append(m.block_buf.item(index))
+                fillers.append(m)
         if takers:
             if len(takers) == 1:
                 takers[0].append_block(pool.get_new_block())
             else:
                 for m, block in zip(takers, pool.get_new_blocks(len(takers)).tolist()):
-                    n = m.num_blocks  # m.append_block(block), inlined
-                    buf = m.block_buf
-                    if n == len(buf):
-                        m._grow_blocks(n + 1)
-                        buf = m.block_buf
-                    buf[n] = block
-                    m.num_blocks = n + 1
-        if late_fills:
-            fill_blocks = [m.block_buf.item(index) for m, index in late_fills]
-        if fill_blocks:  # after the allocations (above)
+                    m.append_block(block)
+        if fillers:  # after the allocations: at block size 1 the full block is the new one
+            g = self.G
+            fill_blocks: list[int] = []  # block and hash of each full block, in order
+            fill_hashes: list[int] = []
+            for m in fillers:
+                index = (m.num_tokens + g - m.g0) // bs - 1  # self.tokens(m) // bs - 1
+                assert m.num_cached_blocks == index, f"{m!r}: registration gap (tuner bug)"
+                fill_blocks.append(m.block_buf.item(index))
+                fill_hashes.append(m.hash_array.item(index))  # laid out when it joined
+                m.num_cached_blocks = index + 1
             if len(fill_blocks) == 1:
                 pool.cache_block(fill_blocks[0], fill_hashes[0])
             else:
@@ -549,7 +521,6 @@ class DecodeGroup:
         self.S += 1
         self.sum_tokens += step.num_members
         self.last_end_s = now_s
-        filing: list[SimRequest] = []
         for member in step.events:
             if member.event_kinds & FINISHES:
                 self.materialize(member)
@@ -557,9 +528,8 @@ class DecodeGroup:
                 member.status = RequestStatus.FINISHED
                 member.finish_s = now_s
                 finished.append(member)
-            else:
-                filing.append(member)
-        self._file_all(filing)
+                continue
+            self._file(member)
 
     def after_update(self, out: SchedulerOutput, finished: list[SimRequest],
                      now_s: float) -> None:
