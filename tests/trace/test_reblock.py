@@ -188,3 +188,34 @@ def test_id_split_keeps_the_ids_dtype(dtype: str) -> None:
     assert prompt.dtype == np.dtype(dtype)
     assert prompt.tolist() == [i * 4 + j for i in (11, 12, 13) for j in range(4)]
     assert len(output) == 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_joined_split_equals_the_two_array_split_generated(seed: int) -> None:
+    """``reblock_joined_id_ranges(firsts, n, ...)`` is ``reblock_id_ranges(firsts[:n],
+    firsts[n:], ...)``: prompts of whole hash blocks (the joined chain), partial last
+    blocks and prompts the output falls short of (the two-array form), no output, block
+    sizes that do not split further (k = 1); a failure in one is a failure in the other."""
+    import numpy as np
+
+    from tuner.errors import ConfigError
+    from tuner.trace.reblock_vec import reblock_id_ranges, reblock_joined_id_ranges
+
+    rng = np.random.default_rng(100 + seed)
+    for _ in range(300):
+        f, t = [(64, 16), (16, 16), (32, 16), (512, 16), (64, 32)][int(rng.integers(5))]
+        n_src = int(rng.choice([1, 2, 5, 40, 760]))
+        input_len = int(rng.integers(max(1, (n_src - 1) * f), n_src * f + 2))
+        n_out = int(rng.integers(0, 5))
+        output_len = int(rng.integers(0, 5 * f + 2))
+        firsts = rng.integers(0, 1 << 40, size=n_src + n_out).astype(np.int64)
+        try:
+            want = reblock_id_ranges(firsts[:n_src], firsts[n_src:], input_len, output_len,
+                                     f, t)
+        except (ConfigError, AssertionError) as err:
+            with pytest.raises(type(err)):
+                reblock_joined_id_ranges(firsts, n_src, input_len, output_len, f, t)
+            continue
+        got = reblock_joined_id_ranges(firsts, n_src, input_len, output_len, f, t)
+        assert [a.tolist() for a in got] == [a.tolist() for a in want], (
+            f, t, n_src, n_out, input_len, output_len)

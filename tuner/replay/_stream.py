@@ -39,7 +39,8 @@ from tuner.errors import ConfigError
 from tuner.records import RequestTable, StringColumn
 from tuner.replay._kv_requests import dense_hash_ids, flat_hash_column
 from tuner.sim.hash_space import FleetIdSpace, HashIdSpace
-from tuner.trace.reblock_vec import reblock_arrays, reblock_id_ranges
+from tuner.trace.reblock_vec import (reblock_arrays, reblock_id_ranges,
+                                      reblock_joined_id_ranges)
 
 __all__ = ["CHUNK_ROWS", "TraceArrivals"]
 
@@ -237,20 +238,21 @@ class _TurnPrefixes:
 
     @staticmethod
     def finish(shared: int, source: list[Any] | None, entry: list[Any] | None,
-               prompt_tail: np.ndarray, output_ids: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray]:
-        """The turn's prompt ids (the shared ones from ``source``, then ``prompt_tail``)
-        and output ids, stored in ``entry``; turns are finished in the order begun, so
-        ``source``'s ids are known."""
+               tail_ids: np.ndarray) -> np.ndarray:
+        """The turn's ids as one array, prompt then output: the ``shared`` ones from
+        ``source``, then ``tail_ids`` (the rest of the prompt's and the output's, as
+        looked up), stored in ``entry`` (one concatenation: the split reads the joined
+        array, ``reblock_joined_id_ranges``); turns are finished in the order begun, so
+        ``source``'s ids are known. Without an entry, ``tail_ids`` itself."""
         if entry is None:
-            return prompt_tail, output_ids
+            return tail_ids
         if shared:
             assert source is not None and source[2] is not None
-            prompt_ids = np.concatenate([source[2][:shared], prompt_tail])
+            ids = np.concatenate([source[2][:shared], tail_ids])
         else:
-            prompt_ids = prompt_tail
-        entry[2] = ids = np.concatenate([prompt_ids, output_ids])
-        return ids[:len(prompt_ids)], ids[len(prompt_ids):]
+            ids = tail_ids.copy()  # tail_ids is a view of the window's lookup
+        entry[2] = ids
+        return ids
 
 
 class TraceArrivals:
@@ -376,36 +378,43 @@ class TraceArrivals:
         f, t = self.hash_block_size, self.block_size
         turns = self._turns
         turns.start_window()
+        sessions = self._session_ids[start:stop]  # one list a window, not a call a request
         raws = []
         tails = []
-        for position in range(start, stop):
+        for position, session in zip(range(start, stop), sessions):
             prompt, output = self._raw(position)
             if not self._split:  # KV blocks group hash blocks: re-block the hashes first
                 prompt, output = reblock_arrays(prompt, output, self._input_lens[position],
                                                 self._output_lens[position], f, t)
-            shared, source, entry = turns.begin(self._session_ids[position], prompt, output)
-            raws.append((prompt, output, shared, source, entry))
+            shared, source, entry = turns.begin(session, prompt, output)
+            raws.append((len(prompt), len(output), shared, source, entry))
             tails.append(prompt[shared:] if shared else prompt)
             tails.append(output)
         flat = np.concatenate(tails) if raws else _NO_HASHES
         del tails
         firsts = self._map.lookup(flat, space)
+        request_ids = self._request_ids[start:stop]
+        # Split with the joined form only where it splits (k > 1): at k = 1 its results
+        # are views of the ids, which without a session are the window's whole lookup.
+        joined_split = self._split and self._map.k > 1
         out = []
         at = 0
-        for position, (prompt, output, shared, source, entry) in zip(range(start, stop),
-                                                                     raws):
-            n = len(prompt) - shared
-            p = firsts[at:at + n]
-            at += n
-            o = firsts[at:at + len(output)]
-            at += len(output)
-            p, o = turns.finish(shared, source, entry, p, o)
+        for position, request_id, session, (n_prompt, n_output, shared, source, entry) in zip(
+                range(start, stop), request_ids, sessions, raws):
+            end = at + n_prompt - shared + n_output
+            ids = turns.finish(shared, source, entry, firsts[at:end])
+            at = end
             input_len, output_len = self._input_lens[position], self._output_lens[position]
-            if self._split:
-                p, o = reblock_id_ranges(p, o, input_len, output_len, f, t)
+            if joined_split:
+                p, o = reblock_joined_id_ranges(ids, n_prompt, input_len, output_len, f, t)
+            elif self._split:
+                p, o = reblock_id_ranges(ids[:n_prompt], ids[n_prompt:], input_len,
+                                         output_len, f, t)
+            else:
+                p, o = ids[:n_prompt], ids[n_prompt:]
             out.append((position, StreamedRequest(
-                self._request_ids[position], self._arrivals[position], input_len, output_len,
-                p, o, self._priorities[position], self._session_ids[position])))
+                request_id, self._arrivals[position], input_len, output_len, p, o,
+                self._priorities[position], session)))
         return out
 
     def _renumber(self, space: HashIdSpace | FleetIdSpace) -> None:

@@ -239,9 +239,41 @@ def _split_id_ranges(sources: np.ndarray, output_sources: np.ndarray, input_len:
     they already are each range's first id (``reblock_id_ranges``); the two differ in
     nothing else. Callers check ``f % t == 0`` (``k = f // t``).
     """
-    k = f // t
     out = output_sources if len(output_sources) else _NO_IDS
     chain, n_target, with_output = _kv_chain(sources, out, input_len, output_len, f, t)
+    return _split_chain(chain, n_target, with_output, input_len, f // t, t, first_of)
+
+
+def reblock_joined_id_ranges(firsts: np.ndarray, num_prompt_sources: int, input_len: int,
+                             output_len: int, from_block_size: int,
+                             to_block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``reblock_id_ranges(firsts[:n], firsts[n:], ...)`` (``n = num_prompt_sources``) for
+    a request whose prompt and output first ids are already one array, prompt first.
+
+    Why: when the prompt's hashes are exactly its full hash blocks (``n == input_len //
+    from_block_size``, the usual case), the chain its KV
+    blocks split from (full prompt blocks, then the output) *is* ``firsts``; the
+    two-array form concatenates them again, once per request as a trace is read
+    (``tuner.replay._stream``). Other requests take the two-array form. The results may
+    be views of ``firsts`` (block sizes that do not split).
+    """
+    f, t = from_block_size, to_block_size
+    assert f > 0 and t > 0 and f % t == 0, "reblock_joined_id_ranges splits"
+    n = num_prompt_sources
+    if n == len(firsts) or n != input_len // f:
+        return reblock_id_ranges(firsts[:n], firsts[n:], input_len, output_len, f, t)
+    # _kv_chain's rule with joined = firsts: its chain unless it covers less than the
+    # prompt, which cannot happen here (n whole prompt blocks plus at least one output
+    # hash cover (n + 1) * f > input_len tokens), and it has enough hashes (n_target <=
+    # len(firsts) * k).
+    n_target = min(input_len + output_len, len(firsts) * f) // t
+    return _split_chain(firsts, n_target, True, input_len, f // t, t, 1)
+
+
+def _split_chain(chain: np.ndarray, n_target: int, with_output: bool, input_len: int,
+                 k: int, t: int, first_of: int) -> tuple[np.ndarray, np.ndarray]:
+    """KV block ``j`` of the source ``chain`` is ``chain[j // k] * first_of + j % k``
+    (``n_target`` of them), cut into prompt and output (``_kv_chain``'s results)."""
     if k == 1:
         whole = chain[:n_target]
     else:
