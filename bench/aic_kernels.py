@@ -57,9 +57,10 @@ from tuner.perf.prefill_attention import prefill_attention_s  # noqa: E402
 SYSTEMS = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm"}
 GEMM_FORMAT = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8b", "nvfp4": "fp4",
                "w4a16_mxfp4": "fp4", "int4_wo": "int4"}
-#: Fused-MoE tables: block-scaled fp8 experts run vLLM's fused MoE kernel, priced with the
-#: fp8 coefficients (the model's expert format for block-scaled checkpoints, tuner.perf.dtypes)
-MOE_FORMAT = dict(GEMM_FORMAT, fp8_block="fp8")
+#: Fused-MoE tables: fp8 experts (per-tensor or block-scaled) run vLLM's fused MoE kernels,
+#: priced with the ``fp8moe`` coefficients (the model's routed-expert format for FP8
+#: checkpoints, tuner.perf.dtypes.EXPERT_FORMATS)
+MOE_FORMAT = dict(GEMM_FORMAT, fp8="fp8moe", fp8_block="fp8moe")
 
 
 def _table(system: Path, op: str, name: str):  # type: ignore[no-untyped-def]
@@ -105,8 +106,12 @@ def gemm(system: Path, hw, c) -> list[str]:  # type: ignore[no-untyped-def]
         # compute-bound: the format's peak needs over 200 us for the shape (dispatch outside
         # the kernel, e.g. the fp8_block rows' ~90 us floor, is then a small share)
         big = 2 * n * k * m / hw.peak(fmt) > 2e-4
+        # serving: the linears of 8B-405B models at TP <= 8 have N and K >= 512 (the
+        # smallest, Llama-3.1-8B's o_proj at TP8, has K = 512); the tables also hold
+        # N or K of 32-256, which no serving linear but a MoE router has
+        serving = (n >= 512) & (k >= 512)
         for label, sel in (("all", m > 0), ("M<=64", m <= 64), ("64<M<1024", (m > 64) & (m < 1024)),
-                           ("M>=1024", m >= 1024), ("compute", big)):
+                           ("M>=1024", m >= 1024), ("compute", big), ("serving", serving)):
             if sel.any():
                 out.append(f"  gemm {dtype:10s} {label:10s} {_stats(pred[sel], meas[sel])}")
     return out
@@ -402,7 +407,9 @@ def fit_priors(system: Path, hw) -> dict:  # type: ignore[no-untyped-def]
                              Param("n_half", 1.0, 16384.0, 64.0, np.inf)])
         out["gemm"][fmt] = {k2: float(f"{v:.3g}") for k2, v in r.values.items()}
         out["gemm"][fmt]["median_abs_err_pct"] = float(f"{100 * np.median(np.abs(np.expm1(r.residuals))):.3g}")
-    out["gemm"]["fp8b"] = fit_block_fp8(d, hw, out["gemm"]["fp8"]["t0_s"])
+    # the block-scaled floor stays the preset's (the M-only per-tensor floor, its
+    # activation-quantization launch included; the table's own floor is dispatch, §10)
+    out["gemm"]["fp8b"] = fit_block_fp8(d, hw, hw.coefficients.gemm_for("fp8b").t0_s)
     out.update(fit_context_attention(system, hw))
     a = _table(system, "comm", "custom_allreduce_perf.parquet").filter(pl.col("backend") == "vllm_graph")
     p = a["num_gpus"].to_numpy().astype(float)
@@ -447,7 +454,7 @@ def fit_priors(system: Path, hw) -> dict:  # type: ignore[no-untyped-def]
 
 def fit_block_fp8(d, hw, t0_s: float) -> dict:  # type: ignore[no-untyped-def]
     """Block-scaled fp8 (``fp8b``): ``eta_compute`` and ``m_half`` fitted to the fp8_block
-    rows whose FP8-peak work exceeds 200 us, the floor held at the per-tensor fp8 one and
+    rows whose FP8-peak work exceeds 200 us, the floor held at the preset's (the M-only per-tensor fp8 floor) and
     ``eta_mem`` at DeepGEMM's published 0.66 (the presets cite both). The table's small-M
     rows sit on a ~90 us (Hopper) / ~200 us (B200) floor flat in N and K, several times
     DeepGEMM's own kernel times at those shapes: dispatch outside the kernel, which
