@@ -305,7 +305,7 @@ PREFILL_TOKENS = (1024, 2048, 4096, 8192, 16384, 32768)
 DECODE_BATCHES = ((1, 1024), (16, 2048), (64, 4096), (256, 2048), (128, 8192))
 
 
-def whole_steps(gpu: str, coefficients=None) -> list[str]:  # type: ignore[no-untyped-def]
+def whole_steps(gpu: str, coefficients=None, quantization: str | None = None) -> list[str]:  # type: ignore[no-untyped-def]
     """The analytic model's whole prefill and decode steps against the ``aic`` source
     (``--step-time-source analytic`` vs ``aic``: the measured tables summed the way a
     replay sums them), median |error| per phase, and each model/TP's worst step."""
@@ -320,6 +320,7 @@ def whole_steps(gpu: str, coefficients=None) -> list[str]:  # type: ignore[no-un
         for tp in STEP_TPS:
             try:
                 pair = {src: resolve_target(Target(hardware=gpu, model=model, tp=tp,
+                                                   quantization=quantization,
                                                    block_size=16, step_time_source=src)
                                             ).step_time for src in ("analytic", "aic")}
             except Exception as exc:  # a shape the tables lack, a model that does not fit
@@ -359,6 +360,9 @@ def main() -> None:
                          "the tables, before the serving fit moves the coefficients)")
     ap.add_argument("--no-steps", action="store_true",
                     help="skip the whole-step check against the aic source (about a minute)")
+    ap.add_argument("--step-quantization", default=None,
+                    help="--quantization of the whole-step check's models (e.g. fp8: dense "
+                         "per-tensor FP8 GEMMs against the tables' fp8 rows)")
     args = ap.parse_args()
     folder = aic_model_dir()
     if folder is None:
@@ -374,7 +378,7 @@ def main() -> None:
         for part in (gemm, attention, allreduce, moe, alltoall, gdn):
             lines += part(system, hw, c)
         if not args.no_steps:
-            lines += whole_steps(gpu, c if args.priors else None)
+            lines += whole_steps(gpu, c if args.priors else None, args.step_quantization)
     print("\n".join(lines))
     if args.markdown:
         Path(args.markdown).write_text("\n".join(lines) + "\n")
