@@ -394,8 +394,11 @@ def fit_priors(system: Path, hw) -> dict:  # type: ignore[no-untyped-def]
     from tuner.perf.fit.least_squares import Param, fit_params
 
     out: dict = {"gemm": {}}
+    # sorted: group_by's row order is not fixed, and the 4,000-row sample below must be
+    # the same rows on every run for the printed priors to be reproducible
     d = _table(system, "gemm", "gemm_perf.parquet").group_by(
-        ["gemm_dtype", "m", "n", "k"]).agg(pl.col("latency").min())
+        ["gemm_dtype", "m", "n", "k"]).agg(pl.col("latency").min()).sort(
+        ["gemm_dtype", "m", "n", "k"])
     for dtype, fmt in (("bfloat16", "bf16"), ("fp8", "fp8")):
         sub = d.filter(pl.col("gemm_dtype") == dtype).sample(n=4000, seed=7, with_replacement=False) \
             if len(d.filter(pl.col("gemm_dtype") == dtype)) > 4000 else d.filter(pl.col("gemm_dtype") == dtype)
