@@ -57,9 +57,10 @@ from tuner.perf.prefill_attention import prefill_attention_s  # noqa: E402
 SYSTEMS = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm"}
 GEMM_FORMAT = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8b", "nvfp4": "fp4",
                "w4a16_mxfp4": "fp4", "int4_wo": "int4"}
-#: Fused-MoE tables: block-scaled fp8 experts run vLLM's fused MoE kernel, priced with the
-#: fp8 coefficients (the model's expert format for block-scaled checkpoints, tuner.perf.dtypes)
-MOE_FORMAT = dict(GEMM_FORMAT, fp8_block="fp8")
+#: Fused-MoE tables: fp8 experts (per-tensor or block-scaled) run vLLM's fused MoE kernels,
+#: priced with the ``fp8moe`` coefficients (the model's routed-expert format for FP8
+#: checkpoints, tuner.perf.dtypes.EXPERT_FORMATS)
+MOE_FORMAT = dict(GEMM_FORMAT, fp8="fp8moe", fp8_block="fp8moe")
 
 
 def _table(system: Path, op: str, name: str):  # type: ignore[no-untyped-def]
@@ -105,8 +106,12 @@ def gemm(system: Path, hw, c) -> list[str]:  # type: ignore[no-untyped-def]
         # compute-bound: the format's peak needs over 200 us for the shape (dispatch outside
         # the kernel, e.g. the fp8_block rows' ~90 us floor, is then a small share)
         big = 2 * n * k * m / hw.peak(fmt) > 2e-4
+        # serving: the linears of 8B-405B models at TP <= 8 have N and K >= 512 (the
+        # smallest, Llama-3.1-8B's o_proj at TP8, has K = 512); the tables also hold
+        # N or K of 32-256, which no serving linear but a MoE router has
+        serving = (n >= 512) & (k >= 512)
         for label, sel in (("all", m > 0), ("M<=64", m <= 64), ("64<M<1024", (m > 64) & (m < 1024)),
-                           ("M>=1024", m >= 1024), ("compute", big)):
+                           ("M>=1024", m >= 1024), ("compute", big), ("serving", serving)):
             if sel.any():
                 out.append(f"  gemm {dtype:10s} {label:10s} {_stats(pred[sel], meas[sel])}")
     return out
@@ -300,7 +305,7 @@ PREFILL_TOKENS = (1024, 2048, 4096, 8192, 16384, 32768)
 DECODE_BATCHES = ((1, 1024), (16, 2048), (64, 4096), (256, 2048), (128, 8192))
 
 
-def whole_steps(gpu: str, coefficients=None) -> list[str]:  # type: ignore[no-untyped-def]
+def whole_steps(gpu: str, coefficients=None, quantization: str | None = None) -> list[str]:  # type: ignore[no-untyped-def]
     """The analytic model's whole prefill and decode steps against the ``aic`` source
     (``--step-time-source analytic`` vs ``aic``: the measured tables summed the way a
     replay sums them), median |error| per phase, and each model/TP's worst step."""
@@ -315,6 +320,7 @@ def whole_steps(gpu: str, coefficients=None) -> list[str]:  # type: ignore[no-un
         for tp in STEP_TPS:
             try:
                 pair = {src: resolve_target(Target(hardware=gpu, model=model, tp=tp,
+                                                   quantization=quantization,
                                                    block_size=16, step_time_source=src)
                                             ).step_time for src in ("analytic", "aic")}
             except Exception as exc:  # a shape the tables lack, a model that does not fit
@@ -354,6 +360,9 @@ def main() -> None:
                          "the tables, before the serving fit moves the coefficients)")
     ap.add_argument("--no-steps", action="store_true",
                     help="skip the whole-step check against the aic source (about a minute)")
+    ap.add_argument("--step-quantization", default=None,
+                    help="--quantization of the whole-step check's models (e.g. fp8: dense "
+                         "per-tensor FP8 GEMMs against the tables' fp8 rows)")
     args = ap.parse_args()
     folder = aic_model_dir()
     if folder is None:
@@ -369,7 +378,7 @@ def main() -> None:
         for part in (gemm, attention, allreduce, moe, alltoall, gdn):
             lines += part(system, hw, c)
         if not args.no_steps:
-            lines += whole_steps(gpu, c if args.priors else None)
+            lines += whole_steps(gpu, c if args.priors else None, args.step_quantization)
     print("\n".join(lines))
     if args.markdown:
         Path(args.markdown).write_text("\n".join(lines) + "\n")
@@ -385,8 +394,11 @@ def fit_priors(system: Path, hw) -> dict:  # type: ignore[no-untyped-def]
     from tuner.perf.fit.least_squares import Param, fit_params
 
     out: dict = {"gemm": {}}
+    # sorted: group_by's row order is not fixed, and the 4,000-row sample below must be
+    # the same rows on every run for the printed priors to be reproducible
     d = _table(system, "gemm", "gemm_perf.parquet").group_by(
-        ["gemm_dtype", "m", "n", "k"]).agg(pl.col("latency").min())
+        ["gemm_dtype", "m", "n", "k"]).agg(pl.col("latency").min()).sort(
+        ["gemm_dtype", "m", "n", "k"])
     for dtype, fmt in (("bfloat16", "bf16"), ("fp8", "fp8")):
         sub = d.filter(pl.col("gemm_dtype") == dtype).sample(n=4000, seed=7, with_replacement=False) \
             if len(d.filter(pl.col("gemm_dtype") == dtype)) > 4000 else d.filter(pl.col("gemm_dtype") == dtype)
@@ -402,7 +414,9 @@ def fit_priors(system: Path, hw) -> dict:  # type: ignore[no-untyped-def]
                              Param("n_half", 1.0, 16384.0, 64.0, np.inf)])
         out["gemm"][fmt] = {k2: float(f"{v:.3g}") for k2, v in r.values.items()}
         out["gemm"][fmt]["median_abs_err_pct"] = float(f"{100 * np.median(np.abs(np.expm1(r.residuals))):.3g}")
-    out["gemm"]["fp8b"] = fit_block_fp8(d, hw, out["gemm"]["fp8"]["t0_s"])
+    # the block-scaled floor stays the preset's (the M-only per-tensor floor, its
+    # activation-quantization launch included; the table's own floor is dispatch, §10)
+    out["gemm"]["fp8b"] = fit_block_fp8(d, hw, hw.coefficients.gemm_for("fp8b").t0_s)
     out.update(fit_context_attention(system, hw))
     a = _table(system, "comm", "custom_allreduce_perf.parquet").filter(pl.col("backend") == "vllm_graph")
     p = a["num_gpus"].to_numpy().astype(float)
@@ -447,7 +461,7 @@ def fit_priors(system: Path, hw) -> dict:  # type: ignore[no-untyped-def]
 
 def fit_block_fp8(d, hw, t0_s: float) -> dict:  # type: ignore[no-untyped-def]
     """Block-scaled fp8 (``fp8b``): ``eta_compute`` and ``m_half`` fitted to the fp8_block
-    rows whose FP8-peak work exceeds 200 us, the floor held at the per-tensor fp8 one and
+    rows whose FP8-peak work exceeds 200 us, the floor held at the preset's (the M-only per-tensor fp8 floor) and
     ``eta_mem`` at DeepGEMM's published 0.66 (the presets cite both). The table's small-M
     rows sit on a ~90 us (Hopper) / ~200 us (B200) floor flat in N and K, several times
     DeepGEMM's own kernel times at those shapes: dispatch outside the kernel, which

@@ -54,7 +54,7 @@ def test_ep_shards_whole_experts_and_feeds_them_the_group_tokens():
     layout = expert_layout(DSV3, 1, 8, True)
     assert (layout.ep, layout.local_experts, layout.width_share, layout.all2all) == (8, 32, 1.0, True)
     m = RooflineStepTimeModel(MI355X, DSV3, 1, dp=8, expert_parallel=True)
-    c = m.coefficients.gemm_for("fp8")
+    c = m.coefficients.gemm_for("fp8moe")  # FP8 routed experts: the fused-MoE family
     expert_bytes = DSV3.weight_bytes_per_gpu(1)["experts"] / 256  # one whole expert, fp8
     one = m.breakdown(decode(1))["experts"]
     # one token per rank, 8 in the group: each touches 8 of 256 experts, 32 live here
@@ -69,7 +69,7 @@ def test_lock_step_rank_takes_the_group_tokens_and_the_slowest_rank_sets_the_ste
     group = 256 + 1
     assert m.rank_step_time_s(busy, 512) == pytest.approx(m.step_time_s(busy))  # balanced
     # hand-computed: 128 whole fp8 experts per rank, k/EP = 4 pairs per group token
-    g = m.coefficients.gemm_for("fp8")
+    g = m.coefficients.gemm_for("fp8moe")
     w = DSV3.weight_bytes_per_gpu(1)["experts"] / 256  # elements (= bytes) of one expert
     e_mem = w / (g.eta_mem * MI355X.hbm_bandwidth)
     e_cmp = 2 * w / (g.eta_compute * MI355X.peak("fp8"))

@@ -1,5 +1,5 @@
 """Kernel structure of the analytic model (issue 27): block-scaled FP8 as its own GEMM
-format, FlashAttention's efficiency rising with the prompt, and the library all-reduce's
+format, FP8 routed experts as their own fused-MoE family, FlashAttention's efficiency rising with the prompt, and the library all-reduce's
 own bandwidth above vLLM's 8 MiB custom all-reduce. Each test fails if the structure is
 dropped (the old model priced these with the per-tensor fp8 coefficients, a flat
 prefill-attention efficiency and one all-reduce bandwidth)."""
@@ -14,7 +14,9 @@ from tuner.perf.dtypes import scheme_from_config
 from tuner.perf.fit.coefficients import Coefficients
 from tuner.perf.hardware import load_hardware
 from tuner.perf.models import load_model
-from tuner.perf.step_time import CUSTOM_ALLREDUCE_MAX_BYTES, RooflineStepTimeModel
+from tuner.perf.fit.to_benchmarks import MEASURED_SIGMA, prior_sigma
+from tuner.perf.step_time import (CUSTOM_ALLREDUCE_MAX_BYTES, RooflineStepTimeModel,
+                                    expert_kernel_format, shared_expert_format)
 from tuner.sim.batch import StepBatch
 
 H200 = load_hardware("h200")
@@ -57,10 +59,48 @@ def test_block_scaled_fp8_prices_its_own_kernel_family():
     assert delta == pytest.approx(launches * (c.gemm_for("fp8b").t0_s - c.gemm_for("fp8").t0_s))
     h = H200.coefficients
     big = prefill(16384)
-    ratio = (RooflineStepTimeModel(H200, per_tensor, 8, h).breakdown(big)["gemm"]
+    pt_model = RooflineStepTimeModel(H200, per_tensor, 8, h)
+    ratio = (pt_model.breakdown(big)["gemm"]
              / RooflineStepTimeModel(H200, block, 8, h).breakdown(big)["gemm"])
-    assert ratio == pytest.approx(h.gemm_for("fp8b").eta_compute / h.gemm_for("fp8").eta_compute,
-                                  rel=0.05)
+    # compute-bound: each format's FLOP elements over its efficiency (per-tensor fp8 has
+    # the tile terms, fitted to its measured table; block-scaled is M-only)
+    elems, dims = pt_model.shape["dense"]["fp8"], pt_model.shape["dims"]["fp8"]
+    fp8, fp8b = h.gemm_for("fp8"), h.gemm_for("fp8b")
+    expected = (fp8.flop_elems(elems, *dims) / fp8.eta_compute) / (elems / fp8b.eta_compute)
+    assert ratio == pytest.approx(expected, rel=0.05)
+
+
+def test_fp8_routed_experts_price_with_their_own_fused_moe_family():
+    """FP8 routed experts run vLLM's fused-MoE kernels (``fp8moe``), dense and shared-expert
+    linears the GEMM formats: moving the fp8moe coefficients moves the routed experts
+    and nothing else, and the dense per-tensor fp8 GEMMs carry the tile terms fitted to
+    the measured CUTLASS scaled-mm table, which the fused-MoE prior does not."""
+    dsv3 = load_model("deepseek-v3")  # fp8b dense, fp8 experts (routed and one shared)
+    assert expert_kernel_format(dsv3.expert_weight_dtype) == "fp8moe"
+    assert expert_kernel_format("int4") == "int4" and expert_kernel_format("fp16") == "bf16"
+    c = H200.coefficients
+    slow = c.with_flat({"gemm.fp8moe.eta_mem": c.gemm_for("fp8moe").eta_mem / 2,
+                        "gemm.fp8moe.t0_s": c.gemm_for("fp8moe").t0_s * 2})
+    decode = StepBatch.from_requests([(1000, 1)] * 32)
+    base = RooflineStepTimeModel(H200, dsv3, 8, c).breakdown(decode)
+    moved = RooflineStepTimeModel(H200, dsv3, 8, slow).breakdown(decode)
+    assert moved["experts"] > 1.5 * base["experts"]
+    assert moved["gemm"] == base["gemm"]  # shared experts are dense linears
+    # ... block-scaled like the checkpoint's other linears; per-tensor fp8 where it is
+    assert shared_expert_format(dsv3) == "fp8b"
+    per_tensor = dataclasses.replace(dsv3, weight_dtype="fp8", attn_weight_dtype="fp8")
+    assert shared_expert_format(per_tensor) == "fp8"
+    assert expert_kernel_format(per_tensor.expert_weight_dtype) == "fp8moe"
+    launches = 2 * dsv3.num_moe_layers  # fused w13 and w2 per MoE layer
+    assert moved["launch"] - base["launch"] == pytest.approx(launches * c.gemm_for("fp8moe").t0_s)
+    assert c.gemm_for("fp8").n_half > 1000 and c.gemm_for("fp8moe").n_half == 0.0
+    # the serving fit holds the measured dense fp8 prior, not the block-scaled or MoE one
+    assert prior_sigma("gemm.fp8.eta_compute", H200) == MEASURED_SIGMA
+    assert prior_sigma("gemm.fp8b.eta_compute", H200) > MEASURED_SIGMA
+    assert prior_sigma("gemm.fp8moe.eta_compute", H200) > MEASURED_SIGMA
+    # AMD: no fused-MoE measurement, the experts' prior is the fp8 one
+    m = MI300X.coefficients
+    assert m.gemm_for("fp8moe") == m.gemm_for("fp8")
 
 
 def test_prefill_attention_efficiency_rises_with_the_prompt():

@@ -45,7 +45,7 @@ def test_model_fields_are_parsed():
     assert (ds.attention, ds.kv_lora_rank, ds.qk_rope_head_dim) == ("mla", 512, 64)
     assert (ds.num_experts, ds.num_experts_per_tok, ds.num_moe_layers) == (256, 8, 58)
     assert ds.shared_expert_intermediate_size == 2048
-    # 128x128 block-scaled FP8: block-scaled dense GEMMs, fused-MoE experts priced as fp8
+    # 128x128 block-scaled FP8: block-scaled dense GEMMs, fp8 experts (priced as the fused-MoE fp8moe family)
     assert (ds.weight_dtype, ds.kv_dtype, ds.max_position_embeddings) == ("fp8b", "bf16", 163840)
     assert ds.expert_weight_dtype == "fp8"
     oss = load_model("gpt-oss-120b")

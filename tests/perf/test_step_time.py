@@ -141,7 +141,7 @@ def test_moe_reads_only_touched_experts():
     c = MI355X.coefficients
     model = RooflineStepTimeModel(MI355X, DSV3, 8, c)
     per_expert = DSV3.weight_bytes_per_gpu(8)["experts"] / 256
-    bw = 8.0e12 * c.gemm["fp8"].eta_mem
+    bw = 8.0e12 * c.gemm_for("fp8moe").eta_mem  # FP8 routed experts: fused MoE
     one = model.breakdown(decode(1, 100))["experts"]
     assert one == pytest.approx(8 * per_expert / bw, rel=1e-9)  # top-8 of 256, memory-bound
     for n in (4, 32, 128):

@@ -31,8 +31,16 @@ from tuner.errors import ConfigError
 #: ``W8A8BlockFp8LinearOp`` (DeepGEMM, CUTLASS or FlashInfer block-scaled kernels on
 #: NVIDIA; AITER's A8W8 block-scale GEMM on ROCm), whose activation-quantization launch and
 #: per-block scale loads give it floors and efficiencies per-tensor FP8 does not have.
+#: ``fp8moe`` is the routed experts of an FP8 checkpoint (per-tensor or block-scaled):
+#: vLLM runs them through its fused-MoE kernels (Triton ``fused_moe`` W8A8, Marlin W8A16 on
+#: Hopper, DeepGEMM / CUTLASS grouped GEMMs on Blackwell), a kernel family whose
+#: efficiency has nothing to do with the dense CUTLASS scaled-mm's (aiconfigurator-core
+#: measures them apart: docs/step-time-model.md §10), so it has its own coefficients.
 FORMAT_BYTES: dict[str, float] = {"bf16": 2.0, "fp8": 1.0, "fp8b": 1.0 + 4.0 / (128 * 128),
-                                  "fp4": 4.25 / 8, "int4": 4.125 / 8}
+                                  "fp8moe": 1.0, "fp4": 4.25 / 8, "int4": 4.125 / 8}
+#: Routed-expert kernel format by the experts' weight format, where the fused-MoE kernels
+#: are a family of their own (the others price experts with the dense GEMM coefficients).
+EXPERT_FORMATS: dict[str, str] = {"fp8": "fp8moe"}
 
 _FP8 = ("fp8", "ptpc_fp8", "fbgemm_fp8", "modelopt", "fp8_e4m3", "w8a8_fp8")
 _FP4 = ("mxfp4", "modelopt_fp4", "nvfp4", "fp4", "w_mxfp4_a_mxfp6", "w4a6", "petit_nvfp4")

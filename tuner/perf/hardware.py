@@ -75,7 +75,7 @@ class HardwareSpec:
         weights and multiply in bf16 (e.g. MXFP4 experts on H100 run as W4A16), and
         fp16/fp32 share the bf16 units.
         """
-        if dtype == "fp8b":  # block-scaled FP8 runs on the FP8 units
+        if dtype in ("fp8b", "fp8moe"):  # block-scaled FP8 and FP8 experts: the FP8 units
             dtype = "fp8"
         if dtype in self.peak_flops:
             return self.peak_flops[dtype]

@@ -19,7 +19,8 @@ A per-layer, per-kernel model (docs/step-time-model.md has the formulas). Per TP
          + all-reduce per call: latency + message / bandwidth(message), custom or library
          + sampling: a few passes over each request's logits
 
-``f`` is the GEMM's kernel format (bf16, fp8, fp4, int4: :mod:`tuner.perf.dtypes`), so a
+``f`` is the GEMM's kernel format (bf16, fp8, fp8b, fp4, int4; FP8 routed experts run the
+fused-MoE family fp8moe: :mod:`tuner.perf.dtypes`), so a
 quantized checkpoint is priced by what its kernels reach (MXFP4 decode GEMMs stream far
 below HBM peak today), not by a peak ratio. The layers of a model are identical, so the
 model prices one layer and multiplies; every per-shape constant is folded into a few
@@ -42,6 +43,7 @@ from typing import Any, Callable
 
 from tuner.errors import ConfigError
 from tuner.perf.fit.coefficients import Coefficients, GemmCoefficients
+from tuner.perf.dtypes import EXPERT_FORMATS
 from tuner.perf.expert_parallel import all2all_constants, expert_layout, expert_terms
 from tuner.perf.linear_attention import linear_attention_s, linear_constants
 from tuner.perf.hardware import HardwareSpec
@@ -62,6 +64,25 @@ LIBRARY_LATENCY_FACTOR = 2.0
 def kernel_format(dtype: str) -> str:
     """GEMM kernel format of a weight dtype (fp16/fp32 run the bf16 kernels)."""
     return {"fp16": "bf16", "fp32": "bf16"}.get(dtype, dtype)
+
+
+def shared_expert_format(model: ModelSpec) -> str:
+    """Kernel format of ``model``'s shared experts: plain dense linears in the experts'
+    format, and for FP8 experts of a block-scaled checkpoint (``fp8b`` dense or attention
+    linears) the block-scaled GEMM, because vLLM quantizes every linear of such a
+    checkpoint with its ``weight_block_size`` (``W8A8BlockFp8LinearOp``)."""
+    fmt = kernel_format(model.expert_weight_dtype)
+    if fmt == "fp8" and "fp8b" in (model.weight_dtype, model.attn_weight_dtype):
+        return "fp8b"
+    return fmt
+
+
+def expert_kernel_format(dtype: str) -> str:
+    """Kernel format of routed experts whose weights are ``dtype``: FP8 experts run vLLM's
+    fused-MoE kernels, a family of their own (``fp8moe``, :data:`EXPERT_FORMATS`); the
+    other formats price experts with their dense GEMM coefficients."""
+    fmt = kernel_format(dtype)
+    return EXPERT_FORMATS.get(fmt, fmt)
 
 
 class StepTimeModel(ABC):
@@ -446,7 +467,9 @@ def _shape(m: ModelSpec, tp: int) -> dict[str, Any]:
     """
     wb = m.weight_bytes_per_gpu(tp)
     attn_f, dense_f = kernel_format(m.attn_weight_dtype), kernel_format(m.weight_dtype)
-    exp_f, act_f = kernel_format(m.expert_weight_dtype), kernel_format(m.act_dtype)
+    act_f = kernel_format(m.act_dtype)
+    # routed experts run the fused-MoE kernels; shared experts are plain dense linears
+    moe_f = expert_kernel_format(m.expert_weight_dtype)
     dense: dict[str, float] = {}
     kernels: dict[str, float] = {}
     dims: dict[str, tuple[float, float, float]] = {}  # (sum N, sum K, GEMMs) per format
@@ -476,14 +499,14 @@ def _shape(m: ModelSpec, tp: int) -> dict[str, Any]:
     add(dense_f, mlp, m.num_dense_layers * 2, m.num_dense_layers, mlp / 3.0)  # gate_up, down
     shared = wb["shared_experts"] / DTYPE_BYTES[m.expert_weight_dtype]
     n_shared = m.num_moe_layers if m.shared_expert_intermediate_size else 0
-    add(exp_f, shared, n_shared * 2, n_shared, shared / 3.0)
+    add(shared_expert_format(m), shared, n_shared * 2, n_shared, shared / 3.0)
     add(act_f, wb["router"] / DTYPE_BYTES[m.act_dtype], m.num_moe_layers)
     lm_elems = (m.vocab_size * m.hidden_size) / tp
     kernels[act_f] = kernels.get(act_f, 0.0) + 1  # the LM head
     expert_elems = 0.0
     if m.is_moe:
         expert_elems = wb["experts"] / DTYPE_BYTES[m.expert_weight_dtype] / m.num_experts
-        kernels[exp_f] = kernels.get(exp_f, 0.0) + 2 * m.num_moe_layers  # fused w13, w2
+        kernels[moe_f] = kernels.get(moe_f, 0.0) + 2 * m.num_moe_layers  # fused w13, w2
     heads = m.num_attention_heads / tp
     if m.attention == "mla":
         # prefill: decompressed heads over nope+rope (QK) and v (PV); decode: absorbed
@@ -506,7 +529,7 @@ def _shape(m: ModelSpec, tp: int) -> dict[str, Any]:
     return {
         "dense": dense, "kernels": kernels, "dims": dims, "lm_fmt": act_f,
         "lm_elems": lm_elems, "lm_dims": (lm_elems / h, h, 1.0),
-        "expert_fmt": exp_f, "expert_elems": expert_elems,
+        "expert_fmt": moe_f, "expert_elems": expert_elems,
         "kv_full": full * per_layer_kv, "kv_slide": slide * per_layer_kv,
         "pair_p_full": full * pair_p, "pair_d_full": full * pair_d,
         "pair_p_slide": slide * pair_p, "pair_d_slide": slide * pair_d,

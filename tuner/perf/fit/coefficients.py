@@ -27,7 +27,7 @@ from typing import Any
 from tuner.errors import ConfigError
 
 #: GEMM kernel formats (:data:`tuner.perf.dtypes.FORMAT_BYTES`).
-FORMATS: tuple[str, ...] = ("bf16", "fp8", "fp8b", "fp4", "int4")
+FORMATS: tuple[str, ...] = ("bf16", "fp8", "fp8b", "fp8moe", "fp4", "int4")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +78,8 @@ GENERIC_GEMM: dict[str, GemmCoefficients] = {
     "fp8": GemmCoefficients(7e-6, 0.65, 0.55, 128.0),
     # block-scaled FP8: the activation-quantization launch and scale loads raise the floor
     "fp8b": GemmCoefficients(3e-5, 0.55, 0.50, 128.0),
+    # FP8 routed experts (fused MoE): the dense per-tensor estimate, M-only
+    "fp8moe": GemmCoefficients(7e-6, 0.65, 0.55, 128.0),
     "fp4": GemmCoefficients(8e-6, 0.30, 0.40, 256.0),
     "int4": GemmCoefficients(8e-6, 0.60, 0.45, 128.0),
 }

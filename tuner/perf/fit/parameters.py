@@ -13,7 +13,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from tuner.perf.models import ModelSpec
-from tuner.perf.step_time import RooflineStepTimeModel, kernel_format
+from tuner.perf.step_time import (RooflineStepTimeModel, expert_kernel_format, kernel_format,
+                                  shared_expert_format)
 from tuner.sim.batch import StepBatch
 
 #: Bounds of each kind of parameter (physical: efficiencies are fractions of a peak).
@@ -42,8 +43,10 @@ def used_formats(model: ModelSpec) -> list[str]:
     """GEMM kernel formats ``model``'s layers run."""
     fmts = {kernel_format(d) for d in (model.weight_dtype, model.attn_weight_dtype,
                                         model.act_dtype)}
-    if model.is_moe:
-        fmts.add(kernel_format(model.expert_weight_dtype))
+    if model.is_moe:  # routed experts (fused MoE) and shared experts (dense linears)
+        fmts.add(expert_kernel_format(model.expert_weight_dtype))
+        if model.shared_expert_intermediate_size:
+            fmts.add(shared_expert_format(model))
     return sorted(fmts)
 
 

@@ -94,7 +94,8 @@ def _params(runs: Sequence[RecordedRun], base: Coefficients, hardware: Any) -> l
 def prior_sigma(name: str, hardware: Any) -> float:
     """Prior width (e-folds) of flat coefficient ``name`` on ``hardware``: tighter where
     the preset lists it under ``step_time.measured`` (a prior fitted to measured kernels)."""
-    if any(name.startswith(p) for p in getattr(hardware, "measured_priors", ())):
+    # a listed name covers itself and its fields: "gemm.fp8" is gemm.fp8.*, not gemm.fp8b.*
+    if any(name == p or name.startswith(p + ".") for p in getattr(hardware, "measured_priors", ())):
         return MEASURED_SIGMA
     return SIGMA[name.rsplit(".", 1)[-1]]
 
