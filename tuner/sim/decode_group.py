@@ -22,7 +22,9 @@ which leaves the pool exactly as vLLM's per-request ``allocate_slots`` calls wou
 ``_member_events``). Non-members go through ``KVCacheManager.allocate_slots`` as on the
 plain path. When the step's new blocks exceed the free ones an allocation will fail:
 with fcfs the group step runs vLLM's loop over the pool-touching requests and preempts
-from the tail of running (``_run_preempting``); with priority it is not a group step.
+from the tail of running (``_run_preempting``), or, under the block fence (a connector
+under async scheduling), stops at a victim whose blocks are in flight and lets the
+members it did not reach leave unscheduled; with priority it is not a group step.
 
 A generated block whose hash is synthetic (no trace output hash: no other request can
 look it up) is registered when its request frees its blocks, not when it fills, so such
