@@ -9,7 +9,10 @@ scheduling), with and without the tier, each replay in its own child process:
   read (one heap pop each), runs and entries pushed;
 * the decode group (the fast path): members joined, plans that were not provably a group
   step (``plan`` returned None, so the group was dissolved and every member rejoins
-  afterwards) and the members they dissolved.
+  afterwards) and the members they dissolved; group steps short of free blocks
+  (``_run_preempting``), and of those the ones the block fence stopped (a connector
+  under async scheduling: the victim's blocks are still in flight) with the members the
+  stopped loop did not reach (they leave the group unscheduled and rejoin later).
 
 The counters wrap the methods from outside (no change to the replay); the CPU seconds
 include the wrappers' small cost, so take the speed ratio from ``bench/kv_tier.py``.
@@ -65,6 +68,21 @@ def on_plan(group, args, out):
 def on_join(group, args, out):
     counts["group joins"] += 1
 
+def on_short(group, args, out):
+    counts["short group steps"] += 1
+
+def count_unreached():
+    # fence stops inside a short group step (absent before branch tierfence)
+    inner = getattr(decode_group.DecodeGroup, "_leave_unreached", None)
+    if inner is None:
+        return
+    def outer(self, stopped):
+        size = self.size
+        inner(self, stopped)
+        counts["fence stops in group steps"] += 1
+        counts["members left unreached"] += size - self.size
+    decode_group.DecodeGroup._leave_unreached = outer
+
 def heappop(heap):
     counts["windows (heap pops)"] += 1
     return heapq.heappop(heap)
@@ -73,6 +91,8 @@ wrap(eviction_order.EvictionOrder, "take", on_take)
 wrap(eviction_order.EvictionOrder, "push", on_push)
 wrap(decode_group.DecodeGroup, "plan", on_plan)
 wrap(decode_group.DecodeGroup, "_join", on_join)
+wrap(decode_group.DecodeGroup, "_run_preempting", on_short)
+count_unreached()
 eviction_order.heapq = types.SimpleNamespace(heappop=heappop, heappush=heapq.heappush)
 
 spec = json.loads(sys.argv[1])

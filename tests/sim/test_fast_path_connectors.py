@@ -7,6 +7,9 @@ vacuous: their replays take group steps beside the connector's work."""
 from __future__ import annotations
 
 import random
+from collections import Counter
+from contextlib import contextmanager
+from typing import Iterator
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings as hyp_settings, strategies as st
@@ -14,6 +17,7 @@ from hypothesis import HealthCheck, event, given, settings as hyp_settings, stra
 from sim_helpers import Req, assert_identical, check_result, nonlinear_step, prompt_hashes
 from tuner.sim.disagg import PDSettings
 from tuner.sim.disagg.simulator import PDPool, PDSimulator
+from tuner.sim.decode_group import DecodeGroup
 from tuner.sim.engine import Simulator
 from tuner.sim.kv_connector.base import NO_DECODE_EVENT
 from tuner.sim.kv_connector.settings import OffloadSettings
@@ -141,6 +145,104 @@ def test_tier_replays_take_group_steps_while_the_connector_works() -> None:
             assert c["kv_offload_loads"] > 0 and c["kv_offload_stores"] > 0
             assert c["kv_offload_evicted_chunks"] > 0 and c["preemptions"] > 0
             assert sum(g for g, _ in path) > len(path) // 2, (policy, async_scheduling)
+
+
+@contextmanager
+def _short_steps_counted(counts: Counter) -> Iterator[None]:
+    """Count the decode group's steps short of free blocks (``_run_preempting``), those
+    that preempt, and the block fence's stops inside them with the members they leave
+    unreached; the methods are wrapped on the class and restored after."""
+    run_preempting = DecodeGroup._run_preempting
+    leave_unreached = DecodeGroup._leave_unreached
+
+    def counted_run(self, out, token_budget, plan):
+        preempted = len(out.preempted)
+        result = run_preempting(self, out, token_budget, plan)
+        counts["short group steps"] += 1
+        counts["short group steps that preempt"] += len(out.preempted) > preempted
+        return result
+
+    def counted_leave(self, stopped):
+        size = self.size
+        leave_unreached(self, stopped)
+        counts["fence stops"] += 1
+        counts["members unreached"] += size - self.size
+
+    DecodeGroup._run_preempting = counted_run  # type: ignore[method-assign]
+    DecodeGroup._leave_unreached = counted_leave  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        DecodeGroup._run_preempting = run_preempting  # type: ignore[method-assign]
+        DecodeGroup._leave_unreached = leave_unreached  # type: ignore[method-assign]
+
+
+@st.composite
+def fenced_setup(draw: st.DrawFn) -> tuple:
+    """Async scheduling with the tier (the block fence) on GPU caches small enough that
+    group steps run short of free blocks: the victim's blocks are often still in
+    flight (the loop stops), sometimes free (it preempts)."""
+    bs = draw(st.sampled_from([4, 16]))
+    settings = SchedulerSettings(max_num_batched_tokens=draw(st.sampled_from([128, 512])),
+                                 max_num_seqs=draw(st.sampled_from([8, 16, 32])))
+    cache = CacheSettings(block_size=bs,
+                          num_gpu_blocks=draw(st.sampled_from([1000, 1800, 3200])) // bs,
+                          enable_prefix_caching=draw(st.booleans() | st.just(True)))
+    bw = draw(st.sampled_from([1e10, 1e8, 2e7]))
+    tier = OffloadSettings(num_chunks=draw(st.sampled_from([20, 60, 600])),
+                           blocks_per_chunk=draw(st.sampled_from([1, 2])),
+                           policy=draw(st.sampled_from(["lru", "arc"])),
+                           bytes_per_block=1 << 16, load_bytes_per_s=bw, store_bytes_per_s=bw)
+    options = dict(kv_offload=tier, async_scheduling=True, record_steps=True)
+    trace = session_turns(draw(st.integers(0, 10_000)), draw(st.integers(20, 40)),
+                          block_size=bs, max_output=draw(st.sampled_from([80, 150])),
+                          rate=draw(st.sampled_from([20.0, 60.0])))
+    load = draw(st.sampled_from([OpenLoop(), ClosedLoop(12)]))
+    return trace, settings, cache, options, load
+
+
+@pytest.mark.slow  # tens of small replays, each twice: > 4 s
+@hyp_settings(max_examples=15, **_HYP)
+@given(fenced_setup())
+def test_fenced_short_group_steps_replay_identically(setup) -> None:
+    """A group step short of free blocks under the block fence runs vLLM's loop: it
+    preempts a victim whose blocks can be freed now and stops at one whose blocks are
+    in flight (a member's last step being the latest group step), and the members it
+    does not reach leave unscheduled. Any other outcome changes the records."""
+    trace, settings, cache, options, load = setup
+    plain = _tier_run(trace, settings, cache, options, load, fast=False, check=True)
+    counts: Counter = Counter()
+    with _short_steps_counted(counts):
+        fast = _tier_run(trace, settings, cache, options, load, fast=True, check=True)
+    assert_identical(plain, fast)
+    for name in ("short group steps", "short group steps that preempt", "fence stops"):
+        if counts[name]:
+            event(name)
+
+
+@pytest.mark.slow  # nine small replays, each twice: > 4 s
+def test_fenced_short_steps_are_group_steps() -> None:
+    """Not vacuous: on small GPU caches under the fence, short steps are group steps
+    (before, each one dissolved the group for the plain step) that both stop at the
+    fence, leaving members unreached, and preempt; the records equal the plain path's."""
+    settings = SchedulerSettings(max_num_batched_tokens=512, max_num_seqs=16)
+    tier = OffloadSettings(num_chunks=60, bytes_per_block=1 << 16, load_bytes_per_s=1e8,
+                           store_bytes_per_s=1e8)
+    options = dict(kv_offload=tier, async_scheduling=True, record_steps=True)
+    counts: Counter = Counter()
+    for seed in range(3):
+        trace = session_turns(seed, 40, max_output=150, rate=20.0)
+        for blocks in (60, 110, 200):
+            cache = CacheSettings(num_gpu_blocks=blocks)
+            plain = _tier_run(trace, settings, cache, options, OpenLoop(), fast=False,
+                              check=True)
+            with _short_steps_counted(counts):
+                fast = _tier_run(trace, settings, cache, options, OpenLoop(), fast=True,
+                                 check=True)
+            assert_identical(plain, fast)
+    assert counts["fence stops"] >= 10, counts
+    assert counts["members unreached"] > counts["fence stops"], counts
+    assert counts["short group steps that preempt"] >= 10, counts
 
 
 def test_a_decoder_with_a_store_still_to_offer_does_not_join() -> None:

@@ -22,7 +22,9 @@ which leaves the pool exactly as vLLM's per-request ``allocate_slots`` calls wou
 ``_member_events``). Non-members go through ``KVCacheManager.allocate_slots`` as on the
 plain path. When the step's new blocks exceed the free ones an allocation will fail:
 with fcfs the group step runs vLLM's loop over the pool-touching requests and preempts
-from the tail of running (``_run_preempting``); with priority it is not a group step.
+from the tail of running (``_run_preempting``), or, under the block fence (a connector
+under async scheduling), stops at a victim whose blocks are in flight and lets the
+members it did not reach leave unscheduled; with priority it is not a group step.
 
 A generated block whose hash is synthetic (no trace output hash: no other request can
 look it up) is registered when its request frees its blocks, not when it fills, so such
@@ -368,10 +370,11 @@ class DecodeGroup:
             if request.event_kinds & OPENS_BLOCK:
                 num_new_blocks += 1
         short = num_new_blocks > host.kv_cache_manager.block_pool.free_block_queue.num_free_blocks
-        if short and (host.policy != "fcfs" or host.fenced):
-            # priority: a victim may be scheduled already; fenced (a connector under
-            # async): vLLM stops at a victim whose blocks it cannot free yet. The plain path.
-            return None
+        if short and host.policy != "fcfs":
+            return None  # priority: a victim may be scheduled already. The plain path.
+        # fcfs and fenced (a connector under async): vLLM stops at a victim whose blocks
+        # it cannot free yet; _run_preempting stops there too and the members it does
+        # not reach leave the group unscheduled.
         return GroupPlan(individual, events, short)
 
     def run(self, out: SchedulerOutput, token_budget: int, plan: GroupPlan
@@ -423,20 +426,35 @@ class DecodeGroup:
         step. Members without an event need no block: in vLLM their ``allocate_slots``
         changes nothing but registering blocks with synthetic ids, which the group
         defers. Preempted members leave the group without their token; every other
-        member gets it.
+        member the loop reaches gets it.
+
+        Fenced (a connector under async scheduling, ``block_fence``): before a victim is
+        taken, ``can_free_now`` is asked as the plain loop asks it (939-941; for a member,
+        ``FencedKVCacheManager.can_free_now`` counts the latest group step as its last);
+        a victim whose blocks are still in flight ends the loop at the failing request,
+        unscheduled and unpreempted. The members from that request on are not reached:
+        they leave the group without their token (``_drop``), as a dissolve would have
+        left them before the plain loop, and the members before it keep the group step.
         """
         host = self.host
         kvm = host.kv_cache_manager
+        fenced = host.fenced
+        running = host.running
         work = [(m, 1, True) for m in plan.events] + [(r, n, False) for r, n in plan.individual]
         work.sort(key=lambda entry: entry[0].seq)
         prefill_scheduled = False
         spent = 0
+        stopped: SimRequest | None = None  # where the fence ended the loop
         for request, n, member in work:
             if request.status != _RUNNING:
                 continue  # preempted earlier in this loop
             if member:
                 self.materialize(request)
             while not kvm.allocate_slots(request, n):
+                # fcfs: the victim is the tail of running (Scheduler._victim_index)
+                if fenced and not kvm.can_free_now(running[-1]):  # type: ignore[attr-defined]
+                    stopped = request
+                    break
                 victim = host.pick_victim()  # fcfs: the tail of running
                 if victim.steady:
                     self._drop(victim)
@@ -451,12 +469,26 @@ class DecodeGroup:
                     if request.is_prefill_chunk:
                         prefill_scheduled = True
                 continue
-            break  # the request preempted itself: nothing runs after it
-        self.others = [r for r in self.others if r.status == _RUNNING]
+            break  # the request preempted itself, or the fence stopped the loop at it
+        if stopped is not None:
+            self._leave_unreached(stopped)
+        else:
+            self.others = [r for r in self.others if r.status == _RUNNING]
         events = [m for m in plan.events if m.steady]
         out.group = GroupStep(self.size, self.sum_tokens, events, host.running, self)
         out.total_num_scheduled_tokens += self.size + spent
         return token_budget - self.size - spent, prefill_scheduled
+
+    def _leave_unreached(self, stopped: SimRequest) -> None:
+        """The fence ended the running loop at ``stopped``: every member from it on in
+        running order leaves the group without this step's token (``_drop``: counters up
+        to date, out of the calendar; under async its in-flight token goes back to the
+        step in flight), and ``others`` follows ``running`` again."""
+        running = self.host.running
+        for request in running[bisect_left(running, stopped.seq, key=seq_order):]:
+            if request.steady:
+                self._drop(request)
+        self.others = [r for r in running if not r.steady]
 
     def _member_events(self, members: list[SimRequest]) -> None:
         """``allocate_slots(member, 1)`` for decode-ready members, batched: a new block

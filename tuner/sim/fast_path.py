@@ -34,9 +34,14 @@ path decides. What it promises, and when it steps aside:
    good joins the group: a step of such members is a group step as without a
    connector, and a request with connector work runs the plain rules until it has none.
    Under async scheduling with a connector (``FencedKVCacheManager``, vLLM's
-   ``defer_block_free``) members count as scheduled in the steps they took part in, and
-   a group step that would run out of blocks is a plain step (vLLM stops at a victim
-   whose blocks it cannot free yet).
+   ``defer_block_free``) members count as scheduled in the steps they took part in
+   (``can_free_now`` reads a member's last step as the latest group step, the value
+   ``members_left`` stores when it leaves). A group step that runs out of blocks runs
+   vLLM's loop over the pool-touching requests (``DecodeGroup._run_preempting``) and
+   asks the fence as the plain loop does: a victim whose blocks are still in flight
+   ends the loop at the failing request, unscheduled and unpreempted, and the members
+   from it on in running order leave the group without their token; the ones before it
+   keep the group step.
 5. **Memoised prefix hits** (both paths: the waiting loop and the window's reorder,
    ``KVCacheManager.num_hit_blocks`` / ``num_cached_tokens_of``). A waiting request's
    walk over its prompt hashes may be skipped only while its watch slot's epoch has not
@@ -135,9 +140,10 @@ FAST_PATH_FIELDS: dict[str, FieldContract] = {
         "requests (store jobs) is read by a request only while the connector's "
         "next_decode_event says it has work for it, and such a request never joins the "
         "group (DecodeGroup.is_decode_ready); under async scheduling the fenced frees "
-        "count members as scheduled (FencedKVCacheManager.members_left) and a group step "
-        "that would run out of blocks is a plain step (vLLM stops at a victim it cannot "
-        "free yet)"),
+        "count members as scheduled (FencedKVCacheManager.members_left, can_free_now) and "
+        "a group step that runs out of blocks stops where vLLM's loop stops, at a victim "
+        "whose blocks are still in flight; the members it does not reach leave the group "
+        "unscheduled (DecodeGroup._run_preempting, _leave_unreached)"),
     "SimOptions.extra": FieldContract(
         "free-form: the fast path cannot know what an entry means, so any is refused",
         refuses=bool),

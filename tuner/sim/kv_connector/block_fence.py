@@ -83,8 +83,17 @@ class FencedKVCacheManager(KVCacheManager):
 
     def can_free_now(self, request: "SimRequest") -> bool:
         """``_request_blocks_can_be_freed``: no unprocessed step scheduled it. vLLM does
-        not preempt a victim that fails this (939-941): the allocation stops there."""
-        return self._last_sched.get(request.request_id, 0) <= self.processed_seq
+        not preempt a victim that fails this (939-941): the allocation stops there.
+
+        A decode-group member's record is only brought up to date when it leaves
+        (``members_left``); until then its last step is the later of its record and the
+        latest group step (``group_seq``), the value ``members_left`` would store, so
+        the group's running loop (``DecodeGroup._run_preempting``) asks the same
+        question of a member as the plain loop asks after a dissolve."""
+        last = self._last_sched.get(request.request_id, 0)
+        if request.steady and last < self.group_seq:
+            last = self.group_seq
+        return last <= self.processed_seq
 
     def step_processed(self, out: "SchedulerOutput") -> None:
         """Start of ``update_from_output`` (2279-2282): drain the frees now safe."""
