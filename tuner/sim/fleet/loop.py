@@ -73,6 +73,11 @@ class _Unit:
     active: bool = False  # has a pending event
     wave_running: bool = False  # lockstep: engines_running
     step_counter: int = 0  # lockstep: DPEngineCoreProc.step_counter
+    #: one engine, priced alone (no lockstep, no expert-parallel group price): its
+    #: schedule takes ``FleetLoop._schedule_solo``, the same step without the group's
+    #: per-rank lists (every P/D and dense-replica unit; the per-event cost a P/D
+    #: replay pays on top of its engines' own work)
+    solo: bool = False
 
 
 class FleetLoop:
@@ -126,6 +131,8 @@ class FleetLoop:
         else:
             self.units = [_Unit(e, (e,), False, BatchQueue(batch_queue_depth))
                           for e in range(dp * replicas)]
+        for unit in self.units:
+            unit.solo = not unit.lockstep and self.rank_price is None
         self.unit_of = [0] * len(self.engines)
         for unit in self.units:
             for e in unit.engines:
@@ -197,6 +204,7 @@ class FleetLoop:
     def run(self, progress: Callable[[float], None] | None = None) -> None:
         """Replay to the end; ``progress`` as ``ReplayLoop.run``."""
         heap, units, arrivals = self._heap, self.units, self.arrivals
+        balancers = self.balancers  # DP > 1 only: the others skip the call per event
         total = max(1, self.num_requests)
         last_report = 0
         while True:
@@ -207,7 +215,8 @@ class FleetLoop:
                                     or (arrival == heap[0][0] and heap[0][1] == _SCHEDULE)):
                 if arrival > self.now_s:
                     self.now_s = arrival
-                self._observe(self.now_s)
+                if balancers:
+                    self._observe(self.now_s)
                 arrivals.issue(self.now_s, self)
                 continue
             if not heap:
@@ -217,9 +226,12 @@ class FleetLoop:
             unit.active = False
             if time_s > self.now_s:
                 self.now_s = time_s
-            self._observe(self.now_s)
+            if balancers:
+                self._observe(self.now_s)
             if phase == _UPDATE:
                 self._update(unit)
+            elif unit.solo:
+                self._schedule_solo(unit)
             else:
                 self._schedule(unit)
             if self.stopped:
@@ -300,6 +312,44 @@ class FleetLoop:
             return
         for e in unit.engines:  # nothing waiting, running or in flight: idle
             engines[e].idle()
+
+    def _schedule_solo(self, unit: _Unit) -> None:
+        """``_schedule`` for a one-engine unit priced alone (``_Unit.solo``): the same
+        launch, in the same order, without the per-rank lists a lockstep group needs."""
+        e = unit.engines[0]
+        engine = self.engines[e]
+        queued = self.pending[e]
+        if queued:
+            for index, source, arrival in queued:
+                engine.add_request(index, source, arrival)
+            queued.clear()
+        now = self.now_s
+        queue = unit.batches
+        if len(queue.queue) < self.depth and engine.has_requests():
+            step = engine.schedule(now)
+            if step is None:
+                self.stopped = True
+                return
+            batch = engine.batch(step)
+            duration = cpu = 0.0
+            if batch is not None:  # None: an empty batch, 0 s
+                c, cost = self.unit_prices[unit.index](batch)
+                if c > cpu:
+                    cpu = c
+                if cost > duration:
+                    duration = cost
+            if not duration and self.empty_step_s is not None:
+                duration = self.empty_step_s(unit, now)  # e.g. waiting for a KV transfer
+            engine.start(step, queue.launch([step], now, cpu, duration), duration)
+            self.num_steps += 1
+            if len(queue.queue) < self.depth:
+                self._push(unit, queue.cpu_free_s, _SCHEDULE)
+                return
+        if queue.queue:
+            # the CPU waits for the oldest batch once it has launched its last one
+            self._push(unit, queue.outputs_s(), _UPDATE)
+            return
+        engine.idle()  # nothing waiting, running or in flight
 
     def _update(self, unit: _Unit) -> None:
         steps, end = unit.batches.pop(self.now_s)
