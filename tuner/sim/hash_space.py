@@ -46,6 +46,11 @@ class HashIdSpace:
         """Ids in use or reserved: ``0 .. size - 1``."""
         return self.pool.num_hash_ids
 
+    def bound_capacity(self, ids: int) -> None:
+        """The per-id arrays grow no larger than ``ids`` unless the space itself does
+        (``BlockPool.id_capacity_bound``): the reader renumbers before that."""
+        self.pool.id_capacity_bound = ids
+
     def reserve(self, count: int) -> int:
         """``count`` fresh trace ids; the first. Requests' hashes below ``size`` pass
         the manager's check at adoption."""
@@ -71,9 +76,15 @@ class HashIdSpace:
             mask[self.scheduler.connector.live_hash_ids()] = True
         return mask
 
-    def renumber(self, live: np.ndarray) -> None:
+    def renumber(self, live: np.ndarray, capacity: int = 0) -> None:
         """Give the sorted ids ``live`` the new ids ``0 .. len(live) - 1`` everywhere the
-        twin holds them. ``live`` must cover :meth:`live_mask` (and whole reserved ranges)."""
+        twin holds them. ``live`` must cover :meth:`live_mask` (and whole reserved ranges).
+
+        ``capacity``: room for this many ids in the per-id arrays from now on (at least
+        ``len(live)``). Why: sized at ``len(live)``, the arrays doubled as soon as the
+        next window reserved ids, and again past the next renumbering's threshold (to
+        ~4x the live ids): a reader that knows where it will renumber next sizes them
+        for that once (``tuner.replay._stream``)."""
         pool = self.pool
         live = np.asarray(live, dtype=_ID)
         hashes = pool.block_hash
@@ -83,7 +94,7 @@ class HashIdSpace:
         assert len(old) == 0 or (new < len(live)).all() and (live[new] == old).all(), (
             "renumbering drops a cached block's hash (tuner bug)")
         hashes[cached] = new
-        size = max(len(live), 16)
+        size = max(len(live), 16, capacity)
 
         def keep(values: np.ndarray, fill: object) -> np.ndarray:
             out = np.full(size, fill, dtype=values.dtype)
@@ -123,6 +134,10 @@ class FleetIdSpace:
     def size(self) -> int:
         return max(space.size for space in self.spaces)
 
+    def bound_capacity(self, ids: int) -> None:
+        for space in self.spaces:
+            space.bound_capacity(ids)
+
     def reserve(self, count: int) -> int:
         base = self.size
         for space in self.spaces:
@@ -139,10 +154,10 @@ class FleetIdSpace:
                 mask[np.asarray(ids, dtype=_ID)] = True
         return mask
 
-    def renumber(self, live: np.ndarray) -> None:
+    def renumber(self, live: np.ndarray, capacity: int = 0) -> None:
         live = np.asarray(live, dtype=_ID)
         for space in self.spaces:
-            space.renumber(live)
+            space.renumber(live, capacity)
         for source in self.in_transit():
             source.block_hashes = np.searchsorted(live, np.asarray(source.block_hashes, _ID))
             source.output_block_hashes = np.searchsorted(
