@@ -154,13 +154,15 @@ class _HashMap:
         if not len(self.keys):
             return
         k = self.k
-        counts = np.concatenate([[0], np.cumsum(mask, dtype=np.int64)])
-        alive = counts[self.firsts + k] - counts[self.firsts] > 0
+        # Any id of each range set: k gathers of the map's size. (A running count over
+        # the mask, 8 bytes an id twice, was the renumbering's largest transient: ~67 MB
+        # at the 4.2 M ids of a day's first renumbering, docs/performance.md.)
+        alive = mask[self.firsts]
+        for j in range(1, k):
+            alive |= mask[self.firsts + j]
         self.keys, self.firsts = self.keys[alive], self.firsts[alive]
-        if k == 1:
-            mask[self.firsts] = True
-        else:
-            mask[(self.firsts[:, None] + np.arange(k, dtype=np.int64)).ravel()] = True
+        for j in range(k):  # one scatter an offset: no (entries x k) index array
+            mask[self.firsts + j] = True
 
     def renumber(self, live: np.ndarray) -> None:
         self._merge()
@@ -443,8 +445,9 @@ class TraceArrivals:
 
     def _renumber(self, space: HashIdSpace | FleetIdSpace) -> None:
         """Keep only the ids still referenced (twin state and this map), renumbered; the
-        per-id arrays are sized once for the ids up to the next renumbering
-        (:meth:`_id_capacity`) and bounded there."""
+        per-id arrays grow from the live ids up to :meth:`_id_capacity` and no further.
+        (Not sized there at once: that made the renumbering hold the old arrays and
+        full-size new ones together.)"""
         mask = space.live_mask()
         for holder in self._holders:
             holder.mark_hash_ids(mask)
@@ -452,7 +455,7 @@ class TraceArrivals:
         live = mask.nonzero()[0].astype(np.int64)
         del mask
         self._next_compact = max(self.min_compact_ids, 2 * len(live))
-        space.renumber(live, self._id_capacity())
+        space.renumber(live)
         space.bound_capacity(self._id_capacity())
         self._map.renumber(live)
         for holder in self._holders:

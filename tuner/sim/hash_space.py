@@ -76,15 +76,9 @@ class HashIdSpace:
             mask[self.scheduler.connector.live_hash_ids()] = True
         return mask
 
-    def renumber(self, live: np.ndarray, capacity: int = 0) -> None:
+    def renumber(self, live: np.ndarray) -> None:
         """Give the sorted ids ``live`` the new ids ``0 .. len(live) - 1`` everywhere the
-        twin holds them. ``live`` must cover :meth:`live_mask` (and whole reserved ranges).
-
-        ``capacity``: room for this many ids in the per-id arrays from now on (at least
-        ``len(live)``). Why: sized at ``len(live)``, the arrays doubled as soon as the
-        next window reserved ids, and again past the next renumbering's threshold (to
-        ~4x the live ids): a reader that knows where it will renumber next sizes them
-        for that once (``tuner.replay._stream``)."""
+        twin holds them. ``live`` must cover :meth:`live_mask` (and whole reserved ranges)."""
         pool = self.pool
         live = np.asarray(live, dtype=_ID)
         hashes = pool.block_hash
@@ -94,7 +88,7 @@ class HashIdSpace:
         assert len(old) == 0 or (new < len(live)).all() and (live[new] == old).all(), (
             "renumbering drops a cached block's hash (tuner bug)")
         hashes[cached] = new
-        size = max(len(live), 16, capacity)
+        size = max(len(live), 16)
 
         def keep(values: np.ndarray, fill: object) -> np.ndarray:
             out = np.full(size, fill, dtype=values.dtype)
@@ -154,10 +148,10 @@ class FleetIdSpace:
                 mask[np.asarray(ids, dtype=_ID)] = True
         return mask
 
-    def renumber(self, live: np.ndarray, capacity: int = 0) -> None:
+    def renumber(self, live: np.ndarray) -> None:
         live = np.asarray(live, dtype=_ID)
         for space in self.spaces:
-            space.renumber(live, capacity)
+            space.renumber(live)
         for source in self.in_transit():
             source.block_hashes = np.searchsorted(live, np.asarray(source.block_hashes, _ID))
             source.output_block_hashes = np.searchsorted(
