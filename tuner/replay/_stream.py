@@ -156,7 +156,7 @@ class _HashMap:
         k = self.k
         # Any id of each range set: k gathers of the map's size. (A running count over
         # the mask, 8 bytes an id twice, was the renumbering's largest transient: ~67 MB
-        # at the 4.2 M ids of a day's first renumbering, docs/performance.md.)
+        # at a synthetic day's 4.2 M ids, its 24-hour peak; docs/performance.md.)
         alive = mask[self.firsts]
         for j in range(1, k):
             alive |= mask[self.firsts + j]
@@ -462,10 +462,11 @@ class TraceArrivals:
         window could reserve a quarter of the threshold (then only once reached, so a
         renumbering is not repeated every window).
 
-        Why before it passes: the per-id arrays grow by doubling, so a space that ran
-        past a threshold of ``2**22`` ids (the default) doubled them to ``2**23`` first
-        (~110 MB of arrays for ~0.7 M live ids on a synthetic day; docs/performance.md,
-        third memory round); stopping short keeps them at the threshold's size."""
+        Why before it passes: the per-id arrays grow by doubling, and a window that ran
+        past the threshold doubled them first: on a synthetic day's 24 hours, from ~0.7 M
+        live ids to 5.6 M ids' worth for the default threshold of 2**22 (4.19 M; 56 MB
+        of arrays; docs/performance.md, third memory round). Stopping short, with the
+        arrays' growth bounded at :meth:`_id_capacity`, keeps them at the threshold."""
         threshold = self._next_compact
         return size >= threshold or (4 * bound <= threshold and size + bound > threshold)
 
