@@ -84,12 +84,12 @@ def test_renumbering_keeps_only_live_ids(tmp_path: Path) -> None:
 
 
 def test_id_arrays_stay_at_the_renumbering_threshold(tmp_path: Path) -> None:
-    """The prefix cache's per-id arrays grow no larger than the ids up to the next
-    renumbering: a window that would pass the threshold renumbers first, and the arrays
-    stop doubling at the threshold plus an eighth. Before, cut to the live ids at a
-    renumbering, they doubled as the next windows reserved and again as a window ran
-    past the threshold (5.6 M ids' worth for a 4.2 M threshold on a synthetic day's
-    24 hours, docs/performance.md)."""
+    """The prefix cache's per-id arrays are sized for the ids up to the next renumbering
+    and no larger: a window that would pass the threshold renumbers first, and the
+    renumbering sizes the arrays once for the next threshold (plus an eighth). Before,
+    they were cut to the live ids, doubled as the next windows reserved, and doubled
+    again as a window ran past the threshold (~4x the live ids: ~110 MB more on a
+    synthetic day's 24 hours, docs/performance.md)."""
     from tuner.trace import read_trace
 
     trace = read_trace(write(tmp_path, 64, n=1200, seed=5))
@@ -132,45 +132,6 @@ def test_hash_chunks_are_dropped_once_issued(tmp_path: Path, monkeypatch) -> Non
     stream._build = spy  # type: ignore[method-assign]
     result = sim.run()
     assert len(result.requests) == 60 and max(held) <= 3  # the trace is stored in time order
-
-
-def test_a_chunk_held_past_the_next_one_keeps_only_its_unissued_rows(
-        tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """A trace stored out of arrival order (sessions grouped) needs a chunk's last rows
-    after the next chunk's first: the held chunk is cut to copies of its rows still to
-    issue before the next is read, and the replay is the one read without chunks."""
-    import random
-
-    from tuner.replay import _stream
-    from tuner.trace import read_trace, write_trace
-    from tuner.trace.schema import TraceMetadata
-
-    reqs = make_requests(60, seed=4, hbs=16, spacing_s=0.02)
-    random.Random(1).shuffle(reqs)  # stored order: not arrival order
-    path = write_trace(tmp_path / "shuffled.parquet", reqs,
-                       TraceMetadata(hash_block_size=16, source_format="test"))
-
-    def replay(rows: int) -> tuple[str, list[int]]:
-        monkeypatch.setattr(_stream, "CHUNK_ROWS", rows)
-        stream = TraceArrivals(read_trace(path), 16, window=5)
-        sim = Simulator(stream, SchedulerSettings(max_num_seqs=8),
-                        CacheSettings(num_gpu_blocks=500), step_time,
-                        options=SimOptions(record_steps=True))
-        cut = []
-        original = stream._build
-
-        def spy(start: int, stop: int):  # type: ignore[no-untyped-def]
-            out = original(start, stop)
-            cut.extend(len(c) for c in stream._chunks.values() if isinstance(c, dict))
-            return out
-
-        stream._build = spy  # type: ignore[method-assign]
-        return records(sim.run()), cut
-
-    whole, never = replay(10**6)
-    chunked, cut = replay(7)
-    assert never == [] and cut and max(cut) < 7
-    assert chunked == whole
 
 
 def test_empty_trace_is_refused(tmp_path: Path) -> None:

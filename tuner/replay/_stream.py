@@ -312,9 +312,7 @@ class TraceArrivals:
         chunks = self._rows // CHUNK_ROWS
         self._chunk_last = np.zeros(int(chunks.max()) + 1, dtype=np.int64)
         np.maximum.at(self._chunk_last, chunks, np.arange(self.num_requests, dtype=np.int64))
-        # chunk -> (prompt values, offsets, output values, offsets) of its rows, or, once
-        # the next chunk is read, {row in chunk: (prompt, output)} of its rows to issue
-        self._chunks: dict[int, Any] = {}
+        self._chunks: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         self._space: HashIdSpace | FleetIdSpace | None = None
         self._next_compact = min_compact_ids
         self.num_renumberings = 0
@@ -355,44 +353,20 @@ class TraceArrivals:
             yield from self._build(start, min(start + self.window, self.num_requests))
 
     # ----------------------------------------------------------------- reading
-    def _chunk(self, chunk: int, position: int) -> Any:
-        """Raw hashes of storage rows ``chunk * CHUNK_ROWS ..`` as flat arrays + offsets
-        (or, for a chunk cut down by :meth:`_keep_unissued`, its rows still to issue)."""
+    def _chunk(self, chunk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Raw hashes of storage rows ``chunk * CHUNK_ROWS ..`` as flat arrays + offsets."""
         cached = self._chunks.get(chunk)
         if cached is None:
-            self._keep_unissued(position)
             df = (self._frame.slice(chunk * CHUNK_ROWS, CHUNK_ROWS)
                   .select(["block_hashes", "output_block_hashes"]).collect())
             cached = self._chunks[chunk] = (*flat_hash_column(df, "block_hashes"),
                                             *flat_hash_column(df, "output_block_hashes"))
         return cached
 
-    def _keep_unissued(self, position: int) -> None:
-        """Before a chunk is read, cut each chunk held whole to copies of its rows not yet
-        issued (issue position ``position`` on).
-
-        Why: a chunk's last rows are issued after the next chunk's first ones (storage
-        groups a session's turns; a synthetic day overlaps ~1,500 requests a boundary),
-        so two whole chunks were held at each boundary: ~21 MB of hashes more than the
-        rows still to issue, and a day's 24 hours had four boundaries where 6 hours had
-        one with a small second chunk (docs/performance.md, third memory round).
-        """
-        for held, cached in list(self._chunks.items()):
-            if isinstance(cached, dict):
-                continue
-            pv, po, ov, oo = cached
-            later = self._rows[position:]
-            rows = later[later // CHUNK_ROWS == held] % CHUNK_ROWS
-            self._chunks[held] = {int(i): (pv[po[i]:po[i + 1]].copy(),
-                                           ov[oo[i]:oo[i + 1]].copy()) for i in rows}
-
     def _raw(self, position: int) -> tuple[np.ndarray, np.ndarray]:
         row = int(self._rows[position])
-        cached = self._chunk(row // CHUNK_ROWS, position)
+        pv, po, ov, oo = self._chunk(row // CHUNK_ROWS)
         i = row % CHUNK_ROWS
-        if isinstance(cached, dict):
-            return cached[i]
-        pv, po, ov, oo = cached
         return pv[po[i]:po[i + 1]], ov[oo[i]:oo[i + 1]]
 
     def _build(self, start: int, stop: int) -> list[tuple[int, StreamedRequest]]:
