@@ -84,12 +84,12 @@ def test_renumbering_keeps_only_live_ids(tmp_path: Path) -> None:
 
 
 def test_id_arrays_stay_at_the_renumbering_threshold(tmp_path: Path) -> None:
-    """The prefix cache's per-id arrays are sized for the ids up to the next renumbering
-    and no larger: a window that would pass the threshold renumbers first, and the
-    renumbering sizes the arrays once for the next threshold (plus an eighth). Before,
-    they were cut to the live ids, doubled as the next windows reserved, and doubled
-    again as a window ran past the threshold (~4x the live ids: ~110 MB more on a
-    synthetic day's 24 hours, docs/performance.md)."""
+    """The prefix cache's per-id arrays grow no larger than the ids up to the next
+    renumbering: a window that would pass the threshold renumbers first, and the arrays
+    stop doubling at the threshold plus an eighth. Before, cut to the live ids at a
+    renumbering, they doubled as the next windows reserved and again as a window ran
+    past the threshold (5.6 M ids' worth for a 4.2 M threshold on a synthetic day's
+    24 hours, docs/performance.md)."""
     from tuner.trace import read_trace
 
     trace = read_trace(write(tmp_path, 64, n=1200, seed=5))
