@@ -83,6 +83,36 @@ def test_renumbering_keeps_only_live_ids(tmp_path: Path) -> None:
     assert (pool.first_holder[cached] >= 0).all()  # every cached hash still maps to a block
 
 
+def test_id_arrays_stay_at_the_renumbering_threshold(tmp_path: Path) -> None:
+    """The prefix cache's per-id arrays grow no larger than the ids up to the next
+    renumbering: a window that would pass the threshold renumbers first, and the arrays
+    stop doubling at the threshold plus an eighth. Before, cut to the live ids at a
+    renumbering, they doubled as the next windows reserved and again as a window ran
+    past the threshold (5.6 M ids' worth for a 4.2 M threshold on a synthetic day's
+    24 hours, docs/performance.md)."""
+    from tuner.trace import read_trace
+
+    trace = read_trace(write(tmp_path, 64, n=1200, seed=5))
+    cache = CacheSettings(block_size=16, num_gpu_blocks=400, max_model_len=4096)
+    settings = SchedulerSettings(max_num_batched_tokens=512, max_num_seqs=16)
+    stream = TraceArrivals(trace, 16, window=4, min_compact_ids=1 << 12)
+    sim = Simulator(stream, settings, cache, step_time)
+    pool = sim.scheduler.kv_cache_manager.block_pool
+    seen: list[tuple[int, int, int]] = []  # (ids, array length, threshold) per window
+    build = stream._build
+
+    def watched(start: int, stop: int):  # type: ignore[no-untyped-def]
+        out = build(start, stop)
+        seen.append((pool.num_hash_ids, len(pool.first_holder), stream._next_compact))
+        return out
+
+    stream._build = watched  # type: ignore[method-assign]
+    sim.run()
+    assert stream.num_renumberings >= 2
+    assert all(ids <= length for ids, length, _ in seen)
+    assert max(length - threshold - threshold // 8 for _, length, threshold in seen) <= 0
+
+
 def test_hash_chunks_are_dropped_once_issued(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from tuner.replay import _stream
     from tuner.trace import read_trace

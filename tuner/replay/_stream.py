@@ -154,13 +154,15 @@ class _HashMap:
         if not len(self.keys):
             return
         k = self.k
-        counts = np.concatenate([[0], np.cumsum(mask, dtype=np.int64)])
-        alive = counts[self.firsts + k] - counts[self.firsts] > 0
+        # Any id of each range set: k gathers of the map's size. (A running count over
+        # the mask, 8 bytes an id twice, was the renumbering's largest transient: ~67 MB
+        # at a synthetic day's 4.2 M ids, its 24-hour peak; docs/performance.md.)
+        alive = mask[self.firsts]
+        for j in range(1, k):
+            alive |= mask[self.firsts + j]
         self.keys, self.firsts = self.keys[alive], self.firsts[alive]
-        if k == 1:
-            mask[self.firsts] = True
-        else:
-            mask[(self.firsts[:, None] + np.arange(k, dtype=np.int64)).ravel()] = True
+        for j in range(k):  # one scatter an offset: no (entries x k) index array
+            mask[self.firsts + j] = True
 
     def renumber(self, live: np.ndarray) -> None:
         self._merge()
@@ -346,6 +348,7 @@ class TraceArrivals:
 
     def __iter__(self) -> Iterator[tuple[int, StreamedRequest]]:
         assert self._space is not None, "bind() the scheduler first"
+        self._space.bound_capacity(self._id_capacity())
         for start in range(0, self.num_requests, self.window):
             yield from self._build(start, min(start + self.window, self.num_requests))
 
@@ -372,20 +375,25 @@ class TraceArrivals:
             del self._chunks[chunk]  # every request of it has been issued
         space = self._space
         assert space is not None
-        if space.size >= self._next_compact:
+        f, t = self.hash_block_size, self.block_size
+        reads = []
+        for position in range(start, stop):
+            prompt, output = self._raw(position)
+            if not self._split:  # KV blocks group hash blocks: re-block the hashes first
+                prompt, output = reblock_arrays(prompt, output, self._input_lens[position],
+                                                self._output_lens[position], f, t)
+            reads.append((prompt, output))
+        # The most ids this window can reserve: ``k`` a raw hash it reads.
+        bound = self._map.k * sum(len(prompt) + len(output) for prompt, output in reads)
+        if self._compact_due(space.size, bound):
             self._renumber(space)
             self._turns.clear()  # their ids are renumbered (some forgotten)
-        f, t = self.hash_block_size, self.block_size
         turns = self._turns
         turns.start_window()
         sessions = self._session_ids[start:stop]  # one list a window, not a call a request
         raws = []
         tails = []
-        for position, session in zip(range(start, stop), sessions):
-            prompt, output = self._raw(position)
-            if not self._split:  # KV blocks group hash blocks: re-block the hashes first
-                prompt, output = reblock_arrays(prompt, output, self._input_lens[position],
-                                                self._output_lens[position], f, t)
+        for session, (prompt, output) in zip(sessions, reads):
             shared, source, entry = turns.begin(session, prompt, output)
             raws.append((len(prompt), len(output), shared, source, entry))
             tails.append(prompt[shared:] if shared else prompt)
@@ -417,17 +425,40 @@ class TraceArrivals:
                 self._priorities[position], session)))
         return out
 
+    def _id_capacity(self) -> int:
+        """Room in the per-id arrays: the next renumbering's threshold and an eighth for
+        the requests' own synthetic ranges (reserved outside the windows)."""
+        return self._next_compact + self._next_compact // 8
+
+    def _compact_due(self, size: int, bound: int) -> bool:
+        """Renumber before this window? When the id space has reached the threshold, or
+        would pass it while the window reserves (at most ``bound`` ids), unless one
+        window could reserve a quarter of the threshold (then only once reached, so a
+        renumbering is not repeated every window).
+
+        Why before it passes: the per-id arrays grow by doubling, and a window that ran
+        past the threshold doubled them first: on a synthetic day's 24 hours, from ~0.7 M
+        live ids to 5.6 M ids' worth for the default threshold of 2**22 (4.19 M; 56 MB
+        of arrays; docs/performance.md, third memory round). Stopping short, with the
+        arrays' growth bounded at :meth:`_id_capacity`, keeps them at the threshold."""
+        threshold = self._next_compact
+        return size >= threshold or (4 * bound <= threshold and size + bound > threshold)
+
     def _renumber(self, space: HashIdSpace | FleetIdSpace) -> None:
-        """Keep only the ids still referenced (twin state and this map), renumbered."""
+        """Keep only the ids still referenced (twin state and this map), renumbered; the
+        per-id arrays grow from the live ids up to :meth:`_id_capacity` and no further.
+        (Not sized there at once: that made the renumbering hold the old arrays and
+        full-size new ones together.)"""
         mask = space.live_mask()
         for holder in self._holders:
             holder.mark_hash_ids(mask)
         self._map.keep_live(mask)
         live = mask.nonzero()[0].astype(np.int64)
         del mask
+        self._next_compact = max(self.min_compact_ids, 2 * len(live))
         space.renumber(live)
+        space.bound_capacity(self._id_capacity())
         self._map.renumber(live)
         for holder in self._holders:
             holder.renumber_hash_ids(live)
-        self._next_compact = max(self.min_compact_ids, 2 * len(live))
         self.num_renumberings += 1

@@ -123,7 +123,7 @@ class BlockPool:
                  "free_block_queue", "first_holder", "last_holder", "next_holder",
                  "prev_holder", "num_hash_ids", "null_block", "num_evictions", "watched",
                  "watch_bits", "slot_epochs", "free_slots", "num_watched_ids", "num_stale_watched",
-                 "_mark", "_positions32")
+                 "_mark", "_positions32", "id_capacity_bound")
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool = True,
                  num_hash_ids: int = 1 << 16) -> None:
@@ -153,6 +153,9 @@ class BlockPool:
         # path (a hash with several holders), where numpy converts them.
         self.next_holder = np.full(num_gpu_blocks, -1, dtype=_LINK)
         self.prev_holder = np.full(num_gpu_blocks, -1, dtype=_LINK)
+        #: Doubling stops here (0: no bound): the id-space owner renumbers the ids before
+        #: they pass it (``tuner.replay._stream``), so room past it is never used.
+        self.id_capacity_bound = 0
         self.null_block = NULL_BLOCK
         self.num_evictions = 0  # cached hashes dropped by reallocation
         # Waiting requests with a memoised prefix hit (``SimRequest.hit_memo``), each on
@@ -187,14 +190,18 @@ class BlockPool:
         return base
 
     def _grow_ids(self, needed: int) -> None:
-        """At least double the per-hash-id arrays, each written once.
+        """At least double the per-hash-id arrays (up to ``id_capacity_bound``, then to
+        what is ``needed``), each written once.
 
         Why not ``concatenate`` with ``np.full``: that writes the new part twice (the
         filler, then the copy) into fresh pages; the agentic hour grows these arrays to
         3.8 million ids and its five growths cost ~170 ms of page faults and copies that
         way (~2.7 % of the replay, measured in the replay with a timer around this call).
         """
-        size = max(needed, 2 * len(self.first_holder))
+        doubled = 2 * len(self.first_holder)
+        if self.id_capacity_bound:
+            doubled = min(doubled, self.id_capacity_bound)
+        size = max(needed, doubled)
         self.first_holder = _grown(self.first_holder, size, -1)
         self.last_holder = _grown(self.last_holder, size, -1)
         self.watch_bits = _grown(self.watch_bits, size, 0)

@@ -46,6 +46,11 @@ class HashIdSpace:
         """Ids in use or reserved: ``0 .. size - 1``."""
         return self.pool.num_hash_ids
 
+    def bound_capacity(self, ids: int) -> None:
+        """The per-id arrays grow no larger than ``ids`` unless the space itself does
+        (``BlockPool.id_capacity_bound``): the reader renumbers before that."""
+        self.pool.id_capacity_bound = ids
+
     def reserve(self, count: int) -> int:
         """``count`` fresh trace ids; the first. Requests' hashes below ``size`` pass
         the manager's check at adoption."""
@@ -122,6 +127,10 @@ class FleetIdSpace:
     @property
     def size(self) -> int:
         return max(space.size for space in self.spaces)
+
+    def bound_capacity(self, ids: int) -> None:
+        for space in self.spaces:
+            space.bound_capacity(ids)
 
     def reserve(self, count: int) -> int:
         base = self.size
