@@ -81,11 +81,14 @@ def test_hot_path_and_terms_agree_and_the_bench_prices_as_the_replay():
                                                                     rel=1e-9)
 
 
-def test_amd_carries_the_structure_with_its_own_compute_units():
-    """MI355X takes the H100 item latency as an estimate (no AMD measurement), spread over
-    its 256 CUs: the same 2,048 x 8 items cost 132/256 of the H100 layer time."""
-    c = MI355X.coefficients
-    assert c.attn_decode_item_s == H100.coefficients.attn_decode_item_s
+def test_amd_prices_the_structure_with_its_own_compute_units_once_measured():
+    """No AMD decode-attention measurement: the AMD presets leave both terms off (priced as
+    before, docs/step-time-model.md §10). Given the H100 item latency, MI355X spreads the
+    same 2,048 x 8 work items over its 256 CUs."""
+    assert (MI355X.coefficients.attn_decode_item_s,
+            MI355X.coefficients.attn_decode_half_items) == (0.0, 0.0)
+    c = dataclasses.replace(MI355X.coefficients,
+                            attn_decode_item_s=H100.coefficients.attn_decode_item_s)
     got = _attention(MI355X, L8, 1, c, _decode(2048, 2)) - _kv_write(MI355X, L8, 1, c, 2048)
     assert got == pytest.approx(2048 * 8 * L8.num_layers * c.attn_decode_item_s / 256,
                                 rel=1e-9)
