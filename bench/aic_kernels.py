@@ -16,8 +16,9 @@ Formulas (docs/step-time-model.md §1), per kernel:
 * context attention: floor + KV write + max(KV read / (kv_eff BW), compute), compute =
   4 H d [pairs + (half + kv / g) tokens] / (eff(d) P) + the longest prompt's last tile
   (tuner/perf/prefill_attention.py, the formula the step-time model folds)
-* generation attention: floor + max(KV bytes / (kv_eff BW), occupancy floor,
-  4 H d ctx / (decode_eff P))
+* generation attention: floor + max(KV bytes / (kv_eff BW) x (1 + half_items / items),
+  occupancy floor, items x item_s / units, 4 H d ctx / (decode_eff P)), items = requests x
+  KV heads (the decode work items, docs/step-time-model.md §1)
 * all-reduce: latency + 2(p-1)/p (bytes + half) / (eff link)
 * fused MoE: 2 t0 + moe_layer_overhead + max(touched W b / (eta_mem BW),
   2 W (k T + touched m_half) / (eta_compute P)) per rank
@@ -35,8 +36,10 @@ Usage:  .venv/bin/python bench/aic_kernels.py [--gpus h100,h200,b200] [--markdow
         .venv/bin/python bench/aic_kernels.py --fit-priors   (the NVIDIA presets' GEMM,
         all-reduce and all-to-all priors and the GDN constants: a log least-squares fit of
         the formulas to the tables)
-        .venv/bin/python bench/aic_kernels.py --fit-generation   (the decode-attention
-        priors alone: floor, occupancy chunk, work-item latency, bandwidth underfill)
+        .venv/bin/python bench/aic_kernels.py --fit-generation [--hold-floor] [--hold-chunk]
+        (the decode-attention priors alone: floor, occupancy chunk, work-item latency,
+        bandwidth underfill; --hold-* keep attn_floor_s / attn_chunk_tokens at the shipped
+        values, as the presets' figures were fitted)
 """
 
 from __future__ import annotations
