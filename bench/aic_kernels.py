@@ -16,8 +16,9 @@ Formulas (docs/step-time-model.md §1), per kernel:
 * context attention: floor + KV write + max(KV read / (kv_eff BW), compute), compute =
   4 H d [pairs + (half + kv / g) tokens] / (eff(d) P) + the longest prompt's last tile
   (tuner/perf/prefill_attention.py, the formula the step-time model folds)
-* generation attention: floor + max(KV bytes / (kv_eff BW), occupancy floor,
-  4 H d ctx / (decode_eff P))
+* generation attention: floor + max(KV bytes / (kv_eff BW) x (1 + half_items / items),
+  occupancy floor, items x item_s / units, 4 H d ctx / (decode_eff P)), items = requests x
+  KV heads (the decode work items, docs/step-time-model.md §1)
 * all-reduce: latency + 2(p-1)/p (bytes + half) / (eff link)
 * fused MoE: 2 t0 + moe_layer_overhead + max(touched W b / (eta_mem BW),
   2 W (k T + touched m_half) / (eta_compute P)) per rank
@@ -35,6 +36,10 @@ Usage:  .venv/bin/python bench/aic_kernels.py [--gpus h100,h200,b200] [--markdow
         .venv/bin/python bench/aic_kernels.py --fit-priors   (the NVIDIA presets' GEMM,
         all-reduce and all-to-all priors and the GDN constants: a log least-squares fit of
         the formulas to the tables)
+        .venv/bin/python bench/aic_kernels.py --fit-generation [--hold-floor] [--hold-chunk]
+        (the decode-attention priors alone: floor, occupancy chunk, work-item latency,
+        bandwidth underfill; --hold-* keep attn_floor_s / attn_chunk_tokens at the shipped
+        values, as the presets' figures were fitted)
 """
 
 from __future__ import annotations
@@ -117,6 +122,19 @@ def gemm(system: Path, hw, c) -> list[str]:  # type: ignore[no-untyped-def]
     return out
 
 
+def generation_attention_s(c, hw, b, ctx, h, kvh, hd, per_tok):  # type: ignore[no-untyped-def]
+    """One decode-attention kernel as the step-time model prices it (vectorised): floor +
+    max(KV read x (1 + half_items / items), occupancy floor, items x item_s / units,
+    compute) + the new tokens' KV write, with items = requests x KV heads."""
+    bw = c.kv_bw_eff * hw.hbm_bandwidth
+    items = b * kvh
+    mem = np.maximum(b * ctx * per_tok / bw * (1.0 + c.attn_decode_half_items / items),
+                     c.attn_chunk_tokens * hw.compute_units / kvh * per_tok / bw)
+    mem = np.maximum(mem, items * c.attn_decode_item_s / hw.compute_units)
+    cmp = 4 * h * hd * b * ctx / (c.attn_decode_eff * hw.peak("bf16"))
+    return c.attn_floor_s + np.maximum(mem, cmp) + b * per_tok / bw
+
+
 def attention(system: Path, hw, c) -> list[str]:  # type: ignore[no-untyped-def]
     import polars as pl
 
@@ -141,10 +159,7 @@ def attention(system: Path, hw, c) -> list[str]:  # type: ignore[no-untyped-def]
                                        b * s * (ctx + (s + 1) / 2), ctx, np.maximum)
         else:
             ctx = step + s
-            mem = np.maximum(b * ctx * per_tok / bw,
-                             c.attn_chunk_tokens * hw.compute_units / kvh * per_tok / bw)
-            cmp = 4 * h * hd * b * ctx / (c.attn_decode_eff * peak)
-            pred = c.attn_floor_s + np.maximum(mem, cmp) + b * per_tok / bw
+            pred = generation_attention_s(c, hw, b, ctx, h, kvh, hd, per_tok)
         meas = d["latency"].to_numpy()
         out.append(f"  {kind:10s} attention       {_stats(pred * 1e3, meas)}")
         if kind == "context":  # GQA serving head dims apart from MLA-like 192/512
@@ -155,7 +170,10 @@ def attention(system: Path, hw, c) -> list[str]:  # type: ignore[no-untyped-def]
                                ("serving", (hd <= 128) & (h >= 4) & (s >= 128))):
                 out.append(f"  {kind:10s} {label:10s}      {_stats(pred[sel] * 1e3, meas[sel])}")
         if kind == "generation":
-            for label, sel in (("ctx<2k", ctx < 2048), ("ctx>=2k", ctx >= 2048)):
+            items = b * kvh
+            for label, sel in (("ctx<2k", ctx < 2048), ("ctx>=2k", ctx >= 2048),
+                               ("bf16 KV", kvb == 2), ("fp8 KV", kvb == 1),
+                               ("items<=8", items <= 8), ("items>=512", items >= 512)):
                 out.append(f"  {kind:10s} {label:10s}      {_stats(pred[sel] * 1e3, meas[sel])}")
     return out
 
@@ -418,6 +436,7 @@ def fit_priors(system: Path, hw) -> dict:  # type: ignore[no-untyped-def]
     # activation-quantization launch included; the table's own floor is dispatch, §10)
     out["gemm"]["fp8b"] = fit_block_fp8(d, hw, hw.coefficients.gemm_for("fp8b").t0_s)
     out.update(fit_context_attention(system, hw))
+    out.update(fit_generation_attention(system, hw))
     a = _table(system, "comm", "custom_allreduce_perf.parquet").filter(pl.col("backend") == "vllm_graph")
     p = a["num_gpus"].to_numpy().astype(float)
     msg = a["message_size"].to_numpy().astype(float) * 2.0
@@ -571,6 +590,57 @@ def fit_gdn(system: Path, hw) -> dict:  # type: ignore[no-untyped-def]
         out[phase]["median_abs_err_pct"] = float(
             f"{100 * np.median(np.abs(np.expm1(r.residuals))):.3g}")
     return out
+
+
+#: The decode-attention coefficients ``--fit-priors`` / ``--fit-generation`` fit.
+GENERATION_PARAMS = ("attn_floor_s", "attn_chunk_tokens", "attn_decode_item_s",
+                     "attn_decode_half_items")
+
+
+def fit_generation_attention(system: Path, hw) -> dict:  # type: ignore[no-untyped-def]
+    """The decode-attention floor, occupancy chunk, work-item latency and bandwidth
+    underfill (``GENERATION_PARAMS``) fitted to the measured generation attention (every
+    head dim and KV dtype; no window), the KV bandwidth held at the shipped fit's
+    ``kv_bw_eff`` (what a replay uses; the serving rows set it): the formula of
+    :func:`generation_attention_s`, exactly as the step-time model prices a decode."""
+    import dataclasses
+
+    import polars as pl
+
+    from tuner.perf.fit.least_squares import Param, fit_params
+
+    c = default_coefficients(hw)
+    d = _table(system, "attention", "generation_attention_perf.parquet")
+    d = d.filter(pl.col("window_size") == 0).group_by(
+        ["batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim",
+         "kv_cache_dtype", "step"]).agg(pl.col("latency").min())
+    b, s, h, kvh, hd, step = (d[x].to_numpy().astype(float) for x in (
+        "batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "step"))
+    per_tok = 2 * kvh * hd * np.where(d["kv_cache_dtype"].to_numpy() == "fp8", 1.0, 2.0)
+    y = d["latency"].to_numpy() * 1e-3
+
+    def res(v: dict) -> np.ndarray:
+        cv = dataclasses.replace(c, **v)
+        return np.log(generation_attention_s(cv, hw, b, step + s, h, kvh, hd, per_tok) / y)
+
+    r = fit_params(res, [*([Param("attn_floor_s", 2e-7, 1e-3, 8e-6, np.inf)]
+                           if "--hold-floor" not in sys.argv else []),
+                         *([Param("attn_chunk_tokens", 1.0, 4096.0, 64.0, np.inf)]
+                           if "--hold-chunk" not in sys.argv else []),
+                         Param("attn_decode_item_s", 1e-8, 1e-4, 2e-6, np.inf),
+                         Param("attn_decode_half_items", 1e-3, 1024.0, 1.0, np.inf)])
+    out = {k: float(f"{v:.3g}") for k, v in r.values.items()}
+    out["generation_attention_median_abs_err_pct"] = float(
+        f"{100 * np.median(np.abs(np.expm1(r.residuals))):.3g}")
+    return out
+
+
+if __name__ == "__main__" and "--fit-generation" in sys.argv:
+    _folder = aic_model_dir()
+    for _gpu in ("h100", "h200", "b200"):
+        _system = _folder.parent / "systems" / "data" / SYSTEMS[_gpu]
+        print(_gpu, fit_generation_attention(_system, load_hardware(_gpu)))
+    sys.exit(0)
 
 
 if __name__ == "__main__" and "--fit-priors" in sys.argv:

@@ -158,7 +158,8 @@ def test_mla_decode_attention_uses_the_latent_dims_and_16_head_tiles():
     # 128 heads / 8 = 16 per rank: absorbed QK (latent + rope) and PV over the latent
     per_pair = 2 * 16 * (2 * 512 + 64) * 61
     compute = ctx * per_pair / (2500e12 * c.attn_decode_eff)
-    kv = ctx * 576 * 2 * 61 / (8.0e12 * c.kv_bw_eff)
+    # 64 work items (one latent head per request): split-KV's underfill (1 + half / 64)
+    kv = ctx * 576 * 2 * 61 / (8.0e12 * c.kv_bw_eff) * (1 + c.attn_decode_half_items / 64)
     write = 64 * 576 * 2 * 61 / (8.0e12 * c.kv_bw_eff)
     assert b["attention"] == pytest.approx(max(compute, kv) + write, rel=1e-9)
     # Kimi-style 64 heads at TP8 = 8 per rank still cost 16 (AITER pads to 16)
@@ -174,9 +175,10 @@ def test_sliding_window_layers_read_at_most_the_window():
     short = model.breakdown(decode(64, 10_000))["attention"]
     long_ = model.breakdown(decode(64, 100_000))["attention"]
     per_layer = 2 * 8 * 64 * 2
-    # only the 18 full layers grow with context (both far above the occupancy floor)
-    assert long_ - short == pytest.approx(64 * 90_000 * 18 * per_layer / (8.0e12 * c.kv_bw_eff),
-                                          rel=1e-6)
+    # only the 18 full layers grow with context (both far above the occupancy floor),
+    # their 64 x 8 decode work items reading at (1 + half / 512) the full-bandwidth time
+    assert long_ - short == pytest.approx(64 * 90_000 * 18 * per_layer / (8.0e12 * c.kv_bw_eff)
+                                          * (1 + c.attn_decode_half_items / 512), rel=1e-6)
 
 
 @settings(max_examples=80, deadline=None)

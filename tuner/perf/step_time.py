@@ -120,18 +120,28 @@ class StepTimeModel(ABC):
 
 
 def add_full_attention(t: float, batch: StepBatch, ndr: int, npt: int, kv_tok: float,
-                       occ: float, attn_d: float, attn_p: float, attn_p_tok: float = 0.0,
-                       tail_s: float = 0.0) -> float:
-    """``t`` plus the full-attention layers' time: decode (KV read, at least the occupancy
-    floor, against compute) and prefill (KV read against causal query-key pairs, plus
-    ``attn_p_tok`` per query token and ``tail_s``, the longest prompt's last tile:
-    tuner/perf/prefill_attention.py).
+                       dec: tuple[float, float, float], attn_d: float, attn_p: float,
+                       attn_p_tok: float = 0.0, tail_s: float = 0.0) -> float:
+    """``t`` plus the full-attention layers' time: decode and prefill (KV read against
+    causal query-key pairs, plus ``attn_p_tok`` per query token and ``tail_s``, the longest
+    prompt's last tile: tuner/perf/prefill_attention.py).
+
+    ``dec`` = (occupancy floor, s per decode request of work-item latency, s per mean
+    context token of bandwidth underfill): decode costs the KV read at full bandwidth
+    plus the underfill of few work items (``under x context / requests``: a request's
+    KV heads read with the bandwidth of too few CTAs), at least the occupancy floor and
+    the work items' latency spread over the compute units, against compute
+    (docs/step-time-model.md §1).
 
     It adds to ``t`` in the same order as an inlined sum, so results are bit-identical.
     """
     if ndr:
         dctx = batch.decode_ctx_tokens
-        mem = kv_tok * dctx
+        occ, item, under = dec
+        mem = kv_tok * dctx + under * dctx / ndr
+        if mem < occ:
+            mem = occ
+        occ = item * ndr
         if mem < occ:
             mem = occ
         cmp = attn_d * dctx
@@ -222,6 +232,11 @@ class RooflineStepTimeModel(StepTimeModel):
         # than the GPU's compute units leave bandwidth unused -> a per-step floor
         self._occ_floor = (c.attn_chunk_tokens * hardware.compute_units / max(1.0, shape["kv_units"])
                            ) * self._kv_tok
+        # decode work items (request x KV head, every full layer): their latency spread
+        # over the compute units, and the bandwidth few of them leave unused
+        self._item_d = (model.num_full_layers * max(1.0, shape["kv_units"])
+                        * c.attn_decode_item_s / hardware.compute_units)
+        self._under_d = self._kv_tok * c.attn_decode_half_items / max(1.0, shape["kv_units"])
         # Gated DeltaNet layers: recurrent state per request, chunked scan at prefill
         self._linear = linear_constants(hardware, model, tp) if model.num_linear_layers else None
         self._window = float(model.sliding_window)
@@ -266,7 +281,8 @@ class RooflineStepTimeModel(StepTimeModel):
             self._kv_write + self._ar_tok + self._a2a_tok,  # per token
             one[0], one[1], one[2], dense if len(dense) > 1 else (),
             *self._lm, self._moe, self._e_mem, self._e_tok, self._e_half, self._num_experts,
-            self._expert_q, self._kv_tok, self._occ_floor, self._attn_d, self._attn_p,
+            self._expert_q, self._kv_tok, (self._occ_floor, self._item_d, self._under_d),
+            self._attn_d, self._attn_p,
             self._attn_p_tok, self._attn_p_key, self._attn_p_tail,
             bool(self._attn_p_key or (self._sliding and self._slide_p_key)), self._sliding,
             self._ar_lib_tokens, self._ar_lib_extra, self._ar_lib_tok, self._linear)
@@ -278,7 +294,7 @@ class RooflineStepTimeModel(StepTimeModel):
         if tokens <= 0:
             return 0.0  # vLLM does not run the model for an empty schedule
         (mixed, decode, per_req, per_tok, d_mem, d_tok, d_zero, more, lm_mem, lm_tok, lm_zero,
-         moe, e_mem, e_tok, e_half, num_experts, expert_q, kv_tok, occ, attn_d, attn_p,
+         moe, e_mem, e_tok, e_half, num_experts, expert_q, kv_tok, dec, attn_d, attn_p,
          attn_p_tok, attn_p_key, attn_p_tail, tail_on, sliding, lib_tokens, lib_extra, lib_tok,
          linear) = self._k
         npr = batch.num_prefill_reqs
@@ -302,7 +318,7 @@ class RooflineStepTimeModel(StepTimeModel):
         if npt and tail_on:
             keys = batch.prefill_attn_pairs / npt + 0.5 * npt / (npr or 1)
             tail = attn_p_key * keys + attn_p_tail
-        t = add_full_attention(t, batch, ndr, npt, kv_tok, occ, attn_d, attn_p, attn_p_tok,
+        t = add_full_attention(t, batch, ndr, npt, kv_tok, dec, attn_d, attn_p, attn_p_tok,
                                tail)
         if sliding:
             t += self._sliding_s(batch, keys)
@@ -414,7 +430,10 @@ class RooflineStepTimeModel(StepTimeModel):
         else:
             out["experts"] = 0.0 * tokens
         out["all2all"] = self._a2a_fixed + self._a2a_tok * tokens
-        dec = maximum(maximum(self._kv_tok * dctx, self._occ_floor), self._attn_d * dctx)
+        dec = maximum(maximum(maximum(self._kv_tok * dctx
+                                      + self._under_d * dctx / maximum(ndr, 1),
+                                      self._occ_floor), self._item_d * ndr),
+                      self._attn_d * dctx)
         # the longest prompt's keys (0 without prefill: the counters are floats or arrays)
         keys = (pairs / maximum(npt, 1) + 0.5 * npt / maximum(npr, 1)) * has_p
         pre = maximum(self._kv_tok * (pctx + npt),

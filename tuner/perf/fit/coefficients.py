@@ -88,7 +88,8 @@ _FRACTIONS = ("kv_bw_eff", "attn_prefill_eff", "attn_decode_eff", "allreduce_bw_
               "allreduce_lib_bw_eff")
 _NONNEG = ("attn_floor_s", "allreduce_latency_s", "allreduce_half_bytes", "step_overhead_s",
            "request_overhead_s", "layer_overhead_mixed_s", "layer_overhead_decode_s",
-           "moe_layer_overhead_s", "attn_chunk_tokens", "attn_prefill_half_tokens",
+           "moe_layer_overhead_s", "attn_chunk_tokens", "attn_decode_item_s",
+           "attn_decode_half_items", "attn_prefill_half_tokens",
            "attn_prefill_kv_tokens", "attn_prefill_tail_rows", "attn_softmax_head_dim")
 #: Pre-issue-15 coefficient names a calibration file may still hold (loaded as before).
 LEGACY = ("weight_bw_eff", "mfu_prefill", "mfu_decode")
@@ -118,6 +119,15 @@ class Coefficients:
     attn_decode_eff: float = 0.25  # decode attention compute side (MLA is compute-heavy)
     attn_floor_s: float = 8e-6  # one attention kernel per layer, launch-to-finish floor
     attn_chunk_tokens: float = 256.0  # KV tokens one split-KV work item reads (occupancy)
+    # decode attention's work items (one per request and KV head; docs/step-time-model.md
+    # §1): each costs this long on one SM/CU (page table, query, softmax, output: latency
+    # that KV bandwidth does not hide), so a step pays at least items x this / units;
+    # 0 = the term is off
+    attn_decode_item_s: float = 0.0
+    # work items at which the KV read reaches half its asymptotic bandwidth's excess:
+    # split-KV fills the GPU for few items, but at a lower bandwidth per CTA, so the
+    # KV read costs (1 + this / items) times the full-bandwidth time; 0 = off
+    attn_decode_half_items: float = 0.0
     # all-reduce: latency floor + bandwidth that grows with the message
     allreduce_bw_eff: float = 0.70  # asymptotic bus-bandwidth fraction of the link
     allreduce_latency_s: float | None = None  # per call; None = the hardware preset's
