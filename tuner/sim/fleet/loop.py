@@ -257,6 +257,7 @@ class FleetLoop:
         busy = [engines[e].has_requests() for e in unit.engines]
         runs = any(busy) or (unit.lockstep and unit.wave_running)
         queue = unit.batches
+        launched = False
         if len(queue.queue) < self.depth and runs:
             steps: list[Any] = []
             batches: list[StepBatch | None] = []
@@ -303,15 +304,24 @@ class FleetLoop:
                 else:
                     engines[e].start(step, start, duration)
             self.num_steps += 1
-            if len(queue.queue) < self.depth:
-                self._push(unit, queue.cpu_free_s, _SCHEDULE)
-                return
+            launched = True
+        if not self._push_next(unit, launched):
+            for e in unit.engines:  # nothing waiting, running or in flight: idle
+                engines[e].idle()
+
+    def _push_next(self, unit: _Unit, launched: bool) -> bool:
+        """The unit's next event after a schedule (False: none, the unit idles): another
+        schedule when it launched a step and its batch queue has room, else the update of
+        its oldest batch in flight."""
+        queue = unit.batches
+        if launched and len(queue.queue) < self.depth:
+            self._push(unit, queue.cpu_free_s, _SCHEDULE)
+            return True
         if queue.queue:
             # the CPU waits for the oldest batch once it has launched its last one
             self._push(unit, queue.outputs_s(), _UPDATE)
-            return
-        for e in unit.engines:  # nothing waiting, running or in flight: idle
-            engines[e].idle()
+            return True
+        return False
 
     def _schedule_solo(self, unit: _Unit) -> None:
         """``_schedule`` for a one-engine unit priced alone (``_Unit.solo``): the same
@@ -325,6 +335,7 @@ class FleetLoop:
             queued.clear()
         now = self.now_s
         queue = unit.batches
+        launched = False
         if len(queue.queue) < self.depth and engine.has_requests():
             step = engine.schedule(now)
             if step is None:
@@ -342,14 +353,9 @@ class FleetLoop:
                 duration = self.empty_step_s(unit, now)  # e.g. waiting for a KV transfer
             engine.start(step, queue.launch([step], now, cpu, duration), duration)
             self.num_steps += 1
-            if len(queue.queue) < self.depth:
-                self._push(unit, queue.cpu_free_s, _SCHEDULE)
-                return
-        if queue.queue:
-            # the CPU waits for the oldest batch once it has launched its last one
-            self._push(unit, queue.outputs_s(), _UPDATE)
-            return
-        engine.idle()  # nothing waiting, running or in flight
+            launched = True
+        if not self._push_next(unit, launched):
+            engine.idle()  # nothing waiting, running or in flight
 
     def _update(self, unit: _Unit) -> None:
         steps, end = unit.batches.pop(self.now_s)
