@@ -122,14 +122,16 @@ def gemm(system: Path, hw, c) -> list[str]:  # type: ignore[no-untyped-def]
     return out
 
 
-def generation_attention_s(c, hw, b, ctx, h, kvh, hd, per_tok):  # type: ignore[no-untyped-def]
+def generation_attention_s(c, hw, b, ctx, h, kvh, hd, per_tok, fp8=False):  # type: ignore[no-untyped-def]
     """One decode-attention kernel as the step-time model prices it (vectorised): floor +
     max(KV read x (1 + half_items / items), occupancy floor, items x item_s / units,
-    compute) + the new tokens' KV write, with items = requests x KV heads."""
+    compute) + the new tokens' KV write, with items = requests x KV heads; ``fp8`` rows
+    read their KV at ``kv_fp8_bw_eff`` (``Coefficients.kv_read_bw_eff``)."""
     bw = c.kv_bw_eff * hw.hbm_bandwidth
+    read_bw = np.where(fp8, c.kv_read_bw_eff("fp8"), c.kv_bw_eff) * hw.hbm_bandwidth
     items = b * kvh
-    mem = np.maximum(b * ctx * per_tok / bw * (1.0 + c.attn_decode_half_items / items),
-                     c.attn_chunk_tokens * hw.compute_units / kvh * per_tok / bw)
+    mem = np.maximum(b * ctx * per_tok / read_bw * (1.0 + c.attn_decode_half_items / items),
+                     c.attn_chunk_tokens * hw.compute_units / kvh * per_tok / read_bw)
     mem = np.maximum(mem, items * c.attn_decode_item_s / hw.compute_units)
     cmp = 4 * h * hd * b * ctx / (c.attn_decode_eff * hw.peak("bf16"))
     return c.attn_floor_s + np.maximum(mem, cmp) + b * per_tok / bw
@@ -152,14 +154,13 @@ def attention(system: Path, hw, c) -> list[str]:  # type: ignore[no-untyped-def]
             "batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "step"))
         kvb = np.where(d["kv_cache_dtype"].to_numpy() == "fp8", 1.0, 2.0)
         per_tok = 2 * kvh * hd * kvb
-        bw = c.kv_bw_eff * hw.hbm_bandwidth
         if kind == "context":
             ctx = step  # tokens already cached before the chunk
             pred = prefill_attention_s(c, hw, h, kvh, hd, per_tok, b, b * s,
-                                       b * s * (ctx + (s + 1) / 2), ctx, np.maximum)
+                                       b * s * (ctx + (s + 1) / 2), ctx, np.maximum, kvb == 1)
         else:
             ctx = step + s
-            pred = generation_attention_s(c, hw, b, ctx, h, kvh, hd, per_tok)
+            pred = generation_attention_s(c, hw, b, ctx, h, kvh, hd, per_tok, kvb == 1)
         meas = d["latency"].to_numpy()
         out.append(f"  {kind:10s} attention       {_stats(pred * 1e3, meas)}")
         if kind == "context":  # GQA serving head dims apart from MLA-like 192/512
@@ -537,7 +538,7 @@ def fit_context_attention(system: Path, hw) -> dict:  # type: ignore[no-untyped-
     def res(v: dict) -> np.ndarray:
         cv = dataclasses.replace(c, **v)
         return np.log(prefill_attention_s(cv, hw, h, kvh, hd, 2 * kvh * hd * kvb, b, b * s,
-                                          pairs, ctx, np.maximum) / y)
+                                          pairs, ctx, np.maximum, kvb == 1) / y)
 
     r = fit_params(res, [Param("attn_prefill_eff", 0.02, 1.0, 0.6, np.inf),
                          Param("attn_prefill_half_tokens", 1.0, 8192.0, 256.0, np.inf),
@@ -594,7 +595,7 @@ def fit_gdn(system: Path, hw) -> dict:  # type: ignore[no-untyped-def]
 
 #: The decode-attention coefficients ``--fit-priors`` / ``--fit-generation`` fit.
 GENERATION_PARAMS = ("attn_floor_s", "attn_chunk_tokens", "attn_decode_item_s",
-                     "attn_decode_half_items")
+                     "attn_decode_half_items", "kv_fp8_bw_eff")
 
 
 def fit_generation_attention(system: Path, hw) -> dict:  # type: ignore[no-untyped-def]
@@ -616,19 +617,24 @@ def fit_generation_attention(system: Path, hw) -> dict:  # type: ignore[no-untyp
          "kv_cache_dtype", "step"]).agg(pl.col("latency").min())
     b, s, h, kvh, hd, step = (d[x].to_numpy().astype(float) for x in (
         "batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "step"))
-    per_tok = 2 * kvh * hd * np.where(d["kv_cache_dtype"].to_numpy() == "fp8", 1.0, 2.0)
+    fp8 = d["kv_cache_dtype"].to_numpy() == "fp8"
+    per_tok = 2 * kvh * hd * np.where(fp8, 1.0, 2.0)
     y = d["latency"].to_numpy() * 1e-3
 
     def res(v: dict) -> np.ndarray:
         cv = dataclasses.replace(c, **v)
-        return np.log(generation_attention_s(cv, hw, b, step + s, h, kvh, hd, per_tok) / y)
+        return np.log(generation_attention_s(cv, hw, b, step + s, h, kvh, hd, per_tok, fp8) / y)
 
+    hold = sys.argv
     r = fit_params(res, [*([Param("attn_floor_s", 2e-7, 1e-3, 8e-6, np.inf)]
-                           if "--hold-floor" not in sys.argv else []),
+                           if "--hold-floor" not in hold else []),
                          *([Param("attn_chunk_tokens", 1.0, 4096.0, 64.0, np.inf)]
-                           if "--hold-chunk" not in sys.argv else []),
-                         Param("attn_decode_item_s", 1e-8, 1e-4, 2e-6, np.inf),
-                         Param("attn_decode_half_items", 1e-3, 1024.0, 1.0, np.inf)])
+                           if "--hold-chunk" not in hold else []),
+                         *([Param("attn_decode_item_s", 1e-8, 1e-4, 2e-6, np.inf),
+                            Param("attn_decode_half_items", 1e-3, 1024.0, 1.0, np.inf)]
+                           if "--hold-items" not in hold else []),
+                         *([Param("kv_fp8_bw_eff", 0.05, 1.0, 0.6, np.inf)]
+                           if "--hold-kv-fp8" not in hold else [])])
     out = {k: float(f"{v:.3g}") for k, v in r.values.items()}
     out["generation_attention_median_abs_err_pct"] = float(
         f"{100 * np.median(np.abs(np.expm1(r.residuals))):.3g}")

@@ -92,3 +92,42 @@ def test_amd_prices_the_structure_with_its_own_compute_units_once_measured():
     got = _attention(MI355X, L8, 1, c, _decode(2048, 2)) - _kv_write(MI355X, L8, 1, c, 2048)
     assert got == pytest.approx(2048 * 8 * L8.num_layers * c.attn_decode_item_s / 256,
                                 rel=1e-9)
+
+
+def test_an_fp8_kv_cache_is_read_at_its_own_bandwidth():
+    """An fp8 KV cache halves the bytes but the decode kernel dequantises every element:
+    aiconfigurator-core's H200 table reads bf16 KV at ~0.87-0.91 of HBM bandwidth, fp8 KV
+    at ~0.51-0.63. The NVIDIA presets carry ``kv_fp8_bw_eff`` (fitted to the tables), so
+    64 requests at 8k context on Llama-3.1-70B TP8 read their fp8 KV at that fraction, not
+    at ``kv_bw_eff`` (which would price it 1.6x too fast on H200). Writes keep kv_bw_eff."""
+    h200 = load_hardware("h200")
+    c = h200.coefficients
+    assert c.kv_fp8_bw_eff is not None and c.kv_fp8_bw_eff < 0.8 * c.kv_bw_eff
+    fp8 = L70.with_dtypes(kv_cache_dtype="fp8")
+    assert fp8.kv_dtype == "fp8"
+    batch = _decode(64, 8192)
+    read = 64 * 8192 * fp8.kv_bytes_per_token(8) * (1 + c.attn_decode_half_items / 64)
+    got = _attention(h200, fp8, 8, c, batch) - _kv_write(h200, fp8, 8, c, 64)
+    assert got == pytest.approx(read / (c.kv_fp8_bw_eff * h200.hbm_bandwidth), rel=1e-9)
+    # the format's own efficiency, not the bf16 one, and bf16 KV is untouched by it
+    same = dataclasses.replace(c, kv_fp8_bw_eff=None)
+    assert got > 1.5 * (_attention(h200, fp8, 8, same, batch) - _kv_write(h200, fp8, 8, c, 64))
+    assert _attention(h200, L70, 8, c, batch) == _attention(h200, L70, 8, same, batch)
+    # AMD: no measurement, the presets leave it unset (fp8 KV read at kv_bw_eff)
+    assert MI355X.coefficients.kv_fp8_bw_eff is None
+
+
+def test_the_bench_reads_fp8_kv_as_the_replay_does():
+    """bench/aic_kernels.generation_attention_s (what --fit-generation fits
+    kv_fp8_bw_eff with) prices an fp8 row as the step-time model prices an fp8 cache."""
+    from bench.aic_kernels import generation_attention_s
+
+    h200 = load_hardware("h200")
+    c = h200.coefficients
+    fp8 = L70.with_dtypes(kv_cache_dtype="fp8")
+    model = RooflineStepTimeModel(h200, fp8, 8, c)
+    for reqs, ctx in ((1, 131072), (64, 8192), (2048, 2)):
+        one = generation_attention_s(c, h200, np.array([reqs]), np.array([ctx]), 8.0, 1.0,
+                                     128.0, 2 * 1 * 128 * 1.0, np.array([True]))[0]
+        assert model.breakdown(_decode(reqs, ctx))["attention"] == pytest.approx(
+            (one - c.attn_floor_s) * L70.num_layers, rel=1e-9)

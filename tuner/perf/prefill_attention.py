@@ -79,12 +79,12 @@ def longest_keys(pairs: Any, npt: Any, npr: Any) -> Any:
 
 def prefill_attention_s(c: Coefficients, hw: Any, heads: Any, kv_heads: Any, head_dim: Any,
                         kv_bytes_token: Any, npr: Any, npt: Any, pairs: Any, ctx: Any,
-                        maximum: Any = max) -> Any:
+                        maximum: Any = max, fp8_kv: Any = False) -> Any:
     """One layer's prefill attention kernel (floor, KV write, max(KV read, compute)) for
     ``npr`` equal prompts: the step model's terms for one GQA layer, vectorised for the
     measured tables (NumPy arrays with ``maximum=np.maximum``). ``kv_bytes_token`` is the
     K and V bytes of one token over the layer's KV heads; ``ctx`` the tokens already
-    cached per prompt."""
+    cached per prompt; ``fp8_kv`` (per row) reads it at ``kv_fp8_bw_eff``."""
     import numpy as np
 
     heads = np.asarray(heads, dtype=float)
@@ -98,6 +98,7 @@ def prefill_attention_s(c: Coefficients, hw: Any, heads: Any, kv_heads: Any, hea
     per_key = per_pair * hw.compute_units * c.attn_prefill_tail_rows / heads
     cmp = (per_pair * (pairs + extra * npt)
            + per_key * (longest_keys(pairs, npt, npr) + extra))
-    read = npr * (ctx + npt / npr) * kv_bytes_token / bw
+    read_eff = np.where(fp8_kv, c.kv_read_bw_eff("fp8"), c.kv_bw_eff)
+    read = npr * (ctx + npt / npr) * kv_bytes_token / (read_eff * hw.hbm_bandwidth)
     write = npt * kv_bytes_token / bw
     return c.attn_floor_s + write + maximum(read, cmp)

@@ -213,9 +213,11 @@ class RooflineStepTimeModel(StepTimeModel):
         self._a2a_fixed, self._a2a_tok = all2all_constants(hardware, model, layout)
         # attention (all layers folded in; full and sliding layers apart)
         kv_bw = c.kv_bw_eff * bw
+        # reads at the KV format's own efficiency (an fp8 cache dequantises as it reads)
+        kv_read_bw = c.kv_read_bw_eff(model.kv_dtype) * bw
         peak_attn = hardware.peak("bf16")
-        self._kv_tok = shape["kv_full"] / kv_bw  # s per KV token read, all full layers
-        self._kv_slide_tok = shape["kv_slide"] / kv_bw
+        self._kv_tok = shape["kv_full"] / kv_read_bw  # s per KV token read, all full layers
+        self._kv_slide_tok = shape["kv_slide"] / kv_read_bw
         self._kv_write = (shape["kv_full"] + shape["kv_slide"]) / kv_bw
         self._attn_d = shape["pair_d_full"] / (c.attn_decode_eff * peak_attn)
         # prefill: causal pairs at the head dim's efficiency, extra pairs per query token

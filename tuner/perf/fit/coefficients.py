@@ -84,8 +84,10 @@ GENERIC_GEMM: dict[str, GemmCoefficients] = {
     "int4": GemmCoefficients(8e-6, 0.60, 0.45, 128.0),
 }
 
-_FRACTIONS = ("kv_bw_eff", "attn_prefill_eff", "attn_decode_eff", "allreduce_bw_eff",
-              "allreduce_lib_bw_eff")
+_FRACTIONS = ("kv_bw_eff", "kv_fp8_bw_eff", "attn_prefill_eff", "attn_decode_eff",
+              "allreduce_bw_eff", "allreduce_lib_bw_eff")
+#: Fractions that may be None (then another coefficient stands in for them).
+_OPTIONAL = ("kv_fp8_bw_eff", "allreduce_lib_bw_eff", "allreduce_latency_s")
 _NONNEG = ("attn_floor_s", "allreduce_latency_s", "allreduce_half_bytes", "step_overhead_s",
            "request_overhead_s", "layer_overhead_mixed_s", "layer_overhead_decode_s",
            "moe_layer_overhead_s", "attn_chunk_tokens", "attn_decode_item_s",
@@ -103,6 +105,12 @@ class Coefficients:
     gemm: Mapping[str, GemmCoefficients] = field(default_factory=lambda: dict(GENERIC_GEMM))
     # attention: paged-KV bandwidth, FlashAttention-style compute, kernel floor
     kv_bw_eff: float = 0.70  # fraction of HBM bandwidth reading/writing the KV cache
+    # fraction of HBM bandwidth *reading* an fp8 KV cache: the decode kernel dequantises
+    # every element (and quantises the query), so on Hopper an fp8 KV read runs well
+    # below a bf16 one (aic's H200 table: 0.63 against 0.91 of HBM); None = kv_bw_eff.
+    # Fitted to the measured generation-attention tables and held by the serving fit
+    # (no NVIDIA serving row but two B200 NVFP4 ones runs an fp8 KV cache)
+    kv_fp8_bw_eff: float | None = None
     attn_prefill_eff: float = 0.40  # prefill attention, fraction of the bf16 peak (head dim 128)
     # prefill attention's shape (tuner/perf/prefill_attention.py; 0 = the term is off):
     # query tokens' worth of extra key pairs each query costs (tiles not yet full,
@@ -151,13 +159,13 @@ class Coefficients:
                               f"{', '.join(FORMATS)}")
         for name in _FRACTIONS:
             v = getattr(self, name)
-            if v is None and name == "allreduce_lib_bw_eff":
+            if v is None and name in _OPTIONAL:
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v <= 1.0:
                 raise ConfigError(f"coefficient {name}={v!r} must be in (0, 1]")
         for name in _NONNEG:
             v = getattr(self, name)
-            if v is None and name == "allreduce_latency_s":
+            if v is None and name in _OPTIONAL:
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0.0 \
                     or math.isinf(v):
@@ -165,6 +173,14 @@ class Coefficients:
 
     def gemm_for(self, fmt: str) -> GemmCoefficients:
         return self.gemm.get(fmt) or GENERIC_GEMM[fmt]
+
+    def kv_read_bw_eff(self, kv_dtype: str) -> float:
+        """The HBM-bandwidth fraction reading a KV cache of ``kv_dtype`` (the model's
+        ``kv_dtype``: ``fp8`` for every vLLM fp8 KV format). Writes keep ``kv_bw_eff``:
+        quantising one new token is not what the tables show to be slow."""
+        if kv_dtype == "fp8" and self.kv_fp8_bw_eff is not None:
+            return self.kv_fp8_bw_eff
+        return self.kv_bw_eff
 
     # ------------------------------------------------------------ (de)serialise
     def to_dict(self) -> dict[str, Any]:
@@ -210,7 +226,7 @@ class Coefficients:
                     sub = "eta_mem" if key == "weight_bw_eff" else "eta_compute"
                     for fmt in FORMATS:
                         flat.setdefault(f"gemm.{fmt}.{sub}", min(1.0, v))
-            elif key in ("allreduce_latency_s", "allreduce_lib_bw_eff") and value is None:
+            elif key in _OPTIONAL and value is None:
                 flat[key] = None
             else:
                 flat[key] = _number(value, key, source)
