@@ -20,6 +20,7 @@ from tuner.profile import save_profile
 from tuner.perf.target import Target
 from tuner.profile import profile_of
 from tuner.tune import SearchOptions, StudyOutput, TuneInputs, open_storage, tune
+from tuner.tune.study_records import StudyRecords
 
 URL = os.environ.get("TUNER_TEST_POSTGRES_URL")
 pytestmark = pytest.mark.postgres
@@ -52,7 +53,12 @@ def test_two_workers_on_postgres(small_trace: pathlib.Path, tmp_path: pathlib.Pa
     study = optuna.load_study(study_name=study_name, storage=open_storage(URL))  # type: ignore[arg-type]
     done = study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
     assert 10 <= len(done) <= 11
-    assert len({t.user_attrs["pid"] for t in done}) == 2, "both workers ran trials"
+    # both worker processes took part: each ran stage-1 trials or the baseline track (a
+    # worker busy with the track's replays on a loaded machine may run no trial at all)
+    pids = {t.user_attrs["pid"] for t in done}
+    track_pid = StudyRecords.baseline_track_worker(study)[1]
+    assert track_pid is not None, "the baseline track ran in a worker"
+    assert len(pids | {track_pid}) == 2, "both workers took part"
     assert not study.get_trials(states=(TrialState.RUNNING,))
     assert done[0].user_attrs["role"] == "baseline"
     stage2 = optuna.load_study(study_name=study_name + ".full", storage=open_storage(URL))  # type: ignore[arg-type]

@@ -23,6 +23,8 @@ what is stored.
 from __future__ import annotations
 
 import multiprocessing.connection
+import os
+import socket
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +60,7 @@ class BaselineTrack:
         evaluator, config = self.evaluator, self.config
         storage = open_storage(self.storage_url)
         study = optuna.load_study(study_name=self.study_name, storage=storage)
+        StudyRecords.mark_baseline_track(study, socket.gethostname(), os.getpid())
         number = next((t.number for t in study.get_trials(deepcopy=False)
                        if StudyRecords.role(t) == StudyRecords.BASELINE), -1)
         base = baseline_point(config, evaluator, number)

@@ -104,6 +104,7 @@ class StudyRecords:
     STAGE2_SUFFIX = ".full"  # the stage-2 study's name is the stage-1 name plus this
     HOLDOUT_PREFIX = "holdout:"  # stage-2 study attr per point: held-out metrics
     ROLE, WARM_START, HOST, PID = "role", "warm_start", "host", "pid"
+    BASELINE_TRACK = "baseline_track_worker"  # study attr: the worker that ran the track
     REFUSED, SETTINGS, METRICS = "refused", "settings", "metrics"
     STOPPED = "stopped"  # why the replay stopped early (the trial is PRUNED)
     KEY, PARAMS, STAGE1_TRIAL = "key", "params", "stage1_trial"
@@ -141,6 +142,18 @@ class StudyRecords:
     def mark_worker(cls, trial: "optuna.Trial", host: str, pid: int) -> None:
         trial.set_user_attr(cls.HOST, host)
         trial.set_user_attr(cls.PID, pid)
+
+    @classmethod
+    def mark_baseline_track(cls, study: "optuna.Study", host: str, pid: int) -> None:
+        """Which worker ran the baseline track (``tuner.tune.baseline_track``): a worker
+        busy with it may run no stage-1 trial at all, yet took part in the study."""
+        study.set_user_attr(cls.BASELINE_TRACK, {cls.HOST: host, cls.PID: pid})
+
+    @classmethod
+    def baseline_track_worker(cls, study: "optuna.Study") -> tuple[str | None, int | None]:
+        """(host, pid) of the worker that ran the baseline track; (None, None) if none did."""
+        worker = study.user_attrs.get(cls.BASELINE_TRACK) or {}
+        return worker.get(cls.HOST), worker.get(cls.PID)
 
     @classmethod
     def worker(cls, trial: "FrozenTrial") -> tuple[str | None, int | None]:
