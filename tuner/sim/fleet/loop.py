@@ -326,13 +326,8 @@ class FleetLoop:
     def _schedule_solo(self, unit: _Unit) -> None:
         """``_schedule`` for a one-engine unit priced alone (``_Unit.solo``): the same
         launch, in the same order, without the per-rank lists a lockstep group needs."""
-        e = unit.engines[0]
-        engine = self.engines[e]
-        queued = self.pending[e]
-        if queued:
-            for index, source, arrival in queued:
-                engine.add_request(index, source, arrival)
-            queued.clear()
+        self._deliver(unit)
+        engine = self.engines[unit.engines[0]]
         now = self.now_s
         queue = unit.batches
         launched = False
@@ -342,13 +337,9 @@ class FleetLoop:
                 self.stopped = True
                 return
             batch = engine.batch(step)
-            duration = cpu = 0.0
-            if batch is not None:  # None: an empty batch, 0 s
-                c, cost = self.unit_prices[unit.index](batch)
-                if c > cpu:
-                    cpu = c
-                if cost > duration:
-                    duration = cost
+            cpu = duration = 0.0  # None: an empty batch, 0 s
+            if batch is not None:  # one batch: its price is the step's (no max over ranks)
+                cpu, duration = self.unit_prices[unit.index](batch)
             if not duration and self.empty_step_s is not None:
                 duration = self.empty_step_s(unit, now)  # e.g. waiting for a KV transfer
             engine.start(step, queue.launch([step], now, cpu, duration), duration)
