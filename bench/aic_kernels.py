@@ -40,6 +40,8 @@ Usage:  .venv/bin/python bench/aic_kernels.py [--gpus h100,h200,b200] [--markdow
         (the decode-attention priors alone: floor, occupancy chunk, work-item latency,
         bandwidth underfill; --hold-* keep attn_floor_s / attn_chunk_tokens at the shipped
         values, as the presets' figures were fitted)
+        .venv/bin/python bench/aic_kernels.py --fit-experts   (Hopper's fp8moe compute
+        rate: Marlin's fused MoE, the kernel the H200 FP8 MoE serving rows ran)
 """
 
 from __future__ import annotations
@@ -436,6 +438,9 @@ def fit_priors(system: Path, hw) -> dict:  # type: ignore[no-untyped-def]
     # the block-scaled floor stays the preset's (the M-only per-tensor floor, its
     # activation-quantization launch included; the table's own floor is dispatch, §10)
     out["gemm"]["fp8b"] = fit_block_fp8(d, hw, hw.coefficients.gemm_for("fp8b").t0_s)
+    marlin = fit_marlin_experts(system, hw)
+    if marlin is not None:
+        out["gemm"]["fp8moe"] = marlin
     out.update(fit_context_attention(system, hw))
     out.update(fit_generation_attention(system, hw))
     a = _table(system, "comm", "custom_allreduce_perf.parquet").filter(pl.col("backend") == "vllm_graph")
@@ -506,6 +511,55 @@ def fit_block_fp8(d, hw, t0_s: float) -> dict:  # type: ignore[no-untyped-def]
     out = {"t0_s": t0_s, "eta_mem": 0.66, **{k2: float(f"{v:.3g}") for k2, v in r.values.items()}}
     out["median_abs_err_pct"] = float(f"{100 * np.median(np.abs(np.expm1(r.residuals))):.3g}")
     return out
+
+
+def fit_marlin_experts(system: Path, hw) -> dict | None:  # type: ignore[no-untyped-def]
+    """Hopper's FP8 routed experts (``fp8moe``) as the serving rows run them: vLLM's Marlin
+    fused MoE, W8A16 (the S5a H200 rows' note: "Hopper FP8 MoE -> Marlin"). Marlin
+    dequantises the weights in registers and multiplies in bf16 whatever their width, so
+    its compute rate is measured by the tables' Marlin rows (``int4_wo``,
+    ``vllm_marlin_int4_moe``) at the bf16 peak; only the bytes differ from W8A16. Fitted:
+    ``eta_compute`` and ``m_half`` (the padded rows per touched expert), the floor and
+    ``eta_mem`` held at the preset's ``fp8moe`` priors (the table's floor is ~29 us, dispatch
+    a CUDA-graph step does not pay, as for ``fp8b``; its memory term is not identified by
+    int4 rows: the fit returns its start value). ``eta_compute`` is printed against the
+    bf16 peak and converted to the FP8 peak ``fp8moe`` is priced at
+    (:meth:`tuner.perf.hardware.HardwareSpec.peak`). None without Marlin rows (B200 runs
+    DeepGEMM for these experts: no table)."""
+    import polars as pl
+
+    from tuner.perf.fit.least_squares import Param, fit_params
+
+    d = _table(system, "moe", "moe_perf.parquet")
+    if d is None or hw.name == "b200":
+        return None
+    d = d.filter((pl.col("distribution") == "balanced") & (pl.col("moe_dtype") == "int4_wo"))
+    if d.is_empty():
+        return None
+    d = d.group_by(["num_tokens", "hidden_size", "inter_size", "topk", "num_experts",
+                    "moe_tp_size", "moe_ep_size"]).agg(pl.col("latency").min()).sort(
+        ["num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size",
+         "moe_ep_size"])
+    t, h, i, k, e, tp, ep = (d[x].to_numpy().astype(float) for x in (
+        "num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size",
+        "moe_ep_size"))
+    y = d["latency"].to_numpy() * 1e-3
+    g, c = hw.coefficients.gemm_for("fp8moe"), hw.coefficients
+    w = 3 * h * i / tp
+    touched = e / ep * (1 - (1 - k / e) ** t)
+    mem = touched * w * FORMAT_BYTES["int4"] / (g.eta_mem * hw.hbm_bandwidth)
+
+    def res(v: dict) -> np.ndarray:
+        cmp = 2 * w * (k * t / ep + touched * v["m_half"]) / (v["eta_compute"] * hw.peak("bf16"))
+        return np.log((2 * g.t0_s + c.moe_layer_overhead_s + np.maximum(mem, cmp)) / y)
+
+    r = fit_params(res, [Param("eta_compute", 0.02, 1.0, 0.3, np.inf),
+                         Param("m_half", 1.0, 4096.0, 64.0, np.inf)])
+    bf16 = r.values["eta_compute"]
+    return {"eta_compute_bf16_peak": float(f"{bf16:.3g}"),
+            "eta_compute": float(f"{bf16 * hw.peak('bf16') / hw.peak('fp8moe'):.3g}"),
+            "m_half": float(f"{r.values['m_half']:.3g}"), "rows": int(len(y)),
+            "median_abs_err_pct": float(f"{100 * np.median(np.abs(np.expm1(r.residuals))):.3g}")}
 
 
 #: The prefill-attention shape coefficients ``--fit-priors`` fits (tuner/perf/prefill_attention.py).
@@ -646,6 +700,14 @@ if __name__ == "__main__" and "--fit-generation" in sys.argv:
     for _gpu in ("h100", "h200", "b200"):
         _system = _folder.parent / "systems" / "data" / SYSTEMS[_gpu]
         print(_gpu, fit_generation_attention(_system, load_hardware(_gpu)))
+    sys.exit(0)
+
+
+if __name__ == "__main__" and "--fit-experts" in sys.argv:
+    _folder = aic_model_dir()
+    for _gpu in ("h100", "h200"):
+        _system = _folder.parent / "systems" / "data" / SYSTEMS[_gpu]
+        print(_gpu, "fp8moe (Marlin)", fit_marlin_experts(_system, load_hardware(_gpu)))
     sys.exit(0)
 
 

@@ -7,6 +7,7 @@ prefill-attention efficiency and one all-reduce bandwidth)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 
 import pytest
 
@@ -291,3 +292,52 @@ def test_tile_terms_at_zero_price_exactly_as_the_m_only_gemm():
         for fmt, g in load_hardware(gpu).coefficients.gemm.items():
             assert g.k_half == 0.0 and g.n_half == 0.0, (gpu, fmt)
             assert g.flop_elems(1234.5, 10.0, 20.0, 3.0) == 1234.5
+
+
+def test_hopper_fp8_experts_compute_at_marlins_bf16_rate():
+    """On Hopper the FP8 MoE serving rows run Marlin W8A16 experts, which dequantise in
+    registers and multiply in bf16: the ``fp8moe`` prior's compute rate is Marlin's measured
+    one (about a sixth of the bf16 peak), not an FP8 GEMM's. Priced at the old prior (0.355
+    of the FP8 peak, 4x faster) a MiniMax-M3 TP8 decode of 64 requests had experts ~4x too
+    cheap in compute; the prefill the experts dominate must show the rate."""
+    h100 = load_hardware("h100")
+    for hw in (H200, h100):
+        g = hw.coefficients.gemm_for("fp8moe")
+        rate = g.eta_compute * hw.peak("fp8moe") / hw.peak("bf16")
+        assert rate == pytest.approx(0.166, rel=0.05), (hw.name, rate)
+    b200 = load_hardware("b200")  # DeepGEMM on Blackwell: no Marlin, prior unchanged
+    assert b200.coefficients.gemm_for("fp8moe").eta_compute == pytest.approx(0.293)
+    from tuner.perf.fit.benchmark_rows import MODEL_DIR
+
+    m3 = load_model(MODEL_DIR / "MiniMaxAI--MiniMax-M3.json")
+    assert expert_kernel_format(m3.expert_weight_dtype) == "fp8moe"
+    big = prefill(8192)
+    c = H200.coefficients
+    experts = RooflineStepTimeModel(H200, m3, 8, c).breakdown(big)["experts"]
+    g = c.gemm_for("fp8moe")
+    faster = c.with_flat({"gemm.fp8moe.eta_compute": 2 * g.eta_compute})
+    assert RooflineStepTimeModel(H200, m3, 8, faster).breakdown(big)["experts"] == \
+        pytest.approx(experts / 2, rel=0.02)  # compute-bound at 8k tokens
+
+
+@pytest.mark.skipif(importlib.util.find_spec("aiconfigurator_core") is None,
+                    reason="aiconfigurator-core not installed (pip install -e '.[aic]')")
+def test_hopper_fp8_expert_prior_reproduces_the_marlin_table_fit():
+    """bench/aic_kernels.py --fit-experts on the measured Marlin fused-MoE rows gives the
+    presets' Hopper ``fp8moe`` eta_compute (to the printed digits)."""
+    pytest.importorskip("polars")
+    import sys
+    from pathlib import Path
+
+    from tuner.perf.models import aic_model_dir
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from aic_kernels import SYSTEMS, fit_marlin_experts
+
+    data = aic_model_dir().parent / "systems" / "data"
+    for name in ("h100", "h200"):
+        hw = load_hardware(name)
+        fit = fit_marlin_experts(data / SYSTEMS[name], hw)
+        assert fit is not None
+        assert fit["eta_compute"] == pytest.approx(hw.coefficients.gemm_for("fp8moe").eta_compute,
+                                                   rel=1e-3), (name, fit)
