@@ -142,12 +142,13 @@ class EvictionOrder:
             signed = state.take(seg_k)
             true = np.abs(signed)  # an idle key's true rank; 0: not idle
             lazy = true > seg_r
-            any_lazy = bool(lazy.any())
-            if any_lazy:  # read only up to the smallest true rank among them
+            lows = true[lazy]
+            any_lazy = len(lows) > 0
+            # Read only up to the smallest true rank among them; no search when it lies
+            # above the whole window (the usual case: a raised rank is a recent one).
+            if any_lazy and (low_rank := int(lows.min())) <= int(seg_r[-1]):
                 at = np.flatnonzero(lazy)
-                lows = true[at]
-                low_rank = int(lows.min())
-                low_key = int(seg_k[at[lows == low_rank]].min())
+                low_key = int(seg_k[at[true[at] == low_rank]].min())
                 cut = _upto(seg_r, seg_k, low_rank, low_key)
                 seg_r, seg_k, signed, true, lazy = (
                     seg_r[:cut], seg_k[:cut], signed[:cut], true[:cut], lazy[:cut])
