@@ -6,7 +6,8 @@ explain it, for one slice of traces/agentic_1h.parquet at 70B TP8 MI355X (async
 scheduling), with and without the tier, each replay in its own child process:
 
 * the LRU eviction order (``EvictionOrder``): ``take`` calls, chunks evicted, windows
-  read (one heap pop each), runs and entries pushed;
+  read (one heap pop each), the searches inside a run that end a window (``_upto``: at
+  the next run's head or at a lazy entry's true rank), runs and entries pushed;
 * the decode group (the fast path): members joined, plans that were not provably a group
   step (``plan`` returned None, so the group was dissolved and every member rejoins
   afterwards) and the members they dissolved; group steps short of free blocks
@@ -87,12 +88,22 @@ def heappop(heap):
     counts["windows (heap pops)"] += 1
     return heapq.heappop(heap)
 
+def count_searches():
+    # run searches (a window's bound, a lazy cut) inside take: one numpy searchsorted
+    # or more each
+    inner = eviction_order._upto
+    def outer(*args):
+        counts["window searches (_upto)"] += 1
+        return inner(*args)
+    eviction_order._upto = outer
+
 wrap(eviction_order.EvictionOrder, "take", on_take)
 wrap(eviction_order.EvictionOrder, "push", on_push)
 wrap(decode_group.DecodeGroup, "plan", on_plan)
 wrap(decode_group.DecodeGroup, "_join", on_join)
 wrap(decode_group.DecodeGroup, "_run_preempting", on_short)
 count_unreached()
+count_searches()
 eviction_order.heapq = types.SimpleNamespace(heappop=heappop, heappush=heapq.heappush)
 
 spec = json.loads(sys.argv[1])

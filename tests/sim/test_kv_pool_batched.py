@@ -111,5 +111,9 @@ def test_the_batched_pool_decides_like_the_plain_one(policy: str, num_chunks: in
                 lowest[key] = min(rank, lowest.get(key, rank))
             idle = np.flatnonzero((pool._chunk >= 0) & (pool._ref == 0)).tolist()
             assert all(lowest.get(k, pool._rank[k] + 1) <= pool._rank[k] for k in idle)
+            # the signed idle rank the eviction reads: the rank of an idle key, else 0
+            # (no key is protected between operations)
+            idle_mask = (pool._chunk >= 0) & (pool._ref == 0)
+            assert (pool._idle_rank == np.where(idle_mask, pool._rank, 0)).all()
         else:  # the in-flight set classify and complete_stores read: the ref_cnt -1 keys
             assert pool.policy._inflight == _inflight_keys(pool.policy)

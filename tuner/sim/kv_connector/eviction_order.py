@@ -96,14 +96,17 @@ class EvictionOrder:
         self.size = 0
         self.push(ranks, keys)
 
-    def take(self, n: int, rank: np.ndarray, idle: np.ndarray,
-             protected: np.ndarray, on_taken: Callable[[np.ndarray], None]) -> list[np.ndarray]:
-        """The ``n`` idle, unprotected keys of smallest ``(rank[key], key)``, in order, as
-        key arrays. ``rank``: the true ranks by key; ``idle``: whether a key is stored and
-        idle, and ``protected``, as bool arrays by key. The caller guarantees that ``n``
-        such keys exist and that every idle key has an entry at or below its true rank.
-        ``on_taken(keys)`` is called on each array before reading on and must make those
-        keys not idle (so another entry of a taken key reads stale).
+    def take(self, n: int, state: np.ndarray,
+             on_taken: Callable[[np.ndarray], None]) -> list[np.ndarray]:
+        """The ``n`` idle, unprotected keys of smallest ``(rank, key)``, in order, as key
+        arrays. ``state``: each key's signed idle rank (the pool's ``_idle_rank``): its
+        true rank while it is idle (stored, store complete, ref count 0), minus that rank
+        while it is also protected, 0 otherwise; ranks are >= 1. One int64 per key, so a
+        window reads one array at its keys instead of three (idle, rank and protected
+        flags: the gathers were the per-entry part of a window's cost). The caller
+        guarantees that ``n`` such keys exist and that every idle key has an entry at or
+        below its true rank. ``on_taken(keys)`` is called on each array before reading on
+        and must set those keys' state to 0 (so another entry of a taken key reads stale).
 
         An entry below its key's true rank (the rank rose since it was pushed) goes back
         in at the true rank (``LRUPolicy``'s lazy heap, ``tests/sim/_kv_pool_plain.py``,
@@ -131,25 +134,25 @@ class EvictionOrder:
             bound = heap[0][:2] if heap else None
             if low is not None and (bound is None or low < bound):
                 bound = low
-            if bound is not None:  # no further than the next run's head (inclusive: a
-                end = cur + _upto(ranks[cur:end], keys[cur:end], *bound)  # tie is one key)
+            # No further than the next run's head (inclusive: a tie is one key); no search
+            # when the window's last entry is at or below it (most windows end a run).
+            if bound is not None and (int(ranks[end - 1]), int(keys[end - 1])) > bound:
+                end = cur + _upto(ranks[cur:end], keys[cur:end], *bound)
             seg_r, seg_k = ranks[cur:end], keys[cur:end]
-            is_idle = idle[seg_k]
-            true = rank[seg_k]
-            lazy = is_idle & (true > seg_r)
-            any_lazy = bool(lazy.any())
-            if any_lazy:  # read only up to the smallest true rank among them
+            signed = state.take(seg_k)
+            true = np.abs(signed)  # an idle key's true rank; 0: not idle
+            lazy = true > seg_r
+            lows = true[lazy]
+            any_lazy = len(lows) > 0
+            # Read only up to the smallest true rank among them; no search when it lies
+            # above the whole window (the usual case: a raised rank is a recent one).
+            if any_lazy and (low_rank := int(lows.min())) <= int(seg_r[-1]):
                 at = np.flatnonzero(lazy)
-                lows = true[at]
-                low_rank = int(lows.min())
-                low_key = int(seg_k[at[lows == low_rank]].min())
+                low_key = int(seg_k[at[true[at] == low_rank]].min())
                 cut = _upto(seg_r, seg_k, low_rank, low_key)
-                seg_r, seg_k, is_idle, true, lazy = (
-                    seg_r[:cut], seg_k[:cut], is_idle[:cut], true[:cut], lazy[:cut])
-            live = is_idle & (true == seg_r)
-            prot = protected[seg_k] & live
-            any_prot = bool(prot.any())
-            picks = np.flatnonzero(live & ~prot if any_prot else live)
+                seg_r, seg_k, signed, true, lazy = (
+                    seg_r[:cut], seg_k[:cut], signed[:cut], true[:cut], lazy[:cut])
+            picks = np.flatnonzero(signed == seg_r)  # live and not protected
             if len(picks) > need:
                 picks = picks[:need]
                 stop = int(picks[-1]) + 1
@@ -168,8 +171,9 @@ class EvictionOrder:
                 on_taken(got)
                 taken.append(got)
                 need -= len(got)
-            guarded = np.flatnonzero(prot[:stop]) if any_prot else ()
-            if len(guarded):  # protected: back in at the same (current) rank
+            if np.count_nonzero(true[:stop] == seg_r[:stop]) > len(picks):
+                guarded = np.flatnonzero(signed[:stop] < 0)  # protected and live: back in
+                guarded = guarded[true[guarded] == seg_r[guarded]]  # at the same rank
                 back_r.append(seg_r[guarded])
                 back_k.append(seg_k[guarded])
             run.cursor = cur = cur + stop

@@ -101,8 +101,12 @@ class LRUPool:
         self._chunk = np.full(size, -1, _I64)  # key -> chunk id, -1: not in the pool
         self._ref = np.zeros(size, np.int32)  # -1: store in flight, n: n loads reading
         self._rank = np.zeros(size, _I64)  # valid while the key is in the pool
-        self._idle = np.zeros(size, bool)  # stored, store complete, no load reading it
-        self._protected = np.zeros(size, bool)  # scratch: the offered keys of one store
+        # The signed idle rank, what the eviction order reads: the rank while the key is
+        # idle (stored, store complete, no load reading it), 0 otherwise, and negated
+        # while ``_evict`` protects it (an idle key of the store that evicts). Ranks are
+        # >= 1, so the sign and zero are free; one array instead of an idle flag, the
+        # rank and a protected flag saves two of a window's three gathers.
+        self._idle_rank = np.zeros(size, _I64)
         self._slot = np.zeros(size, _I64)  # scratch: repeated keys in a run
         self._order = EvictionOrder()
         self._index = np.arange(4096, dtype=_I64)
@@ -122,8 +126,7 @@ class LRUPool:
         self._chunk = np.concatenate([self._chunk, np.full(new - size, -1, _I64)])
         self._ref = np.concatenate([self._ref, np.zeros(new - size, np.int32)])
         self._rank = np.concatenate([self._rank, np.zeros(new - size, _I64)])
-        self._idle = np.concatenate([self._idle, np.zeros(new - size, bool)])
-        self._protected = np.concatenate([self._protected, np.zeros(new - size, bool)])
+        self._idle_rank = np.concatenate([self._idle_rank, np.zeros(new - size, _I64)])
         self._slot = np.concatenate([self._slot, np.zeros(new - size, _I64)])
 
     def _repeats(self, keys: np.ndarray) -> bool:
@@ -148,7 +151,7 @@ class LRUPool:
 
     def _compact(self) -> None:
         """Stale entries dominate: rebuild the order from the idle keys' ranks."""
-        keys = np.flatnonzero(self._idle)
+        keys = np.flatnonzero(self._idle_rank)
         self._order.reset(self._rank[keys], keys)
 
     @staticmethod
@@ -178,6 +181,16 @@ class LRUPool:
             keys, new = keys[up], new[up]
         if len(keys):
             self._rank[keys] = new
+            self._rerank_idle(keys, new)
+
+    def _rerank_idle(self, keys: np.ndarray, ranks: np.ndarray) -> None:
+        """New ranks for stored keys (distinct): the idle ones' signed idle rank follows."""
+        idle_rank = self._idle_rank
+        idle = idle_rank[keys] != 0
+        if idle.all():
+            idle_rank[keys] = ranks
+        elif idle.any():
+            idle_rank[keys[idle]] = ranks[idle]
 
     @staticmethod
     def _access(ctx: ReqContext) -> _Access:
@@ -240,7 +253,7 @@ class LRUPool:
         idle = k[self._ref[k] == 0]
         self.num_evictable -= len(np.unique(idle)) if len(idle) > 1 else len(idle)
         np.add.at(self._ref, k, 1)
-        self._idle[k] = False
+        self._idle_rank[k] = 0
         self._record(k, self._positions(k, ctx) if positions is None else positions, ctx)
 
     def complete_load(self, keys) -> None:
@@ -252,7 +265,7 @@ class LRUPool:
             "chunk not loading (tuner bug)"
         idle = np.unique(k[self._ref[k] == 0])
         self.num_evictable += len(idle)
-        self._idle[idle] = True
+        self._idle_rank[idle] = self._rank[idle]
         self._push_idle(idle)
 
     def _num_free(self) -> int:
@@ -273,23 +286,23 @@ class LRUPool:
     def _evict(self, n: int, offered: np.ndarray) -> np.ndarray | None:
         """The ``n`` idle keys of smallest rank not among ``offered``, evicted; None (and
         no change) if there are fewer."""
-        idle_offered = offered[self._idle[offered]]
+        idle_rank = self._idle_rank
+        idle_offered = offered[idle_rank[offered] > 0]
         if self.num_evictable - len(idle_offered) < n:  # exact count when keys repeat
             if self.num_evictable - len(np.unique(idle_offered)) < n:
                 return None
-        protected = self._protected
-        protected[idle_offered] = True
-        chunk, idle, freed = self._chunk, self._idle, []
+        idle_rank[idle_offered] = -self._rank[idle_offered]  # protected
+        chunk, freed = self._chunk, []
 
         def evicted(keys: np.ndarray) -> None:
             freed.append(chunk[keys])
             chunk[keys] = -1
-            idle[keys] = False
+            idle_rank[keys] = 0
 
         try:
-            victims = self._order.take(n, self._rank, idle, protected, evicted)
+            victims = self._order.take(n, idle_rank, evicted)
         finally:
-            protected[idle_offered] = False
+            idle_rank[idle_offered] = self._rank[idle_offered]
         ids = np.concatenate(freed)
         top = self._num_free_ids
         if top + len(ids) > len(self._free):
@@ -360,7 +373,7 @@ class LRUPool:
         if self._repeats(done):  # a job may name a key twice
             done = np.unique(done)
         self._ref[done] = 0
-        self._idle[done] = True
+        self._idle_rank[done] = self._rank[done]
         self.num_write_pending -= len(done)
         self.num_evictable += len(done)
         self._push_idle(done)
@@ -382,7 +395,9 @@ class LRUPool:
         if not len(keys):
             return
         rank = self._next_rank
-        self._rank[keys] = np.arange(rank + 1, rank + 1 + len(keys), dtype=_I64) * RANK_SPAN
+        ranks = np.arange(rank + 1, rank + 1 + len(keys), dtype=_I64) * RANK_SPAN
+        self._rank[keys] = ranks
+        self._rerank_idle(keys, ranks)
         self._next_rank = rank + len(keys)
         assert self._next_rank < _MAX_RANK, "LRU rank past int64 (tuner bug)"
 
@@ -412,7 +427,6 @@ class LRUPool:
         assert int((self._chunk >= 0).sum()) == stored, "renumbering drops a pool key (tuner bug)"
         self._ref = keep(self._ref, 0)
         self._rank = keep(self._rank, 0)
-        self._idle = keep(self._idle, False)
-        self._protected = np.zeros(size, bool)
+        self._idle_rank = keep(self._idle_rank, 0)
         self._slot = np.zeros(size, _I64)
         self._compact()
