@@ -277,6 +277,54 @@ def test_a_known_hit_length_stores_the_memo_a_walk_would():
     assert all(bits[h] & (1 << told.hit_slot) for h in told.hashes_upto(3).tolist())
 
 
+@pytest.mark.parametrize("seed", range(30))
+def test_hash_at_and_hashes_between_equal_the_laid_out_array_generated(seed):
+    """``hash_at`` and ``hashes_between`` (generated ids without a lay-out) give exactly
+    the laid-out ``hashes_upto`` entries: every block, every range, prompts with missing
+    hashes and partial last blocks, output ids shorter or longer than the output, and
+    before and after the lay-out and a renumbering. Fails when a generated id is off by
+    one (the synthetic offset) or a traced one is taken past the output."""
+    import random
+
+    rng = random.Random(seed)
+    bs = rng.choice([1, 2, 4, 16])
+    prompt = rng.randint(1, 6 * bs)
+    max_tokens = rng.randint(1, 8 * bs)
+    n_full = prompt // bs
+    known = [rng.randrange(40) for _ in range(rng.randint(0, n_full))]
+    outputs = [40 + rng.randrange(40) for _ in range(rng.randint(0, 10))]
+
+    def fresh() -> SimRequest:
+        r = SimRequest(request_id="a", index=0, arrival_s=0.0, num_prompt_tokens=prompt,
+                       max_tokens=max_tokens, block_size=bs, prompt_block_hashes=known,
+                       output_block_hashes=outputs)
+        r.bind_synthetic(1000)
+        return r
+
+    n_all = (prompt + max_tokens) // bs
+    laid = fresh()
+    laid.lay_out_hashes()
+    want = laid.hash_array.tolist()
+    assert len(want) == n_all
+    lazy = fresh()
+    for i in range(n_all):
+        assert lazy.hash_at(i) == want[i], (i, bs, prompt, max_tokens)
+    assert len(lazy.hash_array) == n_full, "hash_at laid the ids out"
+    for start in range(n_all + 1):
+        for end in range(start, n_all + 1):
+            got = fresh().hashes_between(start, end).tolist()
+            assert got == want[start:end], (start, end)
+            assert laid.hashes_between(start, end).tolist() == want[start:end]
+    live = np.unique(np.concatenate([np.asarray(want, dtype=np.int64),
+                                     np.arange(1000, 1000 + lazy.num_synthetic_ids())]))
+    live = np.concatenate([live, [5000]])  # ids above stay in place after the gap closes
+    lazy.renumber_hash_ids(live)
+    laid.renumber_hash_ids(live)
+    want = laid.hash_array.tolist()
+    assert [lazy.hash_at(i) for i in range(n_all)] == want
+    assert lazy.hashes_between(n_full, n_all).tolist() == want[n_full:]
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_free_with_known_hashed_prefix_equals_the_gather_generated(seed):
     """``KVCacheManager.free`` tells the pool the request's hashed blocks (its leading

@@ -274,7 +274,7 @@ class BlockPool:
                           num_cached_blocks: int, num_full_blocks: int) -> None:
         """Register hashes of ``blocks[num_cached_blocks:num_full_blocks]``."""
         ids = blocks[num_cached_blocks:num_full_blocks]
-        hashes = request.hashes_upto(num_full_blocks)[num_cached_blocks:]
+        hashes = request.hashes_between(num_cached_blocks, num_full_blocks)
         self.cache_blocks(ids, hashes)
 
     def cache_blocks(self, blocks: np.ndarray, hashes: np.ndarray) -> None:

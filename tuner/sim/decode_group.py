@@ -221,8 +221,6 @@ class DecodeGroup(DecodeGroupInvariants):
         self.others.append(request)
 
     def _join(self, request: SimRequest, now_s: float) -> None:
-        if self.caching:
-            request.lay_out_hashes()  # registrations read hash_array directly
         request.steady = True
         request.g0 = self.G
         request.s0 = self.S
@@ -521,7 +519,9 @@ class DecodeGroup(DecodeGroupInvariants):
                 index = (m.num_tokens + g - m.g0) // bs - 1  # self.tokens(m) // bs - 1
                 assert m.num_cached_blocks == index, f"{m!r}: registration gap (tuner bug)"
                 fill_blocks.append(m.block_buf.item(index))
-                fill_hashes.append(m.hash_array.item(index))  # laid out when it joined
+                # A generated block with a shareable hash: the trace's output id (what
+                # ``m.hash_at(index)`` gives), read from the list without a lay-out.
+                fill_hashes.append(m.output_hashes[index - m.num_prompt_tokens // bs])
                 m.num_cached_blocks = index + 1
             if len(fill_blocks) == 1:
                 pool.cache_block(fill_blocks[0], fill_hashes[0])

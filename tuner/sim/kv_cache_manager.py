@@ -301,8 +301,7 @@ class KVCacheManager:
             num_full = min(total_computed + num_new_tokens, request.num_tokens) // bs
             cached = request.num_cached_blocks
             if num_full == cached + 1:  # one block filled (decode): the scalar path
-                pool.cache_block(request.block_buf.item(cached),
-                                 request.hashes_upto(num_full).item(cached))
+                pool.cache_block(request.block_buf.item(cached), request.hash_at(cached))
                 request.num_cached_blocks = num_full
             elif num_full > cached:
                 pool.cache_full_blocks(request, request.block_buf, cached, num_full)
@@ -320,7 +319,7 @@ class KVCacheManager:
         cached = request.num_cached_blocks
         if num_full == cached + 1:  # one block filled (a decode token): no arrays
             self.block_pool.cache_block(request.block_buf.item(cached),
-                                        request.hashes_upto(num_full).item(cached))
+                                        request.hash_at(cached))
             request.num_cached_blocks = num_full
         elif num_full > cached:
             self.block_pool.cache_full_blocks(request, request.block_buf, cached, num_full)
