@@ -550,8 +550,23 @@ class DecodeGroup(DecodeGroupInvariants):
         self.S += 1
         self.sum_tokens += step.num_members
         self.last_end_s = now_s
+        g, key = self.G, self.S
+        # A member whose event only filled a block opens the next one at the next step
+        # (``_file`` at ``t % block_size == 1``, block size > 1), finishing there if that
+        # token is its last: filed without ``_file``, as half the sync events are these
+        # (check_invariants compares every filed event with ``block_events``).
+        openers: list[SimRequest] = []
+        fill_only = FILLS_BLOCK if self.block_size > 1 else -1
         for member in step.events:
-            if member.event_kinds & FINISHES:
+            kinds = member.event_kinds
+            if kinds == fill_only:
+                member.next_event = key
+                member.event_kinds = (
+                    OPENS_BLOCK if member.max_tokens - member.num_output_tokens + member.g0 - g > 1
+                    else OPENS_BLOCK | FINISHES)
+                openers.append(member)
+                continue
+            if kinds & FINISHES:
                 self.materialize(member)
                 self._leave(member)
                 member.status = RequestStatus.FINISHED
@@ -559,6 +574,12 @@ class DecodeGroup(DecodeGroupInvariants):
                 finished.append(member)
                 continue
             self._file(member)
+        if openers:
+            bucket = self.calendar.get(key)
+            if bucket is None:
+                self.calendar[key] = openers
+            else:
+                bucket.extend(openers)
 
     def after_update(self, out: SchedulerOutput, finished: list[SimRequest],
                      now_s: float) -> None:
