@@ -59,17 +59,21 @@ class SimRequest:
     finishes when ``num_output_tokens == max_tokens`` (``ignore_eos``).
     """
 
+    # Slot order is layout: the decode group reads and writes the first sixteen for each
+    # member with an event (~700k events an hour, each on a request not touched since
+    # its previous one), so they sit together (two or three cache lines of the object,
+    # instead of five when they were spread over the tuple).
     __slots__ = (
-        "request_id", "index", "arrival_s", "num_prompt_tokens", "max_tokens", "priority",
-        "status", "num_computed_tokens", "num_output_tokens", "num_tokens", "num_preemptions",
-        "is_prefill_chunk", "block_buf", "num_blocks", "num_cached_blocks",
-        "output_hashes", "repeated_blocks",
-        "_block_size", "first_scheduled_s", "first_token_s", "last_token_s", "finish_s",
-        "num_cached_tokens", "session_id", "seq", "steady", "g0", "s0",
-        "next_event",
-        "event_kinds",
+        "steady", "next_event", "event_kinds", "seq", "g0", "s0", "num_tokens",
+        "num_output_tokens", "max_tokens", "num_prompt_tokens", "num_shared_hash_blocks",
+        "num_cached_blocks", "block_buf", "num_blocks", "output_hashes", "status",
+        "num_computed_tokens", "last_token_s",
+        "request_id", "index", "arrival_s", "priority", "num_preemptions",
+        "is_prefill_chunk", "repeated_blocks",
+        "_block_size", "first_scheduled_s", "first_token_s", "finish_s",
+        "num_cached_tokens", "session_id",
         "hit_memo", "hit_epoch", "hit_slot", "hit_watched", "hash_array", "synthetic_base",
-        "_num_known", "num_shared_hash_blocks",
+        "_num_known",
         "num_output_placeholders", "num_in_flight_tokens", "num_stale_output_tokens",
         "num_spec_tokens",
     )
