@@ -166,8 +166,9 @@ class DecodeGroup(DecodeGroupInvariants):
         one; its computed tokens fill a block when ``num_tokens`` is a multiple of the
         block size, and the fill is registered now only if the block's hash is one
         another request can look up (a synthetic one waits for ``KVCacheManager.free``).
-        ``_file`` inlines this rule (it runs once per member event); ``check_invariants``
-        compares every member's filed kinds with this method after each checked step.
+        ``_file`` inlines this rule (it runs once per member event), as ``apply_tokens``
+        does for the opening after a fill; ``check_invariants`` compares every member's
+        filed kinds with this method after each checked step.
         """
         bs = self.block_size
         kinds = OPENS_BLOCK if (num_tokens - 1) % bs == 0 else 0
@@ -551,10 +552,8 @@ class DecodeGroup(DecodeGroupInvariants):
         self.sum_tokens += step.num_members
         self.last_end_s = now_s
         g, key = self.G, self.S
-        # A member whose event only filled a block opens the next one at the next step
-        # (``_file`` at ``t % block_size == 1``, block size > 1), finishing there if that
-        # token is its last: filed without ``_file``, as half the sync events are these
-        # (check_invariants compares every filed event with ``block_events``).
+        # After a fill-only event the next token opens a block (block size > 1; finishing
+        # there if it is the last): half the sync events, filed without ``_file``.
         openers: list[SimRequest] = []
         fill_only = FILLS_BLOCK if self.block_size > 1 else -1
         for member in step.events:
