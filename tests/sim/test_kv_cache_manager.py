@@ -275,3 +275,104 @@ def test_a_known_hit_length_stores_the_memo_a_walk_would():
     assert told.hit_epoch == kvm.block_pool.slot_epochs[told.hit_slot]
     bits = kvm.block_pool.watch_bits
     assert all(bits[h] & (1 << told.hit_slot) for h in told.hashes_upto(3).tolist())
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_hash_at_and_hashes_between_equal_the_laid_out_array_generated(seed):
+    """``hash_at`` and ``hashes_between`` (generated ids without a lay-out) give exactly
+    the laid-out ``hashes_upto`` entries: every block, every range, prompts with missing
+    hashes and partial last blocks, output ids shorter or longer than the output, and
+    before and after the lay-out and a renumbering. Fails when a generated id is off by
+    one (the synthetic offset) or a traced one is taken past the output."""
+    import random
+
+    rng = random.Random(seed)
+    bs = rng.choice([1, 2, 4, 16])
+    prompt = rng.randint(1, 6 * bs)
+    max_tokens = rng.randint(1, 8 * bs)
+    n_full = prompt // bs
+    known = [rng.randrange(40) for _ in range(rng.randint(0, n_full))]
+    outputs = [40 + rng.randrange(40) for _ in range(rng.randint(0, 10))]
+
+    def fresh() -> SimRequest:
+        r = SimRequest(request_id="a", index=0, arrival_s=0.0, num_prompt_tokens=prompt,
+                       max_tokens=max_tokens, block_size=bs, prompt_block_hashes=known,
+                       output_block_hashes=outputs)
+        r.bind_synthetic(1000)
+        return r
+
+    n_all = (prompt + max_tokens) // bs
+    laid = fresh()
+    laid.lay_out_hashes()
+    want = laid.hash_array.tolist()
+    assert len(want) == n_all
+    lazy = fresh()
+    for i in range(n_all):
+        assert lazy.hash_at(i) == want[i], (i, bs, prompt, max_tokens)
+    assert len(lazy.hash_array) == n_full, "hash_at laid the ids out"
+    for start in range(n_all + 1):
+        for end in range(start, n_all + 1):
+            got = fresh().hashes_between(start, end).tolist()
+            assert got == want[start:end], (start, end)
+            assert laid.hashes_between(start, end).tolist() == want[start:end]
+    live = np.unique(np.concatenate([np.asarray(want, dtype=np.int64),
+                                     np.arange(1000, 1000 + lazy.num_synthetic_ids())]))
+    live = np.concatenate([live, [5000]])  # ids above stay in place after the gap closes
+    lazy.renumber_hash_ids(live)
+    laid.renumber_hash_ids(live)
+    want = laid.hash_array.tolist()
+    assert [lazy.hash_at(i) for i in range(n_all)] == want
+    assert lazy.hashes_between(n_full, n_all).tolist() == want[n_full:]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_free_with_known_hashed_prefix_equals_the_gather_generated(seed):
+    """``KVCacheManager.free`` tells the pool the request's hashed blocks (its leading
+    ``num_cached_blocks``) instead of the pool gathering ``block_hash``: the pool ends in
+    the same state as freeing the same blocks with the gather, over random requests
+    sharing prefixes (some blocks stay held by another request), partly registered,
+    with and without ``keep``. Fails when a hashed block goes to the front (or an
+    unhashed one to the back), checked by handing ``free_blocks`` one block less."""
+    import copy
+    import random
+
+    rng = random.Random(seed)
+    bs = rng.choice([1, 4, 16])
+    kvm = KVCacheManager(num_gpu_blocks=rng.randint(40, 200), block_size=bs,
+                         num_hash_ids=2000)
+    live: list[SimRequest] = []
+    for i in range(60):
+        if live and rng.random() < 0.4:
+            r = live.pop(rng.randrange(len(live)))
+            r.num_computed_tokens = rng.randint(0, r.num_tokens)
+            keep = rng.choice([0, 0, rng.randint(0, r.num_blocks)])
+            twin = copy.deepcopy((kvm, r))
+            twin_kvm, twin_r = twin
+            kvm.free(r, keep)
+            # The same release through the gather (num_hashed unknown), on a copy.
+            n = twin_r.num_blocks
+            num_full = min(twin_r.num_computed_tokens, twin_r.num_tokens) // bs
+            if num_full > twin_r.num_cached_blocks:
+                twin_kvm.block_pool.cache_full_blocks(twin_r, twin_r.block_buf,
+                                                      twin_r.num_cached_blocks, num_full)
+            if n > keep:
+                twin_kvm.block_pool.free_blocks(twin_r.block_buf[keep:n][::-1],
+                                                may_repeat=twin_r.repeated_blocks)
+            assert (kvm.block_pool.free_block_queue.get_all_free_blocks()
+                    == twin_kvm.block_pool.free_block_queue.get_all_free_blocks())
+            assert kvm.block_pool.ref_cnt.tolist() == twin_kvm.block_pool.ref_cnt.tolist()
+            if keep:  # the kept blocks stay held by nobody the check knows: release them
+                kvm.block_pool.free_blocks(r.block_buf[:keep][::-1])
+            continue
+        prompt = rng.randint(1, 12 * bs)
+        shared = rng.randint(0, prompt // bs)  # a prefix of one chain: shared, no repeats
+        hashes = list(range(shared)) + [100 + 20 * i + j for j in range(prompt // bs - shared)]
+        r = make_request(f"r{i}", prompt, hashes, bs)
+        hit, tokens = kvm.get_computed_blocks(r)
+        if tokens >= prompt:
+            continue
+        if not kvm.allocate_slots(r, prompt - tokens, tokens, hit):
+            continue
+        r.num_computed_tokens = prompt
+        live.append(r)
+        kvm.check_invariants(live)

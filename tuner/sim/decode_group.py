@@ -166,8 +166,9 @@ class DecodeGroup(DecodeGroupInvariants):
         one; its computed tokens fill a block when ``num_tokens`` is a multiple of the
         block size, and the fill is registered now only if the block's hash is one
         another request can look up (a synthetic one waits for ``KVCacheManager.free``).
-        ``_file`` inlines this rule (it runs once per member event); ``check_invariants``
-        compares every member's filed kinds with this method after each checked step.
+        ``_file`` inlines this rule (it runs once per member event), as ``apply_tokens``
+        does for the opening after a fill; ``check_invariants`` compares every member's
+        filed kinds with this method after each checked step.
         """
         bs = self.block_size
         kinds = OPENS_BLOCK if (num_tokens - 1) % bs == 0 else 0
@@ -221,8 +222,6 @@ class DecodeGroup(DecodeGroupInvariants):
         self.others.append(request)
 
     def _join(self, request: SimRequest, now_s: float) -> None:
-        if self.caching:
-            request.lay_out_hashes()  # registrations read hash_array directly
         request.steady = True
         request.g0 = self.G
         request.s0 = self.S
@@ -521,7 +520,9 @@ class DecodeGroup(DecodeGroupInvariants):
                 index = (m.num_tokens + g - m.g0) // bs - 1  # self.tokens(m) // bs - 1
                 assert m.num_cached_blocks == index, f"{m!r}: registration gap (tuner bug)"
                 fill_blocks.append(m.block_buf.item(index))
-                fill_hashes.append(m.hash_array.item(index))  # laid out when it joined
+                # A generated block with a shareable hash: the trace's output id (what
+                # ``m.hash_at(index)`` gives), read from the list without a lay-out.
+                fill_hashes.append(m.output_hashes[index - m.num_prompt_tokens // bs])
                 m.num_cached_blocks = index + 1
             if len(fill_blocks) == 1:
                 pool.cache_block(fill_blocks[0], fill_hashes[0])
@@ -550,8 +551,21 @@ class DecodeGroup(DecodeGroupInvariants):
         self.S += 1
         self.sum_tokens += step.num_members
         self.last_end_s = now_s
+        g, key = self.G, self.S
+        # After a fill-only event the next token opens a block (block size > 1; finishing
+        # there if it is the last): half the sync events, filed without ``_file``.
+        openers: list[SimRequest] = []
+        fill_only = FILLS_BLOCK if self.block_size > 1 else -1
         for member in step.events:
-            if member.event_kinds & FINISHES:
+            kinds = member.event_kinds
+            if kinds == fill_only:
+                member.next_event = key
+                member.event_kinds = (
+                    OPENS_BLOCK if member.max_tokens - member.num_output_tokens + member.g0 - g > 1
+                    else OPENS_BLOCK | FINISHES)
+                openers.append(member)
+                continue
+            if kinds & FINISHES:
                 self.materialize(member)
                 self._leave(member)
                 member.status = RequestStatus.FINISHED
@@ -559,6 +573,12 @@ class DecodeGroup(DecodeGroupInvariants):
                 finished.append(member)
                 continue
             self._file(member)
+        if openers:
+            bucket = self.calendar.get(key)
+            if bucket is None:
+                self.calendar[key] = openers
+            else:
+                bucket.extend(openers)
 
     def after_update(self, out: SchedulerOutput, finished: list[SimRequest],
                      now_s: float) -> None:

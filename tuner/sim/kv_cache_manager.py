@@ -301,8 +301,7 @@ class KVCacheManager:
             num_full = min(total_computed + num_new_tokens, request.num_tokens) // bs
             cached = request.num_cached_blocks
             if num_full == cached + 1:  # one block filled (decode): the scalar path
-                pool.cache_block(request.block_buf.item(cached),
-                                 request.hashes_upto(num_full).item(cached))
+                pool.cache_block(request.block_buf.item(cached), request.hash_at(cached))
                 request.num_cached_blocks = num_full
             elif num_full > cached:
                 pool.cache_full_blocks(request, request.block_buf, cached, num_full)
@@ -320,7 +319,7 @@ class KVCacheManager:
         cached = request.num_cached_blocks
         if num_full == cached + 1:  # one block filled (a decode token): no arrays
             self.block_pool.cache_block(request.block_buf.item(cached),
-                                        request.hashes_upto(num_full).item(cached))
+                                        request.hash_at(cached))
             request.num_cached_blocks = num_full
         elif num_full > cached:
             self.block_pool.cache_full_blocks(request, request.block_buf, cached, num_full)
@@ -339,15 +338,18 @@ class KVCacheManager:
         in the same order.
         """
         n = request.num_blocks
+        num_hashed = request.num_cached_blocks  # the registered blocks lead (invariant)
         if self.enable_caching and self.register_on_free:
             num_full = min(request.num_computed_tokens, request.num_tokens) // self.block_size
-            if num_full > request.num_cached_blocks:
+            if num_full > num_hashed:
                 self.block_pool.cache_full_blocks(request, request.block_buf,
-                                                  request.num_cached_blocks, num_full)
+                                                  num_hashed, num_full)
+                num_hashed = num_full
         if n > keep:
             self.block_pool.free_blocks(request.block_buf[n - 1:keep - 1:-1] if keep
                                         else request.block_buf[n - 1::-1],
-                                        may_repeat=request.repeated_blocks)
+                                        may_repeat=request.repeated_blocks,
+                                        num_hashed=max(0, min(num_hashed, n) - keep))
         request.repeated_blocks = False
         request.num_blocks = 0
         request.num_cached_blocks = 0
@@ -365,6 +367,12 @@ class KVCacheManager:
             for block_id in ids:
                 owners[block_id] = owners.get(block_id, 0) + 1
             assert request.num_cached_blocks <= request.num_blocks
+            # ``free`` tells the pool which blocks go to the queue's back from this: a
+            # request's hashed blocks are exactly its leading ``num_cached_blocks``.
+            hashed = pool.block_hash[request.block_buf[:request.num_blocks]] >= 0
+            assert hashed.sum() == request.num_cached_blocks == (
+                hashed[:request.num_cached_blocks].sum()), (
+                f"{request!r}: hashed blocks are not its {request.num_cached_blocks} leading ones")
         for block in range(1, pool.num_gpu_blocks):
             assert pool.ref_cnt[block] == owners.get(block, 0), (
                 f"block {block}: ref_cnt {pool.ref_cnt[block]} != number of holders "
