@@ -30,13 +30,11 @@ interning; only the id values differ, and no decision of the twin depends on the
 
 from __future__ import annotations
 
-from array import array
 from typing import Any, Iterator
 
 import numpy as np
 
-from tuner.errors import ConfigError
-from tuner.records import RequestTable, StringColumn
+from tuner.records import RequestTable
 from tuner.replay._kv_requests import dense_hash_ids, flat_hash_column
 from tuner.sim.hash_space import FleetIdSpace, HashIdSpace
 from tuner.trace.reblock_vec import (reblock_arrays, reblock_id_ranges,
@@ -47,27 +45,6 @@ __all__ = ["CHUNK_ROWS", "TraceArrivals"]
 CHUNK_ROWS = 65_536  # = tuner.trace.store.ROW_GROUP_SIZE: one Parquet row group a read
 _NO_IDS = np.zeros(0, dtype=np.int64)
 _NO_HASHES = np.zeros(0, dtype=np.uint64)
-
-
-def _strings(column: Any) -> StringColumn:
-    """A polars string column as a ``StringColumn`` (from its Arrow buffers)."""
-    import pyarrow as pa
-
-    arr = column.to_arrow()
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    arr = arr.cast(pa.large_string())
-    _, offsets_buffer, data = arr.buffers()
-    offsets = np.frombuffer(offsets_buffer, dtype=np.int64)[arr.offset:arr.offset + len(arr) + 1]
-    raw = b"" if data is None else data.to_pybytes()[offsets[0]:offsets[-1]]
-    # Through polars: numpy of a pyarrow array imports pandas (0.4-0.6 CPU s a replay).
-    null = (column.is_null().to_numpy().astype(np.uint8).tobytes() if arr.null_count
-            else None)
-    return StringColumn(raw, (offsets - offsets[0]).tobytes(), null)
-
-
-def _ints(column: Any) -> array:
-    return array("q", column.fill_null(0).cast(int).to_numpy().astype(np.int64).tobytes())
 
 
 class StreamedRequest:
@@ -272,7 +249,7 @@ class TraceArrivals:
 
     def __init__(self, trace: Any, block_size: int, *, window: int = 1024,
                  min_compact_ids: int = 1 << 22, reuse_turns: bool = True) -> None:
-        import polars as pl
+        from tuner.replay._issue_columns import read_issue_columns  # pyarrow: when used
 
         self.block_size = block_size
         self.hash_block_size = f = int(trace.metadata.hash_block_size)
@@ -281,37 +258,24 @@ class TraceArrivals:
         self._split = f > 0 and block_size > 0 and f % block_size == 0
         self._map = _HashMap(f // block_size if self._split else 1)
         self._frame = trace.stored()
-        # Issue order: arrival, ties in storage order (``Trace.lazy``'s stable sort). The
-        # order comes from the arrival column alone and each column is gathered and packed
-        # one at a time: polars' sort of the whole frame left ~60 MB more resident for a
-        # day's 285k requests (docs/performance.md, second memory round).
-        meta = self._frame.select(["request_id", "arrival_s", "input_len", "output_len",
-                                   "session_id", "priority"]).collect()
-        if not meta.height:
-            raise ConfigError("the trace has no requests to replay")
-        self.num_requests = meta.height
+        # Issue order and the compact per-request columns (no Python object a request: a
+        # day of traffic is millions), read without polars (``_issue_columns``).
+        columns = read_issue_columns(trace)
+        self.num_requests = len(columns)
         self.num_hash_ids = 0  # ids are reserved as windows are read
-        arrivals = meta.get_column("arrival_s").cast(pl.Float64).to_numpy().astype(np.float64)
-        order = np.argsort(arrivals, kind="stable")
-        self._rows = order.astype(np.int64)
-        gather = pl.Series(order.astype(np.uint32) if self.num_requests < 2**32 else order)
-
-        def column(name: str) -> Any:
-            return meta.get_column(name).gather(gather)
-
-        # Compact columns (no Python object a request): a day of traffic is millions.
-        self._request_ids = _strings(column("request_id"))
-        self._session_ids = _strings(column("session_id"))
-        self._arrivals = array("d", arrivals[order].tobytes())
-        del arrivals
-        self._input_lens = _ints(column("input_len"))
-        self._output_lens = _ints(column("output_len"))
-        self._priorities = _ints(column("priority"))
-        del meta
+        self._rows = columns.rows
+        self._request_ids = columns.request_ids
+        self._session_ids = columns.session_ids
+        self._arrivals = columns.arrivals
+        self._input_lens = columns.input_lens
+        self._output_lens = columns.output_lens
+        self._priorities = columns.priorities
+        del columns
         # The last issue position of each storage chunk: when its hashes can be dropped.
         chunks = self._rows // CHUNK_ROWS
         self._chunk_last = np.zeros(int(chunks.max()) + 1, dtype=np.int64)
         np.maximum.at(self._chunk_last, chunks, np.arange(self.num_requests, dtype=np.int64))
+        del chunks
         self._chunks: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         self._space: HashIdSpace | FleetIdSpace | None = None
         self._next_compact = min_compact_ids
