@@ -241,14 +241,18 @@ class TraceArrivals:
         trace: a ``tuner.trace.Trace`` (file, directory or in memory).
         block_size: the KV block size to replay at.
         window: requests built (hashes interned and split) at a time.
-        min_compact_ids: no renumbering while the id space is smaller than this.
+        min_compact_ids: no renumbering while the id space is smaller than this. The
+            default, 2**21 (2.1 M ids; the per-id arrays stop at ~24 MB), bounds a
+            synthetic day's 6 and 24 hours alike (2**22 let the 24-hour day's arrays reach
+            54 MB against the 6-hour day's 34: docs/performance.md, fourth memory round);
+            the agentic hour (3.8 M ids) then renumbers where it did not.
         reuse_turns: a session's turn takes the ids of the prefix it shares with the
             session's latest turn from that turn (``_TurnPrefixes``); False looks every
             hash up (the oracle tests/replay/test_stream.py holds it equal to).
     """
 
     def __init__(self, trace: Any, block_size: int, *, window: int = 1024,
-                 min_compact_ids: int = 1 << 22, reuse_turns: bool = True) -> None:
+                 min_compact_ids: int = 1 << 21, reuse_turns: bool = True) -> None:
         from tuner.replay._issue_columns import read_issue_columns  # pyarrow: when used
 
         self.block_size = block_size
@@ -402,7 +406,7 @@ class TraceArrivals:
 
         Why before it passes: the per-id arrays grow by doubling, and a window that ran
         past the threshold doubled them first: on a synthetic day's 24 hours, from ~0.7 M
-        live ids to 5.6 M ids' worth for the default threshold of 2**22 (4.19 M; 56 MB
+        live ids to 5.6 M ids' worth for the then default threshold of 2**22 (4.19 M; 56 MB
         of arrays; docs/performance.md, third memory round). Stopping short, with the
         arrays' growth bounded at :meth:`_id_capacity`, keeps them at the threshold."""
         threshold = self._next_compact
