@@ -11,11 +11,11 @@ of with what is live. :class:`TraceArrivals` is the twin's ``ArrivalSource`` for
 * one pass over the small columns (ids, times, lengths) orders the requests by arrival
   (ties: storage order, as ``Trace.lazy``) and gives the result table its identity
   columns;
-* the hash columns are read in storage-order row ranges of ``CHUNK_ROWS`` (a Parquet row
-  group) and dropped once every request in the range has been issued; for a trace stored
-  in arrival order that is one or two ranges at a time (a trace stored grouped by session
-  keeps its ranges until their last request: at worst the whole trace, at the trace's
-  own block size);
+* the hash columns are read in storage-order row ranges of ``CHUNK_ROWS`` (a quarter of
+  a Parquet row group) and dropped once every request in the range has been issued; for
+  a trace stored in arrival order that is one or two ranges at a time (a trace stored
+  grouped by session keeps its ranges until their last request: at worst the whole
+  trace, at the trace's own block size);
 * requests are built ``window`` at a time in issue order: their raw hashes are interned
   (a sorted map from raw hash to the first of its ids; a hash new to the map takes ``k``
   consecutive ids from the twin's id space, one per KV block it splits into) and split to
@@ -42,7 +42,14 @@ from tuner.trace.reblock_vec import (reblock_arrays, reblock_id_ranges,
 
 __all__ = ["CHUNK_ROWS", "TraceArrivals"]
 
-CHUNK_ROWS = 65_536  # = tuner.trace.store.ROW_GROUP_SIZE: one Parquet row group a read
+#: Storage rows a hash read: a quarter of a Parquet row group (``tuner.trace.store``'s
+#: ROW_GROUP_SIZE). A chunk is held until its last request is issued, and a trace stored
+#: grouped by session issues a chunk's last rows after the next chunk's first: a synthetic
+#: day held two whole row groups' hashes (~21 MB each) at each of its 24 hours' four
+#: boundaries, where its 6 hours have one (docs/performance.md, third and fourth memory
+#: rounds). Quarter reads hold a subset of those rows (a smaller chunk is held only where
+#: its row group would be), for ~0.3 CPU s more of a day's ~500.
+CHUNK_ROWS = 16_384
 _NO_IDS = np.zeros(0, dtype=np.int64)
 _NO_HASHES = np.zeros(0, dtype=np.uint64)
 
