@@ -364,20 +364,32 @@ class GapSamples(_ListStandIn[tuple[float, int]]):
     def compact(self) -> None:
         """Sort the pairs by gap and merge equal gaps (counts summed): the same multiset of
         gaps per token, in ascending gap order. Pairs with count <= 0 carry no token and
-        are dropped (the percentiles ignore them)."""
+        are dropped (the percentiles ignore them).
+
+        One full-size temporary at a time besides the order (the pool's columns are read
+        in place, the sorted gaps dropped before the counts are gathered): at the
+        threshold's 2**20 pairs the transient was the pool's size again plus 40 MB (the
+        kept copies, the order and both gathered columns; docs/performance.md, fourth
+        memory round), now 16 MB."""
         import numpy as np  # the records module stays importable without numpy loaded
 
         gaps = np.frombuffer(self.gap_s, dtype=np.float64) if len(self.gap_s) else np.zeros(0)
         counts = (np.frombuffer(self.count, dtype=np.int64) if len(self.count)
                   else np.zeros(0, dtype=np.int64))
-        keep = counts > 0
-        gaps, counts = gaps[keep], counts[keep]
+        if len(counts) and counts.min() <= 0:  # rare: copies without the empty pairs
+            keep = counts > 0
+            gaps, counts = gaps[keep], counts[keep]
+            del keep
         order = np.argsort(gaps, kind="stable")
-        gaps, counts = gaps[order], counts[order]
-        starts = np.flatnonzero(np.r_[True, gaps[1:] != gaps[:-1]]) if len(gaps) else order
-        values = gaps[starts]
-        sums = (np.add.reduceat(counts, starts) if len(gaps)
-                else np.zeros(0, dtype=np.int64))
+        if len(order):
+            ordered = gaps[order]
+            starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+            values = ordered[starts]
+            del ordered
+            sums = np.add.reduceat(counts[order], starts)
+        else:
+            values, sums = np.zeros(0), np.zeros(0, dtype=np.int64)
+        del gaps, counts, order
         gap_s, count = array("d"), array("q")
         gap_s.frombytes(values.tobytes())
         count.frombytes(sums.tobytes())

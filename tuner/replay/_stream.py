@@ -11,11 +11,11 @@ of with what is live. :class:`TraceArrivals` is the twin's ``ArrivalSource`` for
 * one pass over the small columns (ids, times, lengths) orders the requests by arrival
   (ties: storage order, as ``Trace.lazy``) and gives the result table its identity
   columns;
-* the hash columns are read in storage-order row ranges of ``CHUNK_ROWS`` (a Parquet row
-  group) and dropped once every request in the range has been issued; for a trace stored
-  in arrival order that is one or two ranges at a time (a trace stored grouped by session
-  keeps its ranges until their last request: at worst the whole trace, at the trace's
-  own block size);
+* the hash columns are read in storage-order row ranges of ``CHUNK_ROWS`` (a quarter of
+  a Parquet row group) and dropped once every request in the range has been issued; for
+  a trace stored in arrival order that is one or two ranges at a time (a trace stored
+  grouped by session keeps its ranges until their last request: at worst the whole
+  trace, at the trace's own block size);
 * requests are built ``window`` at a time in issue order: their raw hashes are interned
   (a sorted map from raw hash to the first of its ids; a hash new to the map takes ``k``
   consecutive ids from the twin's id space, one per KV block it splits into) and split to
@@ -30,13 +30,11 @@ interning; only the id values differ, and no decision of the twin depends on the
 
 from __future__ import annotations
 
-from array import array
 from typing import Any, Iterator
 
 import numpy as np
 
-from tuner.errors import ConfigError
-from tuner.records import RequestTable, StringColumn
+from tuner.records import RequestTable
 from tuner.replay._kv_requests import dense_hash_ids, flat_hash_column
 from tuner.sim.hash_space import FleetIdSpace, HashIdSpace
 from tuner.trace.reblock_vec import (reblock_arrays, reblock_id_ranges,
@@ -44,30 +42,16 @@ from tuner.trace.reblock_vec import (reblock_arrays, reblock_id_ranges,
 
 __all__ = ["CHUNK_ROWS", "TraceArrivals"]
 
-CHUNK_ROWS = 65_536  # = tuner.trace.store.ROW_GROUP_SIZE: one Parquet row group a read
+#: Storage rows a hash read: a quarter of a Parquet row group (``tuner.trace.store``'s
+#: ROW_GROUP_SIZE). A chunk is held until its last request is issued, and a trace stored
+#: grouped by session issues a chunk's last rows after the next chunk's first: a synthetic
+#: day held two whole row groups' hashes (~21 MB each) at each of its 24 hours' four
+#: boundaries, where its 6 hours have one (docs/performance.md, third and fourth memory
+#: rounds). Quarter reads hold a subset of those rows (a smaller chunk is held only where
+#: its row group would be), for ~0.3 CPU s more of a day's ~500.
+CHUNK_ROWS = 16_384
 _NO_IDS = np.zeros(0, dtype=np.int64)
 _NO_HASHES = np.zeros(0, dtype=np.uint64)
-
-
-def _strings(column: Any) -> StringColumn:
-    """A polars string column as a ``StringColumn`` (from its Arrow buffers)."""
-    import pyarrow as pa
-
-    arr = column.to_arrow()
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    arr = arr.cast(pa.large_string())
-    _, offsets_buffer, data = arr.buffers()
-    offsets = np.frombuffer(offsets_buffer, dtype=np.int64)[arr.offset:arr.offset + len(arr) + 1]
-    raw = b"" if data is None else data.to_pybytes()[offsets[0]:offsets[-1]]
-    # Through polars: numpy of a pyarrow array imports pandas (0.4-0.6 CPU s a replay).
-    null = (column.is_null().to_numpy().astype(np.uint8).tobytes() if arr.null_count
-            else None)
-    return StringColumn(raw, (offsets - offsets[0]).tobytes(), null)
-
-
-def _ints(column: Any) -> array:
-    return array("q", column.fill_null(0).cast(int).to_numpy().astype(np.int64).tobytes())
 
 
 class StreamedRequest:
@@ -264,15 +248,19 @@ class TraceArrivals:
         trace: a ``tuner.trace.Trace`` (file, directory or in memory).
         block_size: the KV block size to replay at.
         window: requests built (hashes interned and split) at a time.
-        min_compact_ids: no renumbering while the id space is smaller than this.
+        min_compact_ids: no renumbering while the id space is smaller than this. The
+            default, 2**21 (2.1 M ids; the per-id arrays stop at ~24 MB), bounds a
+            synthetic day's 6 and 24 hours alike (2**22 let the 24-hour day's arrays reach
+            54 MB against the 6-hour day's 34: docs/performance.md, fourth memory round);
+            the agentic hour (3.8 M ids) then renumbers where it did not.
         reuse_turns: a session's turn takes the ids of the prefix it shares with the
             session's latest turn from that turn (``_TurnPrefixes``); False looks every
             hash up (the oracle tests/replay/test_stream.py holds it equal to).
     """
 
     def __init__(self, trace: Any, block_size: int, *, window: int = 1024,
-                 min_compact_ids: int = 1 << 22, reuse_turns: bool = True) -> None:
-        import polars as pl
+                 min_compact_ids: int = 1 << 21, reuse_turns: bool = True) -> None:
+        from tuner.replay._issue_columns import read_issue_columns  # pyarrow: when used
 
         self.block_size = block_size
         self.hash_block_size = f = int(trace.metadata.hash_block_size)
@@ -281,37 +269,24 @@ class TraceArrivals:
         self._split = f > 0 and block_size > 0 and f % block_size == 0
         self._map = _HashMap(f // block_size if self._split else 1)
         self._frame = trace.stored()
-        # Issue order: arrival, ties in storage order (``Trace.lazy``'s stable sort). The
-        # order comes from the arrival column alone and each column is gathered and packed
-        # one at a time: polars' sort of the whole frame left ~60 MB more resident for a
-        # day's 285k requests (docs/performance.md, second memory round).
-        meta = self._frame.select(["request_id", "arrival_s", "input_len", "output_len",
-                                   "session_id", "priority"]).collect()
-        if not meta.height:
-            raise ConfigError("the trace has no requests to replay")
-        self.num_requests = meta.height
+        # Issue order and the compact per-request columns (no Python object a request: a
+        # day of traffic is millions), read without polars (``_issue_columns``).
+        columns = read_issue_columns(trace)
+        self.num_requests = len(columns)
         self.num_hash_ids = 0  # ids are reserved as windows are read
-        arrivals = meta.get_column("arrival_s").cast(pl.Float64).to_numpy().astype(np.float64)
-        order = np.argsort(arrivals, kind="stable")
-        self._rows = order.astype(np.int64)
-        gather = pl.Series(order.astype(np.uint32) if self.num_requests < 2**32 else order)
-
-        def column(name: str) -> Any:
-            return meta.get_column(name).gather(gather)
-
-        # Compact columns (no Python object a request): a day of traffic is millions.
-        self._request_ids = _strings(column("request_id"))
-        self._session_ids = _strings(column("session_id"))
-        self._arrivals = array("d", arrivals[order].tobytes())
-        del arrivals
-        self._input_lens = _ints(column("input_len"))
-        self._output_lens = _ints(column("output_len"))
-        self._priorities = _ints(column("priority"))
-        del meta
+        self._rows = columns.rows
+        self._request_ids = columns.request_ids
+        self._session_ids = columns.session_ids
+        self._arrivals = columns.arrivals
+        self._input_lens = columns.input_lens
+        self._output_lens = columns.output_lens
+        self._priorities = columns.priorities
+        del columns
         # The last issue position of each storage chunk: when its hashes can be dropped.
         chunks = self._rows // CHUNK_ROWS
         self._chunk_last = np.zeros(int(chunks.max()) + 1, dtype=np.int64)
         np.maximum.at(self._chunk_last, chunks, np.arange(self.num_requests, dtype=np.int64))
+        del chunks
         self._chunks: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         self._space: HashIdSpace | FleetIdSpace | None = None
         self._next_compact = min_compact_ids
@@ -438,7 +413,7 @@ class TraceArrivals:
 
         Why before it passes: the per-id arrays grow by doubling, and a window that ran
         past the threshold doubled them first: on a synthetic day's 24 hours, from ~0.7 M
-        live ids to 5.6 M ids' worth for the default threshold of 2**22 (4.19 M; 56 MB
+        live ids to 5.6 M ids' worth for the then default threshold of 2**22 (4.19 M; 56 MB
         of arrays; docs/performance.md, third memory round). Stopping short, with the
         arrays' growth bounded at :meth:`_id_capacity`, keeps them at the threshold."""
         threshold = self._next_compact

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from tuner.errors import TraceSchemaError
 from tuner.outputs import AtomicOutput
+from tuner.trace.batches import StoredFile, file_batches, null_mask, numbers
 from tuner.trace.request import TRACE_COLUMNS, TraceRequest
 from tuner.trace.schema import (
     MAX_SPAN_S,
@@ -163,10 +164,14 @@ class Trace:
     """
 
     def __init__(self, frame: pl.LazyFrame, metadata: TraceMetadata, *,
-                 source: str | None = None) -> None:
+                 source: str | None = None,
+                 files: "Sequence[StoredFile] | None" = None) -> None:
+        """``files``: the Parquet files ``frame`` scans, in its order (``read_trace``), so
+        :meth:`stored_batches` can read them without polars; None for any other frame."""
         self._frame = frame
         self.metadata = metadata
         self.source = source
+        self._files = None if files is None else list(files)
         self._len: int | None = metadata.num_rows
 
     # -- construction ----------------------------------------------------------------------
@@ -192,6 +197,26 @@ class Trace:
         """All rows in storage order (not sorted): for readers that fetch row ranges
         lazily (``tuner.replay._stream`` reads hashes a row range at a time)."""
         return self._frame
+
+    def stored_batches(self, columns: Sequence[str], batch_rows: int = ROW_GROUP_SIZE
+                       ) -> Iterator[pa.RecordBatch]:
+        """``columns`` in storage order (as :meth:`stored`), a record batch of at most
+        ``batch_rows`` rows at a time.
+
+        Why: for readers that pack a whole trace's small columns into arrays of their own
+        (``tuner.replay._issue_columns``). A trace read from files is read through
+        pyarrow, one batch at a time and on this thread
+        (:func:`tuner.trace.batches.file_batches`): collecting the columns through polars
+        left ~40 MB more resident for a synthetic day's 285k requests than for its six
+        hours' 71k, held by polars' allocator after the frame was dropped
+        (docs/performance.md, fourth memory round). Any other trace goes through polars.
+        """
+        if self._files is not None:
+            yield from file_batches(self._files, columns, batch_rows)
+            return
+        df = self._frame.select(list(columns)).collect()
+        for chunk in df.iter_slices(batch_rows):
+            yield from chunk.to_arrow().to_batches()
 
     def to_arrow(self) -> pa.Table:
         return self.lazy().collect().to_arrow().cast(SCHEMA)
@@ -385,17 +410,21 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
     origins = [_parse_utc(m.origin_utc) for m, _ in metas]
     base = min((o for o in origins if o is not None), default=None)
     frames = []
+    stored = []
     for (meta, f), origin in zip(metas, origins):
         frame = _scan_file(f)
+        shift_s = 0.0
         if base is not None and origin is not None and origin != base:
-            frame = frame.with_columns(pl.col("arrival_s") + (origin - base).total_seconds())
+            shift_s = (origin - base).total_seconds()
+            frame = frame.with_columns(pl.col("arrival_s") + shift_s)
         frames.append(frame)
+        stored.append(StoredFile(f, shift_s))
     num_rows = sum((m.num_rows or 0) for m, _ in metas) if all(
         m.num_rows is not None for m, _ in metas) else None
     meta = first.replace(num_rows=num_rows,
                          origin_utc=base.isoformat() if base is not None else first.origin_utc)
     frame = frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical")
-    return Trace(frame, meta, source=str(p))
+    return Trace(frame, meta, source=str(p), files=stored)
 
 
 def _parse_utc(text: str | None) -> datetime | None:
@@ -440,34 +469,59 @@ def check_columns(path: str | os.PathLike[str]) -> None:
     Checked on every read (stats, report, slice, replay, tune all open traces through
     :func:`read_trace`): NaN or infinite arrivals crashed ``trace stats`` and replayed
     with TTFT null and exit 0; a negative ``input_len`` replayed with one request missing
-    from the counts. Reads three numeric columns only (the hashes stay on disk), through
-    ``ParquetFile`` (``pq.read_table`` imports pyarrow's dataset layer and pandas with it:
-    0.4 s of every trace load), and converts them through polars: pyarrow's own
-    ``to_numpy`` imports pandas too (another 0.4-0.6 CPU s, nothing else needs it).
+    from the counts. Reads three numeric columns only (the hashes stay on disk), a
+    record batch at a time through ``ParquetFile`` (``tuner.trace.batches``;
+    ``pq.read_table`` imports pyarrow's dataset layer and pandas with it: 0.4 s of every
+    trace load), into numpy from the buffers (pyarrow's own ``to_numpy`` imports pandas
+    too). Not through polars: converting the whole columns there left ~40 MB of a
+    synthetic day in polars' allocator for the rest of a replay (docs/performance.md,
+    fourth memory round).
     """
+    names = list(_COLUMN_RULES)
+    lo = hi = (0.0, 0)  # earliest and latest arrival so far, with their rows
+    at = 0
     try:
-        table = pq.ParquetFile(path).read(columns=list(_COLUMN_RULES))
+        for batch in file_batches([StoredFile(Path(path))], names, ROW_GROUP_SIZE):
+            _check_batch(path, batch, at)
+            t = numbers(batch.column("arrival_s"), np.float64)
+            if len(t):
+                i, j = int(np.argmin(t)), int(np.argmax(t))
+                if not at or t[i] < lo[0]:
+                    lo = (float(t[i]), at + i)
+                if not at or t[j] > hi[0]:
+                    hi = (float(t[j]), at + j)
+            at += batch.num_rows
     except (pa.ArrowInvalid, OSError, KeyError) as exc:
         raise TraceSchemaError(f"{path}: cannot read {', '.join(_COLUMN_RULES)} ({exc})") from None
-    frame = pl.from_arrow(table)
-    assert isinstance(frame, pl.DataFrame)
+    finally:
+        # The reader's freed buffers stay in Arrow's pool (mimalloc) otherwise: ~15 MB
+        # for a synthetic day, for as long as the process runs.
+        pa.default_memory_pool().release_unused()
+    if hi[0] - lo[0] > MAX_SPAN_S:
+        raise TraceSchemaError(
+            f"{path}: column arrival_s: rows {lo[1] + 1} and {hi[1] + 1} are "
+            f"{(hi[0] - lo[0]) / 86400:.3g} days apart; a trace spans at most "
+            f"{MAX_SPAN_S / 86400:.0f} days (see docs/trace-format.md)")
+
+
+def _check_batch(path: str | os.PathLike[str], batch: pa.RecordBatch, first_row: int) -> None:
+    """:func:`check_columns`' rules on one record batch, its rows from ``first_row``."""
     for name, (test, good) in _COLUMN_RULES.items():
-        col = frame.get_column(name)
-        values = col.cast(pl.Float64, strict=False).to_numpy()
-        ok = test(values) & ~col.is_null().to_numpy()
+        col = batch.column(name)
+        try:
+            values = numbers(col, np.float64)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # not numbers: polars' cast
+            series = pl.from_arrow(col)
+            assert isinstance(series, pl.Series)
+            values = series.cast(pl.Float64, strict=False).fill_null(np.nan).to_numpy()
+        ok = test(values) & ~null_mask(col)
         if not ok.all():
             row = int(np.argmin(ok))
-            raise TraceSchemaError(f"{path}: column {name}: row {row + 1} is "
-                                   f"{_show(col[row])}, not {good} "
+            value = pl.from_arrow(col.slice(row, 1))
+            assert isinstance(value, pl.Series)
+            raise TraceSchemaError(f"{path}: column {name}: row {first_row + row + 1} is "
+                                   f"{_show(value[0])}, not {good} "
                                    "(see docs/trace-format.md)")
-    if table.num_rows:
-        t = frame.get_column("arrival_s").cast(pl.Float64).to_numpy()
-        lo, hi = int(np.argmin(t)), int(np.argmax(t))
-        if t[hi] - t[lo] > MAX_SPAN_S:
-            raise TraceSchemaError(
-                f"{path}: column arrival_s: rows {lo + 1} and {hi + 1} are "
-                f"{(t[hi] - t[lo]) / 86400:.3g} days apart; a trace spans at most "
-                f"{MAX_SPAN_S / 86400:.0f} days (see docs/trace-format.md)")
 
 
 def _show(value: Any) -> str:
