@@ -294,7 +294,7 @@ def test_pool_matches_vllm_object_design_on_random_operations(seed):
 
 def _pool_state(pool: BlockPool) -> tuple:
     return (pool.free_block_queue.get_all_free_blocks(), pool.ref_cnt.tolist(),
-            pool.block_hash.tolist(), pool.first_holder.tolist(),
+            pool.block_hash.tolist(), pool.first_holder.tolist(), pool.last_holder.tolist(),
             pool.next_holder.tolist(), pool.prev_holder.tolist(), pool.num_evictions)
 
 

@@ -22,15 +22,9 @@ blocks of an agentic prompt is a few vectorised calls instead of a Python loop (
 probe) per block. Divergences: no KV events, no metrics collector, one KV-cache group.
 
 A hash with several holders keeps them on an intrusive doubly linked list in
-registration order (``next_holder``/``prev_holder`` per block, ``first_holder`` per
-hash id), so registering or evicting a batch of such blocks is a few array calls as for
-single holders. A registration finds a held hash's last holder by walking from the
-first (``_tails``: one gather a hop) rather than from a ``last_holder`` array per hash
-id: the lists are short (the agentic hour's P/D replay: 228,719 of 6.07 million
-registrations in batches meet a held hash, whose list has one holder in all but 14 of
-the 29,111 batches with one), and that array was as large as ``first_holder`` (15 MB a
-pool at the hour's 3.8 million ids) and written at every registration and eviction
-beside it, in the cache two pools share (docs/disaggregation.md, cost section). Why: the bundled agentic hour registers many
+registration order (``next_holder``/``prev_holder`` per block, ``first_holder`` and
+``last_holder`` per hash id), so registering or evicting a batch of such blocks is a
+few array calls as for single holders. Why: the bundled agentic hour registers many
 hashes twice (plausibly a session's next turn prefilling the previous turn's output
 blocks before that turn has decoded them), and the dict-of-lists this replaced spent
 ~6.6 % of that replay's samples in Python loops over the extra holders (py-spy; see
@@ -121,12 +115,12 @@ class BlockPool:
     Invariants (``check_invariants`` walks them): the free queue holds exactly the
     non-null blocks with ``ref_cnt == 0``; every hashed block is a holder of its hash
     and every holder carries that hash: a hash's holders, in registration order, run
-    from ``first_holder[h]`` along ``next_holder`` to a block with none after it (and
-    back along ``prev_holder``); an unhashed block has no links; ``ref_cnt >= 0``.
+    from ``first_holder[h]`` along ``next_holder`` to ``last_holder[h]`` (and back
+    along ``prev_holder``); an unhashed block has no links; ``ref_cnt >= 0``.
     """
 
     __slots__ = ("num_gpu_blocks", "enable_caching", "ref_cnt", "block_hash",
-                 "free_block_queue", "first_holder", "next_holder",
+                 "free_block_queue", "first_holder", "last_holder", "next_holder",
                  "prev_holder", "num_hash_ids", "null_block", "num_evictions", "watched",
                  "watch_bits", "slot_epochs", "free_slots", "num_watched_ids", "num_stale_watched",
                  "_mark", "_positions32", "id_capacity_bound")
@@ -145,13 +139,14 @@ class BlockPool:
                                                num_gpu_blocks)
         # Hash ids below num_hash_ids are the trace's; synthetic ones are reserved above.
         self.num_hash_ids = num_hash_ids
-        # The hash's first holder (block, -1: none): int32, block ids
+        # The hash's first holder (block, -1: none), and its latest: int32, block ids
         # being < num_gpu_blocks < 2**31. Indexed by hash id, these are the pool's largest
         # arrays (the agentic hour's 20-minute slice: ~1 million ids, capacity 1.9 million;
         # first_holder alone took 15 MB as int64), and a P/D replay keeps two pools hot in
         # a 32 MB L3. Hits read from here leave as int64 (``_longest_hit``): numpy
         # converts an int32 index array on every gather and scatter, at twice the cost.
         self.first_holder = np.full(max(num_hash_ids, 16), -1, dtype=_LINK)
+        self.last_holder = np.full(len(self.first_holder), -1, dtype=_LINK)
         # The holder registered after / before this block with the same hash, -1: none.
         # int32 (block ids < num_gpu_blocks < 2**31): read at every eviction batch, so
         # half the bytes of int64 in the cache; used as indices only on the rare linked
@@ -213,6 +208,7 @@ class BlockPool:
             doubled = min(doubled, self.id_capacity_bound)
         size = max(needed, doubled)
         self.first_holder = _grown(self.first_holder, size, -1)
+        self.last_holder = _grown(self.last_holder, size, -1)
         self.watch_bits = _grown(self.watch_bits, size, 0)
 
     # ----------------------------------------------------------------- lookups
@@ -271,27 +267,13 @@ class BlockPool:
 
     def _add_holder(self, block: int, block_hash: int) -> None:
         """Append ``block`` to its hash's holders (the first one when it has none)."""
-        tail = int(self.first_holder[block_hash])
+        tail = int(self.last_holder[block_hash])
         if tail < 0:
             self.first_holder[block_hash] = block
-            return
-        following = self.next_holder
-        while (after := int(following[tail])) >= 0:  # the lists are short (module doc)
-            tail = after
-        following[tail] = block
-        self.prev_holder[block] = tail
-
-    def _tails(self, heads: np.ndarray) -> np.ndarray:
-        """The last holders (int64) of the hashes whose first holders are ``heads``: a
-        walk along ``next_holder``, one gather a hop (lists are short: module doc)."""
-        tails = heads.astype(_ID)
-        after = self.next_holder.take(tails)
-        while True:
-            more = after >= 0
-            if not np.count_nonzero(more):
-                return tails
-            tails = np.where(more, after, tails).astype(_ID)
-            after = self.next_holder.take(tails)
+        else:
+            self.next_holder[tail] = block
+            self.prev_holder[block] = tail
+        self.last_holder[block_hash] = block
 
     def cache_full_blocks(self, request: "SimRequest", blocks: np.ndarray,
                           num_cached_blocks: int, num_full_blocks: int) -> None:
@@ -306,9 +288,8 @@ class BlockPool:
         One vectorised pass: each block becomes its hash's last holder, linked after the
         previous last one (or first, for a hash new to the map). Holders of different
         hashes are independent, so the batch order matters only for a hash twice in the
-        batch (rare: a chain repeating a hash); the stores show it (a new hash's
-        ``first_holder`` kept only its last block, a held hash's tail's ``next_holder``
-        likewise), and such batches are undone and redone one by one.
+        batch (rare: a chain repeating a hash); the store of ``last_holder`` shows it (it
+        kept the hash's last block only), and such batches are redone one by one.
         """
         assert not np.count_nonzero(self.block_hash.take(blocks) >= 0), (
             "a block cached twice (BlockPool bug)")
@@ -316,43 +297,27 @@ class BlockPool:
             self.cache_block(int(blocks[0]), int(hashes[0]))
             return
         index = blocks  # int64: the per-block arrays' index
-        links = blocks.astype(_LINK)  # the holder arrays' values: one cast
-        first = self.first_holder
-        heads = first.take(hashes)
-        held = heads >= 0
-        num_held = np.count_nonzero(held)
-        fresh_hashes, fresh = hashes, links
-        if num_held and num_held < len(links):
-            new = ~held
-            fresh_hashes, fresh = hashes.compress(new), links.compress(new)
-        if num_held < len(links):  # hashes new to the map: each block is the first
-            first[fresh_hashes] = fresh
-            if np.count_nonzero(first.take(fresh_hashes) != fresh):  # a hash twice
-                first[fresh_hashes] = -1
-                self._cache_one_by_one(links, hashes)
-                return
-        if num_held:  # hashes with holders: each block goes after the hash's last
-            if num_held < len(links):
-                heads, held_links, held_index = (heads.compress(held), links.compress(held),
-                                                 index.compress(held))
-            else:
-                held_links, held_index = links, index
-            tails = self._tails(heads)
-            following = self.next_holder
-            following[tails] = held_links
-            if np.count_nonzero(following.take(tails) != held_links):  # a hash twice
-                following[tails] = -1
-                if num_held < len(links):
-                    first[fresh_hashes] = -1
-                self._cache_one_by_one(links, hashes)
-                return
-            self.prev_holder[held_index] = tails
+        blocks = blocks.astype(_LINK)  # the holder arrays' values: one cast, not four
+        last = self.last_holder
+        tails = last.take(hashes)
+        last[hashes] = blocks
+        if np.count_nonzero(last.take(hashes) != blocks):  # a hash twice in the batch
+            last[hashes] = tails  # every copy of a hash read the same tail
+            for block, block_hash in zip(blocks.tolist(), hashes.tolist()):
+                self.cache_block(block, block_hash)
+            return
         self.block_hash[index] = hashes
-
-    def _cache_one_by_one(self, blocks: np.ndarray, hashes: np.ndarray) -> None:
-        """``cache_block`` for each, in order (a batch that repeats a hash)."""
-        for block, block_hash in zip(blocks.tolist(), hashes.tolist()):
-            self.cache_block(block, block_hash)
+        held = tails >= 0
+        num_held = np.count_nonzero(held)
+        if not num_held:  # the usual case: every hash new to the map
+            self.first_holder[hashes] = blocks
+            return
+        if num_held < len(blocks):
+            fresh = ~held
+            self.first_holder[hashes.compress(fresh)] = blocks.compress(fresh)
+            tails, blocks, index = tails.compress(held), blocks.compress(held), index.compress(held)
+        self.next_holder[tails] = blocks
+        self.prev_holder[index] = tails
 
     def _evict_many(self, blocks: np.ndarray, hashes: np.ndarray) -> None:
         """Drop the cached hashes of freshly popped ``blocks`` (``_evict`` each).
@@ -395,6 +360,7 @@ class BlockPool:
             prev, nxt = self.prev_holder.take(blocks), self.next_holder.take(blocks)
         head, tail = prev < 0, nxt < 0
         self.first_holder[hashes.compress(head)] = nxt.compress(head)
+        self.last_holder[hashes.compress(tail)] = prev.compress(tail)
         emptied = head & tail  # a later round's block may be its hash's last holder
         if self.num_watched_ids and np.count_nonzero(emptied):
             bits = self.watch_bits.take(hashes.compress(emptied))
@@ -409,6 +375,7 @@ class BlockPool:
     def _unmap(self, hashes: np.ndarray) -> None:
         """The hashes of evicted only holders leave the map (memos over them go stale)."""
         self.first_holder[hashes] = -1
+        self.last_holder[hashes] = -1
         if not self.num_watched_ids:  # no bit set anywhere: nothing to read
             return
         bits = self.watch_bits.take(hashes)
@@ -431,7 +398,7 @@ class BlockPool:
 
     def _unlink(self, block: int, block_hash: int) -> None:
         """Take ``block`` out of its hash's holders; the next one registered becomes the
-        first, and a hash whose only holder leaves leaves the map."""
+        first, and a hash whose last holder leaves leaves the map."""
         prev = int(self.prev_holder[block])
         nxt = int(self.next_holder[block])
         if prev < 0:
@@ -443,7 +410,9 @@ class BlockPool:
         else:
             self.next_holder[prev] = nxt
             self.prev_holder[block] = -1
-        if nxt >= 0:
+        if nxt < 0:
+            self.last_holder[block_hash] = prev
+        else:
             self.prev_holder[nxt] = prev
             self.next_holder[block] = -1
 
@@ -554,8 +523,12 @@ class BlockPool:
                     f"hash {block_hash}: prev link of block {block} broken")
                 members.append(block)
                 block = int(self.next_holder[block])
-            assert block < 0, f"hash {block_hash}: its holder list does not end"
+            assert self.last_holder[block_hash] == members[-1], (
+                f"hash {block_hash}: last holder {self.last_holder[block_hash]} is not "
+                f"the end of its list {members[-1]}")
             holders[block_hash] = members
+        mapped = self.first_holder >= 0
+        assert (mapped == (self.last_holder >= 0)).all(), "first/last holder disagree"
         for block in range(1, self.num_gpu_blocks):
             ref = int(self.ref_cnt[block])
             assert ref >= 0, f"block {block} has a negative ref count"

@@ -96,6 +96,7 @@ class HashIdSpace:
             return out
 
         pool.first_holder = keep(pool.first_holder, -1)
+        pool.last_holder = keep(pool.last_holder, -1)  # holder links are per block
         pool.watch_bits = keep(pool.watch_bits, 0)
         pool.num_hash_ids = len(live)
         self.manager.num_trace_hash_ids = len(live)
