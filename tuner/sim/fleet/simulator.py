@@ -19,9 +19,7 @@ for MoE models, the step clock.
 
 from __future__ import annotations
 
-import heapq
 import time
-from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
@@ -32,6 +30,7 @@ from tuner.sim.engine import ListArrivals
 from tuner.sim.fleet.engines import FleetTwinEngine
 from tuner.sim.fleet.loop import DP_SYNC_INTERVAL, FleetLoop
 from tuner.sim.fleet.router import RouterSettings, make_router
+from tuner.sim.fleet.timeseries import merge_timeseries
 from tuner.sim.load import ClosedLoop, OpenLoop
 from tuner.sim.loop import AdmissionRules, StepTime
 from tuner.sim.scheduler import Scheduler
@@ -200,38 +199,3 @@ def pool_gaps(engines: "list[Any]") -> GapSamples:
         engine.itl_samples = GapSamples()
     gaps.maybe_compact()
     return gaps
-
-
-def merge_timeseries(series: list[dict[str, list[float]]], *,
-                     compact: bool = False) -> dict[str, list[float]]:
-    """One deployment-level series from per-engine ones (see the module doc); a single
-    engine's series is returned as it is.
-
-    ``compact``: the merged columns of several engines as ``array('d')`` (8 bytes a
-    sample) instead of lists of Python numbers (~40-70 bytes): a fleet samples every
-    engine's steps, 1.6 M samples for 8 engines at the per-engine cap. The values are the
-    same numbers (the queue sums as floats; the metrics read them as float64 anyway).
-    """
-    if len(series) == 1:
-        return {key: list(values) for key, values in series[0].items()}
-    n = len(series)
-    kv_latest = [0.0] * n
-    running_latest = [0.0] * n
-    waiting_latest = [0.0] * n
-    out: dict[str, Any] = {k: array("d") if compact else [] for k in (
-        "t_s", "kv_usage", "num_running", "num_waiting", "num_scheduled_tokens")}
-
-    def samples(e: int) -> Iterable[tuple[float, int, int]]:
-        return ((t, e, i) for i, t in enumerate(series[e]["t_s"]))
-
-    for t, e, i in heapq.merge(*(samples(e) for e in range(n))):
-        s = series[e]
-        kv_latest[e] = s["kv_usage"][i]
-        running_latest[e] = s["num_running"][i]
-        waiting_latest[e] = s["num_waiting"][i]
-        out["t_s"].append(t)
-        out["kv_usage"].append(sum(kv_latest) / n)
-        out["num_running"].append(sum(running_latest))
-        out["num_waiting"].append(sum(waiting_latest))
-        out["num_scheduled_tokens"].append(s["num_scheduled_tokens"][i])
-    return out
