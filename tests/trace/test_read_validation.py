@@ -128,3 +128,51 @@ def test_burstgpt_epoch_milliseconds(tmp_path: pathlib.Path) -> None:
     code, out = _invoke("ingest", str(src), "-o", str(tmp_path / "o.parquet"), "--json")
     assert code == 0, out
     assert json.loads(out)["duration_s"] == pytest.approx(2.0)
+
+
+def _widened(tmp_path: pathlib.Path, column: str, values: pa.Array, rows: int) -> pathlib.Path:
+    """The trace's first ``rows`` rows with ``column`` stored as another writer might
+    (int64 where the schema says int32, float64 lengths)."""
+    table = pq.read_table(TRACE).slice(0, rows)
+    kv = pq.ParquetFile(TRACE).metadata.metadata
+    out = tmp_path / f"wide-{column}.parquet"
+    idx = table.schema.get_field_index(column)
+    pq.write_table(table.set_column(idx, column, values).replace_schema_metadata(kv), out)
+    return out
+
+
+def _column(column: str, rows: int, dtype: type, at: int | None = None,
+            value: object = None) -> pa.Array:
+    values = np.asarray(pq.read_table(TRACE, columns=[column]).column(column)
+                        .to_pylist()[:rows], dtype=dtype)
+    if at is not None:
+        values[at] = value
+    return pa.array(values)
+
+
+WIDE_BAD = [("priority", np.int64, 2**40, "column priority: row 6 is 1099511627776"),
+            ("priority", np.float64, 1.5, "column priority: row 6 is 1.5"),
+            ("input_len", np.float64, 100.5, "column input_len: row 6 is 100.5"),
+            ("output_len", np.float64, 10.5, "column output_len: row 6 is 10.5")]
+
+
+@pytest.mark.parametrize("column,dtype,value,says", WIDE_BAD)
+def test_a_value_the_replay_cannot_pack_is_one_line(
+        tmp_path: pathlib.Path, column: str, dtype: type, value: object, says: str) -> None:
+    """The replay packs lengths and priorities as int32 (docs/performance.md, fourth
+    memory round): a wider writer's value beyond that, or a fraction, was a pyarrow
+    traceback at the replay's start; it is refused at read, naming file, row and column."""
+    bad = _widened(tmp_path, column, _column(column, 50, dtype, 5, value), 50)
+    code, out = _invoke("replay", str(bad), "--model", "llama-3.1-8b")
+    assert code == 2, out
+    assert says in out and str(bad) in out and "Traceback" not in out
+
+
+def test_wider_columns_with_good_values_replay(tmp_path: pathlib.Path) -> None:
+    """Whole float lengths and an int64 or all-null priority are good values: they replay."""
+    for column, values in [("input_len", _column("input_len", 30, np.float64)),
+                           ("priority", _column("priority", 30, np.int64)),
+                           ("priority", pa.nulls(30, pa.int32()))]:
+        path = _widened(tmp_path, column, values, 30)
+        code, out = _invoke("replay", str(path), "--model", "llama-3.1-8b", "--json")
+        assert code == 0, (column, out[-2000:])

@@ -457,9 +457,20 @@ def _read_metadata(path: Path) -> TraceMetadata:
 #: What every reader relies on, per column: (test of a good value, what a good value is).
 _COLUMN_RULES: dict[str, tuple[Any, str]] = {
     "arrival_s": (lambda a: np.isfinite(a), "a finite time in seconds"),
-    "input_len": (lambda a: (a >= 1) & (a <= MAX_TOKENS), f"1 to {MAX_TOKENS:,} tokens"),
-    "output_len": (lambda a: (a >= 0) & (a <= MAX_TOKENS), f"0 to {MAX_TOKENS:,} tokens"),
+    # whole numbers: a float column's 100.5 was silently truncated by the old polars
+    # read and a pyarrow traceback in the replay's int32 packing
+    "input_len": (lambda a: (a >= 1) & (a <= MAX_TOKENS) & (a == np.trunc(a)),
+                  f"a whole number of tokens, 1 to {MAX_TOKENS:,}"),
+    "output_len": (lambda a: (a >= 0) & (a <= MAX_TOKENS) & (a == np.trunc(a)),
+                   f"a whole number of tokens, 0 to {MAX_TOKENS:,}"),
+    # the schema's int32 (the replay packs it so): another writer's int64 beyond it was
+    # a pyarrow traceback at the replay's start; null means 0 (docs/trace-format.md)
+    "priority": (lambda a: (a >= -2**31) & (a < 2**31) & (a == np.trunc(a)),
+                 "an int32 (vLLM priority) or null"),
 }
+
+#: Columns where null is a good value (read as the default).
+_NULL_ALLOWED = frozenset({"priority"})
 
 
 def check_columns(path: str | os.PathLike[str]) -> None:
@@ -469,7 +480,8 @@ def check_columns(path: str | os.PathLike[str]) -> None:
     Checked on every read (stats, report, slice, replay, tune all open traces through
     :func:`read_trace`): NaN or infinite arrivals crashed ``trace stats`` and replayed
     with TTFT null and exit 0; a negative ``input_len`` replayed with one request missing
-    from the counts. Reads three numeric columns only (the hashes stay on disk), a
+    from the counts; an int64 ``priority`` beyond the schema's int32 stopped the replay
+    with a pyarrow traceback. Reads four numeric columns only (the hashes stay on disk), a
     record batch at a time through ``ParquetFile`` (``tuner.trace.batches``;
     ``pq.read_table`` imports pyarrow's dataset layer and pandas with it: 0.4 s of every
     trace load), into numpy from the buffers (pyarrow's own ``to_numpy`` imports pandas
@@ -514,7 +526,10 @@ def _check_batch(path: str | os.PathLike[str], batch: pa.RecordBatch, first_row:
             series = pl.from_arrow(col)
             assert isinstance(series, pl.Series)
             values = series.cast(pl.Float64, strict=False).fill_null(np.nan).to_numpy()
-        ok = test(values) & ~null_mask(col)
+        with np.errstate(invalid="ignore"):
+            good_values = test(values)
+        ok = (good_values | null_mask(col)) if name in _NULL_ALLOWED else \
+            (good_values & ~null_mask(col))
         if not ok.all():
             row = int(np.argmin(ok))
             value = pl.from_arrow(col.slice(row, 1))
