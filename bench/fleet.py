@@ -184,6 +184,10 @@ def _child_decoder(spec: dict[str, Any]) -> dict[str, Any]:
                   table, num_requests=source.num_requests,
                   batch_queue_depth=batch_queue_depth(options.async_scheduling),
                   router=_ToTheDecoder())
+    # As the P/D simulator does: the stream renumbers its hash ids past min_compact_ids
+    # (the agentic hour does at 2**21), and a request still in the loop's input queue
+    # must be renumbered with the live ones, or it reaches the decoder with stale ids.
+    source.hold_in_transit(lambda: [s for queue in loop.pending for _, s, _ in queue])
     run_engines([engine], loop, None)
     engine_summary(0, engine, replica=0, dp_rank=0)  # what a result would build
     merge_timeseries([engine.timeseries])
@@ -198,10 +202,13 @@ def _pd_child(checkout: Path, spec: dict[str, Any]) -> dict[str, Any]:
     import sys
 
     env = dict(os.environ, PYTHONPATH=str(checkout), POLARS_MAX_THREADS="1")
-    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child",
-                          json.dumps(spec)], env=env, cwd=checkout,
-                         check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child",
+                           json.dumps(spec)], env=env, cwd=checkout,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:  # the child's own error, not only its exit status
+        raise SystemExit(f"the {spec['kind']} replay with {checkout} failed "
+                         f"({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _pd_traces(end: str, tmp: Path) -> tuple[str, str]:

@@ -370,3 +370,30 @@ def test_hash_map_runs_give_the_ids_of_one_sorted_run(seed: int) -> None:
             assert all(np.array_equal(lives[0], live) for live in lives[1:])
             for s in spaces:
                 s.size = len(lives[0])
+
+
+def test_a_one_engine_fleet_renumbers_the_requests_in_its_input_queue() -> None:
+    """A fleet loop holds routed requests in its engines' input queues until their next
+    schedule, also with one engine (``FleetSimulator``'s defaults, the fleet bench's
+    decoder alone); a renumbering must rewrite their ids too. With one engine bound the
+    stream ignored the queue (only a fleet's shared space took it), and the hour's P/D
+    bench stopped on `hash id 2111931 >= num_hash_ids 570245` once the renumbering
+    threshold came down to 2**21."""
+    from tuner.sim.fleet.simulator import FleetSimulator
+    from tuner.trace import read_trace, slice_trace
+
+    root = Path(__file__).resolve().parents[2]
+    trace = slice_trace(read_trace(root / "traces" / "agentic_1h.parquet"), 0.0, 8.0)
+    cache = CacheSettings(block_size=16, num_gpu_blocks=3000, max_model_len=131072)
+
+    def replay(requests):  # type: ignore[no-untyped-def]
+        return FleetSimulator(requests, SchedulerSettings(), cache, step_time,
+                              num_hash_ids=getattr(requests, "num_hash_ids", None)).run()
+
+    stream = TraceArrivals(trace, 16, window=8, min_compact_ids=1 << 10)
+    streamed = replay(stream)
+    interned = replay(kv_request_ids(load_trace_arrays(trace),
+                                     trace.metadata.hash_block_size, 16))
+    assert stream.num_renumberings > 0
+    assert streamed.counters == interned.counters
+    assert repr(list(streamed.requests)) == repr(list(interned.requests))

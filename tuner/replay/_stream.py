@@ -311,7 +311,12 @@ class TraceArrivals:
 
     def hold_in_transit(self, sources: Any) -> None:
         """``sources() ->`` the requests a fleet routed and has not yet delivered to an
-        engine: a renumbering rewrites their ids too (one engine has no such queue)."""
+        engine: a renumbering rewrites their ids too. A fleet loop of one engine
+        (``FleetSimulator``'s defaults) has such a queue as well, so its one space takes
+        the fleet's form; ignored there, the queued requests kept stale ids and hit the
+        wrong hashes after a renumbering."""
+        if isinstance(self._space, HashIdSpace):
+            self._space = FleetIdSpace([self._space])
         if isinstance(self._space, FleetIdSpace):
             self._space.in_transit = sources
 
