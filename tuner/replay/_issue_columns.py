@@ -30,8 +30,6 @@ from tuner.trace.batches import null_mask, numbers
 __all__ = ["IssueColumns", "read_issue_columns"]
 
 _COLUMNS = ("request_id", "arrival_s", "input_len", "output_len", "session_id", "priority")
-#: Rows a record batch: a Parquet row group of ``tuner.trace.store``'s writer.
-_BATCH_ROWS = 65_536
 
 
 @dataclass(frozen=True)
@@ -69,7 +67,7 @@ def read_issue_columns(trace: Any) -> IssueColumns:
                "priority": np.empty(size, dtype=np.int32)}
     strings: dict[str, list[pa.Array]] = {"request_id": [], "session_id": []}
     n = 0
-    for batch in trace.stored_batches(_COLUMNS, _BATCH_ROWS):
+    for batch in trace.stored_batches(_COLUMNS):  # a Parquet row group a batch
         end = n + batch.num_rows
         for name, values in numeric.items():
             if end > len(values):  # more rows than the metadata said: grow
