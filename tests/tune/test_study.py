@@ -203,7 +203,7 @@ def test_two_workers_share_a_journal(tmp_path: pathlib.Path) -> None:
     result = tune(TuneInputs(evaluator=FakeEvaluator(delay_s=0.1)), SearchOptions(n_trials=16),
                   output=StudyOutput(workers=2, storage=str(journal), study_name="p"))
     trials = _study(journal, "p").get_trials(states=(TrialState.COMPLETE,))
-    assert 16 <= len(trials) <= 17  # a worker may start one more while the other finishes
+    assert len(trials) == 16  # a trial a worker begins past the budget is not run
     assert len({t.user_attrs["pid"] for t in trials}) == 2
     assert result.recommended is not None
 

@@ -37,3 +37,33 @@ def test_many_workers_run_no_more_trials_than_one(tmp_path: pathlib.Path,
     many = _tune(mooncake_head_trace, tmp_path / "many.yaml", 500)
     assert many["trials"]["complete"] == one["trials"]["complete"]
     assert any(n.startswith("--workers 500 capped to") for n in many["notes"])
+
+
+def test_a_trial_begun_past_the_budget_is_not_run(tmp_path: pathlib.Path,
+                                                  capfd: pytest.CaptureFixture) -> None:
+    """Workers check the budget when a trial ends: a worker that begins one while the
+    others run the last ones (the one busy with the baseline track, in CI: 3 complete
+    trials for ``--trials 2``) must not replay it. Two trials of a 6-trial budget are left
+    RUNNING here, as if two other workers ran them; a joiner then finds the budget taken."""
+    import optuna
+
+    from tests.tune.fake import FakeEvaluator
+    from tuner.tune.storage import open_storage
+    from tuner.tune.study import StudyOutput, SearchOptions, TuneInputs, join, tune
+
+    journal = str(tmp_path / "j.optuna-journal")
+    tune(TuneInputs(evaluator=FakeEvaluator()), SearchOptions(n_trials=4),
+         output=StudyOutput(storage=journal, study_name="j"))
+    study = optuna.load_study(study_name="j", storage=open_storage(journal))
+    study.set_user_attr("tuner", {**study.user_attrs["tuner"], "n_trials": 6})
+    others = [study.ask(), study.ask()]
+    fake = FakeEvaluator()
+    capfd.readouterr()
+    out = join("j", journal, evaluator=fake)
+    assert out["trials_run"] == 0 and fake.calls == []
+    assert "failed" not in capfd.readouterr().err  # not a failure the user should see
+    states = [t.state for t in optuna.load_study(study_name="j",
+                                                 storage=open_storage(journal)).get_trials()]
+    assert states[-1] == optuna.trial.TrialState.FAIL and len(states) == 7
+    for t in others:
+        study.tell(t, state=optuna.trial.TrialState.PRUNED)

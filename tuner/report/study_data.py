@@ -178,6 +178,8 @@ def _from_study(st: "optuna.Study", st2: "optuna.Study | None", prof: "Profile |
     objectives = _objectives(config, prof)
     rows = []
     for t in st.get_trials(deepcopy=False):
+        if StudyRecords.surplus(t):  # begun past the budget by a racing worker, never run
+            continue
         rows.append(TrialRow(
             number=t.number, state=t.state.name,
             values=tuple(t.values) if t.values is not None else None,

@@ -70,6 +70,27 @@ def finished_trials(study: "optuna.Study") -> int:
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
 
 
+class SurplusTrial(Exception):
+    """A trial begun once the budget was already taken by the trials numbered before it.
+
+    Workers check the budget when a trial ends, but another worker can begin one between
+    that check and its next ``ask``: with ``--trials 2`` the worker busy with the baseline
+    track began a third trial while the other ran the second. The trial numbers, handed out
+    by the storage one at a time, settle it (:func:`_is_surplus`). Such a trial is FAILED
+    at once, before anything is sampled or replayed, and marked so the tallies and reports
+    leave it out; :func:`tuner.tune.storage.quiet_optuna` drops Optuna's failure log for it.
+    """
+
+
+def _is_surplus(trial: "optuna.Trial", n_trials: int) -> bool:
+    """A trial with ``n_trials`` live trials (not FAILED) numbered before it is surplus."""
+    from optuna.trial import TrialState
+
+    before = sum(1 for t in trial.study.get_trials(deepcopy=False)
+                 if t.number < trial.number and t.state != TrialState.FAIL)
+    return before >= n_trials
+
+
 def _round(value: Any) -> Any:
     # Optuna's float grid gives 0.35000000000000003; profiles should say 0.35.
     return round(value, 6) if isinstance(value, float) else value
@@ -88,6 +109,9 @@ def _make_objective(config: StudyConfig, evaluator: Evaluator, window: str,
 
     def objective(trial: "optuna.Trial") -> Sequence[float]:
         StudyRecords.mark_worker(trial, host, pid)
+        if _is_surplus(trial, config.n_trials):
+            StudyRecords.mark_surplus(trial)
+            raise SurplusTrial(f"trial {trial.number} is past the budget of {config.n_trials}")
         params = {k: _round(v) for k, v in config.space.suggest(trial).items()}
         try:
             settings = config.space.settings_for(base, params,
@@ -162,7 +186,8 @@ def run_trials(study: "optuna.Study", config: StudyConfig, evaluator: Evaluator,
 
     if finished_trials(study) >= config.n_trials or worker_cap == 0:
         return
-    study.optimize(objective, callbacks=[stop_when_done], gc_after_trial=False)
+    study.optimize(objective, callbacks=[stop_when_done], gc_after_trial=False,
+                   catch=(SurplusTrial,))
 
 
 def _worker_main(storage_url: str, study_name: str, config: StudyConfig, evaluator: Evaluator,

@@ -50,19 +50,44 @@ def quiet_optuna() -> Iterator[None]:
     # the CLI says "Interrupted" (exit 130), so the traceback would be noise. Filters on a
     # logger miss its children's records: the filter goes on the handlers.
     handlers = list(logging.getLogger("optuna").handlers)
+    surplus = _NotSurplus()
     for handler in handlers:
         handler.addFilter(_not_interrupt)
+        handler.addFilter(surplus)
     try:
         yield
     finally:
         for handler in handlers:
             handler.removeFilter(_not_interrupt)
+            handler.removeFilter(surplus)
         optuna.logging.set_verbosity(level)
 
 
 def _not_interrupt(record: "logging.LogRecord") -> bool:
     exc = record.exc_info[1] if record.exc_info else None
     return not isinstance(exc, KeyboardInterrupt)
+
+
+class _NotSurplus(logging.Filter):
+    """Drop Optuna's two failure lines for a surplus trial (``tuner.tune.stage1.
+    SurplusTrial``: begun past the budget by a racing worker, never run; not a failure the
+    user should see): the first carries the exception, the second ("Trial N failed with
+    value None.") follows it for the same trial number."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._number: str | None = None
+
+    def filter(self, record: "logging.LogRecord") -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if type(exc).__name__ == "SurplusTrial":
+            self._number = record.getMessage().split(" ", 2)[1]
+            return False
+        if self._number is not None and record.getMessage().startswith(
+                f"Trial {self._number} failed with value"):
+            self._number = None
+            return False
+        return True
 
 
 def redact_url(url: str | None) -> str | None:

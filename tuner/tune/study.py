@@ -406,4 +406,5 @@ def _counts(study: "optuna.Study") -> dict[str, int]:
             "pruned": len(pruned),
             "refused": sum(StudyRecords.refused(t) is not None for t in pruned),
             "stopped": sum(StudyRecords.stopped(t) is not None for t in pruned),
-            "failed": sum(t.state == TrialState.FAIL for t in trials)}
+            "failed": sum(t.state == TrialState.FAIL and not StudyRecords.surplus(t)
+                          for t in trials)}

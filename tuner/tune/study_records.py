@@ -107,6 +107,7 @@ class StudyRecords:
     BASELINE_TRACK = "baseline_track_worker"  # study attr: the worker that ran the track
     REFUSED, SETTINGS, METRICS = "refused", "settings", "metrics"
     STOPPED = "stopped"  # why the replay stopped early (the trial is PRUNED)
+    SURPLUS = "surplus"  # a trial begun past the budget by a racing worker (FAIL, not run)
     KEY, PARAMS, STAGE1_TRIAL = "key", "params", "stage1_trial"
     BASELINE, SURVIVOR = "baseline", "survivor"  # roles
 
@@ -177,6 +178,14 @@ class StudyRecords:
         its settings and why, no metrics (the replay did not finish)."""
         trial.set_user_attr(cls.SETTINGS, settings)
         trial.set_user_attr(cls.STOPPED, reason)
+
+    @classmethod
+    def mark_surplus(cls, trial: "optuna.Trial") -> None:
+        trial.set_user_attr(cls.SURPLUS, True)
+
+    @classmethod
+    def surplus(cls, trial: "FrozenTrial") -> bool:
+        return bool(trial.user_attrs.get(cls.SURPLUS))
 
     @classmethod
     def stopped(cls, trial: "FrozenTrial") -> str | None:
