@@ -35,7 +35,12 @@ def test_many_workers_run_no_more_trials_than_one(tmp_path: pathlib.Path,
                                                   mooncake_head_trace: pathlib.Path) -> None:
     one = _tune(mooncake_head_trace, tmp_path / "one.yaml", 1)
     many = _tune(mooncake_head_trace, tmp_path / "many.yaml", 500)
-    assert many["trials"]["complete"] == one["trials"]["complete"]
+    # Complete and pruned together: the workers sample with their own seeds, so a point
+    # stopped early in one run may complete in the other; the budget is the same.
+    def ran(out: dict) -> int:
+        return out["trials"]["complete"] + out["trials"]["pruned"]
+
+    assert ran(many) == ran(one) == 2 and many["trials"]["failed"] == 0
     assert any(n.startswith("--workers 500 capped to") for n in many["notes"])
 
 
