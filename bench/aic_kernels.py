@@ -40,8 +40,8 @@ Usage:  .venv/bin/python bench/aic_kernels.py [--gpus h100,h200,b200] [--markdow
         (the decode-attention priors alone: floor, occupancy chunk, work-item latency,
         bandwidth underfill; --hold-* keep attn_floor_s / attn_chunk_tokens at the shipped
         values, as the presets' figures were fitted)
-        .venv/bin/python bench/aic_kernels.py --fit-experts   (Hopper's fp8moe compute
-        rate: Marlin's fused MoE, the kernel the H200 FP8 MoE serving rows ran)
+        .venv/bin/python bench/aic_kernels.py --fit-experts   (Hopper's fp8moe and int4moe
+        compute rate: Marlin's fused MoE, the kernel the H200 FP8 and INT4 MoE serving rows ran)
 """
 
 from __future__ import annotations
@@ -65,9 +65,9 @@ SYSTEMS = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm"}
 GEMM_FORMAT = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8b", "nvfp4": "fp4",
                "w4a16_mxfp4": "fp4", "int4_wo": "int4"}
 #: Fused-MoE tables: fp8 experts (per-tensor or block-scaled) run vLLM's fused MoE kernels,
-#: priced with the ``fp8moe`` coefficients (the model's routed-expert format for FP8
-#: checkpoints, tuner.perf.dtypes.EXPERT_FORMATS)
-MOE_FORMAT = dict(GEMM_FORMAT, fp8="fp8moe", fp8_block="fp8moe")
+#: priced with the ``fp8moe`` coefficients, INT4 (W4A16 Marlin) experts with ``int4moe``
+#: (the model's routed-expert formats, tuner.perf.dtypes.EXPERT_FORMATS)
+MOE_FORMAT = dict(GEMM_FORMAT, fp8="fp8moe", fp8_block="fp8moe", int4_wo="int4moe")
 
 
 def _table(system: Path, op: str, name: str):  # type: ignore[no-untyped-def]
@@ -438,9 +438,10 @@ def fit_priors(system: Path, hw) -> dict:  # type: ignore[no-untyped-def]
     # the block-scaled floor stays the preset's (the M-only per-tensor floor, its
     # activation-quantization launch included; the table's own floor is dispatch, §10)
     out["gemm"]["fp8b"] = fit_block_fp8(d, hw, hw.coefficients.gemm_for("fp8b").t0_s)
-    marlin = fit_marlin_experts(system, hw)
-    if marlin is not None:
-        out["gemm"]["fp8moe"] = marlin
+    for fmt in ("fp8moe", "int4moe"):
+        marlin = fit_marlin_experts(system, hw, fmt)
+        if marlin is not None:
+            out["gemm"][fmt] = marlin
     out.update(fit_context_attention(system, hw))
     out.update(fit_generation_attention(system, hw))
     a = _table(system, "comm", "custom_allreduce_perf.parquet").filter(pl.col("backend") == "vllm_graph")
@@ -513,19 +514,21 @@ def fit_block_fp8(d, hw, t0_s: float) -> dict:  # type: ignore[no-untyped-def]
     return out
 
 
-def fit_marlin_experts(system: Path, hw) -> dict | None:  # type: ignore[no-untyped-def]
-    """Hopper's FP8 routed experts (``fp8moe``) as the serving rows run them: vLLM's Marlin
-    fused MoE, W8A16 (the S5a H200 rows' note: "Hopper FP8 MoE -> Marlin"). Marlin
-    dequantises the weights in registers and multiplies in bf16 whatever their width, so
-    its compute rate is measured by the tables' Marlin rows (``int4_wo``,
-    ``vllm_marlin_int4_moe``) at the bf16 peak; only the bytes differ from W8A16. Fitted:
-    ``eta_compute`` and ``m_half`` (the padded rows per touched expert), the floor and
-    ``eta_mem`` held at the preset's ``fp8moe`` priors (the table's floor is ~29 us, dispatch
-    a CUDA-graph step does not pay, as for ``fp8b``; its memory term is not identified by
-    int4 rows: the fit returns its start value). ``eta_compute`` is printed against the
-    bf16 peak and converted to the FP8 peak ``fp8moe`` is priced at
-    (:meth:`tuner.perf.hardware.HardwareSpec.peak`). None without Marlin rows (B200 runs
-    DeepGEMM for these experts: no table)."""
+def fit_marlin_experts(system: Path, hw, fmt: str = "fp8moe") -> dict | None:  # type: ignore[no-untyped-def]
+    """Hopper's routed experts as the serving rows run them: vLLM's Marlin fused MoE,
+    W8A16 for FP8 experts (``fp8moe``; the S5a H200 rows' note: "Hopper FP8 MoE ->
+    Marlin") and W4A16 for INT4 experts (``int4moe``; Kimi-K2.5's compressed-tensors
+    checkpoint, S5c). Marlin dequantises the weights in registers and multiplies in bf16
+    whatever their width, so its compute rate is measured by the tables' Marlin rows
+    (``int4_wo``, ``vllm_marlin_int4_moe``: Kimi-K2's expert shape, 7168 x 2048, 384
+    experts, top-8, at TP 1-32 and EP 1-128) at the bf16 peak; only the bytes differ
+    between W4A16 and W8A16. Fitted: ``eta_compute`` and ``m_half`` (the padded rows per
+    touched expert), the floor and ``eta_mem`` held at the preset's ``fmt`` priors (the
+    table's floor is ~29 us, dispatch a CUDA-graph step does not pay, as for ``fp8b``; the
+    memory term never binds with the padded rows: the fit returns its start value).
+    ``eta_compute`` is printed against the bf16 peak and converted to the peak ``fmt`` is
+    priced at (:meth:`tuner.perf.hardware.HardwareSpec.peak`). None without Marlin rows
+    (B200 runs DeepGEMM / CUTLASS grouped GEMMs for these experts: no table)."""
     import polars as pl
 
     from tuner.perf.fit.least_squares import Param, fit_params
@@ -544,7 +547,7 @@ def fit_marlin_experts(system: Path, hw) -> dict | None:  # type: ignore[no-unty
         "num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size",
         "moe_ep_size"))
     y = d["latency"].to_numpy() * 1e-3
-    g, c = hw.coefficients.gemm_for("fp8moe"), hw.coefficients
+    g, c = hw.coefficients.gemm_for(fmt), hw.coefficients
     w = 3 * h * i / tp
     touched = e / ep * (1 - (1 - k / e) ** t)
     mem = touched * w * FORMAT_BYTES["int4"] / (g.eta_mem * hw.hbm_bandwidth)
@@ -556,10 +559,16 @@ def fit_marlin_experts(system: Path, hw) -> dict | None:  # type: ignore[no-unty
     r = fit_params(res, [Param("eta_compute", 0.02, 1.0, 0.3, np.inf),
                          Param("m_half", 1.0, 4096.0, 64.0, np.inf)])
     bf16 = r.values["eta_compute"]
+    resid = np.expm1(r.residuals)
     return {"eta_compute_bf16_peak": float(f"{bf16:.3g}"),
-            "eta_compute": float(f"{bf16 * hw.peak('bf16') / hw.peak('fp8moe'):.3g}"),
+            "eta_compute": float(f"{bf16 * hw.peak('bf16') / hw.peak(fmt):.3g}"),
             "m_half": float(f"{r.values['m_half']:.3g}"), "rows": int(len(y)),
-            "median_abs_err_pct": float(f"{100 * np.median(np.abs(np.expm1(r.residuals))):.3g}")}
+            "median_abs_err_pct": float(f"{100 * np.median(np.abs(resid)):.3g}"),
+            # the deployments a TP-sharded serving row runs (EP 1) and the TP 8 of the
+            # S5a/S5c rows, apart: where the single-rate form is closer than its median
+            "ep1_median_abs_err_pct": float(f"{100 * np.median(np.abs(resid[ep == 1])):.3g}"),
+            "tp8_ep1_bias_pct": float(
+                f"{100 * np.median(resid[(ep == 1) & (tp == 8)]):.3g}")}
 
 
 #: The prefill-attention shape coefficients ``--fit-priors`` fits (tuner/perf/prefill_attention.py).
@@ -707,7 +716,8 @@ if __name__ == "__main__" and "--fit-experts" in sys.argv:
     _folder = aic_model_dir()
     for _gpu in ("h100", "h200"):
         _system = _folder.parent / "systems" / "data" / SYSTEMS[_gpu]
-        print(_gpu, "fp8moe (Marlin)", fit_marlin_experts(_system, load_hardware(_gpu)))
+        for _fmt in ("fp8moe", "int4moe"):
+            print(_gpu, _fmt, "(Marlin)", fit_marlin_experts(_system, load_hardware(_gpu), _fmt))
     sys.exit(0)
 
 

@@ -78,7 +78,7 @@ def test_fp8_routed_experts_price_with_their_own_fused_moe_family():
     the measured CUTLASS scaled-mm table, which the fused-MoE prior does not."""
     dsv3 = load_model("deepseek-v3")  # fp8b dense, fp8 experts (routed and one shared)
     assert expert_kernel_format(dsv3.expert_weight_dtype) == "fp8moe"
-    assert expert_kernel_format("int4") == "int4" and expert_kernel_format("fp16") == "bf16"
+    assert expert_kernel_format("int4") == "int4moe" and expert_kernel_format("fp16") == "bf16"
     c = H200.coefficients
     slow = c.with_flat({"gemm.fp8moe.eta_mem": c.gemm_for("fp8moe").eta_mem / 2,
                         "gemm.fp8moe.t0_s": c.gemm_for("fp8moe").t0_s * 2})
@@ -320,6 +320,38 @@ def test_hopper_fp8_experts_compute_at_marlins_bf16_rate():
         pytest.approx(experts / 2, rel=0.02)  # compute-bound at 8k tokens
 
 
+def test_int4_routed_experts_price_with_marlins_fused_moe_family():
+    """INT4 (W4A16) routed experts run vLLM's Marlin fused MoE on Hopper (``int4moe``), a
+    kernel of its own next to a dense GPTQ/AWQ Marlin GEMM (``int4``): moving int4moe moves
+    Kimi-K2.5's routed experts and not its INT4 shared expert. The Hopper prior is Marlin's
+    measured fused-MoE rate (about a sixth of the bf16 peak, ~20 padded rows per touched
+    expert); before it the experts took the dense estimate (0.45, 128 padded rows), which
+    priced a 64-request TP8 decode's experts over 2x slower. GPUs without
+    a fused-MoE INT4 measurement keep the dense prior, so they price exactly as before."""
+    from tuner.perf.fit.benchmark_rows import MODEL_DIR
+
+    kimi = load_model(MODEL_DIR / "moonshotai--Kimi-K2.5.json")
+    assert expert_kernel_format(kimi.expert_weight_dtype) == "int4moe"
+    assert shared_expert_format(kimi) == "int4"
+    c = H200.coefficients
+    decode = StepBatch.from_requests([(8000, 1)] * 64)
+    base = RooflineStepTimeModel(H200, kimi, 8, c).breakdown(decode)
+    slow = c.with_flat({"gemm.int4moe.eta_compute": c.gemm_for("int4moe").eta_compute / 2})
+    moved = RooflineStepTimeModel(H200, kimi, 8, slow).breakdown(decode)
+    assert moved["experts"] > 1.5 * base["experts"] and moved["gemm"] == base["gemm"]
+    for hw in (H200, load_hardware("h100")):
+        g = hw.coefficients.gemm_for("int4moe")
+        assert g.eta_compute * hw.peak("int4moe") / hw.peak("bf16") == pytest.approx(0.166, rel=0.05)
+        assert 15.0 < g.m_half < 25.0, (hw.name, g)
+    dense = c.with_flat({f"gemm.int4moe.{f}": getattr(c.gemm_for("int4"), f)
+                         for f in ("t0_s", "eta_mem", "eta_compute", "m_half")})
+    old = RooflineStepTimeModel(H200, kimi, 8, dense).breakdown(decode)
+    assert old["experts"] > 2.0 * base["experts"]
+    for gpu in ("b200", "mi300x", "mi325x", "mi355x"):
+        co = load_hardware(gpu).coefficients
+        assert co.gemm_for("int4moe") == co.gemm_for("int4"), gpu
+
+
 @pytest.mark.skipif(importlib.util.find_spec("aiconfigurator_core") is None,
                     reason="aiconfigurator-core not installed (pip install -e '.[aic]')")
 def test_hopper_fp8_expert_prior_reproduces_the_marlin_table_fit():
@@ -341,3 +373,9 @@ def test_hopper_fp8_expert_prior_reproduces_the_marlin_table_fit():
         assert fit is not None
         assert fit["eta_compute"] == pytest.approx(hw.coefficients.gemm_for("fp8moe").eta_compute,
                                                    rel=1e-3), (name, fit)
+        # INT4 experts: the same Marlin rows, the floor and eta_mem of the int4moe prior
+        g = hw.coefficients.gemm_for("int4moe")
+        fit = fit_marlin_experts(data / SYSTEMS[name], hw, "int4moe")
+        assert fit is not None
+        assert fit["eta_compute"] == pytest.approx(g.eta_compute, rel=1e-3), (name, fit)
+        assert fit["m_half"] == pytest.approx(g.m_half, rel=1e-3), (name, fit)

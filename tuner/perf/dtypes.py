@@ -36,11 +36,16 @@ from tuner.errors import ConfigError
 #: Hopper, DeepGEMM / CUTLASS grouped GEMMs on Blackwell), a kernel family whose
 #: efficiency has nothing to do with the dense CUTLASS scaled-mm's (aiconfigurator-core
 #: measures them apart: docs/step-time-model.md §10), so it has its own coefficients.
+#: ``int4moe`` is the same split for INT4 (W4A16) routed experts: vLLM runs them through
+#: Marlin's fused MoE on NVIDIA (``fused_marlin_moe``), whose padded expert blocks and
+#: in-register dequantisation make it a kernel of its own next to a dense GPTQ/AWQ Marlin
+#: GEMM (``int4``); aiconfigurator-core measures it (``int4_wo`` MoE rows).
 FORMAT_BYTES: dict[str, float] = {"bf16": 2.0, "fp8": 1.0, "fp8b": 1.0 + 4.0 / (128 * 128),
-                                  "fp8moe": 1.0, "fp4": 4.25 / 8, "int4": 4.125 / 8}
+                                  "fp8moe": 1.0, "fp4": 4.25 / 8, "int4": 4.125 / 8,
+                                  "int4moe": 4.125 / 8}
 #: Routed-expert kernel format by the experts' weight format, where the fused-MoE kernels
 #: are a family of their own (the others price experts with the dense GEMM coefficients).
-EXPERT_FORMATS: dict[str, str] = {"fp8": "fp8moe"}
+EXPERT_FORMATS: dict[str, str] = {"fp8": "fp8moe", "int4": "int4moe"}
 
 _FP8 = ("fp8", "ptpc_fp8", "fbgemm_fp8", "modelopt", "fp8_e4m3", "w8a8_fp8")
 _FP4 = ("mxfp4", "modelopt_fp4", "nvfp4", "fp4", "w_mxfp4_a_mxfp6", "w4a6", "petit_nvfp4")

@@ -77,6 +77,8 @@ class HardwareSpec:
         """
         if dtype in ("fp8b", "fp8moe"):  # block-scaled FP8 and FP8 experts: the FP8 units
             dtype = "fp8"
+        if dtype == "int4moe":  # INT4 experts: whatever dense INT4 runs on
+            dtype = "int4"
         if dtype in self.peak_flops:
             return self.peak_flops[dtype]
         return self.peak_flops["bf16"]

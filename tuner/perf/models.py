@@ -45,7 +45,7 @@ AttentionKind = Literal["gqa", "mla"]
 #: values plus one 8-bit scale per 32 (4.25 bits); FP8 block scales are negligible.
 DTYPE_BYTES: dict[str, float] = {
     "fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp8b": 1.0 + 4.0 / (128 * 128),
-    "fp8moe": 1.0, "fp4": 4.25 / 8, "int4": 4.125 / 8,
+    "fp8moe": 1.0, "fp4": 4.25 / 8, "int4": 4.125 / 8, "int4moe": 4.125 / 8,
 }
 
 _DTYPE_ALIASES = {

@@ -27,7 +27,7 @@ from typing import Any
 from tuner.errors import ConfigError
 
 #: GEMM kernel formats (:data:`tuner.perf.dtypes.FORMAT_BYTES`).
-FORMATS: tuple[str, ...] = ("bf16", "fp8", "fp8b", "fp8moe", "fp4", "int4")
+FORMATS: tuple[str, ...] = ("bf16", "fp8", "fp8b", "fp8moe", "fp4", "int4", "int4moe")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +82,8 @@ GENERIC_GEMM: dict[str, GemmCoefficients] = {
     "fp8moe": GemmCoefficients(7e-6, 0.65, 0.55, 128.0),
     "fp4": GemmCoefficients(8e-6, 0.30, 0.40, 256.0),
     "int4": GemmCoefficients(8e-6, 0.60, 0.45, 128.0),
+    # INT4 routed experts (fused MoE): the dense W4A16 estimate
+    "int4moe": GemmCoefficients(8e-6, 0.60, 0.45, 128.0),
 }
 
 _FRACTIONS = ("kv_bw_eff", "kv_fp8_bw_eff", "attn_prefill_eff", "attn_decode_eff",
