@@ -167,10 +167,14 @@ class LRUPool:
             ctx.lru_owner = self
         return ctx.lru_rank
 
-    def _on_access(self, keys: np.ndarray, positions: np.ndarray, ctx: ReqContext) -> None:
-        """lru.py ``on_request_access``: stored, positioned keys rise to the request's rank."""
+    def _on_access(self, keys: np.ndarray, positions: np.ndarray, ctx: ReqContext,
+                   stored: np.ndarray | None = None) -> None:
+        """lru.py ``on_request_access``: stored, positioned keys rise to the request's rank
+        (``stored``: each key's ``chunk >= 0``, if the caller has it)."""
         base = self._request_rank(ctx) * RANK_SPAN
-        sel = (positions >= 0) & (self._chunk[keys] >= 0)
+        if stored is None:
+            stored = self._chunk[keys] >= 0
+        sel = (positions >= 0) & stored
         if not sel.all():
             keys, positions = keys[sel], positions[sel]
         if not len(keys):
@@ -199,30 +203,38 @@ class LRUPool:
             state = ctx.access = _Access()
         return state  # type: ignore[return-value]
 
-    def _record(self, keys: np.ndarray, positions: np.ndarray, ctx: ReqContext) -> None:
+    def _record(self, keys: np.ndarray, positions: np.ndarray, ctx: ReqContext,
+                repeats: bool | None = None, stored: np.ndarray | None = None) -> None:
         """The access record: keys the request sees for the first time (first occurrence
-        of a repeated one) are kept for its finish and raise their ranks."""
+        of a repeated one) are kept for its finish and raise their ranks. ``repeats``
+        (whether a key occurs twice in ``keys``) and ``stored`` (each key's ``chunk >=
+        0``) may be passed by a caller that has them (``prepare_store`` reads both for
+        its own purposes; a subset of a run without repeats has none), saving a scatter
+        and two gathers over the run per store."""
         state = self._access(ctx)
         if not len(keys):
             return
+        unseen: np.ndarray | None = None  # None: every key unseen (a first record)
         if state.keys:
             seen = state.seen()
             at = np.searchsorted(seen, keys)
             at[at == len(seen)] = 0
             unseen = seen[at] != keys
-        else:
-            unseen = np.ones(len(keys), bool)
-        if self._repeats(keys):  # first occurrences only, one by one
-            firsts = dict.fromkeys(keys[unseen].tolist())
+        if repeats is None:
+            repeats = self._repeats(keys)
+        if repeats:  # first occurrences only, one by one
+            firsts = dict.fromkeys((keys if unseen is None else keys[unseen]).tolist())
             picks = [i for i, k in enumerate(keys.tolist()) if firsts.pop(k, 0) is None]
             keys, positions = keys[picks], positions[picks]
-        elif not unseen.all():
+            stored = None if stored is None else stored[picks]
+        elif unseen is not None and not unseen.all():
             keys, positions = keys[unseen], positions[unseen]
+            stored = None if stored is None else stored[unseen]
         if not len(keys):
             return
         assert not state.finished, "new cache keys after request finalization (tuner bug)"
         state.add(keys, positions)
-        self._on_access(keys, positions, ctx)
+        self._on_access(keys, positions, ctx, stored)
 
     # ----------------------------------------------------------------- interface
     def on_new_request(self, ctx: ReqContext) -> None:
@@ -292,18 +304,14 @@ class LRUPool:
             if self.num_evictable - len(np.unique(idle_offered)) < n:
                 return None
         idle_rank[idle_offered] = -self._rank[idle_offered]  # protected
-        chunk, freed = self._chunk, []
-
-        def evicted(keys: np.ndarray) -> None:
-            freed.append(chunk[keys])
-            chunk[keys] = -1
-            idle_rank[keys] = 0
-
-        try:
-            victims = self._order.take(n, idle_rank, evicted)
+        try:  # the order zeroes the victims' idle rank as it takes them
+            victims = self._order.take(n, idle_rank)
         finally:
             idle_rank[idle_offered] = self._rank[idle_offered]
-        ids = np.concatenate(freed)
+        victims = np.concatenate(victims) if len(victims) > 1 else victims[0]
+        chunk = self._chunk
+        ids = chunk[victims]  # freed in eviction order (the free list's order)
+        chunk[victims] = -1
         top = self._num_free_ids
         if top + len(ids) > len(self._free):
             grown = np.empty(max(2 * len(self._free), top + len(ids)), _I64)
@@ -313,41 +321,48 @@ class LRUPool:
         self._num_free_ids = top + len(ids)
         self.num_evictable -= n
         self.num_evicted += n
-        return np.concatenate(victims)
+        return victims
 
     def prepare_store(self, keys, ctx: ReqContext, positions: np.ndarray | None = None
                       ) -> tuple[np.ndarray, int] | None:
-        """(keys to store, chunks evicted for them), or None: not enough idle chunks."""
+        """(keys to store, chunks evicted for them), or None: not enough idle chunks.
+        Whether the run repeats a key and which keys are stored are read once here and
+        handed to the access record and the insertion (each read them again before)."""
         k = np.asarray(keys, _I64)
         self._fit(k)
         if positions is None:
             positions = self._positions(k, ctx)
         present = self._chunk[k] >= 0
+        repeats = self._repeats(k)  # a subset of a run without repeats has none
         if self.num_write_pending:
             recorded = ~present | (self._ref[k] >= 0)  # in-flight keys are not recorded
             if recorded.all():
-                self._record(k, positions, ctx)
+                self._record(k, positions, ctx, repeats, present)
             else:
-                self._record(k[recorded], positions[recorded], ctx)
+                self._record(k[recorded], positions[recorded], ctx, repeats,
+                             present[recorded])
         else:
-            self._record(k, positions, ctx)
+            self._record(k, positions, ctx, repeats, present)
         if present.all():
             return _EMPTY, 0
-        to_store = k[~present]
+        absent = ~present
+        to_store = k[absent]
         num_evict = len(to_store) - self._num_free()
         num_evicted = 0
         if num_evict > 0:
             if num_evict > self.num_evictable or self._evict(num_evict, k[present]) is None:
                 return None
             num_evicted = num_evict
-        self._insert(to_store, positions[~present], ctx)
+        self._insert(to_store, positions[absent], ctx, repeats)
         self.num_write_pending += len(to_store)
         return to_store, num_evicted
 
-    def _insert(self, keys: np.ndarray, positions: np.ndarray, ctx: ReqContext) -> None:
-        """New chunks for ``keys`` (in flight, so not idle: no order entry yet)."""
+    def _insert(self, keys: np.ndarray, positions: np.ndarray, ctx: ReqContext,
+                repeats: bool) -> None:
+        """New chunks for ``keys`` (in flight, so not idle: no order entry yet);
+        ``repeats``: whether the offered run (of which ``keys`` is a part) repeats a key."""
         ids = self._allocate(len(keys))
-        if (positions >= 0).all() and not self._repeats(keys):
+        if not (repeats and self._repeats(keys)) and (positions >= 0).all():
             self._chunk[keys] = ids
             self._ref[keys] = -1
             ranks = self._request_rank(ctx) * RANK_SPAN - positions
@@ -387,11 +402,15 @@ class LRUPool:
         state.finished = True
         if not state.keys:
             return
-        keys = np.concatenate(state.keys)
-        positions = np.concatenate(state.positions)
-        if (positions >= 0).all():
+        keys = np.concatenate(state.keys) if len(state.keys) > 1 else state.keys[0]
+        positions = np.concatenate(state.positions) if len(state.positions) > 1 \
+            else state.positions[0]
+        # Head to tail: the connector's runs come in position order already (an arange
+        # per run, runs in chunk order), and then the stable sort is the identity.
+        if (positions >= 0).all() and not (positions[1:] >= positions[:-1]).all():
             keys = keys[np.argsort(positions, kind="stable")]
-        keys = keys[::-1][self._chunk[keys[::-1]] >= 0]
+        keys = keys[::-1]
+        keys = keys[self._chunk[keys] >= 0]
         if not len(keys):
             return
         rank = self._next_rank
