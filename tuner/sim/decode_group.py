@@ -314,13 +314,26 @@ class DecodeGroup(MemberCalendar, DecodeGroupInvariants):
         self.calendar.pop(self.S, None)
         if plan.short:
             return self._run_preempting(out, token_budget, plan)
-        kvm = self.host.kv_cache_manager
         events = plan.events
+        spent, prefill_scheduled = self._allocate_in_order(events, plan.individual, out)
+        out.group = GroupStep(self.size, self.sum_tokens, events, self.host.running, self)
+        out.total_num_scheduled_tokens += self.size + spent
+        return token_budget - self.size - spent, prefill_scheduled
+
+    def _allocate_in_order(self, events: list[SimRequest],
+                           individual: list[tuple[SimRequest, int]], out: SchedulerOutput
+                           ) -> tuple[int, bool]:
+        """The pool work of a running loop whose allocations all succeed: the members
+        with an event between two other running requests as one batch
+        (``_member_events``), the others through ``allocate_slots`` as on the plain path,
+        in running order (both lists are). Returns the non-members' tokens and whether a
+        prefill chunk was scheduled."""
+        kvm = self.host.kv_cache_manager
         prefill_scheduled = False
         spent = 0
         j = 0
         n_events = len(events)
-        for request, n in plan.individual:
+        for request, n in individual:
             end = j
             while end < n_events and events[end].seq < request.seq:
                 end += 1
@@ -335,9 +348,7 @@ class DecodeGroup(MemberCalendar, DecodeGroupInvariants):
                 prefill_scheduled = True
         if j < n_events:
             self._member_events(events[j:] if j else events)
-        out.group = GroupStep(self.size, self.sum_tokens, events, self.host.running, self)
-        out.total_num_scheduled_tokens += self.size + spent
-        return token_budget - self.size - spent, prefill_scheduled
+        return spent, prefill_scheduled
 
     def _run_preempting(self, out: SchedulerOutput, token_budget: int, plan: GroupPlan
                         ) -> tuple[int, bool]:
@@ -367,10 +378,29 @@ class DecodeGroup(MemberCalendar, DecodeGroupInvariants):
         running = host.running
         work = [(m, 1, True) for m in plan.events] + [(r, n, False) for r, n in plan.individual]
         work.sort(key=lambda entry: entry[0].seq)
-        prefill_scheduled = False
+        # Between two failing allocations the requests cannot tell this loop from a group
+        # step: each takes its blocks from a pool that has them. Such a run goes as one
+        # (members batched, ``_allocate_in_order``); the loop proper handles the request
+        # that fails (and preempts) and the ones preempted meanwhile.
         spent = 0
+        prefill_scheduled = False
         stopped: SimRequest | None = None  # where the fence ended the loop
-        for request, n, member in work:
+        i = 0
+        n_work = len(work)
+        while i < n_work:
+            fit = self._fitting_prefix(work, i)
+            if fit:
+                run = work[i:i + fit]
+                tokens, prefill = self._allocate_in_order(
+                    [m for m, _, member in run if member],
+                    [(r, n) for r, n, member in run if not member], out)
+                spent += tokens
+                prefill_scheduled = prefill_scheduled or prefill
+                i += fit
+                if i == n_work:
+                    break
+            request, n, member = work[i]
+            i += 1
             if request.status != _RUNNING:
                 continue  # preempted earlier in this loop
             if member:
@@ -403,6 +433,33 @@ class DecodeGroup(MemberCalendar, DecodeGroupInvariants):
         out.group = GroupStep(self.size, self.sum_tokens, events, host.running, self)
         out.total_num_scheduled_tokens += self.size + spent
         return token_budget - self.size - spent, prefill_scheduled
+
+    def _fitting_prefix(self, work: list[tuple[SimRequest, int, bool]], start: int) -> int:
+        """How many requests of a preempting loop's ``work`` (running order) from
+        ``start`` on allocate before the first one that fails, or that was preempted:
+        ``allocate_slots`` of a RUNNING request (no hit, no watermark, no reservation)
+        succeeds exactly when the blocks it needs do not exceed the free ones, and takes
+        exactly that many out of the free queue (a registration takes none). A member
+        needs one block when its event opens one (the plan's count); a non-member what
+        ``allocate_slots`` computes."""
+        kvm = self.host.kv_cache_manager
+        free = kvm.block_pool.free_block_queue.num_free_blocks
+        bs = self.block_size
+        lookahead = kvm.num_lookahead_tokens
+        max_model_len = kvm.max_model_len
+        for i in range(start, len(work)):
+            request, n, member = work[i]
+            if request.status != _RUNNING:
+                return i - start
+            if member:
+                need = request.event_kinds & OPENS_BLOCK
+            else:
+                need = blocks_needed(min(request.num_computed_tokens + n + lookahead,
+                                         max_model_len), request.num_blocks, bs)
+            if need > free:
+                return i - start
+            free -= need
+        return len(work) - start
 
     def _leave_unreached(self, stopped: SimRequest) -> None:
         """The fence ended the running loop at ``stopped``: every member from it on in
