@@ -362,7 +362,9 @@ class DecodeGroup(MemberCalendar, DecodeGroupInvariants):
         step. Members without an event need no block: in vLLM their ``allocate_slots``
         changes nothing but registering blocks with synthetic ids, which the group
         defers. Preempted members leave the group without their token; every other
-        member the loop reaches gets it.
+        member the loop reaches gets it. The runs of requests between two failing
+        allocations go as one, as a group step's do (``_fitting_prefix``); only a
+        failing request and its preemptions take the loop one by one.
 
         Fenced (a connector under async scheduling, ``block_fence``): before a victim is
         taken, ``can_free_now`` is asked as the plain loop asks it (939-941; for a member,
