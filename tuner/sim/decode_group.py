@@ -42,7 +42,6 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Protocol
 
 import numpy as np
@@ -52,13 +51,11 @@ from tuner.sim.decode_group_invariants import (  # the event kinds live with the
     FILLS_BLOCK, FINISHES, OPENS_BLOCK, DecodeGroupInvariants)
 from tuner.sim.kv_cache_manager import KVCacheManager
 from tuner.sim.kv_connector.base import NO_DECODE_EVENT, KVConnector
+from tuner.sim.member_calendar import MemberCalendar, seq_order
 from tuner.sim.request import RequestStatus, SimRequest
 from tuner.sim.scheduler_output import GroupStep, SchedulerOutput
 
 _RUNNING = RequestStatus.RUNNING
-
-#: Sort key: running order (admission sequence number); C-level, no Python call.
-seq_order = attrgetter("seq")
 
 
 # ----------------------------------------------------------------------------- the group
@@ -91,7 +88,7 @@ class GroupPlan:
     short: bool  # the new blocks exceed the free ones: an allocation fails and preempts
 
 
-class DecodeGroup(DecodeGroupInvariants):
+class DecodeGroup(MemberCalendar, DecodeGroupInvariants):
     """The steady decoders of one scheduler, their event calendar and group steps.
 
     Invariants (``check_invariants``): ``size`` = members; ``sum_tokens`` = sum of their
@@ -158,25 +155,6 @@ class DecodeGroup(DecodeGroupInvariants):
         """True ``num_in_flight_tokens`` (members schedule one token per step)."""
         return request.num_in_flight_tokens + self.computed_lag(request) - self.lag(request)
 
-    def block_events(self, request: SimRequest, num_tokens: int) -> int:
-        """The block rules, in one place: ``OPENS_BLOCK | FILLS_BLOCK`` bits of what a
-        member with ``num_tokens`` true tokens does when it computes its next token.
-
-        It opens a block when that token (position ``num_tokens - 1``) is the first of
-        one; its computed tokens fill a block when ``num_tokens`` is a multiple of the
-        block size, and the fill is registered now only if the block's hash is one
-        another request can look up (a synthetic one waits for ``KVCacheManager.free``).
-        ``_file`` inlines this rule (it runs once per member event), as ``apply_tokens``
-        does for the opening after a fill; ``check_invariants`` compares every member's
-        filed kinds with this method after each checked step.
-        """
-        bs = self.block_size
-        kinds = OPENS_BLOCK if (num_tokens - 1) % bs == 0 else 0
-        if (self.caching and num_tokens % bs == 0
-                and num_tokens // bs <= request.num_shared_hash_blocks):
-            kinds |= FILLS_BLOCK
-        return kinds
-
     def is_decode_ready(self, request: SimRequest) -> bool:
         """Whether a running non-member may join: it decodes (one token to compute, not a
         partial prefill), its blocks exactly cover its computed tokens, and its whole
@@ -231,44 +209,6 @@ class DecodeGroup(DecodeGroupInvariants):
             self.odd.append(request)
         self._file(request)
 
-    def _file(self, request: SimRequest) -> None:
-        """File a member in the calendar under its next event, the first group step >= G
-        where ``block_events`` is not empty or it gets its last token, with the kinds of
-        event (``event_kinds``), so the group step reads bits instead of re-deriving them.
-
-        The first block event is found without trying every step: a block opens every
-        ``block_size`` tokens, at ``k = (1 - t) % block_size`` steps from now, and one
-        fills at ``(-t) % block_size`` (``t`` = true tokens); ``block_events`` at the
-        chosen step decides which actually happen.
-        """
-        bs = self.block_size
-        lag = self.G - request.g0  # self.tokens / self.output_tokens, inlined
-        t = request.num_tokens + lag
-        k = (1 - t) % bs  # steps until the computed token opens a block
-        caching = self.caching
-        if caching:
-            k_reg = (-t) % bs  # steps until the computed tokens fill a block
-            if k_reg < k and (t + k_reg) // bs <= request.num_shared_hash_blocks:
-                k = k_reg
-        k_fin = request.max_tokens - 1 - (request.num_output_tokens + lag)
-        kinds = 0
-        if k_fin <= k:
-            k = k_fin
-            kinds = FINISHES
-        t += k  # block_events(request, t + k), inlined (check_invariants compares them)
-        if (t - 1) % bs == 0:
-            kinds |= OPENS_BLOCK
-        if caching and t % bs == 0 and t // bs <= request.num_shared_hash_blocks:
-            kinds |= FILLS_BLOCK
-        event = self.S + k
-        request.next_event = event
-        request.event_kinds = kinds
-        bucket = self.calendar.get(event)
-        if bucket is None:
-            self.calendar[event] = [request]
-        else:
-            bucket.append(request)
-
     def _leave(self, request: SimRequest) -> None:
         """Take a materialised member out of the group (its calendar entry goes stale)."""
         request.steady = False
@@ -298,17 +238,6 @@ class DecodeGroup(DecodeGroupInvariants):
         self.calendar.clear()
         self.odd.clear()
         self.others = list(running)
-
-    def _due_events(self) -> list[SimRequest]:
-        """Members with an event at step ``G``, in running order (the calendar is read,
-        not changed: a plan that fails leaves it as it was)."""
-        bucket = self.calendar.get(self.S)
-        if not bucket:
-            return []
-        g = self.S
-        events = [r for r in bucket if r.steady and r.next_event == g]
-        events.sort(key=seq_order)
-        return events
 
     # ------------------------------------------------------------------- schedule
     def plan(self, token_budget: int, threshold: int, defer: bool) -> GroupPlan | None:
@@ -385,13 +314,26 @@ class DecodeGroup(DecodeGroupInvariants):
         self.calendar.pop(self.S, None)
         if plan.short:
             return self._run_preempting(out, token_budget, plan)
-        kvm = self.host.kv_cache_manager
         events = plan.events
+        spent, prefill_scheduled = self._allocate_in_order(events, plan.individual, out)
+        out.group = GroupStep(self.size, self.sum_tokens, events, self.host.running, self)
+        out.total_num_scheduled_tokens += self.size + spent
+        return token_budget - self.size - spent, prefill_scheduled
+
+    def _allocate_in_order(self, events: list[SimRequest],
+                           individual: list[tuple[SimRequest, int]], out: SchedulerOutput
+                           ) -> tuple[int, bool]:
+        """The pool work of a running loop whose allocations all succeed: the members
+        with an event between two other running requests as one batch
+        (``_member_events``), the others through ``allocate_slots`` as on the plain path,
+        in running order (both lists are). Returns the non-members' tokens and whether a
+        prefill chunk was scheduled."""
+        kvm = self.host.kv_cache_manager
         prefill_scheduled = False
         spent = 0
         j = 0
         n_events = len(events)
-        for request, n in plan.individual:
+        for request, n in individual:
             end = j
             while end < n_events and events[end].seq < request.seq:
                 end += 1
@@ -406,9 +348,7 @@ class DecodeGroup(DecodeGroupInvariants):
                 prefill_scheduled = True
         if j < n_events:
             self._member_events(events[j:] if j else events)
-        out.group = GroupStep(self.size, self.sum_tokens, events, self.host.running, self)
-        out.total_num_scheduled_tokens += self.size + spent
-        return token_budget - self.size - spent, prefill_scheduled
+        return spent, prefill_scheduled
 
     def _run_preempting(self, out: SchedulerOutput, token_budget: int, plan: GroupPlan
                         ) -> tuple[int, bool]:
@@ -422,7 +362,9 @@ class DecodeGroup(DecodeGroupInvariants):
         step. Members without an event need no block: in vLLM their ``allocate_slots``
         changes nothing but registering blocks with synthetic ids, which the group
         defers. Preempted members leave the group without their token; every other
-        member the loop reaches gets it.
+        member the loop reaches gets it. The runs of requests between two failing
+        allocations go as one, as a group step's do (``_fitting_prefix``); only a
+        failing request and its preemptions take the loop one by one.
 
         Fenced (a connector under async scheduling, ``block_fence``): before a victim is
         taken, ``can_free_now`` is asked as the plain loop asks it (939-941; for a member,
@@ -438,10 +380,29 @@ class DecodeGroup(DecodeGroupInvariants):
         running = host.running
         work = [(m, 1, True) for m in plan.events] + [(r, n, False) for r, n in plan.individual]
         work.sort(key=lambda entry: entry[0].seq)
-        prefill_scheduled = False
+        # Between two failing allocations the requests cannot tell this loop from a group
+        # step: each takes its blocks from a pool that has them. Such a run goes as one
+        # (members batched, ``_allocate_in_order``); the loop proper handles the request
+        # that fails (and preempts) and the ones preempted meanwhile.
         spent = 0
+        prefill_scheduled = False
         stopped: SimRequest | None = None  # where the fence ended the loop
-        for request, n, member in work:
+        i = 0
+        n_work = len(work)
+        while i < n_work:
+            fit = self._fitting_prefix(work, i)
+            if fit:
+                run = work[i:i + fit]
+                tokens, prefill = self._allocate_in_order(
+                    [m for m, _, member in run if member],
+                    [(r, n) for r, n, member in run if not member], out)
+                spent += tokens
+                prefill_scheduled = prefill_scheduled or prefill
+                i += fit
+                if i == n_work:
+                    break
+            request, n, member = work[i]
+            i += 1
             if request.status != _RUNNING:
                 continue  # preempted earlier in this loop
             if member:
@@ -474,6 +435,33 @@ class DecodeGroup(DecodeGroupInvariants):
         out.group = GroupStep(self.size, self.sum_tokens, events, host.running, self)
         out.total_num_scheduled_tokens += self.size + spent
         return token_budget - self.size - spent, prefill_scheduled
+
+    def _fitting_prefix(self, work: list[tuple[SimRequest, int, bool]], start: int) -> int:
+        """How many requests of a preempting loop's ``work`` (running order) from
+        ``start`` on allocate before the first one that fails, or that was preempted:
+        ``allocate_slots`` of a RUNNING request (no hit, no watermark, no reservation)
+        succeeds exactly when the blocks it needs do not exceed the free ones, and takes
+        exactly that many out of the free queue (a registration takes none). A member
+        needs one block when its event opens one (the plan's count); a non-member what
+        ``allocate_slots`` computes."""
+        kvm = self.host.kv_cache_manager
+        free = kvm.block_pool.free_block_queue.num_free_blocks
+        bs = self.block_size
+        lookahead = kvm.num_lookahead_tokens
+        max_model_len = kvm.max_model_len
+        for i in range(start, len(work)):
+            request, n, member = work[i]
+            if request.status != _RUNNING:
+                return i - start
+            if member:
+                need = request.event_kinds & OPENS_BLOCK
+            else:
+                need = blocks_needed(min(request.num_computed_tokens + n + lookahead,
+                                         max_model_len), request.num_blocks, bs)
+            if need > free:
+                return i - start
+            free -= need
+        return len(work) - start
 
     def _leave_unreached(self, stopped: SimRequest) -> None:
         """The fence ended the running loop at ``stopped``: every member from it on in
@@ -529,56 +517,6 @@ class DecodeGroup(DecodeGroupInvariants):
             else:
                 pool.cache_blocks(np.array(fill_blocks, dtype=np.int64),
                                   np.array(fill_hashes, dtype=np.int64))
-
-    # ------------------------------------------------------------------- outputs
-    def apply_tokens(self, step: GroupStep, now_s: float, gaps: dict[float, int],
-                     finished: list[SimRequest]) -> None:
-        """Every member of ``step`` got one token at ``now_s``: pool the gaps, advance
-        ``G``; members with an event finish (appended to ``finished``) or are filed
-        under their next event."""
-        step.expired = True
-        odd, self.odd = self.odd, []
-        n_main = step.num_members
-        for member in odd:
-            if member.steady:  # joined with an older last token: its own gap
-                gap = now_s - member.last_token_s
-                gaps[gap] = gaps.get(gap, 0) + 1
-                n_main -= 1
-        if n_main:
-            gap = now_s - self.last_end_s
-            gaps[gap] = gaps.get(gap, 0) + n_main
-        self.G += 1
-        self.S += 1
-        self.sum_tokens += step.num_members
-        self.last_end_s = now_s
-        g, key = self.G, self.S
-        # After a fill-only event the next token opens a block (block size > 1; finishing
-        # there if it is the last): half the sync events, filed without ``_file``.
-        openers: list[SimRequest] = []
-        fill_only = FILLS_BLOCK if self.block_size > 1 else -1
-        for member in step.events:
-            kinds = member.event_kinds
-            if kinds == fill_only:
-                member.next_event = key
-                member.event_kinds = (
-                    OPENS_BLOCK if member.max_tokens - member.num_output_tokens + member.g0 - g > 1
-                    else OPENS_BLOCK | FINISHES)
-                openers.append(member)
-                continue
-            if kinds & FINISHES:
-                self.materialize(member)
-                self._leave(member)
-                member.status = RequestStatus.FINISHED
-                member.finish_s = now_s
-                finished.append(member)
-                continue
-            self._file(member)
-        if openers:
-            bucket = self.calendar.get(key)
-            if bucket is None:
-                self.calendar[key] = openers
-            else:
-                bucket.extend(openers)
 
     def after_update(self, out: SchedulerOutput, finished: list[SimRequest],
                      now_s: float) -> None:

@@ -41,7 +41,12 @@ path decides. What it promises, and when it steps aside:
    asks the fence as the plain loop does: a victim whose blocks are still in flight
    ends the loop at the failing request, unscheduled and unpreempted, and the members
    from it on in running order leave the group without their token; the ones before it
-   keep the group step.
+   keep the group step. Between two allocations that fail, that loop's requests take
+   their blocks exactly as a group step's do (a RUNNING request's allocation succeeds
+   when the blocks it needs are free and takes just those), so each such run goes as
+   one (``DecodeGroup._fitting_prefix``: members batched) and the loop proper takes the
+   failing request and its preemptions; ``test_short_group_steps_batch_the_requests_before_the_first_failure_generated``
+   compares such steps with the plain path in both modes, fenced and not.
 5. **Memoised prefix hits** (both paths: the waiting loop and the window's reorder,
    ``KVCacheManager.num_hit_blocks`` / ``num_cached_tokens_of``). A waiting request's
    walk over its prompt hashes may be skipped only while its watch slot's epoch has not
