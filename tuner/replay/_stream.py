@@ -426,8 +426,9 @@ class TraceArrivals:
 
     def _renumber(self, space: HashIdSpace | FleetIdSpace) -> None:
         """Keep only the ids still referenced (twin state and this map), renumbered; the
-        per-id arrays grow from the live ids up to :meth:`_id_capacity` and no further.
-        (Not sized there at once: that made the renumbering hold the old arrays and
+        per-id arrays keep their buffers (compacted in place, ``hash_space._kept``) where
+        those are within :meth:`_id_capacity`, and grow no further than it. (Not
+        reallocated at that size: that made the renumbering hold the old arrays and
         full-size new ones together.)"""
         mask = space.live_mask()
         for holder in self._holders:
@@ -436,8 +437,8 @@ class TraceArrivals:
         live = mask.nonzero()[0].astype(np.int64)
         del mask
         self._next_compact = max(self.min_compact_ids, 2 * len(live))
+        space.bound_capacity(self._id_capacity())  # first: the arrays keep buffers within it
         space.renumber(live)
-        space.bound_capacity(self._id_capacity())
         self._map.renumber(live)
         for holder in self._holders:
             holder.renumber_hash_ids(live)
