@@ -161,8 +161,13 @@ def _pick(index: int | slice, n: int, get: Callable[[int], _Item],
 
 class StringColumn(Sequence["str | None"]):
     """Strings (or None) packed in one UTF-8 buffer with offsets: ~1 byte a character
-    plus 8 an entry, where a list of ``str`` costs ~60 bytes an entry. For the request and
-    session ids of long replays (``RequestTable``)."""
+    plus 4 an entry, where a list of ``str`` costs ~60 bytes an entry. For the request and
+    session ids of long replays (``RequestTable``).
+
+    The offsets are int32 while the buffer is under 2 GiB (int64 past it): 4 bytes an
+    entry less, ~1.7 MB of a synthetic day's 24-hour peak against its 6-hour one for the
+    two id columns (docs/performance.md, round "pdmem"); :meth:`buffers` hands Arrow
+    int64 offsets either way."""
 
     __slots__ = ("_data", "_offsets", "_null")
 
@@ -171,11 +176,12 @@ class StringColumn(Sequence["str | None"]):
         """``offsets``: ``len + 1`` int64 positions into ``data`` (or their native bytes);
         ``null``: one byte an entry, non-zero for None (or None: no None)."""
         self._data = bytes(data)
-        self._offsets = array("q")
+        wide = array("q")
         if isinstance(offsets, bytes):
-            self._offsets.frombytes(offsets)
+            wide.frombytes(offsets)
         else:
-            self._offsets.extend(offsets)
+            wide.extend(offsets)
+        self._offsets = array("i", wide) if len(self._data) < 1 << 31 else wide
         self._null = bytes(null) if null is not None and any(null) else None
 
     @classmethod
@@ -217,7 +223,10 @@ class StringColumn(Sequence["str | None"]):
         offsets = self._offsets[start:stop + 1]
         first = offsets[0] if len(offsets) else 0
         data = self._data[first:offsets[-1]] if len(offsets) else b""
-        rebased = array("q", (o - first for o in offsets)) if first else offsets
+        if first or offsets.typecode != "q":
+            rebased = array("q", (o - first for o in offsets))
+        else:
+            rebased = offsets
         null = self._null[start:stop] if self._null is not None else None
         return data, rebased, null
 
@@ -265,19 +274,27 @@ class RequestTable(_ListStandIn[RequestResult]):
 
     def __init__(self, request_ids: Sequence[str], input_lens: Iterable[int],
                  session_ids: Sequence[str | None] | None = None) -> None:
-        """Ids may be any sequence (a list, a ``StringColumn``)."""
+        """Ids may be any sequence (a list, a ``StringColumn``).
+
+        The token counts (prompt and output lengths, cached tokens) and preemptions are
+        int32: a trace's lengths are bounded at read (``tuner.trace``'s ``MAX_TOKENS``,
+        2**24) and a count past 2**31 raises ``OverflowError`` at :meth:`record` rather
+        than wrapping. Why not int64: 16 bytes a row over a synthetic day's 285k
+        requests, ~3.4 MB of its 24-hour peak against the 6-hour one's (docs/performance.md,
+        round "pdmem"); readers widen a chunk at a time (``tuner.metrics.record_columns``).
+        """
         n = len(request_ids)
         self.request_id = request_ids
-        self.input_len = array("q", input_lens)
+        self.input_len = array("i", input_lens)
         self.session_id = session_ids
         nans = array("d", [_NAN]) * n
         self.arrival_s = nans
         self.first_scheduled_s = array("d", nans)
         self.first_token_s = array("d", nans)
         self.finish_s = array("d", nans)
-        self.output_len = array("q", bytes(8 * n))
-        self.num_cached_tokens = array("q", bytes(8 * n))
-        self.num_preemptions = array("q", bytes(8 * n))
+        self.output_len = array("i", bytes(4 * n))
+        self.num_cached_tokens = array("i", bytes(4 * n))
+        self.num_preemptions = array("i", bytes(4 * n))
         self.status = bytearray([_STATUS_CODES.index("unfinished")]) * n
         #: The engine each request ran on (``replica * dp + dp_rank``; 0 on a single
         #: engine, -1 for a request refused at the front end of a fleet before routing).

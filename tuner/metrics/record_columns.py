@@ -1,12 +1,13 @@
 """Per-request records as chunks of numpy columns: what the metrics read at scale.
 
 Why: a replay of a production day holds hundreds of thousands of requests. Its table
-(``tuner.records.RequestTable``) is already columnar (~70 bytes a row), but reading it row
+(``tuner.records.RequestTable``) is already columnar (~53 bytes a row), but reading it row
 by row builds a ``RequestResult`` per request (~200 bytes each, plus the lists of them
 every consumer built): the summary, the ``--out`` Parquet writer and the report each held
 the whole replay as Python objects at once. :func:`record_chunks` hands the same records
 over as :class:`RecordChunk`\\ s of at most ``CHUNK_ROWS`` consecutive rows (trace order),
-numpy views of the table's own buffers where it has them (no copy), so a consumer keeps
+numpy views of the table's own buffers where it has them (no copy; its int32 counts
+widened a chunk at a time), so a consumer keeps
 only what it needs (a float an element for percentiles, running sums for the rest). The
 ``--out`` writer (``tuner.metrics.parquet``) writes a row group a chunk; the report reads
 the file back a row group at a time (``tuner.report.replay_report``).
@@ -69,9 +70,13 @@ class RecordChunk:
 
 
 def _view(column: Any, start: int, stop: int, dtype: Any) -> np.ndarray:
-    """Rows ``start .. stop`` of an ``array.array`` (or a sequence) as numpy, no copy."""
+    """Rows ``start .. stop`` of an ``array.array`` (or a sequence) as numpy ``dtype``: a
+    view of the buffer where its items are ``dtype`` already, else one chunk widened (the
+    table's int32 counts: ``RequestTable``), so every consumer reads int64 as before."""
     if hasattr(column, "typecode"):
-        return np.frombuffer(memoryview(column)[start:stop], dtype=dtype)
+        view = np.frombuffer(memoryview(column)[start:stop],
+                             dtype=np.dtype(column.typecode))
+        return view if view.dtype == dtype else view.astype(dtype)
     return np.asarray(column[start:stop], dtype=dtype)
 
 

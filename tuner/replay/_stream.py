@@ -35,6 +35,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from tuner.records import RequestTable
+from tuner.replay._heap import release_free_heap
 from tuner.replay._kv_requests import dense_hash_ids, flat_hash_column
 from tuner.sim.hash_space import FleetIdSpace, HashIdSpace
 from tuner.trace.reblock_vec import (reblock_arrays, reblock_id_ranges,
@@ -351,8 +352,11 @@ class TraceArrivals:
 
     def _build(self, start: int, stop: int) -> list[tuple[int, StreamedRequest]]:
         """Requests ``start .. stop - 1`` (issue order) with KV-block ids."""
-        for chunk in [c for c in self._chunks if self._chunk_last[c] < start]:
+        done = [c for c in self._chunks if self._chunk_last[c] < start]
+        for chunk in done:
             del self._chunks[chunk]  # every request of it has been issued
+        if done:  # its columns' pages, before the next chunk is read (``_heap``)
+            release_free_heap()
         space = self._space
         assert space is not None
         f, t = self.hash_block_size, self.block_size
@@ -426,9 +430,11 @@ class TraceArrivals:
 
     def _renumber(self, space: HashIdSpace | FleetIdSpace) -> None:
         """Keep only the ids still referenced (twin state and this map), renumbered; the
-        per-id arrays grow from the live ids up to :meth:`_id_capacity` and no further.
-        (Not sized there at once: that made the renumbering hold the old arrays and
+        per-id arrays keep their buffers (compacted in place, ``hash_space._kept``) where
+        those are within :meth:`_id_capacity`, and grow no further than it. (Not
+        reallocated at that size: that made the renumbering hold the old arrays and
         full-size new ones together.)"""
+        release_free_heap()  # what the cycle freed, before the renumbering's transients
         mask = space.live_mask()
         for holder in self._holders:
             holder.mark_hash_ids(mask)
@@ -436,9 +442,11 @@ class TraceArrivals:
         live = mask.nonzero()[0].astype(np.int64)
         del mask
         self._next_compact = max(self.min_compact_ids, 2 * len(live))
+        space.bound_capacity(self._id_capacity())  # first: the arrays keep buffers within it
         space.renumber(live)
-        space.bound_capacity(self._id_capacity())
         self._map.renumber(live)
         for holder in self._holders:
             holder.renumber_hash_ids(live)
         self.num_renumberings += 1
+        del live
+        release_free_heap()  # the mask, the map's old runs, the requests' old id arrays

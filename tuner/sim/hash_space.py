@@ -88,22 +88,40 @@ class HashIdSpace:
         assert len(old) == 0 or (new < len(live)).all() and (live[new] == old).all(), (
             "renumbering drops a cached block's hash (tuner bug)")
         hashes[cached] = new
-        size = max(len(live), 16)
-
-        def keep(values: np.ndarray, fill: object) -> np.ndarray:
-            out = np.full(size, fill, dtype=values.dtype)
-            out[:len(live)] = values[live]
-            return out
-
-        pool.first_holder = keep(pool.first_holder, -1)
-        pool.last_holder = keep(pool.last_holder, -1)  # holder links are per block
-        pool.watch_bits = keep(pool.watch_bits, 0)
+        pool.first_holder = _kept(pool.first_holder, live, -1, pool.id_capacity_bound)
+        pool.last_holder = _kept(pool.last_holder, live, -1,  # holder links are per block
+                                 pool.id_capacity_bound)
+        pool.watch_bits = _kept(pool.watch_bits, live, 0, pool.id_capacity_bound)
         pool.num_hash_ids = len(live)
         self.manager.num_trace_hash_ids = len(live)
         for request in self._live_requests():
             request.renumber_hash_ids(live)
         if self.scheduler.connector is not None:
             self.scheduler.connector.renumber(live)
+
+
+def _kept(values: np.ndarray, live: np.ndarray, fill: object, bound: int) -> np.ndarray:
+    """``values`` at the sorted ids ``live`` moved to ``0 .. len(live) - 1``, ``fill``
+    past them: in ``values``' own buffer unless it is larger than ``bound`` (the arrays'
+    capacity after this renumbering; 0: none), then in a new array of the live ids.
+
+    Why in place: a renumbering that gave each per-id array a fresh buffer of the live
+    ids (~0.5 M) made the pool grow it back by doubling to the threshold (~2.4 M) over
+    the next cycle: three copies and fresh pages an array and a cycle, every engine of a
+    fleet's pools once more, and the large buffers freed and taken again fragmented the
+    heap of a day-long replay (docs/performance.md and docs/disaggregation.md, round
+    "pdmem"). The buffer is the capacity the pool reached, and will reach again before
+    the next renumbering. ``live`` is increasing with ``live[i] >= i``, and the gather
+    ``values[live]`` is a copy, so writing it over the front is safe."""
+    n = len(live)
+    if n <= len(values) and (not bound or len(values) <= bound):
+        values[:n] = values[live]
+        values[n:] = fill
+        return values
+    out = np.empty(max(n, 16), dtype=values.dtype)
+    out[:n] = values[live]
+    out[n:] = fill
+    return out
 
 
 class FleetIdSpace:
