@@ -12,7 +12,7 @@ import pytest
 from tuner.perf.api_server import (MAX_WAIT_UTILISATION, ApiServerCost, client_ttft_s,
                                    server_load)
 from tuner.perf.fit.benchmark_rows import (_async_scheduling, _quantization, load_rows,
-                                           record)
+                                           missed_step_s, record)
 from tuner.perf.step_time import RooflineStepTimeModel
 
 COST = ApiServerCost(request_s=1e-3, prompt_token_s=1e-6, output_token_s=40e-6)
@@ -47,6 +47,23 @@ def test_client_ttft_adds_intake_first_token_and_both_queues():
     got = client_ttft_s(COST, load, np.array([0.3, 0.1]), isl)
     want = np.array([0.3 + 1e-3 + 8e-3, 0.1 + 1e-3 + 1e-3]) + 40e-6 + 2 * load.wait_s
     assert got == pytest.approx(want)
+
+
+def test_client_ttft_runs_the_intake_during_the_missed_step():
+    """A closed loop's replacement waits for the longer of its intake and the engine step
+    it missed, not for both (the server tokenises while the engine runs that step)."""
+    isl = np.array([8000.0, 1000.0, 1000.0])
+    load = server_load(COST, isl, np.full(3, 1000.0), span_s=100.0, num_steps=2000)
+    got = client_ttft_s(COST, load, np.array([0.3, 0.1, 0.1]), isl,
+                        np.array([0.0, 0.03, 1e-4]))
+    out = 40e-6 + 2 * load.wait_s
+    assert got == pytest.approx(np.array([0.3 + 9e-3, 0.1 + 0.03, 0.1 + 2e-3]) + out)
+
+
+def test_missed_step_is_the_period_of_the_step_that_freed_the_slot():
+    periods = np.array([0.5, 0.02, 0.03, 0.04])
+    got = missed_step_s(periods, np.array([0, 0, 1, 3, 4]))
+    assert got == pytest.approx([0.0, 0.0, 0.5, 0.03, 0.04])
 
 
 def test_rows_run_async_scheduling_from_vllm_014_or_in_2026():
@@ -90,6 +107,13 @@ def test_served_rows_price_the_api_server_and_the_async_overlap(small_run):
     client = run.figures(model)
     intake = 1e3 * float(np.median(ApiServerCost().intake_s(run.input_len)))
     assert client["ttft_med"] - engine["ttft_med"] >= intake
+    # replacements (issued after the first C) wait out the step that freed their slot
+    periods = run.step_periods(model)
+    later = run.arrival > 0
+    assert later.any() and not later.all()
+    missed = missed_step_s(periods, run.arrival)
+    assert (missed[later] > 0).all() and (missed[~later] == 0).all()
+    assert client["ttft_mean"] - engine["ttft_mean"] >= 1e3 * float(missed.mean())
     assert run.row.async_scheduling
     sync = run.figures(model, api=None, async_scheduling=False)
     assert sync["tpot_med"] > engine["tpot_med"]  # the CPU part is no longer overlapped

@@ -125,11 +125,17 @@ def _load(cost: ApiServerCost, work_all: float, num_requests: int, span_s: float
 
 
 def client_ttft_s(cost: ApiServerCost, load: ServerLoad, engine_ttft_s: np.ndarray,
-                  input_len: np.ndarray) -> np.ndarray:
+                  input_len: np.ndarray, missed_step_s: np.ndarray | float = 0.0
+                  ) -> np.ndarray:
     """TTFT as the client measures it: the intake (queued), the engine's own TTFT (from
-    its arrival to its first sampled token), and the first token's way out (queued)."""
-    return (engine_ttft_s + cost.intake_s(input_len) + cost.output_token_s
-            + 2.0 * load.wait_s)
+    its arrival to its first sampled token), and the first token's way out (queued).
+
+    ``missed_step_s``: the engine step a closed loop's replacement request cannot make
+    (:func:`tuner.perf.fit.benchmark_rows.missed_step_s`); the intake runs while the
+    engine runs that step, so the request waits for the longer of the two, not both.
+    """
+    return (engine_ttft_s + np.maximum(cost.intake_s(input_len), missed_step_s)
+            + cost.output_token_s + 2.0 * load.wait_s)
 
 
 class ClientClock:

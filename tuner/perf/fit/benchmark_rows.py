@@ -277,8 +277,8 @@ class RecordedRun:
         ``api=None`` leaves the API server out and ``async_scheduling`` overrides the
         row's mode: the parts of the TTFT path apart (bench/calibration_fit.py).
         """
-        cum = np.concatenate([[0.0], np.cumsum(self.step_periods(
-            model, async_scheduling=async_scheduling))])
+        periods = self.step_periods(model, async_scheduling=async_scheduling)
+        cum = np.concatenate([[0.0], np.cumsum(periods)])
         arrival, first, finish = cum[self.arrival], cum[self.first], cum[self.finish]
         ttft = first - arrival
         tpot = (finish - first) / np.maximum(self.output_len - 1, 1)
@@ -287,7 +287,8 @@ class RecordedRun:
         if self.row.kind == "closed" and api is not None:
             load = server_load(api, self.input_len, self.output_len, duration,
                                len(self.arrays[0]))
-            ttft = client_ttft_s(api, load, ttft, self.input_len)
+            ttft = client_ttft_s(api, load, ttft, self.input_len,
+                                 missed_step_s(periods, self.arrival))
             tpot = tpot * load.stretch
             duration *= load.stretch
         tokens_out = float(self.output_len.sum())
@@ -303,6 +304,30 @@ class RecordedRun:
         out["e2el_mean_s"] = duration if r.kind == "batch" else float((finish - arrival).mean())
         out["intvty"] = 1e3 / out["tpot_med"]
         return out
+
+
+def missed_step_s(periods: np.ndarray, arrival: np.ndarray) -> np.ndarray:
+    """The engine step each closed-loop request cannot make: the period of the step whose
+    outputs freed its slot (0 for the first ``C``, issued before any step).
+
+    Why: the twin issues a closed loop's replacement at the end of the step that finished
+    its predecessor, in time for the next ``schedule()``. A real engine core schedules its
+    next step as soon as it has queued that step's outputs (vLLM 0.33.0
+    ``v1/engine/core.py`` ``run_busy_loop``: ``_process_input_queue`` drains what has come
+    in, then ``_process_engine_step`` puts the outputs on the output queue and the loop
+    schedules again), while the replacement exists only after those outputs went through
+    the API server to the client, the client's stream ended and its next coroutine sent a
+    new request (``vllm bench serve``: ``limited_request_func`` holds the concurrency
+    semaphore until ``request_func`` returns, ``benchmarks/serve.py``) that the server
+    then parsed, tokenised and sent back over ZMQ: milliseconds against a
+    microsecond turnaround in the core. So the replacement misses that schedule and
+    waits out one whole step, which runs the other ``C - 1`` requests without it (the
+    twin's recorded batches are kept: the moved prefill does not change the others',
+    the approximation :class:`tuner.perf.api_server.ClientClock` makes for the intake).
+    The step it waits out is priced as the one that just ended, its neighbour.
+    """
+    idx = np.asarray(arrival, dtype=np.int64) - 1
+    return np.where(idx >= 0, periods[np.maximum(idx, 0)], 0.0)
 
 
 class _Recorder:
