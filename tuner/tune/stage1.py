@@ -31,7 +31,7 @@ from tuner.tune.evaluate import Evaluator
 from tuner.tune.objectives import best_so_far
 from tuner.tune.select import Point
 from tuner.tune.space import SearchSpace
-from tuner.tune.storage import open_storage
+from tuner.tune.storage import SurplusTrial, open_storage
 from tuner.tune.study_records import StudyConfig, StudyRecords, settings_key
 
 if TYPE_CHECKING:
@@ -68,18 +68,6 @@ def finished_trials(study: "optuna.Study") -> int:
     from optuna.trial import TrialState
 
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
-
-
-class SurplusTrial(Exception):
-    """A trial begun once the budget was already taken by the trials numbered before it.
-
-    Workers check the budget when a trial ends, but another worker can begin one between
-    that check and its next ``ask``: with ``--trials 2`` the worker busy with the baseline
-    track began a third trial while the other ran the second. The trial numbers, handed out
-    by the storage one at a time, settle it (:func:`_is_surplus`). Such a trial is FAILED
-    at once, before anything is sampled or replayed, and marked so the tallies and reports
-    leave it out; :func:`tuner.tune.storage.quiet_optuna` drops Optuna's failure log for it.
-    """
 
 
 def _is_surplus(trial: "optuna.Trial", n_trials: int) -> bool:

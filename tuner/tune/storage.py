@@ -68,10 +68,22 @@ def _not_interrupt(record: "logging.LogRecord") -> bool:
     return not isinstance(exc, KeyboardInterrupt)
 
 
+class SurplusTrial(Exception):
+    """A trial begun once the budget was already taken by the trials numbered before it.
+
+    Workers check the budget when a trial ends, but another worker can begin one between
+    that check and its next ``ask``: with ``--trials 2`` the worker busy with the baseline
+    track began a third trial while the other ran the second. The trial numbers, handed out
+    by the storage one at a time, settle it (``tuner.tune.stage1._is_surplus``). Such a
+    trial is FAILED at once, before anything is sampled or replayed, and marked so the
+    tallies and reports leave it out; :func:`quiet_optuna` drops Optuna's failure log for
+    it (defined here, beside that filter, which must recognise it).
+    """
+
+
 class _NotSurplus(logging.Filter):
-    """Drop Optuna's two failure lines for a surplus trial (``tuner.tune.stage1.
-    SurplusTrial``: begun past the budget by a racing worker, never run; not a failure the
-    user should see): the first carries the exception, the second ("Trial N failed with
+    """Drop Optuna's two failure lines for a surplus trial (:class:`SurplusTrial`: begun
+    past the budget by a racing worker, never run; not a failure the user should see): the first carries the exception, the second ("Trial N failed with
     value None.") follows it for the same trial number."""
 
     def __init__(self) -> None:
@@ -80,7 +92,7 @@ class _NotSurplus(logging.Filter):
 
     def filter(self, record: "logging.LogRecord") -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if type(exc).__name__ == "SurplusTrial":
+        if isinstance(exc, SurplusTrial):
             self._number = record.getMessage().split(" ", 2)[1]
             return False
         if self._number is not None and record.getMessage().startswith(
