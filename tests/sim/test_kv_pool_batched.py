@@ -105,12 +105,12 @@ def test_the_batched_pool_decides_like_the_plain_one(policy: str, num_chunks: in
         assert out[:1] == out[1:] or not out, (op, out)
         assert _state(managers[0]) == _state(managers[1]), op
         pool = managers[1]
-        if isinstance(pool, batched.LRUPool):  # every idle key has an order entry at or
-            lowest: dict[int, int] = {}  # below its rank (the eviction raises it to its rank)
-            for rank, key in pool._order.entries():
-                lowest[key] = min(rank, lowest.get(key, rank))
+        if isinstance(pool, batched.LRUPool):  # every idle key's newest order entry (the
+            # one its owner run holds; the eviction reads no other as live) is unread and
+            # at its rank: every rank change of an idle key pushes it (no lazy entries)
+            newest = {key: rank for rank, key in pool._order.entries()}
             idle = np.flatnonzero((pool._chunk >= 0) & (pool._ref == 0)).tolist()
-            assert all(lowest.get(k, pool._rank[k] + 1) <= pool._rank[k] for k in idle)
+            assert all(newest.get(k) == pool._rank[k] for k in idle)
             # the signed idle rank the eviction reads: the rank of an idle key, else 0
             # (no key is protected between operations)
             idle_mask = (pool._chunk >= 0) & (pool._ref == 0)

@@ -87,23 +87,28 @@ def _upto(ranks: np.ndarray, keys: np.ndarray, rank: int, key: int) -> int:
 class EvictionOrder:
     """Sorted runs of ``(rank, key)`` entries; see the module doc."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: np.ndarray | None = None) -> None:
         self._runs: dict[int, _Run] = {}
         self._heap: list[tuple[int, int, int]] = []  # (head rank, head key, run id)
-        self._next_id = 0
+        self._next_id = 0  # never reused, so an owner left on a dropped run matches none
         self.size = 0  # entries not yet read (live or stale)
+        #: per key, the id of the run holding its newest entry (the pool's array, rebound
+        #: by the pool whenever it grows or renumbers it); see the module doc
+        self.owner = np.full(0, -1, _I64) if owner is None else owner
 
     def push(self, ranks: np.ndarray, keys: np.ndarray) -> None:
         """Add entries (distinct keys); any order."""
         if not len(keys):
             return
-        self._push_sorted(*_sorted_run(np.asarray(ranks, _I64), np.asarray(keys, _I64)))
+        self.push_sorted(*_sorted_run(np.asarray(ranks, _I64), np.asarray(keys, _I64)))
 
-    def _push_sorted(self, ranks: np.ndarray, keys: np.ndarray) -> None:
-        """Add a run already in ``(rank, key)`` order (int64, distinct keys)."""
+    def push_sorted(self, ranks: np.ndarray, keys: np.ndarray) -> None:
+        """Add a run already in ``(rank, key)`` order (int64, distinct keys): a finish's
+        fresh ranks come that way, so it needs no sort check."""
         run_id = self._next_id
         self._next_id += 1
         self._runs[run_id] = _Run(ranks, keys)
+        self.owner[keys] = run_id  # the keys' older entries, in other runs, go stale
         heapq.heappush(self._heap, (int(ranks[0]), int(keys[0]), run_id))
         self.size += len(keys)
 
@@ -118,101 +123,77 @@ class EvictionOrder:
     def take(self, n: int, state: np.ndarray) -> list[np.ndarray]:
         """The ``n`` idle, unprotected keys of smallest ``(rank, key)``, in order, as key
         arrays. ``state``: each key's signed idle rank (the pool's ``_idle_rank``): its
-        true rank while it is idle (stored, store complete, ref count 0), minus that rank
-        while it is also protected, 0 otherwise; ranks are >= 1. One int64 per key, so a
-        window reads one array at its keys instead of three (idle, rank and protected
-        flags: the gathers were the per-entry part of a window's cost). The caller
-        guarantees that ``n`` such keys exist and that every idle key has an entry at or
-        below its true rank. The taken keys' state is set to 0 as they are taken (so
-        another entry of a taken key reads stale); the caller does the rest of the
-        eviction once on all of them (one call per window did it before: a Python call
-        and three array operations per window).
+        rank while it is idle (stored, store complete, ref count 0), minus that rank
+        while it is also protected, 0 otherwise; ranks are >= 1. The caller guarantees
+        that ``n`` such keys exist and that every idle key's newest entry (the one in
+        the run ``owner`` names) is at its rank. The taken keys' state is set to 0 as
+        they are taken; the caller does the rest of the eviction once on all of them.
 
-        An entry below its key's true rank (the rank rose since it was pushed) goes back
-        in at the true rank (``LRUPolicy``'s lazy heap, ``tests/sim/_kv_pool_plain.py``,
-        does the same one entry at a time). Those entries wait in one pending batch, and
-        the reading stops at the batch's smallest entry until the batch is pushed as a
-        run (when the reading gets there, else at the end): one run per call instead of
-        one per window (the 10-minute slice read ~13k small runs to their end otherwise).
-        Protected idle entries passed over are kept the same way."""
-        heap, runs = self._heap, self._runs
+        A run is read in windows. A window with no entry of the run's own (every key has
+        a newer entry elsewhere) is dropped on one gather, past the next run's head:
+        nothing in it is live. Else the window stops at the next run's head, and its
+        live entries (the run owns the key and its state equals the entry's rank) are
+        taken in order. Protected live entries passed over go back in, at the same
+        rank, as one run at the end of the call (they stay protected until then)."""
+        heap, runs, owner = self._heap, self._runs, self.owner
         taken: list[np.ndarray] = []
-        back_r: list[np.ndarray] = []  # entries going back in (lazy, or protected)
+        back_r: list[np.ndarray] = []  # protected live entries passed over
         back_k: list[np.ndarray] = []
-        low: tuple[int, int] | None = None  # below every lazy entry going back in
         need = n
         window = max(2 * need, 512)
         while need:
-            if low is not None and (not heap or low <= heap[0][:2]):
-                self._push_back(back_r, back_k)  # the reading reached the pending batch
-                low = None
             _, _, run_id = heapq.heappop(heap)
             run = runs[run_id]
             ranks, keys, cur = run.ranks, run.keys, run.cursor
             end = min(len(ranks), cur + window)
             window = min(2 * window, 1 << 16)  # stale entries: read more at a time
-            bound = heap[0][:2] if heap else None
-            if low is not None and (bound is None or low < bound):
-                bound = low
+            mine = owner[keys[cur:end]] == run_id
+            if not mine.any():  # e.g. a finish run superseded by the session's next turn
+                self._advance(run, run_id, end)
+                continue
             # No further than the next run's head (inclusive: a tie is one key); no search
             # when the window's last entry is at or below it (most windows end a run).
-            if bound is not None and (int(ranks[end - 1]), int(keys[end - 1])) > bound:
-                end = cur + _upto(ranks[cur:end], keys[cur:end], *bound)
+            if heap and (int(ranks[end - 1]), int(keys[end - 1])) > heap[0][:2]:
+                end = cur + _upto(ranks[cur:end], keys[cur:end], *heap[0][:2])
             seg_r, seg_k = ranks[cur:end], keys[cur:end]
+            # Live: the key's state equals the entry's rank. A stale entry can read so only
+            # where the key was pushed again at an unchanged rank (a load's end, a
+            # protected entry put back): the same (rank, key), so taking either is the
+            # same decision, and the other then reads 0 (taken) or goes back in twice
+            # (equal pairs, merged by the sort). So no owner mask here.
             signed = state[seg_k]
-            true = np.abs(signed)  # an idle key's true rank; 0: not idle
-            lazy = true > seg_r
-            any_lazy = bool(lazy.any())
-            # Read only below the smallest true rank among them; no search when it lies
-            # above the whole window (the usual case: a raised rank is a recent one).
-            # (Below the rank, not up to its entry: stopping short is always safe, the
-            # rest is read after the batch goes in; the window's first entry lies below
-            # every lazy entry's true rank, so the window never comes out empty.)
-            if any_lazy and (low_rank := int(true[lazy].min())) <= int(seg_r[-1]):
-                cut = int(np.searchsorted(seg_r, low_rank, "left"))
-                seg_r, seg_k, signed, true, lazy = (
-                    seg_r[:cut], seg_k[:cut], signed[:cut], true[:cut], lazy[:cut])
             picks = np.flatnonzero(signed == seg_r)  # live and not protected
             if len(picks) > need:
                 picks = picks[:need]
                 stop = int(picks[-1]) + 1
             else:
                 stop = len(seg_k)
-            behind = np.flatnonzero(lazy[:stop]) if any_lazy else ()
-            if len(behind):
-                r = true[behind]
-                back_r.append(r)
-                back_k.append(seg_k[behind])
-                # The batch's bound: below its smallest rank (key -1 sorts before every
-                # key), so no tie-break search; stopping short is safe, as above.
-                smallest = (int(r.min()), -1)
-                low = smallest if low is None or smallest < low else low
             if len(picks):
                 got = seg_k[picks]
                 state[got] = 0
                 taken.append(got)
                 need -= len(got)
-            if np.count_nonzero(true[:stop] == seg_r[:stop]) > len(picks):
-                guarded = np.flatnonzero(signed[:stop] < 0)  # protected and live: back in
-                guarded = guarded[true[guarded] == seg_r[guarded]]  # at the same rank
+            guarded = np.flatnonzero(signed[:stop] == -seg_r[:stop])  # protected, live
+            if len(guarded):
                 back_r.append(seg_r[guarded])
                 back_k.append(seg_k[guarded])
-            run.cursor = cur = cur + stop
-            self.size -= stop
-            if cur < len(ranks):
-                heapq.heappush(heap, (int(ranks[cur]), int(keys[cur]), run_id))
-            else:
-                del runs[run_id]
+            self._advance(run, run_id, cur + stop)
         self._push_back(back_r, back_k)
         return taken
 
+    def _advance(self, run: _Run, run_id: int, cursor: int) -> None:
+        """Mark a popped run read up to ``cursor``; back in the heap by its new head, or
+        gone when read to its end."""
+        self.size -= cursor - run.cursor
+        run.cursor = cursor
+        if cursor < len(run.keys):
+            heapq.heappush(self._heap, (int(run.ranks[cursor]), int(run.keys[cursor]), run_id))
+        else:
+            del self._runs[run_id]
+
     def _push_back(self, ranks: list[np.ndarray], keys: list[np.ndarray]) -> None:
-        """Push the entries going back in as one run (and empty the lists): a key met
-        twice (its entries in two runs) goes in once, at its true rank. Both of its
-        entries carry that rank (the state does not change within a take but for the
-        taken keys, which are not put back), so they are equal ``(rank, key)`` pairs and
-        one sort (``_sort_entries``) brings them side by side: one sort by rank, where a
-        unique by key and a two-key sort of the run (``push``) were two sorts."""
+        """Push the protected entries passed over as one run (and empty the lists); they
+        come from several runs, so one sort (``_sort_entries``) puts them in order."""
         if not keys:
             return
         k = np.concatenate(keys) if len(keys) > 1 else keys[0]
@@ -221,12 +202,14 @@ class EvictionOrder:
         keys.clear()
         if len(k) > 1:
             r, k = _sort_entries(r, k)
-        self._push_sorted(r, k)
+        self.push_sorted(r, k)
 
     def entries(self) -> list[tuple[int, int]]:
-        """Every unread entry as ``(rank, key)`` (tests: every idle key must have its live
-        entry here)."""
+        """Every unread entry that is its key's newest (its run is the key's owner) as
+        ``(rank, key)`` (tests: every idle key must have one, at or below its rank)."""
         out: list[tuple[int, int]] = []
-        for run in self._runs.values():
-            out.extend(zip(run.ranks[run.cursor:].tolist(), run.keys[run.cursor:].tolist()))
+        for run_id, run in self._runs.items():
+            keys = run.keys[run.cursor:]
+            mine = self.owner[keys] == run_id
+            out.extend(zip(run.ranks[run.cursor:][mine].tolist(), keys[mine].tolist()))
         return out

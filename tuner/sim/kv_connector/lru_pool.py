@@ -108,7 +108,9 @@ class LRUPool:
         # rank and a protected flag saves two of a window's three gathers.
         self._idle_rank = np.zeros(size, _I64)
         self._slot = np.zeros(size, _I64)  # scratch: repeated keys in a run
-        self._order = EvictionOrder()
+        # the run of the eviction order that holds each key's newest entry (-1: none)
+        self._owner = np.full(size, -1, _I64)
+        self._order = EvictionOrder(self._owner)
         self._index = np.arange(4096, dtype=_I64)
 
     # ----------------------------------------------------------------- arrays
@@ -128,6 +130,8 @@ class LRUPool:
         self._rank = np.concatenate([self._rank, np.zeros(new - size, _I64)])
         self._idle_rank = np.concatenate([self._idle_rank, np.zeros(new - size, _I64)])
         self._slot = np.concatenate([self._slot, np.zeros(new - size, _I64)])
+        self._owner = np.concatenate([self._owner, np.full(new - size, -1, _I64)])
+        self._order.owner = self._owner
 
     def _repeats(self, keys: np.ndarray) -> bool:
         """Whether a key occurs twice in ``keys`` (a write per key to a scratch slot: any
@@ -146,6 +150,9 @@ class LRUPool:
         a rank that rises later (an access, a finish) is not pushed: the eviction finds the
         entry below it and puts it back at the true rank (``EvictionOrder.take``)."""
         self._order.push(self._rank[keys], keys)
+        self._check_stale()
+
+    def _check_stale(self) -> None:
         if self._order.size > 8 * self.num_evictable + 65536:
             self._compact()
 
@@ -187,14 +194,25 @@ class LRUPool:
             self._rank[keys] = new
             self._rerank_idle(keys, new)
 
-    def _rerank_idle(self, keys: np.ndarray, ranks: np.ndarray) -> None:
-        """New ranks for stored keys (distinct): the idle ones' signed idle rank follows."""
-        idle_rank = self._idle_rank
-        idle = idle_rank[keys] != 0
-        if idle.all():
-            idle_rank[keys] = ranks
-        elif idle.any():
-            idle_rank[keys[idle]] = ranks[idle]
+    def _rerank_idle(self, keys: np.ndarray, ranks: np.ndarray, in_order: bool = False
+                     ) -> None:
+        """New ranks for stored keys (distinct): the idle ones' signed idle rank follows,
+        and their new entries go into the order now, as one run (``in_order``: already
+        in ``(rank, key)`` order, as a finish's fresh ranks are). Their older entries go
+        stale: a request's access, and then its finish, re-rank its whole prefix, so
+        the run an access or finish pushes is superseded as a whole by the next one of
+        the session and dropped by the eviction on one gather, where a lazy raise left
+        each key's old entry to be read, put back and read again."""
+        idle = self._idle_rank[keys] != 0
+        if not idle.all():
+            keys, ranks = keys[idle], ranks[idle]
+        if len(keys):
+            self._idle_rank[keys] = ranks
+            if in_order:
+                self._order.push_sorted(ranks, keys)
+            else:
+                self._order.push(ranks, keys)
+            self._check_stale()
 
     @staticmethod
     def _access(ctx: ReqContext) -> _Access:
@@ -416,9 +434,9 @@ class LRUPool:
         rank = self._next_rank
         ranks = np.arange(rank + 1, rank + 1 + len(keys), dtype=_I64) * RANK_SPAN
         self._rank[keys] = ranks
-        self._rerank_idle(keys, ranks)
         self._next_rank = rank + len(keys)
         assert self._next_rank < _MAX_RANK, "LRU rank past int64 (tuner bug)"
+        self._rerank_idle(keys, ranks, in_order=True)
 
     @property
     def num_used_chunks(self) -> int:
@@ -448,4 +466,7 @@ class LRUPool:
         self._rank = keep(self._rank, 0)
         self._idle_rank = keep(self._idle_rank, 0)
         self._slot = np.zeros(size, _I64)
+        # old run ids are dropped by the compaction below; ids are never reused
+        self._owner = keep(self._owner, -1)
+        self._order.owner = self._owner
         self._compact()
