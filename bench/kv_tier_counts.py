@@ -98,10 +98,11 @@ def count_searches():
     eviction_order._upto = outer
 
 wrap(eviction_order.EvictionOrder, "take", on_take)
-# every run goes in through _push_sorted where it exists (a take's go-back-in batch skips
-# push's sort check since branch tier5), else through push
-wrap(eviction_order.EvictionOrder,
-     "_push_sorted" if hasattr(eviction_order.EvictionOrder, "_push_sorted") else "push", on_push)
+# every run goes in through push_sorted (branch tier6: a finish's run skips push's sort
+# check), _push_sorted (branch tier5: a take's go-back-in batch skips it), else push
+_order = eviction_order.EvictionOrder
+wrap(_order, next(n for n in ("push_sorted", "_push_sorted", "push") if hasattr(_order, n)),
+     on_push)
 wrap(decode_group.DecodeGroup, "plan", on_plan)
 wrap(decode_group.DecodeGroup, "_join", on_join)
 wrap(decode_group.DecodeGroup, "_run_preempting", on_short)

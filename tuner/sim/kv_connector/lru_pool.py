@@ -146,13 +146,13 @@ class LRUPool:
         return not (self._slot[keys] == index).all()
 
     def _push_idle(self, keys: np.ndarray) -> None:
-        """Keys (distinct, stored) that just became idle get an order entry at their rank;
-        a rank that rises later (an access, a finish) is not pushed: the eviction finds the
-        entry below it and puts it back at the true rank (``EvictionOrder.take``)."""
+        """Keys (distinct, stored) that just became idle get an order entry at their rank
+        (a rank that changes later while they stay idle pushes again: ``_rerank_idle``)."""
         self._order.push(self._rank[keys], keys)
         self._check_stale()
 
     def _check_stale(self) -> None:
+        """Stale entries dominate the order: rebuild it from the idle keys."""
         if self._order.size > 8 * self.num_evictable + 65536:
             self._compact()
 
