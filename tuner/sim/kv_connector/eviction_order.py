@@ -142,8 +142,8 @@ class EvictionOrder:
         A run is read in windows. A window with no entry of the run's own (every key has
         a newer entry elsewhere) is dropped on one gather, past the next run's head:
         nothing in it is live. Else the window stops at the next run's head, and its
-        live entries (the run owns the key and its state equals the entry's rank) are
-        taken in order. Protected live entries passed over go back in, at the same
+        live entries (the key's state equals the entry's rank: see the comment on stale
+        entries below) are taken in order. Protected live entries passed over go back in, at the same
         rank, as one run at the end of the call (they stay protected until then)."""
         heap, runs, owner = self._heap, self._runs, self.owner
         taken: list[np.ndarray] = []
