@@ -126,22 +126,24 @@ def main() -> None:
           "step | replay without (the clock before) | the fit's figure | published")
     for row in rows:
         t0 = time.perf_counter()
-        with_step = replay_ttft(row, True)
-        without = replay_ttft(row, False)
+        now = replay_ttft(row, True)
+        before = replay_ttft(row, False)
         fit = fit_ttft(row)
         published = row.figures["ttft_med"]
-        print(f"  {row.id:28s} {with_step['engine']:6.1f} / {with_step['client']:6.1f} | "
-              f"{without['engine']:6.1f} / {without['client']:6.1f} | {fit:6.1f} | "
-              f"{published:6.1f}   client vs published {100 * (with_step['client'] / published - 1):+.1f} % "
-              f"(before {100 * (without['client'] / published - 1):+.1f} %), vs the fit "
-              f"{100 * (with_step['client'] / fit - 1):+.1f} % (before "
-              f"{100 * (without['client'] / fit - 1):+.1f} %); "
-              f"replacements first scheduled after they were sent: "
-              f"{int(with_step['late'])}/{int(with_step['replacements'])} (before "
-              f"{int(without['late'])}); TPOT {100 * (with_step['tpot'] / without['tpot'] - 1):+.2f} %, "
-              f"output tok/s {100 * (with_step['out_tok_s'] / without['out_tok_s'] - 1):+.2f} % "
-              f"({time.perf_counter() - t0:.0f} s)", flush=True)
 
+        def pct(a: float, b: float) -> str:
+            return f"{100 * (a / b - 1):+.1f} %"
+
+        print(f"  {row.id:28s} {now['engine']:6.1f} / {now['client']:6.1f} | "
+              f"{before['engine']:6.1f} / {before['client']:6.1f} | {fit:6.1f} | "
+              f"{published:6.1f}   client vs published {pct(now['client'], published)} "
+              f"(before {pct(before['client'], published)}), vs the fit "
+              f"{pct(now['client'], fit)} (before {pct(before['client'], fit)}); "
+              f"replacements first scheduled after they were sent: "
+              f"{int(now['late'])}/{int(now['replacements'])} (before {int(before['late'])}); "
+              f"TPOT {100 * (now['tpot'] / before['tpot'] - 1):+.2f} %, output tok/s "
+              f"{100 * (now['out_tok_s'] / before['out_tok_s'] - 1):+.2f} % "
+              f"({time.perf_counter() - t0:.0f} s)", flush=True)
 
 if __name__ == "__main__":
     main()
