@@ -101,15 +101,32 @@ def test_unit_clock_recording_matches_a_timed_replay(row_id):
     from dataclasses import replace
     cache = replace(res.cache, enable_prefix_caching=False, max_model_len=small.max_model_len)
     assert small.async_scheduling == (row_id == "IX-M3-H200-1k1k-c4")
+    # the recording's clock: the replacement in the very next schedule (the fit prices the
+    # step it misses itself, missed_step_s)
     timed = Simulator(reqs, res.default_settings, cache, model,
                       options=SimOptions(async_scheduling=small.async_scheduling),
-                      load=ClosedLoop(16), num_hash_ids=nid).run()
+                      load=ClosedLoop(16, replacement_misses_step=False), num_hash_ids=nid).run()
     done = [r for r in timed.requests if r.status == "finished"]
     span = max(r.finish_s for r in done)
     rel = 1e-3 if small.async_scheduling else 1e-9
     assert fig["total_tok_s"] == pytest.approx(
         sum(r.input_len + r.output_len for r in done) / span, rel=rel)
     assert fig["ttft_med"] == pytest.approx(1e3 * float(np.median([r.ttft_s for r in done])), rel=rel)
+    # A replay's closed loop carries the missed step in its clock (docs/step-time-model.md
+    # §1.4): its client TTFT (the API server layer) is the fit's, which adds the step
+    # analytically, to the fit's approximation (the step priced as its neighbour, the
+    # recorded batches kept); without the step the replay is a step short.
+    from tuner.metrics import summarize
+    from tuner.perf.api_server import api_server_cost
+
+    client = run.figures(model)["ttft_med"]
+    replayed = Simulator(reqs, res.default_settings, cache, model,
+                         options=SimOptions(async_scheduling=small.async_scheduling),
+                         load=ClosedLoop(16), num_hash_ids=nid).run()
+    ttft = {name: 1e3 * summarize(result, api_server=api_server_cost(None)).ttft_p50_s
+            for name, result in (("missed", replayed), ("old", timed))}
+    assert ttft["missed"] == pytest.approx(client, rel=0.01)  # 0.2-0.4 % measured
+    assert ttft["old"] < 0.95 * client
 
 
 def test_rows_are_read_with_reasons_for_the_skipped():

@@ -129,3 +129,37 @@ def test_profile_records_and_exports_the_count():
                                                                       api_server_count=None))
     assert "api_server_count" not in default.to_dict()["target"]  # older files unchanged
     assert "api-server-count" not in export_profile(default, "flags")
+
+
+@pytest.mark.parametrize("step_s", [0.5, 1e-4])
+def test_a_closed_loop_replacement_s_intake_runs_during_its_missed_step(step_s):
+    """A closed loop's replacement is sent when its predecessor finishes and misses the
+    engine step scheduled then (docs/step-time-model.md §1.4); the server tokenises it
+    meanwhile, so it reaches the client's clock at the later of the two, not both: a
+    step longer than the intake hides it (0.5 s), a shorter one (0.1 ms against the
+    ~8.5 ms a 4,000-token prompt takes) leaves the rest of the intake (``client_ttft_s``'s
+    rule in the benchmark fit). 300 output tokens keep the replacements apart, so the
+    server has no queue when each comes."""
+    from tuner.sim.engine import Simulator
+    from tuner.sim.load import ClosedLoop
+    from tuner.sim.settings import CacheSettings, SchedulerSettings, SimOptions
+
+    isl = 4000
+    reqs = [TraceRequest(request_id=f"r{i}", arrival_s=0.0, input_len=isl,
+                         output_len=3000 if i == 0 else 300,
+                         block_hashes=tuple(range(i * 1000, i * 1000 + isl // 16)),
+                         output_block_hashes=()) for i in range(6)]
+    result = Simulator(reqs, SchedulerSettings(), CacheSettings(num_gpu_blocks=2000),
+                       lambda batch: step_s, load=ClosedLoop(2),
+                       options=SimOptions(fast_forward=False)).run()
+    rows = list(result.requests)
+    assert all(r.status == "finished" for r in rows)
+    arrival = np.array([r.arrival_s for r in rows])
+    first_sched = np.array([r.first_scheduled_s for r in rows])
+    cost = api.api_server_cost(1)
+    delay = api.ClientClock(cost, api.ServerLoad(0.0, 0.0, 1.0), 0.0).delays(
+        arrival, first_sched, np.full(len(rows), float(isl)))
+    intake = float(cost.intake_s(np.array([float(isl)]))[0])
+    for r, d in list(zip(rows, delay))[2:]:  # the replacements, request 0 still running
+        assert r.first_scheduled_s == pytest.approx(r.arrival_s + step_s, abs=1e-12)
+        assert r.first_scheduled_s + d == pytest.approx(r.arrival_s + max(step_s, intake))

@@ -9,7 +9,11 @@ per-step records, inter-token gaps, counters and time series, and compared with 
 stored in ``golden_digests.json`` (written from main at commit dc405ce). Three more cases
 (``async_*``) replay the same traces with async scheduling (``SimOptions.async_scheduling``,
 ``tuner.sim.async_update``); they and the step records' later ``kv_usage_at_update`` field
-have digests of their own, added without touching the synchronous ones.
+have digests of their own, added without touching the synchronous ones. The two
+closed-loop cases (``mooncake_closed32``, ``async_mooncake_closed32``) were regenerated
+alone in ``loop31``, when a closed loop's replacement began to miss the engine step
+scheduled at the instant its slot freed (docs/step-time-model.md §1.4); replayed with
+``ClosedLoop(32, replacement_misses_step=False)`` they gave their earlier digests.
 
 Everything that is not the scheduler twin or the loop is pinned here so that a change to
 the step-time model, the KV sizing or vLLM's default settings does not move the digests:

@@ -175,3 +175,16 @@ def test_a_stalled_request_times_out_as_an_error(fake: FakeServer) -> None:
     status = {r.request_id: r.status for r in result.requests}
     assert status == {"slow": "error", "fast": "finished"}
     assert result.counters["num_timeouts"] == 1
+
+
+def test_a_closed_loop_without_the_missed_step_is_refused_on_a_real_server() -> None:
+    """A real closed loop sends a replacement when the stream ended, after the engine
+    scheduled its next step (docs/step-time-model.md §1.4): the twin-only switch that
+    skips that step (the benchmark fit's recording) cannot describe a server replay."""
+    from tuner.errors import ConfigError
+    from tuner.serve.client import ReplayPlan
+
+    ReplayPlan(requests=[], block_size=32, load=ClosedLoop(2))
+    with pytest.raises(ConfigError, match="replacement_misses_step=False"):
+        ReplayPlan(requests=[], block_size=32,
+                   load=ClosedLoop(2, replacement_misses_step=False))

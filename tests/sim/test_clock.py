@@ -77,15 +77,47 @@ def test_arrivals_read_the_next_pair_only_after_the_sink_took_the_last() -> None
 
 
 def test_closed_loop_arrivals_fill_free_slots_at_the_current_time() -> None:
+    """Without the missed step (the benchmark fit's recording): a freed slot's
+    replacement is due at once."""
     pairs = [(i, Src(100.0 * i)) for i in range(4)]
-    arrivals, sink = Arrivals(iter(pairs), RULES, ClosedLoop(2)), Sink()
+    arrivals = Arrivals(iter(pairs), RULES, ClosedLoop(2, replacement_misses_step=False))
+    sink = Sink()
     arrivals.issue_due(3.0, sink)
     assert sink.log == [("add", 0, 3.0), ("add", 1, 3.0)]
     assert arrivals.next_arrival_s(3.0) == INF  # both slots taken
-    arrivals.in_flight -= 1  # one finished
-    assert arrivals.next_arrival_s(7.0) == 7.0
+    arrivals.release(1, 7.0)  # one finished
+    assert arrivals.next_arrival_s(7.0) == 7.0 and not arrivals.next_is_on_the_way()
     arrivals.issue_due(7.0, sink)
     assert sink.log[-1] == ("add", 2, 7.0) and arrivals.in_flight == 2
+
+
+def test_a_closed_loop_replacement_misses_the_schedule_at_its_slots_instant() -> None:
+    """vLLM's engine core schedules again before the client's replacement exists
+    (docs/step-time-model.md §1.4): a slot freed at 7 is not filled before a schedule at
+    7, but before the next one, with the replacement's arrival at 7 (the client sent it
+    then); the first ``concurrency`` are free at once; a refused replacement leaves its
+    slot (and its time) to the next request; an idle engine takes it at once."""
+    rules = AdmissionRules(block_size=16, num_gpu_blocks=100, max_model_len=64)
+    pairs = [(0, Src(0.0)), (1, Src(0.0)), (2, Src(0.0, input_len=100)), (3, Src(0.0)),
+             (4, Src(0.0)), (5, Src(0.0))]
+    arrivals, sink = Arrivals(iter(pairs), rules, ClosedLoop(2)), Sink()
+    arrivals.issue_due(0.0, sink)
+    assert sink.log == [("add", 0, 0.0), ("add", 1, 0.0)]  # the first C: at once
+    arrivals.release(1, 7.0)
+    assert arrivals.next_arrival_s(7.0) == 7.0 and arrivals.next_is_on_the_way()
+    arrivals.issue_due(7.0, sink)  # the schedule at 7 does not see it
+    assert len(sink.log) == 2 and arrivals.in_flight == 1
+    arrivals.issue_due(7.5, sink)  # the next schedule does: refused 2, then 3, sent at 7
+    assert sink.log[2:] == [("reject", 2, 7.0), ("add", 3, 7.0)]
+    assert arrivals.next_arrival_s(7.5) == INF and not arrivals.next_is_on_the_way()
+    arrivals.release(2, 9.0)
+    arrivals.issue_due(9.0, sink)
+    assert len(sink.log) == 4
+    arrivals.engine_idle()  # nothing left to run: the engine blocks on its input queue
+    assert arrivals.next_arrival_s(9.0) == 9.0 and not arrivals.next_is_on_the_way()
+    arrivals.issue_due(9.0, sink)
+    assert sink.log[4:] == [("add", 4, 9.0), ("add", 5, 9.0)]
+    assert arrivals.next_arrival_s(9.0) == INF
 
 
 def test_arrivals_refuse_an_unknown_load() -> None:
@@ -158,7 +190,10 @@ def test_the_depth_rule_is_written_once() -> None:
                 and isinstance(node.value, (ast.IfExp, ast.Constant)))
 
     trees = _trees(".")
-    assert _where(trees, depth_rule) == ["tuner/sim/clock.py:66"]
+    rule = next(node for node in ast.walk(trees["tuner/sim/clock.py"])
+                if isinstance(node, ast.FunctionDef) and node.name == "batch_queue_depth")
+    line = next(node.lineno for node in ast.walk(rule) if depth_rule(node))
+    assert _where(trees, depth_rule) == [f"tuner/sim/clock.py:{line}"]
 
 
 def test_the_arrivals_clock_is_written_once() -> None:

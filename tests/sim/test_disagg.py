@@ -176,3 +176,42 @@ def test_bad_settings_are_config_errors():
     PDSettings(num_prefill=1, num_decode=1, variant="push", **LINK).validate()
     with pytest.raises(ConfigError, match="--pd-transfer-mode 'write': use one of pull, push"):
         PDSettings(num_prefill=1, num_decode=1, variant="write", **LINK).validate()
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_closed_loop_replacement_misses_a_busy_prefill_instance_s_next_step(
+        async_scheduling):
+    """1P1D, a closed loop of 3, prompts of 1,200 tokens (three 512-token chunks) and 200:
+    a slot frees when the decoder finishes; the replacement goes to the prefill instance,
+    which, when busy, has scheduled again before the client's new request exists
+    (docs/step-time-model.md §1.4): its first prefill schedule is after the instant its
+    slot freed; an idle prefill instance takes it at once. Without the missed step a busy
+    instance takes some of them at that very instant."""
+    from tuner.sim.load import ClosedLoop
+
+    reqs = [Req(f"r{i}", 0.0, 1200 if i % 2 == 0 else 200, 3 + i % 4, [])
+            for i in range(16)]
+    pd = PDSettings(num_prefill=1, num_decode=1, **LINK)
+
+    def replacements(misses: bool) -> list[tuple[float, float, bool]]:
+        sim = PDSimulator(reqs, PDPool(SETTINGS, CACHE, lambda batch: 0.5),
+                          PDPool(SETTINGS, CACHE, lambda batch: 0.5), pd,
+                          options=SimOptions(async_scheduling=async_scheduling,
+                                             check_invariants=True),
+                          load=ClosedLoop(3, replacement_misses_step=misses))
+        result = sim.run()
+        assert result.counters["num_finished"] == len(reqs)
+        times = sim.prefill_times  # index -> (first prefill schedule, prefill done, ..)
+        out = []
+        for i, r in enumerate(result.requests):
+            busy = any(times[j][0] <= r.arrival_s < times[j][1] for j in times if j != i)
+            out.append((r.arrival_s, times[i][0], busy))
+        assert [arrival for arrival, _, _ in out[:3]] == [0.0] * 3  # the first C
+        assert out[0][1] == 0.0
+        return out[3:]
+
+    missed = replacements(True)
+    assert sum(busy for *_, busy in missed) >= 2
+    for arrival, first, busy in missed:
+        assert first > arrival if busy else first == arrival
+    assert any(busy and first == arrival for arrival, first, busy in replacements(False))

@@ -55,6 +55,43 @@ def test_closed_loop_keeps_concurrency_in_flight():
     assert max(s.num_running + s.num_waiting for s in res.steps) == 2
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("misses", [True, False])
+def test_closed_loop_replacement_waits_out_one_step(async_scheduling, misses):
+    """A closed loop of 2 on a tiny trace (request 0 decodes throughout, 1-4 are short):
+    every replacement is sent when its predecessor finished and first scheduled exactly
+    one step (0.5 s) later, synchronous or async (vLLM's engine core scheduled that step
+    before the client's new request existed, docs/step-time-model.md §1.4); the first 2
+    are scheduled at once. ``replacement_misses_step=False`` (the benchmark fit's
+    recording) schedules it at once."""
+    reqs = [Req("r0", 0.0, 16, 14, [])] + [Req(f"r{i}", 0.0, 16, 3, []) for i in range(1, 5)]
+    res = Simulator(reqs, SchedulerSettings(), CacheSettings(num_gpu_blocks=100), const,
+                    load=ClosedLoop(2, replacement_misses_step=misses),
+                    options=SimOptions(async_scheduling=async_scheduling,
+                                       check_invariants=True, fast_forward=False)).run()
+    rows = list(res.requests)
+    assert all(r.status == "finished" for r in rows)
+    assert [(r.arrival_s, r.first_scheduled_s) for r in rows[:2]] == [(0.0, 0.0)] * 2
+    finishes = {r.finish_s for r in rows}
+    for r in rows[2:]:
+        assert r.arrival_s in finishes  # sent when its predecessor finished
+        assert r.arrival_s < rows[0].finish_s  # request 0 still running: the engine is busy
+        assert r.first_scheduled_s == r.arrival_s + (0.5 if misses else 0.0)
+
+
+def test_closed_loop_replacement_reaches_an_idle_engine_at_once():
+    """Concurrency 1: the engine has nothing left when the request finishes, so vLLM's
+    engine core blocks on its input queue and schedules the replacement as it comes."""
+    reqs = [Req(f"r{i}", 0.0, 16, 3, []) for i in range(3)]
+    for async_scheduling in (False, True):
+        res = Simulator(reqs, SchedulerSettings(), CacheSettings(num_gpu_blocks=100), const,
+                        load=ClosedLoop(1), options=SimOptions(
+                            async_scheduling=async_scheduling, fast_forward=False)).run()
+        rows = list(res.requests)
+        assert [r.first_scheduled_s for r in rows] == [r.arrival_s for r in rows]
+        assert [r.arrival_s for r in rows[1:]] == [r.finish_s for r in rows[:-1]]
+
+
 def test_rejects_requests_that_can_never_fit():
     reqs = [Req("ok", 0.0, 32, 2, []), Req("too_big", 0.0, 200, 2, []),
             Req("too_long", 0.0, 32, 2000, []), Req("empty", 0.0, 0, 2, [])]

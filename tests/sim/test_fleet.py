@@ -43,6 +43,56 @@ def test_one_engine_fleet_replays_as_the_single_engine_loop(seed: int, fast_forw
     assert list(b.requests.engine) == [0] * len(reqs)
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("concurrency", [1, 8])
+def test_one_engine_fleet_replays_a_closed_loop_as_the_single_engine_loop(
+        async_scheduling: bool, concurrency: int):
+    """The same under a closed loop: the fleet orders a replacement on its way after the
+    schedules of its instant, the single-engine loop adds it before the next schedule
+    (or at once to an idle engine); both give identical records."""
+    from tuner.sim.load import ClosedLoop
+
+    reqs = _trace(n=120, seed=4)
+    options = SimOptions(record_steps=True, async_scheduling=async_scheduling)
+    load = ClosedLoop(concurrency)
+    a = Simulator(reqs, SETTINGS, CACHE, nonlinear_step, options=options, load=load).run()
+    b = FleetSimulator(reqs, SETTINGS, CACHE, nonlinear_step, options=options,
+                       load=load).run()
+    for name in ("requests", "steps", "itl_samples", "timeseries", "simulated_s"):
+        assert repr(getattr(a, name)) == repr(getattr(b, name)), name
+    late = [r for r in a.requests if r.first_scheduled_s > r.arrival_s]
+    assert late if concurrency > 1 else not late  # C = 1: the engine is idle each time
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("moe", [False, True])
+def test_dp_closed_loop_replacement_misses_its_engines_next_step(async_scheduling: bool,
+                                                                 moe: bool):
+    """DP 2 (independent engines, or a MoE lockstep), 0.5 s steps on both ranks, a closed
+    loop of 4: two long requests keep both ranks busy, so every replacement (sent when
+    its predecessor finished, on either rank) is first scheduled one step later, by
+    whichever rank the balancer gave it; the first 4 at once."""
+    from tuner.sim.load import ClosedLoop
+
+    reqs = ([Req(f"long{i}", 0.0, 16, 30, []) for i in range(2)]
+            + [Req(f"r{i}", 0.0, 16, 2 + i % 3, []) for i in range(10)])
+    result = FleetSimulator(reqs, SETTINGS, CACHE, lambda batch: 0.5, dp=2, moe=moe,
+                            load=ClosedLoop(4),
+                            options=SimOptions(async_scheduling=async_scheduling,
+                                               check_invariants=True)).run()
+    rows = list(result.requests)
+    assert all(r.status == "finished" for r in rows)
+    assert sorted(set(result.requests.engine)) == [0, 1]
+    assert all(r.first_scheduled_s == 0.0 for r in rows[:4])
+    busy_until = min(r.finish_s for r in rows[:2])
+    replacements = [r for r in rows[4:] if r.arrival_s < busy_until]
+    assert len(replacements) >= 6
+    finishes = {r.finish_s for r in rows}
+    for r in replacements:
+        assert r.arrival_s in finishes
+        assert r.first_scheduled_s == r.arrival_s + 0.5, r
+
+
 # ----------------------------------------------------------------- vLLM's DP balancer
 
 

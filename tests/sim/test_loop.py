@@ -126,6 +126,41 @@ def test_closed_loop_issues_on_finish_and_on_reject() -> None:
         ("reject", 1, 0.0), ("add", 2, 0.0), ("add", 0, 1.0)]
 
 
+@pytest.mark.parametrize("depth", [1, 2])
+def test_closed_loop_replacement_misses_the_step_scheduled_when_its_slot_freed(
+        depth: int) -> None:
+    """A closed loop of 2, 1-second steps: request 1 finishes with the update at 2 s;
+    its replacement (request 2, sent at 2 s) is not in the schedule at 2 s, which vLLM's
+    engine core runs before the client's new request exists, but in the next one, at
+    3 s, synchronous or async (docs/step-time-model.md §1.4). Request 3's slot frees
+    when the engine has nothing left: an idle engine takes it at once."""
+    sources = [Src(0.0, output_len=6), Src(0.0, output_len=2), Src(0.0, output_len=2),
+               Src(0.0, output_len=1)]
+    engine = run(sources, depth=depth, load=ClosedLoop(2))
+    log = calls(engine, "add", "schedule", "update", "idle")
+    assert log[:2] == [("add", 0, 0.0), ("add", 1, 0.0)]  # the first C at once
+    at = log.index(("add", 2, 2.0))
+    missed = ("schedule", 2, 2.0, (0,)) if depth == 1 else ("schedule", 3, 2.0, (0,))
+    assert log[at - 2:at] == [missed, ("update", 2, 3.0)]  # sent at 2, added before 3
+    assert log[at + 1][:3] == ("schedule", 3 if depth == 1 else 4, 3.0)
+    assert 2 in log[at + 1][3]
+    if depth == 1:  # request 2 finishes at 5 s while request 0 still runs: missed again
+        assert log.index(("add", 3, 5.0)) > log.index(("schedule", 5, 5.0, (0,)))
+        assert ("schedule", 6, 6.0, (3,)) in log
+    else:  # both finish with the update at 6 s: the engine idles and takes it at once
+        assert log[-4:] == [("idle",), ("add", 3, 6.0), ("schedule", 6, 6.0, (3,)),
+                            ("update", 6, 7.0)]
+
+
+def test_closed_loop_without_the_missed_step_joins_the_next_schedule() -> None:
+    """``replacement_misses_step=False`` (the benchmark fit's recording): the replacement
+    is in the schedule at the instant its slot freed."""
+    sources = [Src(0.0, output_len=6), Src(0.0, output_len=2), Src(0.0, output_len=2)]
+    engine = run(sources, depth=1, load=ClosedLoop(2, replacement_misses_step=False))
+    log = calls(engine, "add", "schedule")
+    assert log[log.index(("add", 2, 2.0)) + 1] == ("schedule", 2, 2.0, (0, 2))
+
+
 def test_open_loop_speedup_scales_arrivals() -> None:
     engine = run([Src(4.0, output_len=1)], depth=1, load=OpenLoop(speedup=2.0))
     assert calls(engine, "add") == [("add", 0, 2.0)]

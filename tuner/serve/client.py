@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import tuner.serve.http as http
-from tuner.errors import BackendError
+from tuner.errors import BackendError, ConfigError
 from tuner.records import ReplayResult, RequestResult
 from tuner.serve.prometheus import (KV_USAGE, NUM_RUNNING, NUM_WAITING, MetricsSnapshot,
                                     counter_deltas, histogram_deltas)
@@ -85,6 +85,15 @@ class ReplayPlan:
     num_gpus: int = 1
     thread_outputs: bool = False  # next turn's prompt holds the previous turn's real output
     use_priority: bool = False  # send TraceRequest.priority (policy "priority")
+
+    def __post_init__(self) -> None:
+        # A real closed loop sends each replacement when the stream has ended, so the
+        # server's engine core has always scheduled its next step by then (the missed
+        # step, docs/step-time-model.md §1.4): a twin replay without it is not what this
+        # backend measures, and a comparison of the two would not be like for like.
+        if isinstance(self.load, ClosedLoop) and not self.load.replacement_misses_step:
+            raise ConfigError("a real server's closed loop always misses the step: "
+                              "replacement_misses_step=False is the twin's alone")
 
 
 class ServerReplay:

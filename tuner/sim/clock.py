@@ -14,10 +14,12 @@ Contract:
   (v1/engine/core.py:208-234, 708-822 @ 0.33.0), synchronous scheduling a queue of 1.
   The twin, the fleet, the replay backend and the vLLM-core drivers all ask it.
 * :class:`Arrivals` owns the requests not yet issued: the issue order, the open loop's
-  ``arrival_s / speedup`` and the closed loop's ``concurrency`` slots, the
-  arrival-time refusals (:class:`~tuner.sim.loop.AdmissionRules`) and the count of
-  requests in flight. It hands each request to an :class:`ArrivalSink` (an engine, or
-  the fleet's front end) and reads the next one only after the sink took it.
+  ``arrival_s / speedup`` and the closed loop's ``concurrency`` slots (with the
+  replacements on their way, which miss the schedule at the instant their slot was
+  freed: docs/step-time-model.md §1.4), the arrival-time refusals
+  (:class:`~tuner.sim.loop.AdmissionRules`) and the count of requests in flight. It
+  hands each request to an :class:`ArrivalSink` (an engine, or the fleet's front end)
+  and reads the next one only after the sink took it.
 * :class:`BatchQueue` owns one batch queue (one engine, or a lockstep group): which
   batches are scheduled and not yet applied, the GPU clock (a batch starts at
   ``max(its launch, the previous batch's end)``), the CPU's launch time, and when a
@@ -128,10 +130,20 @@ class Arrivals:
 
     Requests are issued in the order ``pairs`` yields them (arrival time, ties by trace
     position). Open loop: a request is due at ``arrival_s / speedup``. Closed loop:
-    ``concurrency`` requests in flight, the next one due at the current time when a slot
-    is free (a refused request takes no slot). ``pairs`` is read lazily: only the next
-    pair is held, and the next is read only after the sink took the previous one (a
-    source reading lazily may renumber what the engine holds when it reads on).
+    ``concurrency`` requests in flight, the next one due when a slot is free (a refused
+    request takes no slot). ``pairs`` is read lazily: only the next pair is held, and the
+    next is read only after the sink took the previous one (a source reading lazily may
+    renumber what the engine holds when it reads on).
+
+    A closed loop's slot freed at ``t`` (:meth:`release`) is, under
+    ``ClosedLoop.replacement_misses_step``, a replacement *on its way*: sent at ``t``
+    (its ``arrival_s``, the client's clock) but reaching the engine just after ``t``, so
+    a schedule at ``t`` does not see it and the first schedule after ``t`` does
+    (:meth:`issue_due` before a schedule at ``now > t``; the fleet's loop orders it
+    after the schedules of its instant). An idle engine blocks on its input queue
+    (vLLM's ``_process_input_queue``) and takes it as it comes (:meth:`engine_idle`).
+    The slots the loop starts with (the first ``concurrency`` requests, sent to an idle
+    engine) are free at once.
 
     Args:
         pairs: ``(index, source)``; each source has ``arrival_s``, ``input_len`` and
@@ -142,7 +154,7 @@ class Arrivals:
     """
 
     __slots__ = ("rules", "next_s", "num_issued", "in_flight", "_pairs", "_head",
-                 "_speedup", "_concurrency")
+                 "_speedup", "_concurrency", "_on_the_way")
 
     def __init__(self, pairs: Iterable[tuple[int, Any]], rules: Any,
                  load: OpenLoop | ClosedLoop) -> None:
@@ -150,12 +162,18 @@ class Arrivals:
             raise TypeError(f"load {load!r}: expected OpenLoop or ClosedLoop")
         self.rules = rules
         self.num_issued = 0  # requests handed to the sink (refused ones included)
-        #: admitted, not finished (the closed loop's count); the loop subtracts what
-        #: its engines' updates finish
+        #: admitted, not finished (the closed loop's count); the loop reports what its
+        #: engines' updates finish (:meth:`release`)
         self.in_flight = 0
         self._pairs: Iterator[tuple[int, Any]] = iter(pairs)
         self._speedup = load.speedup if isinstance(load, OpenLoop) else 1.0
         self._concurrency = load.concurrency if isinstance(load, ClosedLoop) else 0
+        #: the closed loop's replacements on their way: when each slot was freed, in
+        #: order (None: the next request reaches the engine at once, as the open loop's
+        #: and ``replacement_misses_step=False``'s do). A slot that is neither in flight
+        #: nor on its way is free at once.
+        self._on_the_way: deque[float] | None = (
+            deque() if isinstance(load, ClosedLoop) and load.replacement_misses_step else None)
         #: a lower bound of when the head is due: its arrival in the open loop (so a
         #: loop skips :meth:`issue_due` with one comparison), -inf in the closed loop
         #: (due whenever a slot is free), inf when nothing is left
@@ -172,38 +190,93 @@ class Arrivals:
         else:
             self.next_s = float(head[1].arrival_s) / self._speedup
 
+    def _free_at_once(self) -> bool:
+        """A closed-loop slot neither in flight nor on its way."""
+        way = self._on_the_way
+        return self.in_flight + (len(way) if way else 0) < self._concurrency
+
     def next_arrival_s(self, now_s: float) -> float:
         """When the next request is due, seen at ``now_s`` (inf if none can be without a
-        finish first)."""
+        finish first). A closed loop's replacement on its way is due at the time its slot
+        was freed, after that instant's schedules (:meth:`next_is_on_the_way`)."""
         if self._head is None:
             return INF
         if self._concurrency:
-            return now_s if self.in_flight < self._concurrency else INF
+            if self._free_at_once():
+                return now_s
+            way = self._on_the_way
+            return way[0] if way else INF
         return self.next_s
 
+    def next_is_on_the_way(self) -> bool:
+        """Whether the request :meth:`next_arrival_s` gives is a closed loop's replacement
+        on its way: it reaches the engines after the schedules at its instant (the
+        fleet's loop orders it so), not before them as an arrival does."""
+        return (self._on_the_way is not None and self._head is not None
+                and not self._free_at_once() and bool(self._on_the_way))
+
     def issue(self, now_s: float, sink: ArrivalSink) -> None:
-        """Hand the head, due at ``now_s`` or earlier, to ``sink`` (refused or added)."""
+        """Hand the head, due at ``now_s`` or earlier, to ``sink`` (refused or added).
+
+        A closed loop's head takes a slot free at once (arriving at ``now_s``), else the
+        oldest replacement on its way (arriving when that slot was freed: the client
+        sent it then); a refused head leaves the slot to the next one."""
         assert self._head is not None, "issue() with no request left"
         index, source = self._head
-        arrival = now_s if self._concurrency else self.next_s
+        way = None
+        if not self._concurrency:
+            arrival = self.next_s
+        elif self._free_at_once():
+            arrival = now_s
+        else:
+            way = self._on_the_way
+            assert way, "issue() with no closed-loop slot free"
+            arrival = way[0]
         self.num_issued += 1
         if self.rules.rejects(int(source.input_len), int(source.output_len)):
             sink.reject_request(index, source, arrival)  # frees its closed-loop slot
         else:
+            if way is not None:
+                way.popleft()
             self.in_flight += 1
             sink.add_request(index, source, arrival)
         self._read_on()
 
     def issue_due(self, now_s: float, sink: ArrivalSink) -> None:
-        """Issue every request due at ``now_s``, in order (:meth:`next_arrival_s`'s rule,
-        unrolled per load: this runs once per step)."""
+        """Issue every request due before a schedule at ``now_s``, in order
+        (:meth:`next_arrival_s`'s rule, unrolled per load: this runs once per step): a
+        closed loop's replacement on its way only if its slot was freed before ``now_s``
+        (the schedule at that very instant does not see it)."""
         concurrency = self._concurrency
         if concurrency:
-            while self._head is not None and self.in_flight < concurrency:
+            way = self._on_the_way
+            while self._head is not None:
+                on_the_way = len(way) if way else 0
+                if (self.in_flight + on_the_way >= concurrency
+                        and not (on_the_way and way[0] < now_s)):  # type: ignore[index]
+                    break
                 self.issue(now_s, sink)
         else:
             while self.next_s <= now_s:  # inf once nothing is left
                 self.issue(now_s, sink)
+
+    def release(self, num_finished: int, now_s: float) -> None:
+        """``num_finished`` admitted requests left the engines at ``now_s`` (finished, or
+        refused downstream): a closed loop's slots free up, their replacements on their
+        way (module doc) unless ``replacement_misses_step`` is off."""
+        self.in_flight -= num_finished
+        way = self._on_the_way
+        if way is not None:
+            way.extend([now_s] * num_finished)
+
+    def engine_idle(self) -> None:
+        """The engine has nothing waiting, running or in flight: vLLM's engine core
+        blocks on its input queue, so the replacements on their way reach it as they
+        come (their slots are free at once: the single-engine loop's idle jump; the
+        fleet's loop gets the same from its order of events)."""
+        way = self._on_the_way
+        if way:
+            way.clear()
 
 
 class BatchQueue:

@@ -25,9 +25,24 @@ class ClosedLoop:
 
     As ``vllm bench serve --max-concurrency`` and the agentic harnesses run; a request's
     ``arrival_s`` becomes its issue time (the first ``concurrency`` are issued at 0).
+
+    ``replacement_misses_step`` (default, as vLLM runs): a replacement is sent when its
+    predecessor's step ends, but it reaches the engine only after the engine has
+    scheduled its next step, so it waits out that whole step (docs/step-time-model.md
+    §1.4). Why: vLLM's engine core schedules again within microseconds of queueing a
+    step's outputs (``run_busy_loop``, v1/engine/core.py 1621-1696 @ 0.33.0), while the
+    replacement exists only after those outputs went through the API server to the
+    client, its stream ended and the client sent a new request that the server then
+    tokenised: milliseconds. An idle engine (nothing waiting, running or in flight)
+    blocks on its input queue and takes the replacement as it comes. ``False`` hands
+    the replacement to the very next ``schedule()``: the benchmark fit records its rows
+    that way and prices the missed step itself (``tuner.perf.fit.benchmark_rows.
+    missed_step_s``). A real server's closed loop (``vllm-serve``) always has the missed
+    step: its client sends the replacement only when the stream has ended.
     """
 
     concurrency: int  # >= 1
+    replacement_misses_step: bool = True
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:

@@ -9,9 +9,12 @@ fleet's loop (``tuner.sim.fleet.loop``) runs the same objects for many engines:
 
 * **Arrivals.** Requests are issued in order of arrival time, ties by trace position.
   Open loop: a request reaches the engine at ``arrival_s / speedup`` of the replay clock.
-  Closed loop: ``concurrency`` requests in flight, the next one issued (at the current
-  time) when one finishes or is rejected. A request that can never run is refused at
-  arrival by :class:`AdmissionRules`, the one copy of those rules (``Arrivals`` asks it).
+  Closed loop: ``concurrency`` requests in flight, the next one sent when one finishes
+  or is rejected; a replacement misses the schedule at the instant its predecessor
+  finished and joins the one after (vLLM's engine core has scheduled again before the
+  client's new request exists, docs/step-time-model.md §1.4), unless the engine is idle.
+  A request that can never run is refused at arrival by :class:`AdmissionRules`, the one
+  copy of those rules (``Arrivals`` asks it).
 * **Steps.** At the engine-loop time ``now`` every request that has arrived is added,
   then a batch is scheduled, priced by the step-time model and queued. The GPU runs
   queued batches back to back: a batch starts at ``max(now, end of the previous
@@ -196,7 +199,9 @@ class ReplayLoop:
                     continue  # the engine loop does not block on a queue with room
             if queue:
                 step, self.now_s = pop(self.now_s)  # the CPU waits for the batch's outputs
-                arrivals.in_flight -= engine.update(step, self.now_s)
+                finished = engine.update(step, self.now_s)
+                if finished:
+                    arrivals.release(finished, self.now_s)
                 if progress is not None and self.num_steps % 1000 == 0:
                     progress(arrivals.num_issued / total)
                 continue
@@ -205,6 +210,7 @@ class ReplayLoop:
                 break
             if nxt > self.now_s:
                 self.now_s = nxt
+            arrivals.engine_idle()  # a replacement on its way reaches an idle engine at once
             engine.idle()
         if progress is not None:
             progress(1.0)

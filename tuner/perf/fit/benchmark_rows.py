@@ -371,7 +371,8 @@ def record(row: BenchmarkRow) -> RecordedRun:
     if row.kind == "closed":
         isl = rng.integers(int(0.8 * row.isl), row.isl + 1, n)
         osl = rng.integers(int(0.8 * row.osl), row.osl + 1, n)
-        load: Any = ClosedLoop(row.concurrency)
+        # the fit prices the replacement's missed step itself (missed_step_s)
+        load: Any = ClosedLoop(row.concurrency, replacement_misses_step=False)
     else:
         n = row.concurrency if row.kind == "batch" else min(n, OFFLINE_PROMPTS)
         isl, osl = np.full(n, row.isl), np.full(n, row.osl)

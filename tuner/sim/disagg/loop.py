@@ -123,7 +123,7 @@ class PDLoop(FleetLoop):
             self.table.record(index, "rejected", arrival_s)
             self.table.engine[index] = -1
             self.num_refused_at_decode += 1
-            self.arrivals.in_flight -= 1
+            self.arrivals.release(1, self.now_s)
             if hasattr(self.proxy, "refused"):
                 self.proxy.refused(index)
             return

@@ -28,8 +28,11 @@ once on one replay clock. Engines are numbered ``replica * dp + rank``. What is 
   counter is each rank's ``prefill_schedule_interval`` clock (``_should_throttle_prefills``,
   2455-2463), so it is handed to every rank before it schedules.
 * **Order of events at one instant:** batch ends (updates), then arrivals, then
-  schedules; ties between engines by engine index. With one engine this is exactly
-  ``ReplayLoop``'s order, so a one-engine fleet gives the same records.
+  schedules, then a closed loop's replacements on their way (sent when a request
+  finished at that instant, they reach the front end after every engine scheduled:
+  docs/step-time-model.md §1.4; an idle engine picks one up at once); ties between
+  engines by engine index. With one engine this is exactly ``ReplayLoop``'s order, so a
+  one-engine fleet gives the same records.
 
 The loop knows nothing of the twin: engines are :class:`~tuner.sim.fleet.engines.FleetEngine`s
 (the twin's, or vLLM's own scheduler in the vLLM-core driver).
@@ -212,7 +215,8 @@ class FleetLoop:
                 heapq.heappop(heap)
             arrival = arrivals.next_arrival_s(self.now_s)
             if arrival != INF and (not heap or arrival < heap[0][0]
-                                    or (arrival == heap[0][0] and heap[0][1] == _SCHEDULE)):
+                                    or (arrival == heap[0][0] and heap[0][1] == _SCHEDULE
+                                        and not arrivals.next_is_on_the_way())):
                 if arrival > self.now_s:
                     self.now_s = arrival
                 if balancers:
@@ -355,7 +359,9 @@ class FleetLoop:
             if step is None:
                 continue
             engine = engines[e]
-            self.arrivals.in_flight -= engine.update(step, end)
+            finished = engine.update(step, end)
+            if finished:
+                self.arrivals.release(finished, end)
             done = engine.take_finished()
             if done:
                 balancer = self.balancers[e // self.dp] if self.balancers else None
