@@ -94,7 +94,7 @@ class GroupPlan:
 
 
 class DecodeGroup(MemberCalendar, DecodeGroupInvariants):
-    """The steady decoders of one scheduler, their event calendar and group steps.
+    """The steady decoders of one scheduler, their rings and dated events, and group steps.
 
     Invariants (``check_invariants``): ``size`` = members; ``sum_tokens`` = sum of their
     true ``num_tokens``; every member is in ``rings[phase]``, in ``fill_rings`` and
