@@ -34,7 +34,7 @@ from bisect import insort
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
-from tuner.sim.decode_group_invariants import FILLS_BLOCK, FINISHES, OPENS_BLOCK
+from tuner.sim.decode_group_invariants import FILLS_BLOCK, OPENS_BLOCK
 from tuner.sim.request import RequestStatus
 
 if TYPE_CHECKING:
