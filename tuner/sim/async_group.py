@@ -63,6 +63,11 @@ class AsyncDecodeGroup(DecodeGroup):
 
     __slots__ = ("pending", "others_stale")
 
+    #: A member opens (and fills) a block at the schedule whose applied tokens are 0 mod bs.
+    OPEN_OFFSET = 0
+    #: It leaves at the schedule of its last token: output tokens max_tokens - 2 applied.
+    FINISH_LEAD = 2
+
     def __init__(self, host: SchedulerHost, *, block_size: int, caching: bool,
                  max_model_len: int) -> None:
         super().__init__(host, block_size=block_size, caching=caching,
@@ -74,8 +79,9 @@ class AsyncDecodeGroup(DecodeGroup):
     def block_events(self, request: SimRequest, num_tokens: int) -> int:
         """``OPENS_BLOCK | FILLS_BLOCK`` of a member scheduled with ``num_tokens`` applied
         tokens (module doc): both at a block boundary, the fill only for a shareable
-        hash (a synthetic one waits for ``KVCacheManager.free``, as in sync). ``_file_at``
-        inlines it; ``check_invariants`` compares the filed kinds with it."""
+        hash (a synthetic one waits for ``KVCacheManager.free``, as in sync).
+        ``MemberCalendar._place`` turns it into a phase (``OPEN_OFFSET`` 0: the fill and
+        the opening share a key); ``check_invariants`` compares the rings with it."""
         bs = self.block_size
         if num_tokens % bs:
             return 0
@@ -100,37 +106,6 @@ class AsyncDecodeGroup(DecodeGroup):
                 and (not self.caching or request.num_cached_blocks == (t - 1) // self.block_size)
                 and request.num_prompt_tokens + request.max_tokens <= self.max_model_len
                 and self.connector_quiet(request))
-
-    def _file(self, request: SimRequest) -> None:
-        """File a member at the schedule about to run (key ``S``)."""
-        self._file_at(request, self.S, self.tokens(request), self.output_tokens(request))
-
-    def _file_at(self, request: SimRequest, key: int, t: int, o: int) -> None:
-        """File a member whose schedule ``key`` sees ``t`` applied tokens and ``o`` output
-        tokens under its next event: a block boundary (``t + k`` a multiple of the block
-        size) or the schedule of its last token (output ``o + k + 2 == max_tokens``: one
-        token is always in flight)."""
-        bs = self.block_size
-        k = (-t) % bs
-        k_fin = request.max_tokens - 2 - o
-        kinds = 0
-        if k_fin <= k:
-            k = k_fin
-            kinds = FINISHES
-        t += k  # block_events(request, t + k), inlined (check_invariants compares them)
-        if t % bs == 0:
-            if self.caching and t // bs <= request.num_shared_hash_blocks:
-                kinds |= OPENS_BLOCK | FILLS_BLOCK
-            else:
-                kinds |= OPENS_BLOCK
-        event = key + k
-        request.next_event = event
-        request.event_kinds = kinds
-        bucket = self.calendar.get(event)
-        if bucket is None:
-            self.calendar[event] = [request]
-        else:
-            bucket.append(request)
 
     # ------------------------------------------------------------------- membership
     def join(self, pending: SchedulerOutput | None) -> None:
@@ -159,7 +134,7 @@ class AsyncDecodeGroup(DecodeGroup):
 
     def _depart(self, request: SimRequest, allocated: bool = False) -> None:
         """A member leaves at schedule time: counters up to date, registrations caught up
-        with vLLM's, out of the calendar, and its in-flight token handed back to the step
+        with vLLM's, out of its rings, and its in-flight token handed back to the step
         in flight (the plain update applies it; ``sort_individual`` keeps that step's
         entries in running order).
 
@@ -177,9 +152,6 @@ class AsyncDecodeGroup(DecodeGroup):
                                                request.num_tokens - (0 if allocated else 1))
         if host.fenced:  # its last steps were group steps (block_fence)
             host.kv_cache_manager.members_left([request])  # type: ignore[attr-defined]
-        bucket = self.calendar.get(request.next_event)
-        if bucket is not None and request in bucket:
-            bucket.remove(request)
         self._leave(request)
         pending.individual.append((request, 1))
         pending.sampled.append(True)
@@ -211,31 +183,20 @@ class AsyncDecodeGroup(DecodeGroup):
     # ------------------------------------------------------------------- schedule
     def run(self, out: SchedulerOutput, token_budget: int, plan: GroupPlan
             ) -> tuple[int, bool]:
-        """The sync group step's pool work, then: members with an event are filed for
-        the next schedule, members given their last token leave and are listed
-        individually, the step records the members' decode context, and ``S`` moves."""
+        """The sync group step's pool work, then: members given their last token
+        (``step.events``, the step's finishes) leave and are listed individually, the step
+        records the members' decode context, and ``S`` moves. The other members' rings
+        stay as they are (a member's phase holds while it is a member)."""
         budget, prefill_scheduled = super().run(out, token_budget, plan)
         step = out.group
         assert step is not None
-        key = self.S + 1
-        g1 = self.G + 1  # lag + 1: the next schedule sees one more applied token
-        file_at = self._file_at
-        finishing: list[SimRequest] = []
-        for member in step.events:
-            if not member.steady:
-                continue  # preempted in this step
-            if member.event_kinds & FINISHES:
-                finishing.append(member)
-            else:  # tokens(member) + 1 and output_tokens(member) + 1, inlined
-                d = g1 - member.g0
-                file_at(member, key, member.num_tokens + d, member.num_output_tokens + d)
-        if finishing:
-            for member in finishing:  # still running until the update: back in others
+        if step.events:
+            for member in step.events:  # still running until the update: back in others
                 self._depart(member, allocated=True)
                 insort(self.others, member, key=seq_order)
                 out.individual.append((member, 1))
             out.sort_individual = True
-            step.events = [m for m in step.events if m.steady]
+            step.events = []
         step.num_members = self.size
         step.sum_tokens = self.sum_tokens + self.size  # decode context: computed + 1 each
         self.S += 1

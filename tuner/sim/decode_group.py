@@ -12,10 +12,12 @@ stated in ``tuner.sim.fast_path``, which also declares how every settings field 
 Membership and the lag: a running request joins once it is decode-ready
 (``is_decode_ready``). A member's counters are stored as of group step ``g0``; its true
 values are the stored ones plus ``G - g0`` (``tokens``, ``output_tokens``,
-``computed``): read them only through these accessors. A calendar maps each member to its
-next *event* step (a new block, a registration of a block whose hash another request can
-look up, its last token). A group step touches only the members with an event, merged
-with the other running requests in running order (admission ``seq``): their new blocks
+``computed``): read them only through these accessors. Members are filed by *phase*
+(``tuner.sim.member_calendar``): rings of members per residue of the step at which they
+open a block (and fill a block whose hash another request can look up), in running
+order, and a calendar of finishes. A group step touches only the members of the step's
+rings and finishes, merged with the other running requests in running order (admission
+``seq``): their new blocks
 come from one ``BlockPool.get_new_blocks`` call per run of members between two other
 running requests and their full blocks are registered with one ``cache_blocks`` call,
 which leaves the pool exactly as vLLM's per-request ``allocate_slots`` calls would (see
@@ -56,6 +58,7 @@ from tuner.sim.request import RequestStatus, SimRequest
 from tuner.sim.scheduler_output import GroupStep, SchedulerOutput
 
 _RUNNING = RequestStatus.RUNNING
+_NONE: list[SimRequest] = []  # no finishers this step (never appended to)
 
 
 # ----------------------------------------------------------------------------- the group
@@ -84,22 +87,27 @@ class GroupPlan:
     """A proven group step, not yet applied (planning changes no state)."""
 
     individual: list[tuple[SimRequest, int]]  # tokens of the running non-members, in order
-    events: list[SimRequest]  # members with an event at this step, in running order
+    takers: list[SimRequest]  # members that open a block this step (their ring), in order
+    fillers: list[SimRequest]  # members that fill a shareable block (their fill ring)
+    finishers: list[SimRequest]  # members that get their last token this step
     short: bool  # the new blocks exceed the free ones: an allocation fails and preempts
 
 
 class DecodeGroup(MemberCalendar, DecodeGroupInvariants):
-    """The steady decoders of one scheduler, their event calendar and group steps.
+    """The steady decoders of one scheduler, their rings and dated events, and group steps.
 
     Invariants (``check_invariants``): ``size`` = members; ``sum_tokens`` = sum of their
-    true ``num_tokens``; every member is in ``calendar`` under its ``next_event`` >= ``G``
-    (entries of requests that left are skipped); ``others`` = the running non-members
-    in running order; ``last_end_s`` = end time of the latest step, when every member
-    that took part in it received its token.
+    true ``num_tokens``; every member is in ``rings[phase]``, in ``fill_rings`` and
+    ``share_ends`` while a shareable fill is ahead (``share_end >= S``) and in
+    ``finishes`` under its ``finish_step >= S``, and nothing else is in them (the rings
+    in running order); ``others`` = the running non-members in running order;
+    ``last_end_s`` = end time of the latest step, when every member that took part in it
+    received its token.
     """
 
     __slots__ = ("host", "block_size", "caching", "max_model_len", "G", "S", "size",
-                 "sum_tokens", "calendar", "odd", "last_end_s", "others")
+                 "sum_tokens", "rings", "fill_rings", "finishes", "share_ends", "odd",
+                 "last_end_s", "others")
 
     def __init__(self, host: SchedulerHost, *, block_size: int, caching: bool,
                  max_model_len: int) -> None:
@@ -114,7 +122,12 @@ class DecodeGroup(MemberCalendar, DecodeGroupInvariants):
         self.S = 0
         self.size = 0
         self.sum_tokens = 0
-        self.calendar: dict[int, list[SimRequest]] = {}
+        # Members by the residue (mod block size) of the keys at which they open a block,
+        # and at which they fill a shareable one; each ring in running order.
+        self.rings: list[list[SimRequest]] = [[] for _ in range(block_size)]
+        self.fill_rings: list[list[SimRequest]] = [[] for _ in range(block_size)]
+        self.finishes: dict[int, list[SimRequest]] = {}  # key -> members finishing there
+        self.share_ends: dict[int, list[SimRequest]] = {}  # key -> last shareable fills
         # Members whose last token is older than the previous step's end (they joined
         # without being scheduled that step): their next gap is computed one by one.
         self.odd: list[SimRequest] = []
@@ -207,22 +220,19 @@ class DecodeGroup(MemberCalendar, DecodeGroupInvariants):
         self.sum_tokens += request.num_tokens
         if request.last_token_s != now_s:
             self.odd.append(request)
-        self._file(request)
+        self._place(request)
 
     def _leave(self, request: SimRequest) -> None:
-        """Take a materialised member out of the group (its calendar entry goes stale)."""
+        """Take a materialised member out of the group: out of its rings and dated
+        events (it may rejoin later with the same steps, which must not find it twice)."""
         request.steady = False
-        request.next_event = -1
+        self._unplace(request)
         self.size -= 1
         self.sum_tokens -= request.num_tokens
 
     def _drop(self, request: SimRequest) -> None:
-        """A member about to be preempted: counters up to date, out of the calendar (it
-        may rejoin later with the same event step, which must not find it twice)."""
+        """A member about to be preempted: counters up to date, out of the group."""
         self.materialize(request)
-        bucket = self.calendar.get(request.next_event)
-        if bucket is not None and request in bucket:
-            bucket.remove(request)
         self._leave(request)
 
     def dissolve(self) -> None:
@@ -232,10 +242,15 @@ class DecodeGroup(MemberCalendar, DecodeGroupInvariants):
             if request.steady:
                 self.materialize(request)
                 request.steady = False
-                request.next_event = -1
+                request.phase = request.share_end = request.finish_step = -1
         self.size = 0
         self.sum_tokens = 0
-        self.calendar.clear()
+        for ring in self.rings:
+            ring.clear()
+        for ring in self.fill_rings:
+            ring.clear()
+        self.finishes.clear()
+        self.share_ends.clear()
         self.odd.clear()
         self.others = list(running)
 
@@ -290,64 +305,69 @@ class DecodeGroup(MemberCalendar, DecodeGroupInvariants):
         # (Checked here, not in the loop: members after the last non-member have no entry.)
         if token_budget - (num_members - 1) - spent_before_last <= 0:
             return None
-        events = self._due_events()
-        for request in events:
-            if request.event_kinds & OPENS_BLOCK:
-                num_new_blocks += 1
+        residue = self.S % bs
+        takers = self.rings[residue]
+        num_new_blocks += len(takers)
         short = num_new_blocks > host.kv_cache_manager.block_pool.free_block_queue.num_free_blocks
         if short and host.policy != "fcfs":
             return None  # priority: a victim may be scheduled already. The plain path.
         # fcfs and fenced (a connector under async): vLLM stops at a victim whose blocks
         # it cannot free yet; _run_preempting stops there too and the members it does
         # not reach leave the group unscheduled.
-        return GroupPlan(individual, events, short)
+        return GroupPlan(individual, takers, self.fill_rings[residue],
+                         self.finishes.get(self.S, _NONE), short)
 
     def run(self, out: SchedulerOutput, token_budget: int, plan: GroupPlan
             ) -> tuple[int, bool]:
         """Apply a plan: the running loop of a group step. Returns the budget left and
         whether a prefill chunk was scheduled.
 
-        Members with an event between two other running requests are handled as one
+        The takers and fillers between two other running requests are handled as one
         batch (``_member_events``); the other requests call ``allocate_slots`` as on the
-        plain path, in running order.
+        plain path, in running order. The step's finishing members are its ``events``
+        (``apply_tokens`` finishes them); members whose shareable hashes end at this
+        step leave their fill ring after its pool work (``_end_shares``).
         """
-        self.calendar.pop(self.S, None)
+        finishers = self.finishes.pop(self.S, _NONE)
         if plan.short:
-            return self._run_preempting(out, token_budget, plan)
-        events = plan.events
-        spent, prefill_scheduled = self._allocate_in_order(events, plan.individual, out)
-        out.group = GroupStep(self.size, self.sum_tokens, events, self.host.running, self)
+            result = self._run_preempting(out, token_budget, plan)
+            self._end_shares()
+            return result
+        spent, prefill_scheduled = self._allocate_in_order(plan.takers, plan.fillers,
+                                                           plan.individual, out)
+        self._end_shares()
+        out.group = GroupStep(self.size, self.sum_tokens, finishers, self.host.running, self)
         out.total_num_scheduled_tokens += self.size + spent
         return token_budget - self.size - spent, prefill_scheduled
 
-    def _allocate_in_order(self, events: list[SimRequest],
+    def _allocate_in_order(self, takers: list[SimRequest], fillers: list[SimRequest],
                            individual: list[tuple[SimRequest, int]], out: SchedulerOutput
                            ) -> tuple[int, bool]:
-        """The pool work of a running loop whose allocations all succeed: the members
-        with an event between two other running requests as one batch
-        (``_member_events``), the others through ``allocate_slots`` as on the plain path,
-        in running order (both lists are). Returns the non-members' tokens and whether a
-        prefill chunk was scheduled."""
+        """The pool work of a running loop whose allocations all succeed: the takers and
+        fillers between two other running requests as one batch (``_member_events``),
+        the others through ``allocate_slots`` as on the plain path, in running order
+        (all three lists are). Returns the non-members' tokens and whether a prefill
+        chunk was scheduled."""
         kvm = self.host.kv_cache_manager
         prefill_scheduled = False
         spent = 0
-        j = 0
-        n_events = len(events)
+        ti = fi = 0
         for request, n in individual:
-            end = j
-            while end < n_events and events[end].seq < request.seq:
-                end += 1
-            if end > j:
-                self._member_events(events[j:end])
-                j = end
+            seq = request.seq
+            te = bisect_left(takers, seq, ti, key=seq_order) if takers else 0
+            fe = bisect_left(fillers, seq, fi, key=seq_order) if fillers else 0
+            if te > ti or fe > fi:
+                self._member_events(takers[ti:te], fillers[fi:fe])
+                ti, fi = te, fe
             ok = kvm.allocate_slots(request, n)
             assert ok, f"group step allocation failed for {request!r} (tuner bug)"
             out.individual.append((request, n))
             spent += n
             if request.is_prefill_chunk:
                 prefill_scheduled = True
-        if j < n_events:
-            self._member_events(events[j:] if j else events)
+        if ti < len(takers) or fi < len(fillers):
+            self._member_events(takers[ti:] if ti else takers,
+                                fillers[fi:] if fi else fillers)
         return spent, prefill_scheduled
 
     def _run_preempting(self, out: SchedulerOutput, token_budget: int, plan: GroupPlan
@@ -378,8 +398,13 @@ class DecodeGroup(MemberCalendar, DecodeGroupInvariants):
         kvm = host.kv_cache_manager
         fenced = host.fenced
         running = host.running
-        work = [(m, 1, True) for m in plan.events] + [(r, n, False) for r, n in plan.individual]
+        members = {id(m): m for m in plan.takers}
+        members.update((id(m), m) for m in plan.fillers)
+        members.update((id(m), m) for m in plan.finishers)
+        work = [(m, 1, True) for m in members.values()]
+        work += [(r, n, False) for r, n in plan.individual]
         work.sort(key=lambda entry: entry[0].seq)
+        residue = self.S % self.block_size
         # Between two failing allocations the requests cannot tell this loop from a group
         # step: each takes its blocks from a pool that has them. Such a run goes as one
         # (members batched, ``_allocate_in_order``); the loop proper handles the request
@@ -394,7 +419,9 @@ class DecodeGroup(MemberCalendar, DecodeGroupInvariants):
             if fit:
                 run = work[i:i + fit]
                 tokens, prefill = self._allocate_in_order(
-                    [m for m, _, member in run if member],
+                    [m for m, _, member in run if member and m.phase == residue],
+                    [m for m, _, member in run if member and m.share_end >= 0
+                     and self.fill_residue(m) == residue],
                     [(r, n) for r, n, member in run if not member], out)
                 spent += tokens
                 prefill_scheduled = prefill_scheduled or prefill
@@ -431,8 +458,8 @@ class DecodeGroup(MemberCalendar, DecodeGroupInvariants):
             self._leave_unreached(stopped)
         else:
             self.others = [r for r in self.others if r.status == _RUNNING]
-        events = [m for m in plan.events if m.steady]
-        out.group = GroupStep(self.size, self.sum_tokens, events, host.running, self)
+        finishers = [m for m in plan.finishers if m.steady]
+        out.group = GroupStep(self.size, self.sum_tokens, finishers, host.running, self)
         out.total_num_scheduled_tokens += self.size + spent
         return token_budget - self.size - spent, prefill_scheduled
 
@@ -442,19 +469,20 @@ class DecodeGroup(MemberCalendar, DecodeGroupInvariants):
         ``allocate_slots`` of a RUNNING request (no hit, no watermark, no reservation)
         succeeds exactly when the blocks it needs do not exceed the free ones, and takes
         exactly that many out of the free queue (a registration takes none). A member
-        needs one block when its event opens one (the plan's count); a non-member what
-        ``allocate_slots`` computes."""
+        needs one block when it is in this step's ring (the plan's count); a non-member
+        what ``allocate_slots`` computes."""
         kvm = self.host.kv_cache_manager
         free = kvm.block_pool.free_block_queue.num_free_blocks
         bs = self.block_size
         lookahead = kvm.num_lookahead_tokens
         max_model_len = kvm.max_model_len
+        residue = self.S % bs
         for i in range(start, len(work)):
             request, n, member = work[i]
             if request.status != _RUNNING:
                 return i - start
             if member:
-                need = request.event_kinds & OPENS_BLOCK
+                need = 1 if request.phase == residue else 0
             else:
                 need = blocks_needed(min(request.num_computed_tokens + n + lookahead,
                                          max_model_len), request.num_blocks, bs)
@@ -474,10 +502,10 @@ class DecodeGroup(MemberCalendar, DecodeGroupInvariants):
                 self._drop(request)
         self.others = [r for r in running if not r.steady]
 
-    def _member_events(self, members: list[SimRequest]) -> None:
+    def _member_events(self, takers: list[SimRequest], fillers: list[SimRequest]) -> None:
         """``allocate_slots(member, 1)`` for decode-ready members, batched: a new block
-        for each whose computed token opens one, then the hashes of the shareable blocks
-        the computed tokens fill (the plan checked the free blocks).
+        for each taker (its computed token opens one), then the hashes of the shareable
+        blocks the fillers' computed tokens fill (the plan checked the free blocks).
 
         Allocations precede registrations within the batch rather than alternating
         member by member; the pool ends in the same state: a registered block is held,
@@ -486,14 +514,6 @@ class DecodeGroup(MemberCalendar, DecodeGroupInvariants):
         """
         pool = self.host.kv_cache_manager.block_pool
         bs = self.block_size
-        takers: list[SimRequest] = []
-        fillers: list[SimRequest] = []
-        for m in members:
-            kinds = m.event_kinds
-            if kinds & OPENS_BLOCK:
-                takers.append(m)
-            if kinds & FILLS_BLOCK:
-                fillers.append(m)
         if takers:
             if len(takers) == 1:
                 takers[0].append_block(pool.get_new_block())

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DecodeGroupInvariants", "FILLS_BLOCK", "FINISHES", "OPENS_BLOCK"]
 
-#: What a member does at its event step (``SimRequest.event_kinds``, bits).
+#: What a member does at a step (bits; ``MemberCalendar``'s rings and finishes give them).
 OPENS_BLOCK = 1  # the token it computes opens a new block: it takes one from the pool
 FILLS_BLOCK = 2  # its computed tokens fill a block whose hash others can look up: register
 FINISHES = 4  # the step gives it its last token
@@ -36,8 +36,8 @@ class DecodeGroupInvariants:
         bs = self.block_size
         for r in self._checked_members():
             assert self.computed(r) == self.tokens(r) - 1, f"member {r!r} not decoding"
-            # What the rules say it does this step: its filed kinds when due now, else
-            # nothing (the calendar never skips an event).
+            # What the rules say it does at the next step: what its rings and finish
+            # give it (the rings never skip an event).
             kinds = self.block_events(r, self.tokens(r))
             if self.output_tokens(r) == r.max_tokens - 1:
                 kinds |= FINISHES
@@ -55,12 +55,42 @@ class DecodeGroupInvariants:
         assert [r for r in running if not r.steady] == self.others, "others != non-members"
         seqs = [r.seq for r in running]
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs), "running not in seq order"
+        self._check_rings(members)
         return members
 
     def _check_filed(self, r: SimRequest, kinds: int) -> None:
-        """``r``'s event kinds due this step are what its calendar entry says, and it is
-        filed under its next event (the calendar never skips one)."""
-        due = r.event_kinds if r.next_event == self.S else 0
+        """``r``'s event kinds at the next key ``S`` are what its rings and dated events
+        give it (its ring opens a block, its fill ring fills one, its finish step), and
+        it is filed exactly where its fields say (the rings never skip an event)."""
+        key = self.S
+        residue = key % self.block_size
+        due = OPENS_BLOCK if r.phase == residue else 0
+        if r.share_end >= 0 and self.fill_residue(r) == residue:
+            due |= FILLS_BLOCK
+        if r.finish_step == key:
+            due |= FINISHES
         assert kinds == due, f"member {r!r}: event kinds {kinds}, filed {due}"
-        assert r.next_event >= self.S and r in self.calendar.get(r.next_event, ()), (
-            f"member {r!r} not filed under its next event")
+        assert r in self.rings[r.phase], f"member {r!r} not in its ring"
+        assert r.finish_step >= key and r in self.finishes.get(r.finish_step, ()), (
+            f"member {r!r} not filed under its finish")
+        in_fill_ring = r in self.fill_rings[self.fill_residue(r)]
+        if r.share_end >= 0:
+            assert r.share_end >= key and in_fill_ring and r in self.share_ends[r.share_end], (
+                f"member {r!r}: a shareable fill ahead, not filed for it")
+        else:
+            assert not in_fill_ring, f"member {r!r} in a fill ring past its shareable hashes"
+
+    def _check_rings(self, members: list[SimRequest]) -> None:
+        """The rings and dated events hold exactly the members, each once, the rings in
+        running order (a member that left is in none of them)."""
+        rings = [m for ring in self.rings for m in ring]
+        assert len(rings) == len(members) and {id(m) for m in rings} == {id(m) for m in members}, (
+            "rings != members")
+        for ring in (*self.rings, *self.fill_rings):
+            assert all(m.steady for m in ring), "a ring holds a request that left"
+            seqs = [m.seq for m in ring]
+            assert seqs == sorted(seqs), "a ring not in running order"
+        assert sum(len(b) for b in self.finishes.values()) == len(members), (
+            "finishes != members")
+        assert sum(len(ring) for ring in self.fill_rings) == sum(
+            len(b) for b in self.share_ends.values()), "fill rings != share ends"

@@ -64,7 +64,7 @@ class SimRequest:
     # its previous one), so they sit together (two or three cache lines of the object,
     # instead of five when they were spread over the tuple).
     __slots__ = (
-        "steady", "next_event", "event_kinds", "seq", "g0", "s0", "num_tokens",
+        "steady", "phase", "share_end", "finish_step", "seq", "g0", "s0", "num_tokens",
         "num_output_tokens", "max_tokens", "num_prompt_tokens", "num_shared_hash_blocks",
         "num_cached_blocks", "block_buf", "num_blocks", "output_hashes", "status",
         "num_computed_tokens", "last_token_s",
@@ -138,15 +138,17 @@ class SimRequest:
         self.session_id = session_id
         # Decode-group bookkeeping (tuner.sim._decode_group): ``seq`` orders running
         # requests (admission order); a ``steady`` request's token counters lag the
-        # group counter by ``G - g0`` steps; ``next_event`` is its next group step with
-        # a block allocation, a block registration or its finish, and ``event_kinds``
-        # says which of them (DecodeGroup's OPENS_BLOCK | FILLS_BLOCK | FINISHES bits).
+        # group counter by ``G - g0`` steps; ``phase`` is the residue (mod block size) of
+        # the group steps at which it opens a block (its ring), ``share_end`` the last
+        # step at which it fills a block with a shareable hash (-1: none left), and
+        # ``finish_step`` the step that gives it its last token (tuner.sim.member_calendar).
         self.seq = 0
         self.steady = False
         self.g0 = 0
         self.s0 = 0  # the group's scheduled-step count when computed was last stored
-        self.next_event = -1
-        self.event_kinds = 0
+        self.phase = -1
+        self.share_end = -1
+        self.finish_step = -1
         # Memoised prefix hit of a waiting request, in blocks (-1: not watched), valid
         # while ``hit_epoch`` equals the pool's epoch of its watch slot ``hit_slot``;
         # its first ``hit_watched`` hash ids carry the slot's bit in the pool's

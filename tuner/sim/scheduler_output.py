@@ -38,7 +38,7 @@ class GroupStep:
 
     num_members: int  # group members scheduled this step, one token each
     sum_tokens: int  # sum of their num_tokens before the step (= their decode context)
-    events: list[SimRequest]  # members with a block or finish event this step, running order
+    events: list[SimRequest]  # members that get their last token this step, running order
     running: list[SimRequest]  # the scheduler's running list (members + others, in order)
     membership: GroupMembership  # who of ``running`` is a member (valid until expired)
     expired: bool = False  # set once the scheduler moved on (update or next schedule)
