@@ -63,11 +63,10 @@ SEED = 20260615
 #: ``SchedulerConfig.async_scheduling`` None resolves to True, vllm_compat.py).
 ASYNC_DEFAULT_SINCE = (0, 14)
 #: First year whose ROCm software multiplied FP8 faster than BF16 on MI300X. In October
-#: 2024 hipBLASLt had no tuned FP8 solutions: FP8 linears ran at BF16's rate, 1.5-2x
-#: slower until AMD pointed them at hipBLASLt, then "somewhat reached parity" with BF16
-#: (github.com/ROCm/TransformerEngine issue #73, 2024-10-13..16, where AMD replied the FP8
-#: GEMMs "were not" tuned; issue #78, 2024-10-22: "fp8 GEMM tuning in hipblasLt library
-#: [...] should give more improvements", timeline open). The next published measurement,
+#: 2024 FP8 linears ran 1.5-2x slower than BF16, then, after AMD's fixes, "somewhat reached
+#: parity" with BF16 (github.com/ROCm/TransformerEngine issue #73, 2024-10-13..16); AMD:
+#: "fp8 GEMM tuning in hipblasLt library [...] should give more improvements", timeline
+#: open (issue #78, 2024-10-22). The next published measurement,
 #: AMD's "Measuring Max-Achievable FLOPs - Part 2" (rocm.blogs.amd.com, 2025-02-28; a
 #: hipBLASLt branch for ROCm 6.5), has MI300X FP8 at 1273 TFLOPS against BF16's 708: 1.8x.
 ROCM_FP8_FASTER_SINCE = "2025"
