@@ -190,3 +190,37 @@ def test_calibrate_from_benchmarks_cli(tmp_path):
     result = CliRunner().invoke(cli, ["calibrate", "--from-benchmarks", str(bad), "-o", str(out)])
     assert result.exit_code != 0 and "bad.csv:1: missing column(s)" in result.output
     assert "Traceback" not in result.output
+
+
+def test_2024_rocm_rows_multiply_fp8_at_the_bf16_peak():
+    """ROCm software of 2024 ran MI300X FP8 GEMMs at the BF16 rate (ROCm/TransformerEngine
+    #73/#78; ``ROCM_FP8_FASTER_SINCE``): a row measured then prices its FP8 GEMMs at the
+    BF16 peak, with the FP8 bytes and the FP8 kernels' own coefficients; later rows, NVIDIA
+    rows and rows without a date keep the FP8 peak."""
+    from tuner.perf.fit.benchmark_rows import gemm_peak_as
+
+    assert gemm_peak_as("amd", "2024-10") == {"fp8": "bf16"}
+    assert gemm_peak_as("amd", "2025-02") == gemm_peak_as("amd", "") == {}
+    assert gemm_peak_as("nvidia", "2024-10") == {}
+    rows, _ = load_rows(PUBLISHED_CSV)
+    ora = next(r for r in rows if r.id == "ORA-L405-MI300X-bs1")
+    amdp = next(r for r in rows if r.id == "AMDP-L70-MI300X-lat-bs1")
+    assert (ora.measured, amdp.measured) == ("2024-10", "2025-10")
+    old, new = record(ora).resolved.hardware, record(amdp).resolved.hardware
+    assert old.gemm_peak_as == {"fp8": "bf16"} and new.gemm_peak_as == {}
+
+    hw = load_hardware("mi300x")
+    spec = resolve_target(Target(hardware="mi300x", model="llama-3.1-70b", tp=8,
+                                 quantization="fp8")).model
+    from dataclasses import replace
+    now = RooflineStepTimeModel(hw, spec, 8)
+    then = RooflineStepTimeModel(replace(hw, gemm_peak_as={"fp8": "bf16"}), spec, 8)
+    # per dense kernel format: (memory s, compute s per token, compute s at M=0)
+    for fmt, a, b in zip(sorted(now.shape["dense"]), now._dense, then._dense):
+        assert b[0] == a[0]  # the FP8 weights stream as before
+        ratio = hw.peak("fp8") / hw.peak("bf16") if fmt == "fp8" else 1.0
+        assert b[1] == pytest.approx(a[1] * ratio) and b[2] == pytest.approx(a[2] * ratio)
+    assert "fp8" in now.shape["dense"]
+    prefill = StepBatch.from_requests([(0, 8192)])  # compute-bound: the FP8 GEMMs at half rate
+    assert then.breakdown(prefill)["gemm"] / now.breakdown(prefill)["gemm"] == pytest.approx(
+        2.0, rel=0.05)

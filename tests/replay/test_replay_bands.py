@@ -32,7 +32,9 @@ def trace_path(tmp_path):
 def _calibration(tmp_path, probes: bool = True) -> str:
     fit = {"vllm_version": "0.33.0"}
     if probes:
-        fit["probes"] = [{"kind": k, "probe": f"{k}{i}", "measured_ms": 10.0 + i,
+        # probes within 10 % (the calibrated floor): narrower than every shipped AMD band,
+        # the TPOT one included (x0.88 - x1.13 since the kernels31 refit)
+        fit["probes"] = [{"kind": k, "probe": f"{k}{i}", "measured_ms": 10.0 + 0.5 * i,
                           "predicted_ms": 10.0} for k in ("prefill", "decode") for i in range(3)]
     path = tmp_path / "cal.yaml"
     path.write_text(yaml.safe_dump({"hardware": "mi355x", "model": "llama-3.1-8b", "tp": 1,

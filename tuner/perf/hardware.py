@@ -59,6 +59,13 @@ class HardwareSpec:
     #: (YAML ``step_time.measured``): the published-results fit holds them tighter
     #: (``tuner.perf.fit.to_benchmarks.MEASURED_SIGMA``) than engineering estimates
     measured_priors: tuple[str, ...] = ()
+    #: GEMM kernel formats whose kernels, in the software at hand, multiply at another
+    #: format's peak: ``{"fp8": "bf16"}`` prices FP8 GEMMs with their own bytes and
+    #: coefficients but the BF16 peak (ROCm's FP8 GEMMs on MI300X in 2024, before their
+    #: hipBLASLt tuning, ran at about the BF16 GEMMs' rate; see
+    #: ``tuner.perf.fit.benchmark_rows.gemm_peak_as``). A property of the software, not of
+    #: the chip, so no preset sets it: a benchmark row measured on that software does.
+    gemm_peak_as: dict[str, str] = field(default_factory=dict)
 
     @property
     def vllm_platform(self) -> str:

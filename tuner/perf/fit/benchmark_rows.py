@@ -21,6 +21,7 @@ makes fitting the step-time model to benchmark figures cheap and exact.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -61,6 +62,14 @@ SEED = 20260615
 #: First vLLM release with async scheduling on by default (vLLM PR #27614, late 2025:
 #: ``SchedulerConfig.async_scheduling`` None resolves to True, vllm_compat.py).
 ASYNC_DEFAULT_SINCE = (0, 14)
+#: First year whose ROCm software multiplied FP8 faster than BF16 on MI300X. In October
+#: 2024 FP8 linears ran 1.5-2x slower than BF16, then, after AMD's fixes, "somewhat reached
+#: parity" with BF16 (github.com/ROCm/TransformerEngine issue #73, 2024-10-13..16); AMD:
+#: "fp8 GEMM tuning in hipblasLt library [...] should give more improvements", timeline
+#: open (issue #78, 2024-10-22). The next published measurement,
+#: AMD's "Measuring Max-Achievable FLOPs - Part 2" (rocm.blogs.amd.com, 2025-02-28; a
+#: hipBLASLt branch for ROCm 6.5), has MI300X FP8 at 1273 TFLOPS against BF16's 708: 1.8x.
+ROCM_FP8_FASTER_SINCE = "2025"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +95,7 @@ class BenchmarkRow:
     notes: str = ""
     versions: str = ""  # engine / ROCm / AITER versions the row was measured with
     async_scheduling: bool = False  # the engine ran vLLM's async scheduling (default since 0.14)
+    measured: str = ""  # when (YYYY-MM), from the CSV's measured column; "" if not stated
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +166,27 @@ def _async_scheduling(rec: dict[str, str]) -> bool:
         return (int(m.group(1)), int(m.group(2))) >= ASYNC_DEFAULT_SINCE
     dates = re.findall(r"\b(20\d\d)-\d\d", (rec.get("measured") or "") or (rec.get("source") or ""))
     return bool(dates) and dates[-1] >= "2026"
+
+
+def _measured(rec: dict[str, str]) -> str:
+    """``YYYY-MM`` the row was measured (its ``measured`` column), or ""."""
+    m = re.search(r"\b(20\d\d-\d\d)", rec.get("measured") or "")
+    return m.group(1) if m else ""
+
+
+def gemm_peak_as(vendor: str, measured: str) -> dict[str, str]:
+    """``HardwareSpec.gemm_peak_as`` for a row measured at ``measured`` on a ``vendor`` GPU:
+    FP8 GEMMs at the BF16 peak on ROCm software older than :data:`ROCM_FP8_FASTER_SINCE`.
+
+    The bytes and the FP8 kernels' own coefficients stay (the weights stream as FP8; the
+    kernels' shape behaviour is theirs); only the rate they multiply at is BF16's. Dense
+    per-tensor FP8 (``fp8``) only: that is what the evidence measured (hipBLASLt GEMMs);
+    block-scaled and fused-MoE FP8 kernels of that software have no such measurement.
+    A row without a date keeps the FP8 peak.
+    """
+    if vendor == "amd" and measured and measured < ROCM_FP8_FASTER_SINCE:
+        return {"fp8": "bf16"}
+    return {}
 
 
 def load_rows(path: str | Path = PUBLISHED_CSV) -> tuple[list[BenchmarkRow], list[SkippedRow]]:
@@ -237,7 +268,8 @@ def load_rows(path: str | Path = PUBLISHED_CSV) -> tuple[list[BenchmarkRow], lis
             gpu_memory_utilization=float(util.group(1)) if util else 0.90,
             max_model_len=int(mml.group(1)) if mml else int(isl) + int(osl) + 64,
             figures=figures, source=rec.get("source") or "", notes=rec.get("notes") or "",
-            versions=_versions(rec), async_scheduling=_async_scheduling(rec)))
+            versions=_versions(rec), async_scheduling=_async_scheduling(rec),
+            measured=_measured(rec)))
         del line
     return rows, skipped
 
@@ -366,6 +398,11 @@ def record(row: BenchmarkRow) -> RecordedRun:
                     gpu_memory_utilization=row.gpu_memory_utilization,
                     max_model_len=row.max_model_len)
     resolved = resolve_target(target)
+    peak_as = gemm_peak_as(resolved.hardware.vendor, row.measured)
+    if peak_as:  # the row's software multiplied some format at another's peak (AMD: analytic)
+        hw = dataclasses.replace(resolved.hardware, gemm_peak_as=peak_as)
+        resolved = dataclasses.replace(resolved, hardware=hw, step_time=RooflineStepTimeModel(
+            hw, resolved.model, row.tp, resolved.step_time.coefficients))
     rng = np.random.default_rng(SEED)
     n = row.num_prompts
     if row.kind == "closed":
