@@ -62,6 +62,24 @@ path decides. What it promises, and when it steps aside:
    ``tests/sim/test_kv_cache_manager.py::test_memos_stay_exact_per_watch_slot_generated``
    also compares every window probe and every admission's hit with a walk, with shared
    slots and the bits rebuilt or never.
+6. **Plain admission with a connector that never loads** (the P/D prefill instance's
+   ``NixlPrefillConnector`` and its push variant: ``plain_admission``,
+   ``tuner.sim.kv_connector.base``). Its ``get_num_new_matched_tokens`` is ``(0, False)``
+   for every request, so the connector's waiting loop
+   (``tuner.sim.kv_connector.admission``) never loads, parks or promotes anything: no
+   request enters ``kv_holding`` or ``loading``, every waiting request has nothing
+   computed, and each admission is the plain loop's (the same checks, allocation,
+   counters and queue moves; the connector's ``count_query`` counts nothing and its
+   ``local_hit`` is never asked). Such a scheduler admits through
+   ``Scheduler._schedule_waiting``, whose memoised hits (item 5) skip the walks of a
+   blocked head; the connector's loop marks ``is_prefill_chunk`` at admission for its
+   reservation count (``_reserved_blocks``), which only a load reads, and
+   ``_update_after_schedule`` sets the same value before anything else reads it.
+   Not with speculative decoding (the plain loop pads drafts, the connector's loop does
+   not; a P/D replay refuses it anyway). ``tests/sim/test_pd_plain_admission.py``
+   replays generated P/D setups (pull and push, sync and async, tight prefill caches
+   with blocked heads) with the declaration on and off and compares the records and
+   every prefill schedule.
 
 Adding a settings field: declare it in ``FAST_PATH_FIELDS`` below, either with how the
 group step already gives the plain path's result for every value (name the code that

@@ -325,7 +325,7 @@ class KVCacheManager:
             self.block_pool.cache_full_blocks(request, request.block_buf, cached, num_full)
             request.num_cached_blocks = num_full
 
-    def free(self, request: "SimRequest", keep: int = 0) -> None:
+    def free(self, request: "SimRequest", keep: int = 0) -> int:
         """Release a finished or preempted request's blocks, tail block first.
 
         First the hashes of full blocks the decode group left unregistered (generated
@@ -335,7 +335,9 @@ class KVCacheManager:
         nothing, so a block completed by a token still in flight is never registered.
         ``keep``: the first blocks stay held (a P/D prefill instance's blocks the decoder
         will read, ``tuner.sim.disagg.nixl.HoldingKVCacheManager``); the rest are freed
-        in the same order.
+        in the same order. Returns how many of its leading blocks carry a hash (the
+        registered ones, those this free registered included): the kept blocks' count
+        lets their later release skip the pool's gather of ``block_hash``.
         """
         n = request.num_blocks
         num_hashed = request.num_cached_blocks  # the registered blocks lead (invariant)
@@ -353,6 +355,7 @@ class KVCacheManager:
         request.repeated_blocks = False
         request.num_blocks = 0
         request.num_cached_blocks = 0
+        return num_hashed
 
     def check_invariants(self, live_requests: "list[SimRequest]") -> None:
         """Pool invariants plus: no block owned twice by one request, ref counts equal

@@ -204,7 +204,11 @@ class Scheduler:
         if not out.preempted:
             if self.cache_aware_window and not defer:
                 self._reorder_waiting_by_cached_prefix()
-            if self.connector is None:
+            connector = self.connector
+            if connector is None or (self.spec is None
+                                     and getattr(connector, "plain_admission", False)):
+                # a connector that never loads (the P/D prefill instance's) admits as
+                # the plain loop does: tuner.sim.fast_path item 6
                 prefill_admitted = self._schedule_waiting(out, token_budget, threshold, defer)
             else:
                 prefill_admitted = schedule_waiting_with_connector(self, out, token_budget,
@@ -406,7 +410,8 @@ class Scheduler:
             if request.hit_memo >= 0 and self._surely_blocked(
                     request, token_budget, threshold, defer):
                 break
-            # Twin: every waiting request has num_computed_tokens == 0 (no connector).
+            # Twin: every waiting request has num_computed_tokens == 0 (no connector, or
+            # one with ``plain_admission``: nothing is ever loaded into a waiting one).
             hit_blocks, num_hit = kvm.get_computed_blocks(request)
             needs_prefill = num_hit < request.num_tokens - 1
             if defer and needs_prefill:

@@ -248,6 +248,11 @@ class NixlDecodeConnector:
 class NixlPrefillConnector:
     """The prefill instance's side (see the module doc): blocks held until read."""
 
+    #: admission is the plain one (``get_num_new_matched_tokens`` is always ``(0,
+    #: False)``): the scheduler takes its plain waiting loop (``tuner.sim.fast_path``
+    #: item 6; ``tuner.sim.kv_connector.base``)
+    plain_admission = True
+
     def __init__(self, block_pool: "BlockPool") -> None:
         self.block_pool = block_pool
         self._finished_ids: list[str] = []
@@ -260,6 +265,9 @@ class NixlPrefillConnector:
         #: trace index -> whether its held blocks may repeat (the request's
         #: ``repeated_blocks`` at the free); absent: unknown, checked at the release
         self._held_repeats: dict[int, bool] = {}
+        #: trace index -> how many of its held blocks carry a hash (a prefix of them:
+        #: ``kept_hashed``); absent: unknown, the release gathers ``block_hash``
+        self._held_hashed: dict[int, int] = {}
         self._first_release_s = _INF  # no read end known before it (release_until)
 
     def on_new_request(self, request: "SimRequest") -> None:
@@ -302,6 +310,14 @@ class NixlPrefillConnector:
             self.num_held += 1
         return n
 
+    def kept_hashed(self, index: int, num_hashed: int) -> None:
+        """The free that kept request ``index``'s blocks registered hashes on its first
+        ``num_hashed`` of them (:class:`HoldingKVCacheManager`). Held, a block is in no
+        free queue, so it cannot be evicted (lose its hash) nor registered by another
+        request (gain one) before the release: the release passes the count to the pool
+        instead of gathering ``block_hash`` over the blocks, as the plain free does."""
+        self._held_hashed[index] = num_hashed
+
     def request_finished(self, request: "SimRequest") -> bool:
         """Hold the request's blocks (``delay_free_blocks``). Under a
         :class:`HoldingKVCacheManager` they are held already (its free kept them);
@@ -338,7 +354,8 @@ class NixlPrefillConnector:
             blocks = self._held.pop(index)
             self.held_block_s += len(blocks) * (end - self._held_since.pop(index))
             self.block_pool.free_blocks(blocks[::-1],
-                                        may_repeat=self._held_repeats.pop(index, True))
+                                        may_repeat=self._held_repeats.pop(index, True),
+                                        num_hashed=self._held_hashed.pop(index, -1))
         self._first_release_s = min(self._release_s.values(), default=_INF)
 
     @property
@@ -398,13 +415,21 @@ class HoldingKVCacheManager(KVCacheManager):
     (tail first).
     """
 
-    __slots__ = ("keep",)
+    __slots__ = ("keep", "kept_hashed")
 
     def __init__(self, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
         self.keep: Callable[["SimRequest"], int] | None = None  # set by the simulator
+        #: told ``(trace index, hashed blocks among the kept)`` after a free that kept
+        #: blocks (set by the simulator: :meth:`NixlPrefillConnector.kept_hashed`)
+        self.kept_hashed: Callable[[int, int], None] | None = None
 
-    def free(self, request: "SimRequest") -> None:
-        keep = self.keep
-        n = keep(request) if keep is not None and request.status >= _FINISHED else 0
-        super().free(request, n)
+    def free(self, request: "SimRequest") -> int:  # type: ignore[override]
+        hold = self.keep
+        n = hold(request) if hold is not None and request.status >= _FINISHED else 0
+        num_hashed = super().free(request, n)
+        if n and self.kept_hashed is not None:
+            # the registered blocks lead (KVCacheManager.free): the kept ones' hashed
+            # part is a prefix of them, and a held block gains or loses no hash
+            self.kept_hashed(request.index, min(num_hashed, n))
+        return num_hashed

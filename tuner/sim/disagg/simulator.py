@@ -119,6 +119,7 @@ class PDSimulator:
             engine = PrefillEngine(scheduler, prefill.cache.block_size, options, self.table,
                                    pd)
             scheduler.kv_cache_manager.keep = engine.connector.keep_at_free
+            scheduler.kv_cache_manager.kept_hashed = engine.connector.kept_hashed
             engine.prefill_times = self.prefill_times
             self.prefill.append(engine)
         for _ in range(pd.num_decode):

@@ -37,6 +37,16 @@ that calls them):
 * ``counters()``: the replay counters it adds (only when a connector runs, so replays
   without one keep their records).
 
+An optional class attribute, for the admission fast path (``tuner.sim.fast_path`` item 6):
+
+* ``plain_admission`` (False when absent): the connector never has anything for a
+  waiting request -- ``get_num_new_matched_tokens`` is always ``(0, False)``,
+  ``update_state_after_alloc`` is never reached, ``count_query`` counts nothing and
+  ``local_hit`` is 0, so nothing enters ``kv_holding`` or ``loading`` -- and the
+  scheduler admits through its plain waiting loop (with its memoised hits) instead of
+  the connector's (``tuner.sim.kv_connector.admission``), which would decide the same
+  at a higher cost per request. The P/D prefill instance's connectors declare it.
+
 And one for the fast path (``tuner.sim.fast_path`` item 4), asked when a running request
 could join the decode group:
 

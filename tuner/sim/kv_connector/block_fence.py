@@ -105,20 +105,22 @@ class FencedKVCacheManager(KVCacheManager):
             _, blocks, may_repeat = deferred.popleft()
             free(blocks, may_repeat=may_repeat)
 
-    def free(self, request: "SimRequest") -> None:
-        """``_free_request_blocks``: free now, or pop the blocks and defer their return."""
+    def free(self, request: "SimRequest") -> int:  # type: ignore[override]
+        """``_free_request_blocks``: free now, or pop the blocks and defer their return.
+        Returns the request's registered blocks, as ``KVCacheManager.free`` does."""
         last = (self._last_sched.pop(request.request_id, 0) if request.status >= _FINISHED
                 else self._last_sched.get(request.request_id, 0))
         if last <= self.processed_seq:
-            super().free(request)
-            return
+            return super().free(request)
         n = request.num_blocks
+        num_hashed = request.num_cached_blocks
         if n:
             self._deferred.append((self.sched_seq, request.block_buf[n - 1::-1].copy(),
                                    request.repeated_blocks))
         request.repeated_blocks = False
         request.num_blocks = 0
         request.num_cached_blocks = 0
+        return num_hashed
 
     def check_invariants(self, live_requests: "list[SimRequest]") -> None:
         """The pool's invariants with the deferred blocks counted as held."""
