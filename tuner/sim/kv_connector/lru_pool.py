@@ -5,7 +5,7 @@ Mirrors ``vllm/v1/kv_offload/cpu/manager.py`` (``CPUOffloadingManager`` with
 for one KV-cache group; the ARC pool stays in ``cpu_manager`` / ``policies``.
 
 Why arrays: keys are dense hash ids (``tuner.sim.hash_space``), so a key's pool state is a
-slot in a few numpy arrays (chunk id, ref count, rank), and what vLLM does key by key over
+slot in a few numpy arrays (chunk id, ref count, state word), and what vLLM does key by key over
 an offered run (~2,450 chunks a prompt in the agentic hour, most of them already stored)
 is a handful of fancy-indexing operations here. Eviction reads an
 :class:`~tuner.sim.kv_connector.eviction_order.EvictionOrder` of sorted runs instead of a
