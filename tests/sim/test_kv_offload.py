@@ -282,7 +282,8 @@ def test_lru_evicts_the_smallest_ranks_like_a_brute_force_scan() -> None:
             else:
                 n, offered = rng.randint(1, 4), rng.sample(range(300), 5)
                 idle = np.flatnonzero((pool._chunk >= 0) & (pool._ref == 0)).tolist()
-                ranked = sorted((int(pool._rank[k]), k) for k in idle if k not in offered)
+                rank = pool._state >> 1  # the state word is 2 * rank + idle
+                ranked = sorted((int(rank[k]), k) for k in idle if k not in offered)
                 want = None if len(ranked) < n else [k for _, k in ranked[:n]]
                 stored = [k for k in offered if pool.lookup(k) != MISS]
                 got = pool._evict(n, np.array(stored, dtype=np.int64))

@@ -38,8 +38,9 @@ def _rank(p, key: int) -> int:
 def _state(m) -> tuple:
     if isinstance(m, batched.LRUPool):  # the arrays by key, read back as the plain state
         keys = np.flatnonzero(m._chunk >= 0).tolist()
-        pool = sorted((k, int(m._ref[k]), int(m._chunk[k]), int(m._rank[k])) for k in keys)
-        order = sorted((int(m._rank[k]), k) for k in keys if m._ref[k] == 0)
+        rank = m._state >> 1  # the state word is 2 * rank + idle
+        pool = sorted((k, int(m._ref[k]), int(m._chunk[k]), int(rank[k])) for k in keys)
+        order = sorted((int(rank[k]), k) for k in keys if m._ref[k] == 0)
         return (pool, order, m._next_rank, m.num_evictable, m.num_write_pending,
                 m.num_evicted, m._num_allocated, m._free[:m._num_free_ids].tolist())
     p = m.policy
@@ -114,12 +115,17 @@ def test_the_batched_pool_decides_like_the_plain_one(policy: str, num_chunks: in
         if isinstance(pool, batched.LRUPool):  # every idle key's newest order entry (the
             # one its owner run holds; the eviction reads no other as live) is unread and
             # at its rank: every rank change of an idle key pushes it (no lazy entries)
-            newest = {key: rank for rank, key in pool._order.entries()}
+            # (an entry holds the key's state word, 2 * rank + 1)
+            newest = {key: word for word, key in pool._order.entries()}
             idle = np.flatnonzero((pool._chunk >= 0) & (pool._ref == 0)).tolist()
-            assert all(newest.get(k) == pool._rank[k] for k in idle)
-            # the signed idle rank the eviction reads: the rank of an idle key, else 0
-            # (no key is protected between operations)
+            assert all(newest.get(k) == pool._state[k] for k in idle)
+            # the state word the eviction and the calls read: odd for an idle key, even
+            # and non-zero for a stored busy one (in flight or loading), 0 outside the
+            # pool (no key is protected, i.e. negative, between operations)
             idle_mask = (pool._chunk >= 0) & (pool._ref == 0)
-            assert (pool._idle_rank == np.where(idle_mask, pool._rank, 0)).all()
+            busy_mask = (pool._chunk >= 0) & (pool._ref != 0)
+            assert ((pool._state & 1).astype(bool) == idle_mask).all()
+            assert (pool._state[busy_mask] > 0).all()
+            assert (pool._state[pool._chunk < 0] == 0).all()
         else:  # the in-flight set classify and complete_stores read: the ref_cnt -1 keys
             assert pool.policy._inflight == _inflight_keys(pool.policy)

@@ -132,9 +132,11 @@ class EvictionOrder:
 
     def take(self, n: int, state: np.ndarray) -> list[np.ndarray]:
         """The ``n`` idle, unprotected keys of smallest ``(rank, key)``, in order, as key
-        arrays. ``state``: each key's signed idle rank (the pool's ``_idle_rank``): its
-        rank while it is idle (stored, store complete, ref count 0), minus that rank
-        while it is also protected, 0 otherwise; ranks are >= 1. The caller guarantees
+        arrays. ``state``: per key, the value its live entry holds while it is idle
+        (stored, store complete, ref count 0), minus that value while it is also
+        protected, and a value equal to neither otherwise (0, a busy key's even word); the
+        pool's ``_state`` words, ``2 * rank + 1`` for an idle key, which order as the
+        ranks do and are >= 1, and are even for a stored busy key. The caller guarantees
         that ``n`` such keys exist and that every idle key's newest entry (the one in
         the run ``owner`` names) is at its rank. The taken keys' state is set to 0 as
         they are taken; the caller does the rest of the eviction once on all of them.

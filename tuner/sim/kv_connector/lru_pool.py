@@ -5,7 +5,7 @@ Mirrors ``vllm/v1/kv_offload/cpu/manager.py`` (``CPUOffloadingManager`` with
 for one KV-cache group; the ARC pool stays in ``cpu_manager`` / ``policies``.
 
 Why arrays: keys are dense hash ids (``tuner.sim.hash_space``), so a key's pool state is a
-slot in a few numpy arrays (chunk id, ref count, rank), and what vLLM does key by key over
+slot in a few numpy arrays (chunk id, ref count, state word), and what vLLM does key by key over
 an offered run (~2,450 chunks a prompt in the agentic hour, most of them already stored)
 is a handful of fancy-indexing operations here. Eviction reads an
 :class:`~tuner.sim.kv_connector.eviction_order.EvictionOrder` of sorted runs instead of a
@@ -17,7 +17,14 @@ rank to the request's (``max``: ranks only grow); when a request finishes, its s
 take fresh ranks tail first, so its head is the most recent; the smallest idle (ref count
 0), unprotected rank goes first. vLLM's rank is the pair ``(R, -position)``; here it is the
 int ``R * RANK_SPAN - position`` (same order while positions stay below ``RANK_SPAN``;
-int64 while ranks stay below 2**37, asserted).
+int64 while ranks stay below 2**36, asserted).
+
+Per-key state in one word (``_state``): ``2 * rank + idle`` for a key in the pool (idle:
+stored, store complete, no load reading it), 0 for a key not in it, negated while
+``_evict`` protects an idle key. The access record, a finish and a completion read and
+write a key's rank, its idleness and its pool membership in one gather and one scatter
+(three arrays before: rank, signed idle rank, chunk id), and the eviction order's entries
+are the words of idle keys (``2 * rank + 1``, the same order as the ranks).
 
 Contract: every answer and every state equals the key-at-a-time port's
 (``tests/sim/_kv_pool_plain.py``), held by ``tests/sim/test_kv_pool_batched.py``.
@@ -38,6 +45,7 @@ MISS, HIT, HIT_PENDING = 0, 1, 2
 
 #: LRU ranks are ``rank * RANK_SPAN - position``: vLLM's ``(rank, -position)`` as one int64
 RANK_SPAN = 1 << 26
+#: ranks stay below 2**62, so a state word ``2 * rank + 1`` stays below 2**63
 _MAX_RANK = (1 << 62) // RANK_SPAN
 _I64 = np.int64
 _EMPTY = np.empty(0, _I64)
@@ -99,14 +107,13 @@ class LRUPool:
         self._next_rank = 0
         size = 1024
         self._chunk = np.full(size, -1, _I64)  # key -> chunk id, -1: not in the pool
-        self._ref = np.zeros(size, np.int32)  # -1: store in flight, n: n loads reading
-        self._rank = np.zeros(size, _I64)  # valid while the key is in the pool
-        # The signed idle rank, what the eviction order reads: the rank while the key is
-        # idle (stored, store complete, no load reading it), 0 otherwise, and negated
+        # -1: store in flight, n: n loads reading (the in-pool invariant: -1 only in the pool)
+        self._ref = np.zeros(size, np.int32)
+        # The state word (module doc): 2 * rank + idle in the pool, 0 outside, negated
         # while ``_evict`` protects it (an idle key of the store that evicts). Ranks are
-        # >= 1, so the sign and zero are free; one array instead of an idle flag, the
-        # rank and a protected flag saves two of a window's three gathers.
-        self._idle_rank = np.zeros(size, _I64)
+        # >= 1, so zero and the sign are free; the eviction order reads it as its live
+        # test (a window's one gather), the pool's calls as rank, idleness and membership.
+        self._state = np.zeros(size, _I64)
         self._slot = np.zeros(size, _I64)  # scratch: repeated keys in a run
         # the run of the eviction order that holds each key's newest entry (-1: none)
         self._owner = np.full(size, -1, _I64)
@@ -127,8 +134,7 @@ class LRUPool:
         new = max(2 * size, top + 1)
         self._chunk = np.concatenate([self._chunk, np.full(new - size, -1, _I64)])
         self._ref = np.concatenate([self._ref, np.zeros(new - size, np.int32)])
-        self._rank = np.concatenate([self._rank, np.zeros(new - size, _I64)])
-        self._idle_rank = np.concatenate([self._idle_rank, np.zeros(new - size, _I64)])
+        self._state = np.concatenate([self._state, np.zeros(new - size, _I64)])
         self._slot = np.concatenate([self._slot, np.zeros(new - size, _I64)])
         self._owner = np.concatenate([self._owner, np.full(new - size, -1, _I64)])
         self._order.owner = self._owner
@@ -145,10 +151,13 @@ class LRUPool:
         self._slot[keys] = index
         return not (self._slot[keys] == index).all()
 
-    def _push_idle(self, keys: np.ndarray) -> None:
-        """Keys (distinct, stored) that just became idle get an order entry at their rank
-        (a rank that changes later while they stay idle pushes again: ``_rerank_idle``)."""
-        self._order.push(self._rank[keys], keys)
+    def _make_idle(self, keys: np.ndarray) -> None:
+        """Keys (distinct, stored, not idle) that just became idle: their idle bit set and
+        an order entry at their word (a rank that changes later while they stay idle
+        pushes again: ``_rerank_idle``); one gather and one scatter of the state."""
+        words = self._state[keys] + 1
+        self._state[keys] = words
+        self._order.push(words, keys)
         self._check_stale()
 
     def _check_stale(self) -> None:
@@ -158,8 +167,8 @@ class LRUPool:
 
     def _compact(self) -> None:
         """Stale entries dominate: rebuild the order from the idle keys' ranks."""
-        keys = np.flatnonzero(self._idle_rank)
-        self._order.reset(self._rank[keys], keys)
+        keys = np.flatnonzero(self._state & 1)  # idle (never called while protecting)
+        self._order.reset(self._state[keys], keys)
 
     @staticmethod
     def _positions(keys: np.ndarray, ctx: ReqContext) -> np.ndarray:
@@ -175,43 +184,42 @@ class LRUPool:
         return ctx.lru_rank
 
     def _on_access(self, keys: np.ndarray, positions: np.ndarray, ctx: ReqContext,
-                   stored: np.ndarray | None = None) -> None:
-        """lru.py ``on_request_access``: stored, positioned keys rise to the request's rank
-        (``stored``: each key's ``chunk >= 0``, if the caller has it)."""
-        base = self._request_rank(ctx) * RANK_SPAN
-        if stored is None:
-            stored = self._chunk[keys] >= 0
-        sel = (positions >= 0) & stored
-        if not sel.all():
-            keys, positions = keys[sel], positions[sel]
-        if not len(keys):
-            return
-        new = base - positions
-        up = new > self._rank[keys]
+                   words: np.ndarray | None = None) -> None:
+        """lru.py ``on_request_access``: stored, positioned keys rise to the request's rank.
+        One gather of the state gives membership (non-zero), the old rank and idleness
+        (``words``: the keys' state words, if the caller has them)."""
+        if words is None:
+            words = self._state[keys]
+        new = (self._request_rank(ctx) * RANK_SPAN - positions) * 2
+        # a stored key's word 2 * old + idle is below 2 * new iff old < new; an absent
+        # key (word 0) is below too, so membership and position are tested apart
+        up = (words < new) & (words != 0) & (positions >= 0)
         if not up.all():
-            keys, new = keys[up], new[up]
+            keys, words, new = keys[up], words[up], new[up]
         if len(keys):
-            self._rank[keys] = new
-            self._rerank_idle(keys, new)
+            self._rerank(keys, words, new)
 
-    def _rerank_idle(self, keys: np.ndarray, ranks: np.ndarray, in_order: bool = False
-                     ) -> None:
-        """New ranks for stored keys (distinct): the idle ones' signed idle rank follows,
-        and their new entries go into the order now, as one run (``in_order``: already
-        in ``(rank, key)`` order, as a finish's fresh ranks are). Their older entries go
-        stale: a request's access, and then its finish, re-rank its whole prefix, so
-        the run an access or finish pushes is superseded as a whole by the next one of
-        the session and dropped by the eviction on one gather, where a lazy raise left
-        each key's old entry to be read, put back and read again."""
-        idle = self._idle_rank[keys] != 0
+    def _rerank(self, keys: np.ndarray, words: np.ndarray, new: np.ndarray,
+                in_order: bool = False) -> None:
+        """New ranks for stored keys (distinct; ``words``: their state words, ``new``:
+        twice their new ranks): one scatter of the state; the idle ones' new entries go
+        into the order now, as one run (``in_order``: already in ``(rank, key)`` order, as
+        a finish's fresh ranks are). Their older entries go stale: a request's access, and
+        then its finish, re-rank its whole prefix, so the run an access or finish pushes
+        is superseded as a whole by the next one of the session and dropped by the
+        eviction on one gather, where a lazy raise left each key's old entry to be read,
+        put back and read again."""
+        idle = words & 1
+        new |= idle
+        self._state[keys] = new
+        idle = idle.astype(bool)
         if not idle.all():
-            keys, ranks = keys[idle], ranks[idle]
+            keys, new = keys[idle], new[idle]
         if len(keys):
-            self._idle_rank[keys] = ranks
             if in_order:
-                self._order.push_sorted(ranks, keys)
+                self._order.push_sorted(new, keys)
             else:
-                self._order.push(ranks, keys)
+                self._order.push(new, keys)
             self._check_stale()
 
     @staticmethod
@@ -222,13 +230,13 @@ class LRUPool:
         return state  # type: ignore[return-value]
 
     def _record(self, keys: np.ndarray, positions: np.ndarray, ctx: ReqContext,
-                repeats: bool | None = None, stored: np.ndarray | None = None) -> None:
+                repeats: bool | None = None, words: np.ndarray | None = None) -> None:
         """The access record: keys the request sees for the first time (first occurrence
         of a repeated one) are kept for its finish and raise their ranks. ``repeats``
-        (whether a key occurs twice in ``keys``) and ``stored`` (each key's ``chunk >=
-        0``) may be passed by a caller that has them (``prepare_store`` reads both for
-        its own purposes; a subset of a run without repeats has none), saving a scatter
-        and two gathers over the run per store."""
+        (whether a key occurs twice in ``keys``) and ``words`` (the keys' state words) may
+        be passed by a caller that has them (``prepare_store`` reads both for its own
+        purposes; a subset of a run without repeats has none), saving a scatter and two
+        gathers over the run per store."""
         state = self._access(ctx)
         if not len(keys):
             return
@@ -244,15 +252,15 @@ class LRUPool:
             firsts = dict.fromkeys((keys if unseen is None else keys[unseen]).tolist())
             picks = [i for i, k in enumerate(keys.tolist()) if firsts.pop(k, 0) is None]
             keys, positions = keys[picks], positions[picks]
-            stored = None if stored is None else stored[picks]
+            words = None if words is None else words[picks]
         elif unseen is not None and not unseen.all():
             keys, positions = keys[unseen], positions[unseen]
-            stored = None if stored is None else stored[unseen]
+            words = None if words is None else words[unseen]
         if not len(keys):
             return
         assert not state.finished, "new cache keys after request finalization (tuner bug)"
         state.add(keys, positions)
-        self._on_access(keys, positions, ctx, stored)
+        self._on_access(keys, positions, ctx, words)
 
     # ----------------------------------------------------------------- interface
     def on_new_request(self, ctx: ReqContext) -> None:
@@ -278,12 +286,15 @@ class LRUPool:
             self._record(k, _EMPTY, ctx)
             return
         self._fit(k)
-        assert (self._chunk[k] >= 0).all() and (self._ref[k] >= 0).all(), \
-            "chunk not loadable (tuner bug)"
-        idle = k[self._ref[k] == 0]
-        self.num_evictable -= len(np.unique(idle)) if len(idle) > 1 else len(idle)
+        ref = self._ref[k]
+        assert (self._state[k] != 0).all() and (ref >= 0).all(), "chunk not loadable (tuner bug)"
+        idle = k[ref == 0]
+        if len(idle):
+            if len(idle) > 1:
+                idle = np.unique(idle)
+            self.num_evictable -= len(idle)
+            self._state[idle] -= 1  # no longer idle (distinct keys: no lost update)
         np.add.at(self._ref, k, 1)
-        self._idle_rank[k] = 0
         self._record(k, self._positions(k, ctx) if positions is None else positions, ctx)
 
     def complete_load(self, keys) -> None:
@@ -291,12 +302,13 @@ class LRUPool:
         if not len(k):
             return
         np.subtract.at(self._ref, k, 1)
-        assert (self._ref[k] >= 0).all() and (self._chunk[k] >= 0).all(), \
-            "chunk not loading (tuner bug)"
-        idle = np.unique(k[self._ref[k] == 0])
+        ref = self._ref[k]
+        assert (ref >= 0).all() and (self._state[k] != 0).all(), "chunk not loading (tuner bug)"
+        idle = k[ref == 0]
+        if len(idle) > 1:
+            idle = np.unique(idle)
         self.num_evictable += len(idle)
-        self._idle_rank[idle] = self._rank[idle]
-        self._push_idle(idle)
+        self._make_idle(idle)
 
     def _num_free(self) -> int:
         return self._num_free_ids + self.num_chunks - self._num_allocated
@@ -316,16 +328,18 @@ class LRUPool:
     def _evict(self, n: int, offered: np.ndarray) -> np.ndarray | None:
         """The ``n`` idle keys of smallest rank not among ``offered``, evicted; None (and
         no change) if there are fewer."""
-        idle_rank = self._idle_rank
-        idle_offered = offered[idle_rank[offered] > 0]
+        state = self._state
+        words = state[offered]
+        idle = (words & 1).astype(bool)
+        idle_offered, words = offered[idle], words[idle]
         if self.num_evictable - len(idle_offered) < n:  # exact count when keys repeat
             if self.num_evictable - len(np.unique(idle_offered)) < n:
                 return None
-        idle_rank[idle_offered] = -self._rank[idle_offered]  # protected
-        try:  # the order zeroes the victims' idle rank as it takes them
-            victims = self._order.take(n, idle_rank)
+        state[idle_offered] = -words  # protected
+        try:  # the order zeroes the victims' state as it takes them
+            victims = self._order.take(n, state)
         finally:
-            idle_rank[idle_offered] = self._rank[idle_offered]
+            state[idle_offered] = words
         victims = np.concatenate(victims) if len(victims) > 1 else victims[0]
         chunk = self._chunk
         ids = chunk[victims]  # freed in eviction order (the free list's order)
@@ -350,17 +364,18 @@ class LRUPool:
         self._fit(k)
         if positions is None:
             positions = self._positions(k, ctx)
-        present = self._chunk[k] >= 0
+        words = self._state[k]  # read before the record re-ranks: what it and we need
+        present = words != 0
         repeats = self._repeats(k)  # a subset of a run without repeats has none
         if self.num_write_pending:
-            recorded = ~present | (self._ref[k] >= 0)  # in-flight keys are not recorded
+            recorded = self._ref[k] >= 0  # in-flight keys (-1, in the pool) are not recorded
             if recorded.all():
-                self._record(k, positions, ctx, repeats, present)
+                self._record(k, positions, ctx, repeats, words)
             else:
                 self._record(k[recorded], positions[recorded], ctx, repeats,
-                             present[recorded])
+                             words[recorded])
         else:
-            self._record(k, positions, ctx, repeats, present)
+            self._record(k, positions, ctx, repeats, words)
         if present.all():
             return _EMPTY, 0
         absent = ~present
@@ -395,21 +410,20 @@ class LRUPool:
                 else:
                     ranks[i] = self._request_rank(ctx) * RANK_SPAN - position
         assert self._next_rank < _MAX_RANK, "LRU rank past int64 (tuner bug)"
-        self._rank[keys] = ranks
+        self._state[keys] = ranks * 2  # in flight: not idle
 
     def complete_store(self, keys) -> None:
         """Stores finished: in-flight chunks become readable and idle."""
         k = np.asarray(keys, _I64)
         if not len(k):
             return
-        done = k[(self._chunk[k] >= 0) & (self._ref[k] < 0)]
+        done = k[self._ref[k] < 0]  # -1 only in the pool (``_ref``), so no chunk gather
         if self._repeats(done):  # a job may name a key twice
             done = np.unique(done)
         self._ref[done] = 0
-        self._idle_rank[done] = self._rank[done]
         self.num_write_pending -= len(done)
         self.num_evictable += len(done)
-        self._push_idle(done)
+        self._make_idle(done)
 
     def on_request_finished(self, ctx: ReqContext) -> None:
         """lru.py ``on_request_finished``: the request's stored keys take fresh ranks,
@@ -428,15 +442,17 @@ class LRUPool:
         if (positions >= 0).all() and not (positions[1:] >= positions[:-1]).all():
             keys = keys[np.argsort(positions, kind="stable")]
         keys = keys[::-1]
-        keys = keys[self._chunk[keys] >= 0]
+        words = self._state[keys]  # membership, rank and idleness in one gather
+        stored = words != 0
+        if not stored.all():
+            keys, words = keys[stored], words[stored]
         if not len(keys):
             return
         rank = self._next_rank
-        ranks = np.arange(rank + 1, rank + 1 + len(keys), dtype=_I64) * RANK_SPAN
-        self._rank[keys] = ranks
+        ranks = np.arange(rank + 1, rank + 1 + len(keys), dtype=_I64) * (2 * RANK_SPAN)
         self._next_rank = rank + len(keys)
         assert self._next_rank < _MAX_RANK, "LRU rank past int64 (tuner bug)"
-        self._rerank_idle(keys, ranks, in_order=True)
+        self._rerank(keys, words, ranks, in_order=True)
 
     @property
     def num_used_chunks(self) -> int:
@@ -463,8 +479,7 @@ class LRUPool:
         self._chunk = keep(self._chunk, -1)
         assert int((self._chunk >= 0).sum()) == stored, "renumbering drops a pool key (tuner bug)"
         self._ref = keep(self._ref, 0)
-        self._rank = keep(self._rank, 0)
-        self._idle_rank = keep(self._idle_rank, 0)
+        self._state = keep(self._state, 0)
         self._slot = np.zeros(size, _I64)
         # old run ids are dropped by the compaction below; ids are never reused
         self._owner = keep(self._owner, -1)
