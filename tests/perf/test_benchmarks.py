@@ -192,35 +192,44 @@ def test_calibrate_from_benchmarks_cli(tmp_path):
     assert "Traceback" not in result.output
 
 
-def test_2024_rocm_rows_multiply_fp8_at_the_bf16_peak():
+def test_2024_rocm_rows_compute_fp8_as_bf16():
     """ROCm software of 2024 ran MI300X FP8 GEMMs at the BF16 rate (ROCm/TransformerEngine
-    #73/#78; ``ROCM_FP8_FASTER_SINCE``): a row measured then prices its FP8 GEMMs at the
-    BF16 peak, with the FP8 bytes and the FP8 kernels' own coefficients; later rows, NVIDIA
-    rows and rows without a date keep the FP8 peak."""
-    from tuner.perf.fit.benchmark_rows import gemm_peak_as
+    #73/#78; ``ROCM_FP8_FASTER_SINCE``): a row measured then prices its FP8 GEMMs' FLOPs
+    with the BF16 ``eta_compute`` at the BF16 peak (so it informs the BF16 compute
+    efficiency, not the FP8 one), with the FP8 bytes, ``eta_mem`` and tile terms; later
+    rows, NVIDIA rows and rows without a date compute FP8 as FP8."""
+    from tuner.perf.fit.benchmark_rows import gemm_compute_as
 
-    assert gemm_peak_as("amd", "2024-10") == {"fp8": "bf16"}
-    assert gemm_peak_as("amd", "2025-02") == gemm_peak_as("amd", "") == {}
-    assert gemm_peak_as("nvidia", "2024-10") == {}
+    assert gemm_compute_as("amd", "2024-10") == {"fp8": "bf16"}
+    assert gemm_compute_as("amd", "2025-02") == gemm_compute_as("amd", "") == {}
+    assert gemm_compute_as("nvidia", "2024-10") == {}
     rows, _ = load_rows(PUBLISHED_CSV)
     ora = next(r for r in rows if r.id == "ORA-L405-MI300X-bs1")
     amdp = next(r for r in rows if r.id == "AMDP-L70-MI300X-lat-bs1")
     assert (ora.measured, amdp.measured) == ("2024-10", "2025-10")
     old, new = record(ora).resolved.hardware, record(amdp).resolved.hardware
-    assert old.gemm_peak_as == {"fp8": "bf16"} and new.gemm_peak_as == {}
+    assert old.gemm_compute_as == {"fp8": "bf16"} and new.gemm_compute_as == {}
 
     hw = load_hardware("mi300x")
     spec = resolve_target(Target(hardware="mi300x", model="llama-3.1-70b", tp=8,
                                  quantization="fp8")).model
     from dataclasses import replace
     now = RooflineStepTimeModel(hw, spec, 8)
-    then = RooflineStepTimeModel(replace(hw, gemm_peak_as={"fp8": "bf16"}), spec, 8)
+    then = RooflineStepTimeModel(replace(hw, gemm_compute_as={"fp8": "bf16"}), spec, 8)
+    c = hw.coefficients
+    rate = {f: c.gemm_for(f).eta_compute * hw.peak(f) for f in ("bf16", "fp8")}
     # per dense kernel format: (memory s, compute s per token, compute s at M=0)
     for fmt, a, b in zip(sorted(now.shape["dense"]), now._dense, then._dense):
         assert b[0] == a[0]  # the FP8 weights stream as before
-        ratio = hw.peak("fp8") / hw.peak("bf16") if fmt == "fp8" else 1.0
+        ratio = rate["fp8"] / rate["bf16"] if fmt == "fp8" else 1.0
         assert b[1] == pytest.approx(a[1] * ratio) and b[2] == pytest.approx(a[2] * ratio)
     assert "fp8" in now.shape["dense"]
-    prefill = StepBatch.from_requests([(0, 8192)])  # compute-bound: the FP8 GEMMs at half rate
+    # the FP8 rows' compute moves with the BF16 eta_compute, not the FP8 one
+    slower = replace(c, gemm={**c.gemm, "bf16": replace(c.gemm_for("bf16"), eta_compute=0.27)})
+    halved = RooflineStepTimeModel(replace(hw, gemm_compute_as={"fp8": "bf16"}), spec, 8, slower)
+    fmt_i = sorted(now.shape["dense"]).index("fp8")
+    assert halved._dense[fmt_i][1] == pytest.approx(
+        then._dense[fmt_i][1] * c.gemm_for("bf16").eta_compute / 0.27)
+    prefill = StepBatch.from_requests([(0, 8192)])  # compute-bound: FP8 GEMMs at BF16's rate
     assert then.breakdown(prefill)["gemm"] / now.breakdown(prefill)["gemm"] == pytest.approx(
-        2.0, rel=0.05)
+        rate["fp8"] / rate["bf16"], rel=0.05)

@@ -59,13 +59,19 @@ class HardwareSpec:
     #: (YAML ``step_time.measured``): the published-results fit holds them tighter
     #: (``tuner.perf.fit.to_benchmarks.MEASURED_SIGMA``) than engineering estimates
     measured_priors: tuple[str, ...] = ()
-    #: GEMM kernel formats whose kernels, in the software at hand, multiply at another
-    #: format's peak: ``{"fp8": "bf16"}`` prices FP8 GEMMs with their own bytes and
-    #: coefficients but the BF16 peak (ROCm's FP8 GEMMs on MI300X in 2024, before their
-    #: hipBLASLt tuning, ran at about the BF16 GEMMs' rate; see
-    #: ``tuner.perf.fit.benchmark_rows.gemm_peak_as``). A property of the software, not of
-    #: the chip, so no preset sets it: a benchmark row measured on that software does.
-    gemm_peak_as: dict[str, str] = field(default_factory=dict)
+    #: GEMM kernel formats whose kernels, in the software at hand, compute as another
+    #: format's: ``{"fp8": "bf16"}`` prices FP8 GEMMs' weight bytes (bytes, ``eta_mem``,
+    #: ``t0_s``) as FP8 but their FLOPs as BF16 GEMMs' (the BF16 peak AND the BF16
+    #: ``eta_compute`` and tile terms): ROCm's FP8 GEMMs on MI300X in 2024, before their
+    #: hipBLASLt tuning, ran at about the BF16 GEMMs' rate, so such rows measure the BF16
+    #: compute efficiency, not today's FP8 one (``tuner.perf.fit.benchmark_rows
+    #: .gemm_compute_as``). A property of the software, not of the chip, so no preset sets
+    #: it: a benchmark row measured on that software does.
+    gemm_compute_as: dict[str, str] = field(default_factory=dict)
+    #: Measured max-achievable dense GEMM rate by format, FLOP/s (YAML
+    #: ``max_achievable_tflops``, cited in the preset): a physical ceiling on
+    #: ``eta_compute x peak`` that the published-results fit enforces as an upper bound.
+    max_achievable_flops: dict[str, float] = field(default_factory=dict)
 
     @property
     def vllm_platform(self) -> str:
@@ -89,6 +95,12 @@ class HardwareSpec:
         if dtype in self.peak_flops:
             return self.peak_flops[dtype]
         return self.peak_flops["bf16"]
+
+    def eta_compute_ceiling(self, fmt: str) -> float:
+        """The largest physical ``eta_compute`` for GEMM format ``fmt``: the measured
+        max-achievable rate over the peak where the preset cites one, else 1."""
+        maf = self.max_achievable_flops.get(fmt)
+        return min(1.0, maf / self.peak(fmt)) if maf else 1.0
 
     def block_size_for(self, kind: str) -> int:
         """vLLM's default KV block size here for a model of ``kind``
@@ -167,6 +179,10 @@ def hardware_from_dict(data: Any, *, source: str = "hardware") -> HardwareSpec:
     if unknown:
         raise ConfigError(f"{source}: field 'peak_tflops' has unknown dtype(s) "
                           f"{sorted(unknown)}; use {', '.join(_PEAK_ORDER)}")
+    maf = data.get("max_achievable_tflops") or {}
+    if not isinstance(maf, dict) or set(maf) - set(peaks):
+        raise ConfigError(f"{source}: field 'max_achievable_tflops' must map dtypes of "
+                          f"peak_tflops to measured TFLOPS, got {maf!r}")
     link = data.get("interconnect")
     if not isinstance(link, dict):
         raise ConfigError(f"{source}: field 'interconnect' must be a mapping with "
@@ -214,4 +230,5 @@ def hardware_from_dict(data: Any, *, source: str = "hardware") -> HardwareSpec:
         measured_priors=tuple(str(x) for x in ((data.get("step_time") or {}).get("measured")
                                                or ())),
         platform=platform,
+        max_achievable_flops={k: num(maf, k, "max_achievable_tflops.") * 1e12 for k in maf},
     )

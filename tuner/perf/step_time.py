@@ -182,10 +182,12 @@ class RooflineStepTimeModel(StepTimeModel):
             GEMMs of ``dims`` = (sum N, sum K, count): bytes stream once, FLOPs are priced
             with the tile terms (``GemmCoefficients.flop_elems``)."""
             g: GemmCoefficients = c.gemm_for(fmt)
-            # the peak this format's kernels multiply at: its own, or another format's where
-            # the software gets no more from its units (2024 ROCm FP8 at the BF16 peak)
-            peak = hardware.peak(hardware.gemm_peak_as.get(fmt, fmt))
-            per_tok = 2.0 * g.flop_elems(elems, *dims) / (g.eta_compute * peak)
+            # the rate the kernels multiply at: this format's eta_compute x peak, or another
+            # format's where the software gets no more from its units (2024 ROCm FP8 ran at
+            # the BF16 GEMMs' rate); the tile terms stay the kernels' own
+            cfmt = hardware.gemm_compute_as.get(fmt, fmt)
+            rate = c.gemm_for(cfmt).eta_compute * hardware.peak(cfmt)
+            per_tok = 2.0 * g.flop_elems(elems, *dims) / rate
             return elems * DTYPE_BYTES[fmt] / (g.eta_mem * bw), per_tok, per_tok * g.m_half
 
         # dense GEMMs (M = tokens), one entry per kernel format

@@ -174,15 +174,18 @@ def _measured(rec: dict[str, str]) -> str:
     return m.group(1) if m else ""
 
 
-def gemm_peak_as(vendor: str, measured: str) -> dict[str, str]:
-    """``HardwareSpec.gemm_peak_as`` for a row measured at ``measured`` on a ``vendor`` GPU:
-    FP8 GEMMs at the BF16 peak on ROCm software older than :data:`ROCM_FP8_FASTER_SINCE`.
+def gemm_compute_as(vendor: str, measured: str) -> dict[str, str]:
+    """``HardwareSpec.gemm_compute_as`` for a row measured at ``measured`` on a ``vendor``
+    GPU: the one rule for old software. On ROCm older than :data:`ROCM_FP8_FASTER_SINCE`
+    FP8 GEMMs compute as BF16 GEMMs: the BF16 peak with the BF16 ``eta_compute`` and tile
+    terms, so those rows inform the BF16 compute efficiency, not today's FP8 one (pricing
+    them with FP8 coefficients at the BF16 peak made the fit carry 2024's FP8 rate into
+    modern FP8 deployments, above AMD's measured max-achievable; kernels32 round).
 
-    The bytes and the FP8 kernels' own coefficients stay (the weights stream as FP8; the
-    kernels' shape behaviour is theirs); only the rate they multiply at is BF16's. Dense
-    per-tensor FP8 (``fp8``) only: that is what the evidence measured (hipBLASLt GEMMs);
-    block-scaled and fused-MoE FP8 kernels of that software have no such measurement.
-    A row without a date keeps the FP8 peak.
+    The weight bytes stay FP8 with the FP8 kernels' ``eta_mem`` and ``t0_s`` (the weights
+    stream as FP8 whatever rate the kernels multiply at). Dense per-tensor FP8 (``fp8``)
+    only: that is what the evidence measured (hipBLASLt GEMMs); block-scaled and fused-MoE
+    FP8 kernels of that software have no such measurement. A row without a date keeps FP8.
     """
     if vendor == "amd" and measured and measured < ROCM_FP8_FASTER_SINCE:
         return {"fp8": "bf16"}
@@ -398,9 +401,9 @@ def record(row: BenchmarkRow) -> RecordedRun:
                     gpu_memory_utilization=row.gpu_memory_utilization,
                     max_model_len=row.max_model_len)
     resolved = resolve_target(target)
-    peak_as = gemm_peak_as(resolved.hardware.vendor, row.measured)
-    if peak_as:  # the row's software multiplied some format at another's peak (AMD: analytic)
-        hw = dataclasses.replace(resolved.hardware, gemm_peak_as=peak_as)
+    compute_as = gemm_compute_as(resolved.hardware.vendor, row.measured)
+    if compute_as:  # the row's software computed some format as another (AMD: analytic)
+        hw = dataclasses.replace(resolved.hardware, gemm_compute_as=compute_as)
         resolved = dataclasses.replace(resolved, hardware=hw, step_time=RooflineStepTimeModel(
             hw, resolved.model, row.tp, resolved.step_time.coefficients))
     rng = np.random.default_rng(SEED)

@@ -72,6 +72,8 @@ def _params(runs: Sequence[RecordedRun], base: Coefficients, hardware: Any) -> l
     for run in runs:
         spec = run.resolved.model
         fmts.update(used_formats(spec))
+        # formats whose compute a row prices as another's (2024 ROCm FP8 as BF16)
+        fmts.update(run.resolved.hardware.gemm_compute_as.values())
         tp_gt1 |= run.row.tp > 1
         moe |= spec.is_moe
     for f in sorted(fmts):
@@ -86,6 +88,8 @@ def _params(runs: Sequence[RecordedRun], base: Coefficients, hardware: Any) -> l
     out = []
     for name in names:
         lo, hi = bounds_of(name)
+        if name.endswith(".eta_compute"):  # no faster than the cited max-achievable rate
+            hi = min(hi, hardware.eta_compute_ceiling(name.split(".")[1]))
         prior = min(max(flat[name], lo * 1.001), hi / 1.001)
         out.append(Param(name, lo, hi, prior, prior_sigma(name, hardware)))
     return out
