@@ -25,19 +25,16 @@ import argparse
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tuner.metrics import summarize  # noqa: E402
 from tuner.perf.api_server import api_server_cost  # noqa: E402
-from tuner.perf.fit.benchmark_rows import (PUBLISHED_CSV, SEED, BenchmarkRow,  # noqa: E402
-                                           load_rows, record)
+from tuner.perf.fit.benchmark_rows import (PUBLISHED_CSV, BenchmarkRow,  # noqa: E402
+                                           load_rows, record, row_requests)
 from tuner.perf.fit.published import default_coefficients  # noqa: E402
 from tuner.perf.presets import resolve_target  # noqa: E402
 from tuner.perf.step_time import RooflineStepTimeModel  # noqa: E402
@@ -45,38 +42,6 @@ from tuner.perf.target import Target  # noqa: E402
 from tuner.sim.engine import Simulator  # noqa: E402
 from tuner.sim.load import ClosedLoop  # noqa: E402
 from tuner.sim.settings import CacheSettings, SimOptions  # noqa: E402
-
-
-@dataclass(frozen=True, slots=True)
-class Prompt:
-    """One random prompt of the row's run (the attributes ``Simulator`` reads)."""
-
-    request_id: str
-    arrival_s: float
-    input_len: int
-    output_len: int
-    block_hashes: np.ndarray
-    output_block_hashes: np.ndarray
-    priority: int = 0
-    session_id: str | None = None
-
-
-def prompts(row: BenchmarkRow, block_size: int) -> tuple[list[Prompt], int]:
-    """The fit's prompts for ``row`` (``record``'s draws: the same seed, lengths uniform
-    in ``[0.8 L, L]``, nothing shared) and the number of hash ids they use."""
-    rng = np.random.default_rng(SEED)
-    n = row.num_prompts
-    isl = rng.integers(int(0.8 * row.isl), row.isl + 1, n)
-    osl = rng.integers(int(0.8 * row.osl), row.osl + 1, n)
-    out, next_id = [], 0
-    for i in range(n):
-        nb = int(isl[i]) // block_size
-        ob = (int(isl[i]) + int(osl[i])) // block_size - nb
-        out.append(Prompt(f"r{i}", 0.0, int(isl[i]), int(osl[i]),
-                          np.arange(next_id, next_id + nb, dtype=np.int64),
-                          np.arange(next_id + nb, next_id + nb + ob, dtype=np.int64)))
-        next_id += nb + ob
-    return out, next_id
 
 
 def replay_ttft(row: BenchmarkRow, misses: bool) -> dict[str, float]:
@@ -90,7 +55,7 @@ def replay_ttft(row: BenchmarkRow, misses: bool) -> dict[str, float]:
     model = RooflineStepTimeModel(resolved.hardware, resolved.model, row.tp,
                                   default_coefficients(resolved.hardware))
     bs = resolved.cache.block_size
-    reqs, num_ids = prompts(row, bs)
+    reqs, num_ids = row_requests(row, bs)
     cache = CacheSettings(block_size=bs, num_gpu_blocks=resolved.cache.num_gpu_blocks,
                           enable_prefix_caching=False, max_model_len=row.max_model_len)
     result = Simulator(reqs, resolved.default_settings, cache, model,

@@ -88,16 +88,8 @@ def test_unit_clock_recording_matches_a_timed_replay(row_id):
     res = run.resolved
     model = RooflineStepTimeModel(res.hardware, res.model, small.tp, res.step_time.coefficients)
     fig = run.figures(model, api=None)
-    from tuner.perf.fit.benchmark_rows import SEED, _Req
-    rng = np.random.default_rng(SEED)
-    isl = rng.integers(int(0.8 * small.isl), small.isl + 1, small.num_prompts)
-    osl = rng.integers(int(0.8 * small.osl), small.osl + 1, small.num_prompts)
-    bs, nid, reqs = res.cache.block_size, 0, []
-    for i in range(small.num_prompts):
-        nb, ob = int(isl[i]) // bs, (int(isl[i]) + int(osl[i])) // bs - int(isl[i]) // bs
-        reqs.append(_Req(f"r{i}", 0.0, int(isl[i]), int(osl[i]),
-                         np.arange(nid, nid + nb), np.arange(nid + nb, nid + nb + ob)))
-        nid += nb + ob
+    from tuner.perf.fit.benchmark_rows import row_requests
+    reqs, nid = row_requests(small, res.cache.block_size)
     from dataclasses import replace
     cache = replace(res.cache, enable_prefix_caching=False, max_model_len=small.max_model_len)
     assert small.async_scheduling == (row_id == "IX-M3-H200-1k1k-c4")

@@ -378,7 +378,9 @@ class _Recorder:
 
 
 @dataclass(frozen=True, slots=True)
-class _Req:
+class BenchmarkRequest:
+    """One random prompt of a benchmark row's run (the attributes ``Simulator`` reads)."""
+
     request_id: str
     arrival_s: float
     input_len: int
@@ -387,6 +389,35 @@ class _Req:
     output_block_hashes: np.ndarray
     priority: int = 0
     session_id: str | None = None
+
+
+def row_requests(row: BenchmarkRow, block_size: int,
+                 num_prompts: int | None = None) -> tuple[list[BenchmarkRequest], int]:
+    """The prompts of ``row``'s run and the number of hash ids they use: a closed loop's
+    ``num_prompts`` (the row's unless given) with lengths uniform in ``[0.8 L, L]`` as
+    ``vllm bench serve --random-range-ratio`` draws them (seed :data:`SEED`), a batch's
+    ``concurrency`` and an offline run's (at most :data:`OFFLINE_PROMPTS`) at ``L``
+    exactly. Random prompts share nothing, so every block has its own id. One place, so
+    the fit's recording and anything that replays a row (bench/closed_loop_ttft.py, the
+    tests) draw the same prompts."""
+    n = row.num_prompts if num_prompts is None else num_prompts
+    if row.kind == "closed":
+        rng = np.random.default_rng(SEED)
+        isl = rng.integers(int(0.8 * row.isl), row.isl + 1, n)
+        osl = rng.integers(int(0.8 * row.osl), row.osl + 1, n)
+    else:
+        n = row.concurrency if row.kind == "batch" else min(n, OFFLINE_PROMPTS)
+        isl, osl = np.full(n, row.isl), np.full(n, row.osl)
+    requests, next_id = [], 0
+    for i in range(n):
+        nb = int(isl[i]) // block_size
+        ob = (int(isl[i]) + int(osl[i])) // block_size - nb
+        requests.append(BenchmarkRequest(
+            f"r{i}", 0.0, int(isl[i]), int(osl[i]),
+            np.arange(next_id, next_id + nb, dtype=np.int64),
+            np.arange(next_id + nb, next_id + nb + ob, dtype=np.int64)))
+        next_id += nb + ob
+    return requests, next_id
 
 
 def record(row: BenchmarkRow) -> RecordedRun:
@@ -406,26 +437,13 @@ def record(row: BenchmarkRow) -> RecordedRun:
         hw = dataclasses.replace(resolved.hardware, gemm_compute_as=compute_as)
         resolved = dataclasses.replace(resolved, hardware=hw, step_time=RooflineStepTimeModel(
             hw, resolved.model, row.tp, resolved.step_time.coefficients))
-    rng = np.random.default_rng(SEED)
-    n = row.num_prompts
     if row.kind == "closed":
-        isl = rng.integers(int(0.8 * row.isl), row.isl + 1, n)
-        osl = rng.integers(int(0.8 * row.osl), row.osl + 1, n)
         # the fit prices the replacement's missed step itself (missed_step_s)
         load: Any = ClosedLoop(row.concurrency, replacement_misses_step=False)
     else:
-        n = row.concurrency if row.kind == "batch" else min(n, OFFLINE_PROMPTS)
-        isl, osl = np.full(n, row.isl), np.full(n, row.osl)
         load = OpenLoop()
     bs = resolved.cache.block_size
-    requests, next_id = [], 0
-    for i in range(n):
-        nb = int(isl[i]) // bs
-        ob = (int(isl[i]) + int(osl[i])) // bs - nb
-        requests.append(_Req(f"r{i}", 0.0, int(isl[i]), int(osl[i]),
-                             np.arange(next_id, next_id + nb, dtype=np.int64),
-                             np.arange(next_id + nb, next_id + nb + ob, dtype=np.int64)))
-        next_id += nb + ob
+    requests, next_id = row_requests(row, bs)
     # random prompts share nothing; caching off as the published runs had it
     cache = CacheSettings(block_size=bs, num_gpu_blocks=resolved.cache.num_gpu_blocks,
                           enable_prefix_caching=False, max_model_len=row.max_model_len)
