@@ -61,8 +61,8 @@ class HardwareSpec:
     measured_priors: tuple[str, ...] = ()
     #: GEMM kernel formats whose kernels, in the software at hand, compute as another
     #: format's: ``{"fp8": "bf16"}`` prices FP8 GEMMs' weight bytes (bytes, ``eta_mem``,
-    #: ``t0_s``) as FP8 but their FLOPs as BF16 GEMMs' (the BF16 peak AND the BF16
-    #: ``eta_compute`` and tile terms): ROCm's FP8 GEMMs on MI300X in 2024, before their
+    #: ``t0_s``) and tile terms as FP8 but their FLOP rate as BF16 GEMMs' (the BF16 peak
+    #: AND the BF16 ``eta_compute``): ROCm's FP8 GEMMs on MI300X in 2024, before their
     #: hipBLASLt tuning, ran at about the BF16 GEMMs' rate, so such rows measure the BF16
     #: compute efficiency, not today's FP8 one (``tuner.perf.fit.benchmark_rows
     #: .gemm_compute_as``). A property of the software, not of the chip, so no preset sets

@@ -177,8 +177,9 @@ def _measured(rec: dict[str, str]) -> str:
 def gemm_compute_as(vendor: str, measured: str) -> dict[str, str]:
     """``HardwareSpec.gemm_compute_as`` for a row measured at ``measured`` on a ``vendor``
     GPU: the one rule for old software. On ROCm older than :data:`ROCM_FP8_FASTER_SINCE`
-    FP8 GEMMs compute as BF16 GEMMs: the BF16 peak with the BF16 ``eta_compute`` and tile
-    terms, so those rows inform the BF16 compute efficiency, not today's FP8 one (pricing
+    FP8 GEMMs compute at the BF16 GEMMs' rate: the BF16 peak with the BF16 ``eta_compute``
+    (the tile terms stay FP8's: taking BF16's too fitted worse, docs/step-time-model.md
+    kernels32), so those rows inform the BF16 compute efficiency, not today's FP8 one (pricing
     them with FP8 coefficients at the BF16 peak made the fit carry 2024's FP8 rate into
     modern FP8 deployments, above AMD's measured max-achievable; kernels32 round).
 
