@@ -39,14 +39,12 @@ from bisect import insort
 
 from tuner.sim._step_rules import cdiv
 from tuner.sim.decode_group import (
-    FILLS_BLOCK,
-    FINISHES,
-    OPENS_BLOCK,
     DecodeGroup,
     GroupPlan,
     SchedulerHost,
     seq_order,
 )
+from tuner.sim.decode_group_invariants import FILLS_BLOCK, FINISHES, OPENS_BLOCK
 from tuner.sim.request import RequestStatus, SimRequest
 from tuner.sim.scheduler_output import SchedulerOutput
 

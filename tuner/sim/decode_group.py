@@ -49,8 +49,7 @@ from typing import Protocol
 import numpy as np
 
 from tuner.sim._step_rules import blocks_needed, cdiv, running_new_tokens
-from tuner.sim.decode_group_invariants import (  # the event kinds live with their checks
-    FILLS_BLOCK, FINISHES, OPENS_BLOCK, DecodeGroupInvariants)
+from tuner.sim.decode_group_invariants import DecodeGroupInvariants
 from tuner.sim.kv_cache_manager import KVCacheManager
 from tuner.sim.kv_connector.base import NO_DECODE_EVENT, KVConnector
 from tuner.sim.member_calendar import MemberCalendar, seq_order
