@@ -24,7 +24,7 @@ SETTINGS = SchedulerSettings(max_num_batched_tokens=256, max_num_seqs=1,
                              cache_aware_admission_window=4, cache_aware_admission_threshold=0.0)
 
 
-#: The blocker's decode steps (see ``attempt``).
+#: The blocker's decode steps (see ``scenario``).
 BLOCKER_TOKENS = 63
 
 
@@ -54,57 +54,68 @@ async def request(server: VllmServer, prompt: list[int], max_tokens: int,
     return out
 
 
-async def waiting(server: VllmServer) -> float:
-    return (await server.scrape_async()).value("vllm:num_requests_waiting", 0.0)
+async def engine_call(server: VllmServer, path: str) -> None:
+    """POST one of vLLM's development endpoints (VLLM_SERVER_DEV_MODE=1) and check it worked."""
+    assert server.endpoint is not None
+    status, body = await http.post_json(server.endpoint, path, {})
+    if status != 200:
+        raise RuntimeError(f"POST {path}: HTTP {status}: {body[:200]!r}")
 
 
-async def queued(server: VllmServer, n: int, blocker: asyncio.Task) -> bool:
-    """Wait until ``n`` requests are waiting behind the blocker; False if the blocker ended
-    first (then the scenario proves nothing: the plugin never saw both at once)."""
-    end = time.monotonic() + 20
-    while time.monotonic() < end and not blocker.done():
-        if await waiting(server) >= n:
-            return True
-        await asyncio.sleep(0.002)
-    return False
+def added_requests(server: VllmServer) -> int:
+    """How many requests the API server has handed to the engine core: the
+    ``Added request`` lines ``--enable-log-requests`` logs after each send."""
+    assert server.log_path is not None
+    with open(server.log_path, errors="replace") as log:
+        return log.read().count("Added request ")
 
 
-async def attempt(server: VllmServer, seed: int) -> dict:
-    warm_prompt, cold_prompt = tokens(seed, 96), tokens(seed + 1, 96)  # 3 blocks each
-    warm0 = await request(server, warm_prompt, 1)  # runs alone; its 3 blocks stay cached
-    first = asyncio.Event()
-    # 2 blocks: one prompt token and 63 decode steps (the last sampled token takes no slot),
-    # the longest a 2-block request can run, so cold and warm have time to queue behind it
-    blocker = asyncio.create_task(request(server, tokens(seed + 2, 1), BLOCKER_TOKENS, first))
-    await first.wait()
-    cold = asyncio.create_task(request(server, cold_prompt, 1))  # arrives first ...
-    cold_queued = await queued(server, 1, blocker)
-    warm = asyncio.create_task(request(server, warm_prompt, 1))  # ... warm second
-    both_queued = cold_queued and await queued(server, 2, blocker)
-    b, c, w = await asyncio.gather(blocker, cold, warm)
-    return {"warm0": warm0, "blocker": b, "cold": c, "warm": w, "both_queued": both_queued}
+async def wait_added(server: VllmServer, n: int) -> None:
+    """Wait until the engine core has been sent ``n`` requests in all (60 s at most):
+    the engine is paused, so nothing races this wait."""
+    end = time.monotonic() + 60
+    while added_requests(server) < n:
+        if time.monotonic() > end:
+            raise RuntimeError(f"the server logged {added_requests(server)} added requests, "
+                               f"expected {n}: {server.log_path}")
+        await asyncio.sleep(0.01)
 
 
 async def scenario(server: VllmServer) -> dict:
-    """The scenario, again with fresh prompts while the blocker ended before cold and warm
-    both queued (a fast CPU runs the blocker's decode steps in under half a second). Each attempt leaves the
-    cache as the first found it: warm0 runs alone after the previous attempt freed all."""
-    for seed in range(1, 61, 3):
-        before = (await server.scrape_async()).value("vllm:prefix_cache_hits_total")
-        result = await attempt(server, seed)
-        after = (await server.scrape_async()).value("vllm:prefix_cache_hits_total")
-        result["hits"] = after - before
-        result["attempts"] = (seed + 2) // 3
-        if result["both_queued"]:
-            return result
-    return result
+    """The PR's eviction scenario, made deterministic with vLLM's pause: while the blocker
+    runs, ``/pause?mode=keep`` freezes the engine (no step, queued requests stay queued),
+    cold and then warm are added -- each send confirmed by the server's own log before the
+    next, so they reach the engine in that order -- and ``/resume`` lets the blocker finish.
+    At its end both wait together and the scheduler picks which to admit. No timing race:
+    on a fast CPU the 63-step blocker ends in a quarter second, faster than a metrics
+    scrape under load, which made the earlier wait-and-retry version flaky."""
+    warm_prompt, cold_prompt = tokens(1, 96), tokens(2, 96)  # 3 blocks each
+    before = (await server.scrape_async()).value("vllm:prefix_cache_hits_total")
+    warm0 = await request(server, warm_prompt, 1)  # runs alone; its 3 blocks stay cached
+    first = asyncio.Event()
+    # 2 blocks: one prompt token and 63 decode steps (the last sampled token takes no slot)
+    blocker = asyncio.create_task(request(server, tokens(3, 1), BLOCKER_TOKENS, first))
+    await first.wait()
+    # keep: freeze the running blocker too; clear_cache=false: keep warm0's cached blocks
+    await engine_call(server, "/pause?mode=keep&clear_cache=false")
+    sent = added_requests(server)
+    cold = asyncio.create_task(request(server, cold_prompt, 1))  # arrives first ...
+    await wait_added(server, sent + 1)
+    warm = asyncio.create_task(request(server, warm_prompt, 1))  # ... warm second
+    await wait_added(server, sent + 2)
+    await engine_call(server, "/resume")
+    b, c, w = await asyncio.gather(blocker, cold, warm)
+    after = (await server.scrape_async()).value("vllm:prefix_cache_hits_total")
+    return {"warm0": warm0, "blocker": b, "cold": c, "warm": w, "hits": after - before}
 
 
 def main() -> None:
     options = ServerOptions(vllm_python=sys.argv[1], model=str(MODEL_DIR), load_format="dummy",
                             block_size=32, num_gpu_blocks=5, max_model_len=128, dtype="float32",
-                            enforce_eager=True, env=CPU_ENV, startup_timeout_s=400,
-                            request_timeout_s=60)
+                            enforce_eager=True, startup_timeout_s=400, request_timeout_s=60,
+                            # the pause/resume endpoints and the "Added request" log lines
+                            env=CPU_ENV + (("VLLM_SERVER_DEV_MODE", "1"),),
+                            extra_args=("--enable-log-requests",))
     server = VllmServer(options).start(SETTINGS)
     result = asyncio.run(scenario(server))
     result["pgid"] = server.pgid

@@ -6,6 +6,8 @@ request at a time: ``warm0`` leaves 3 cached blocks, a ``blocker`` runs, ``cold`
 ``warm`` (warm0's prompt) queue behind it. FCFS admits cold first, whose 3 blocks evict
 warm's cached prefix; with the window on (threshold 0.0) warm is admitted first and keeps
 its 2-block (64-token) hit -- the last block is recomputed under vLLM's last-token rule.
+cold and warm are queued while vLLM's ``/pause?mode=keep`` holds the blocker, so the
+scenario has no race against the blocker's end (plugin_child.py).
 """
 
 from __future__ import annotations
@@ -63,7 +65,6 @@ def test_window_keeps_warm_prefix_hit(child) -> None:  # type: ignore[no-untyped
     _, r = child
     assert r["warm0"]["cached"] == 0 and r["cold"]["cached"] == 0
     assert r["blocker"]["tokens"] == 63
-    assert r["both_queued"], f"the blocker ended before cold and warm queued ({r['attempts']} tries)"
     # warm was admitted before cold although it arrived later: the plugin reordered
     assert r["warm"]["first_s"] < r["cold"]["first_s"]
     assert r["warm"]["cached"] == 64  # its cached prefix survived (FCFS would evict it)
