@@ -44,7 +44,13 @@ def test_sigint_to_a_running_tune_exits_130(tmp_path: pathlib.Path) -> None:
                              "--trials", "400", "--no-progress", "-o", str(tmp_path / "p.yaml")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             cwd=REPO)
-    time.sleep(8)
+    # interrupt the study itself, not the interpreter's start-up: wait for its journal
+    # (a fixed sleep raced the imports and the trace's loading on a loaded machine)
+    journal, end = tmp_path / "p.optuna-journal", time.monotonic() + 180
+    while not journal.exists() and proc.poll() is None and time.monotonic() < end:
+        time.sleep(0.2)
+    assert journal.exists(), "the tune did not start its study"
+    time.sleep(1.0)  # a trial or two under way
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-2000:]
