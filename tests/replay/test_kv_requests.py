@@ -82,18 +82,26 @@ def test_hash_ids_name_exactly_the_equal_hashes(sizes):
     assert seen > len(pairs) > 0  # some hashes recur: shared prefixes were checked
 
 
-def test_dense_ids_are_the_same_with_polars_and_in_a_forked_child(monkeypatch):
-    """Forked tuning workers intern with numpy (polars hangs after fork): same ids."""
+@pytest.mark.parametrize("size", [1, 2, 20_000])
+def test_dense_ids_are_the_same_with_polars_and_in_a_forked_child(monkeypatch, size):
+    """Forked tuning workers and arrays below NUMPY_RANK_MAX rank with numpy (polars hangs
+    after fork; below the threshold numpy is as fast and a replay need not import
+    polars), larger arrays with polars: the same ids."""
     import tuner
     from tuner.replay import _kv_requests
 
     rng = np.random.default_rng(7)
-    values = rng.integers(0, 1 << 64, size=5_000, dtype=np.uint64)[rng.integers(0, 5_000, 20_000)]
+    values = rng.integers(0, 1 << 64, size=5_000, dtype=np.uint64)[rng.integers(0, 5_000, size)]
+    with_numpy_below, n_below = _kv_requests.dense_hash_ids(values)
+    monkeypatch.setattr(_kv_requests, "NUMPY_RANK_MAX", 0)
     with_polars, n_polars = _kv_requests.dense_hash_ids(values)
     monkeypatch.setattr(tuner, "IN_FORKED_CHILD", True)
     with_numpy, n_numpy = _kv_requests.dense_hash_ids(values)
-    assert n_polars == n_numpy == len(np.unique(values))
+    assert n_polars == n_numpy == n_below == len(np.unique(values))
     assert np.array_equal(with_polars, with_numpy) and with_numpy.dtype == np.int64
+    assert np.array_equal(with_polars, with_numpy_below) and with_numpy_below.dtype == np.int64
+    # the ids are the rank among the distinct values
+    assert np.array_equal(np.unique(values)[with_numpy_below], values)
 
 
 def test_a_forked_child_interns_without_polars():
@@ -186,3 +194,37 @@ def test_flat_hash_column_equals_the_column_as_lists(seed):
         got = [values[offsets[i]:offsets[i + 1]].tolist() for i in range(len(df))]
         want = [row or [] for row in df.get_column("h").to_list()]
         assert got == want
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_flat_hash_column_of_arrow_tables(seed):
+    """The same for the pyarrow Tables the replay's stream reads (``Trace.row_reader``):
+    list and large_list, int64 and uint64 values, sliced and two-chunk columns, and null
+    rows, also null rows whose offsets span values (Arrow allows it): read as empty."""
+    import random
+
+    import pyarrow as pa
+
+    from tuner.replay._kv_requests import flat_hash_column
+
+    rng = random.Random(seed)
+    for _ in range(20):
+        n = rng.randrange(8)
+        lists = [[rng.randrange(1 << 63) for _ in range(rng.randrange(4))] for _ in range(n)]
+        null = [rng.random() < 0.2 for _ in range(n)]
+        value_type = rng.choice([pa.int64(), pa.uint64()])
+        large = rng.random() < 0.5
+        offsets = np.concatenate([[0], np.cumsum([len(x) for x in lists])]).astype(
+            np.int64 if large else np.int32)
+        flat = pa.array([v for x in lists for v in x], value_type)
+        cls = pa.LargeListArray if large else pa.ListArray
+        arr = cls.from_arrays(pa.array(offsets), flat,
+                              mask=pa.array(null, pa.bool_()) if any(null) else None)
+        if n > 2 and rng.random() < 0.5:
+            arr = arr.slice(1, n - 2)
+        col = pa.chunked_array([arr, arr] if rng.random() < 0.3 else [arr], arr.type)
+        table = pa.table({"h": col})
+        values, offs = flat_hash_column(table, "h")
+        assert values.dtype == np.uint64 and offs.dtype == np.int64
+        got = [values[offs[i]:offs[i + 1]].tolist() for i in range(len(col))]
+        assert got == [row or [] for row in col.to_pylist()]

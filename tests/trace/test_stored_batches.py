@@ -72,3 +72,54 @@ def test_in_memory_trace_batches_are_its_frame() -> None:
     batches = list(trace.stored_batches(columns, batch_rows=4))
     assert [b.num_rows for b in batches] == [4, 4, 1]
     assert _batch_rows(batches, columns) == _polars_rows(trace, columns)
+
+
+def test_row_reader_reads_any_range_as_the_polars_slice(tmp_path: Path) -> None:
+    """``Trace.row_reader`` (the stream's hash reads): ranges forward, backward, across
+    file boundaries, past the end and empty, each the polars scan's slice; an in-memory
+    trace's reader slices its frame."""
+    import random
+
+    from tuner.trace import Trace
+    from tuner.trace.batches import FrameRows, RowReader
+
+    columns = ["request_id", "arrival_s", "block_hashes", "session_id"]
+    trace = read_trace(_directory(tmp_path))  # 7 + 5 + 4 rows
+    in_memory = Trace.from_requests(_requests("m", 9, 1.0), META)
+    for t, kind in ((trace, RowReader), (in_memory, FrameRows)):
+        total = len(t)
+        frame = t.stored().select(columns).collect()
+        for batch_rows in (1, 3, 5, 64):
+            reader = t.row_reader(columns, batch_rows)
+            assert isinstance(reader, kind)
+            ranges = [(a, a + 3) for a in range(0, total, 3)]  # forward, as the stream
+            rng = random.Random(batch_rows)
+            ranges += [(a, a + rng.randrange(0, 6))
+                       for a in (rng.randrange(total + 2) for _ in range(30))]
+            for start, stop in ranges:
+                got = reader.read(start, stop)
+                assert got.column_names == columns
+                want = frame.slice(start, max(stop - start, 0))
+                assert got.to_pylist() == want.to_dicts(), (kind, batch_rows, start, stop)
+
+
+def test_a_replay_of_a_file_trace_does_not_import_polars(tmp_path: Path) -> None:
+    """The replay reads a file trace through pyarrow only (``import polars`` is
+    0.15-0.2 CPU s of a fresh replay process; docs/performance.md, load32 round)."""
+    import subprocess
+    import sys
+
+    path = write_trace(tmp_path / "t.parquet",
+                       [TraceRequest(f"r{i}", i * 0.5, 64, 8, tuple(range(i, i + 4)),
+                                     session_id=f"s{i % 3}") for i in range(40)],
+                       META)
+    code = ("import sys\n"
+            "from tuner import replay\n"
+            "from tuner.perf.target import Target\n"
+            f"r = replay.run({str(path)!r}, target=Target(hardware='mi355x', "
+            "model='llama-3.1-70b', tp=8))\n"
+            "assert len(r.requests) == 40, len(r.requests)\n"
+            "print('polars' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=tmp_path, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False", out.stderr[-2000:]

@@ -132,19 +132,39 @@ def _session_codes(requests: list[Any]) -> np.ndarray:
                        np.int64, len(requests))
 
 
+#: Below this many values :func:`dense_hash_ids` ranks in numpy (see there).
+NUMPY_RANK_MAX = 1 << 22
+
+
 def dense_hash_ids(values: np.ndarray) -> tuple[np.ndarray, int]:
     """``values`` renamed to ``0 .. distinct - 1`` in sorted order (equal value, equal id)
     as ``int64``.
 
-    polars' dense rank is ~3x faster than ``np.unique`` on 13 M hashes, but polars must
-    not run in a forked child (its thread pool does not survive ``fork``; the child
-    hangs): tuning workers are forked, so there the same ids come from numpy.
+    Two ways to the same ids. numpy (an argsort, the sorted run's new-value flags summed,
+    scattered back) below :data:`NUMPY_RANK_MAX` values: a replay window's ~60k-780k
+    hashes and a tuning load's ~1.9 M (the agentic hour's, shared prompts interned once)
+    rank as fast there as in polars on one core (80 against 84 ms for the 1.9 M), and a
+    replay or a tune that ranks nothing larger never imports polars (0.15-0.2 CPU s a
+    process; docs/performance.md, load32 round). polars' dense rank above it (13 M
+    hashes: 1.0 against 1.7-2.0 CPU s), except in a forked child: polars must not run
+    there (its thread pool does not survive ``fork``; the child hangs), and tuning
+    workers are forked.
     """
     if not len(values):
         return np.zeros(0, dtype=np.int64), 0
-    if tuner.IN_FORKED_CHILD:
-        uniq, ids = np.unique(values, return_inverse=True)
-        return ids.astype(np.int64).reshape(-1), len(uniq)
+    if len(values) < NUMPY_RANK_MAX or tuner.IN_FORKED_CHILD:
+        order = np.argsort(values)
+        ordered = values[order]
+        new = np.empty(len(values), dtype=bool)
+        new[0] = True
+        np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+        del ordered
+        ranks = np.cumsum(new, dtype=np.int64)
+        del new
+        ranks -= 1
+        ids = np.empty(len(values), dtype=np.int64)
+        ids[order] = ranks
+        return ids, int(ranks[-1]) + 1
     import polars as pl
 
     ids = pl.Series(values).rank("dense").to_numpy().astype(np.int64)  # 1-based
@@ -153,34 +173,55 @@ def dense_hash_ids(values: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def flat_hash_column(df: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """A polars list-of-hash column as ``(values, offsets)``: one flat ``uint64`` array and
-    the ``int64`` row offsets into it, row ``i`` being ``values[offsets[i]:offsets[i + 1]]``.
+    """A list-of-hash column of ``df`` (a polars DataFrame or a pyarrow Table) as
+    ``(values, offsets)``: one flat ``uint64`` array and the ``int64`` row offsets into it,
+    row ``i`` being ``values[offsets[i]:offsets[i + 1]]`` (:func:`flat_hash_array`)."""
+    import pyarrow as pa
+
+    return flat_hash_array(df.column(name) if isinstance(df, pa.Table)
+                           else df.get_column(name).to_arrow())
+
+
+def flat_hash_array(arr: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A list-of-hash Arrow array as ``(values, offsets)`` (see :func:`flat_hash_column`).
 
     Why: slicing one flat array per request costs no Python ints; nulls read as empty
-    lists, and a sliced frame's offsets are rebased to start at 0. Shared by the
+    lists, and a sliced array's offsets are rebased to start at 0. Shared by the
     whole-trace load here and the chunked reader of ``tuner.replay._stream``. The arrays
     are views of the Arrow buffers (``np.frombuffer``): pyarrow's own conversions
     (``np.asarray`` of an array, ``pa.scalar`` of a list) import pandas, 0.4-0.6 CPU s
-    of every trace load that nothing else needs.
+    of every trace load that nothing else needs. The canonical type (a list of
+    ``uint64``) is read from its buffers as it is; only another type is cast (a checked
+    cast: a negative hash is refused as before).
     """
-    import polars as pl
     import pyarrow as pa
 
-    col = df.get_column(name)
-    if col.null_count():
-        col = col.to_frame().select(pl.col(name).fill_null(pl.lit([], dtype=col.dtype))
-                                    ).to_series()
-    arr = col.to_arrow()
     if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    arr = arr.cast(pa.large_list(pa.uint64()))
-    offset_buf, value_buf = arr.buffers()[1], arr.buffers()[3]
-    offsets = np.frombuffer(offset_buf, dtype=np.int64)[arr.offset:arr.offset + len(arr) + 1]
+        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+    if not ((pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type))
+            and arr.type.value_type == pa.uint64()):
+        arr = arr.cast(pa.large_list(pa.uint64()))
+    n = len(arr)
+    offset_type = np.int64 if pa.types.is_large_list(arr.type) else np.int32
+    offsets = np.frombuffer(arr.buffers()[1], dtype=offset_type)[arr.offset:arr.offset + n + 1]
+    offsets = offsets.astype(np.int64)  # a copy: rebased below, and the int32 form widened
     child = arr.values
-    if value_buf is None or not len(child):
-        return np.zeros(0, dtype=np.uint64), np.zeros(len(arr) + 1, dtype=np.int64)
+    value_buf = arr.buffers()[3]
+    if value_buf is None or not len(child) or offsets[-1] == offsets[0]:
+        return np.zeros(0, dtype=np.uint64), np.zeros(n + 1, dtype=np.int64)
     values = np.frombuffer(value_buf, dtype=np.uint64)[child.offset:child.offset + len(child)]
-    return values[offsets[0]:offsets[-1]], offsets - offsets[0]
+    values = values[offsets[0]:offsets[-1]]
+    offsets -= offsets[0]
+    if arr.null_count:
+        from tuner.trace.batches import null_mask
+
+        null = null_mask(arr)
+        lengths = np.diff(offsets)
+        if lengths[null].any():  # a null row spanning values (Arrow allows it): dropped
+            values = values[np.repeat(~null, lengths)]
+            lengths[null] = 0
+            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return values, offsets
 
 
 def load_trace_arrays(trace: Any) -> list[Any]:
@@ -191,6 +232,11 @@ def load_trace_arrays(trace: Any) -> list[Any]:
     put in arrival order here (a stable sort: ties keep storage order, as
     ``Trace.lazy``), so the hash columns are never reordered (a session-grouped trace's
     sorted read copies all of them).
+
+    Through polars, not pyarrow's reader: a whole trace's hashes decoded by pyarrow
+    (one flat array, the agentic hour's 107 MB) cost 0.5-1.1 CPU s against polars'
+    0.34 with its import, most of it system time in fresh pages (docs/performance.md,
+    load32 round).
     """
     df = trace.stored().collect()
     pv, po = flat_hash_column(df, "block_hashes")
@@ -211,3 +257,4 @@ def load_trace_arrays(trace: Any) -> list[Any]:
                          sessions[i], parents[i], turns[i], priorities[i] or 0, salts[i],
                          models[i], statuses[i])
             for i in order]
+

@@ -101,8 +101,9 @@ class _HashMap:
             return _NO_IDS
         # Distinct hashes first (a window's prompts share most of theirs): the map is
         # searched with sorted, unique needles, which walks it in order (cache friendly),
-        # and the new ones come out sorted and unique already. The dense rank is
-        # np.unique's inverse (polars' rank: a third of np.unique's CPU on a window).
+        # and the new ones come out sorted and unique already. The dense rank is numpy's
+        # below 2**22 hashes (``dense_hash_ids``: on the agentic hour's windows as fast as
+        # polars' on one core, and the replay does not import polars).
         inverse, n = dense_hash_ids(raw)
         distinct = np.empty(n, dtype=np.uint64)
         distinct[inverse] = raw
@@ -269,7 +270,9 @@ class TraceArrivals:
         self.min_compact_ids = min_compact_ids
         self._split = f > 0 and block_size > 0 and f % block_size == 0
         self._map = _HashMap(f // block_size if self._split else 1)
-        self._frame = trace.stored()
+        # Hashes by storage-row range: through pyarrow for a trace read from files (no
+        # polars in the replay), a polars slice otherwise (``Trace.row_reader``).
+        self._hash_rows = trace.row_reader(("block_hashes", "output_block_hashes"), CHUNK_ROWS)
         # Issue order and the compact per-request columns (no Python object a request: a
         # day of traffic is millions), read without polars (``_issue_columns``).
         columns = read_issue_columns(trace)
@@ -338,10 +341,9 @@ class TraceArrivals:
         """Raw hashes of storage rows ``chunk * CHUNK_ROWS ..`` as flat arrays + offsets."""
         cached = self._chunks.get(chunk)
         if cached is None:
-            df = (self._frame.slice(chunk * CHUNK_ROWS, CHUNK_ROWS)
-                  .select(["block_hashes", "output_block_hashes"]).collect())
-            cached = self._chunks[chunk] = (*flat_hash_column(df, "block_hashes"),
-                                            *flat_hash_column(df, "output_block_hashes"))
+            table = self._hash_rows.read(chunk * CHUNK_ROWS, (chunk + 1) * CHUNK_ROWS)
+            cached = self._chunks[chunk] = (*flat_hash_column(table, "block_hashes"),
+                                            *flat_hash_column(table, "output_block_hashes"))
         return cached
 
     def _raw(self, position: int) -> tuple[np.ndarray, np.ndarray]:

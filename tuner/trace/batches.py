@@ -15,9 +15,11 @@ shifts and null fills are done by the caller in numpy, on the buffers.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -25,7 +27,7 @@ import pyarrow.parquet as pq
 
 from tuner.trace.schema import SCHEMA
 
-__all__ = ["StoredFile", "file_batches", "null_mask", "numbers"]
+__all__ = ["FrameRows", "RowReader", "StoredFile", "file_batches", "null_mask", "numbers"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,85 @@ def file_batches(files: Sequence[StoredFile], columns: Sequence[str],
                 else:
                     arrays.append(batch.column(name))
             yield pa.RecordBatch.from_arrays(arrays, names=list(columns))
+
+
+class RowReader:
+    """``columns`` of a trace's files by storage-row range, read forward through pyarrow.
+
+    Why: the replay's stream reads the hash columns a range of storage rows at a time
+    (``tuner.replay._stream.CHUNK_ROWS``), in increasing order for every trace measured
+    (a range is read when its first request is issued). Through polars that was a sliced
+    scan a range and ``import polars`` (0.15-0.2 CPU s) in every replay process; here one
+    record batch reader (:func:`file_batches`, ``batch_rows`` rows a batch) stays open
+    across ranges, so each page is decoded once. Measured (docs/performance.md, load32
+    round): 15-19 % less replay CPU on the Mooncake sample; neutral on the agentic hour,
+    whose 13.3 M hashes pyarrow decodes with more system time (fresh pages) than polars,
+    about what the import saves. A range that starts before the reader's
+    position reopens the files from the one holding its first row and skips the rows
+    before it (decoded and dropped): correct in any order, slower only there.
+
+    Rows past a range's end that the last batch holds are kept for the next range (a
+    directory's files need not be multiples of ``batch_rows``); with one file and ranges
+    of ``batch_rows`` rows none are.
+    """
+
+    def __init__(self, files: Sequence[StoredFile], columns: Sequence[str],
+                 batch_rows: int) -> None:
+        self._files = list(files)
+        self._columns = list(columns)
+        self._batch_rows = batch_rows
+        starts = [0]
+        for stored in self._files:
+            starts.append(starts[-1] + pq.ParquetFile(stored.path).metadata.num_rows)
+        self._starts = starts  # storage row of each file's first row (and the end)
+        self._batches: Iterator[pa.RecordBatch] | None = None
+        self._held: pa.RecordBatch | None = None  # read, not yet served: rows from _at
+        self._at = 0  # storage row of the next row served (``_held``'s first)
+
+    def read(self, start: int, stop: int) -> pa.Table:
+        """Storage rows ``start .. stop - 1`` (fewer at the end of the trace)."""
+        if self._batches is None or start < self._at:
+            first = max(bisect.bisect_right(self._starts, start) - 1, 0)
+            first = min(first, len(self._files))
+            self._batches = file_batches(self._files[first:], self._columns, self._batch_rows)
+            self._held, self._at = None, self._starts[first]
+        parts: list[pa.RecordBatch] = []
+        while self._at < stop:
+            batch = self._held if self._held is not None else next(self._batches, None)
+            self._held = None
+            if batch is None:
+                break
+            end = self._at + batch.num_rows
+            if end <= start:  # before the range: dropped
+                self._at = end
+                continue
+            lo = max(start - self._at, 0)
+            hi = min(stop, end) - self._at
+            parts.append(batch.slice(lo, hi - lo))
+            if end > stop:
+                self._held = batch.slice(hi)
+                self._at = stop
+                break
+            self._at = end
+        if not parts:
+            return _empty_table(self._columns)
+        return pa.Table.from_batches(parts)
+
+
+class FrameRows:
+    """:class:`RowReader`'s interface over a polars frame (a trace not read from files:
+    in memory, sliced, re-blocked); ``frame`` is a ``polars.LazyFrame``."""
+
+    def __init__(self, frame: Any, columns: Sequence[str]) -> None:
+        self._frame = frame
+        self._columns = list(columns)
+
+    def read(self, start: int, stop: int) -> pa.Table:
+        return self._frame.slice(start, stop - start).select(self._columns).collect().to_arrow()
+
+
+def _empty_table(columns: Sequence[str]) -> pa.Table:
+    return pa.table({name: pa.array([], SCHEMA.field(name).type) for name in columns})
 
 
 def _shifted(column: pa.Array, shift_s: float) -> pa.Array:

@@ -4,6 +4,11 @@ A trace is one Parquet file or a directory of them (any depth, e.g. hive-partiti
 date and appended by periodic ingest). Files are written to a temporary name in the
 target directory and renamed into place on success, so a crash or an error never leaves a
 half-written trace behind.
+
+polars is imported where a method needs it, not with this module: a replay reads a trace
+read from files through pyarrow only (``Trace.stored_batches``, ``Trace.row_reader``), and
+``import polars`` was 0.15-0.2 CPU s of every fresh replay process (docs/performance.md,
+load32 round). A file trace's polars scan is built on first use (``Trace._frame``).
 """
 
 from __future__ import annotations
@@ -14,16 +19,16 @@ from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tuner.errors import TraceSchemaError
 from tuner.outputs import AtomicOutput
-from tuner.trace.batches import StoredFile, file_batches, null_mask, numbers
+from tuner.trace.batches import (FrameRows, RowReader, StoredFile, file_batches, null_mask,
+                                  numbers)
 from tuner.trace.request import TRACE_COLUMNS, TraceRequest
 from tuner.trace.schema import (
     MAX_SPAN_S,
@@ -34,6 +39,9 @@ from tuner.trace.schema import (
     TraceMetadata,
     requests_to_table,
 )
+
+if TYPE_CHECKING:
+    import polars as pl
 
 #: Rows per Parquet row group; keeps readers' memory bounded.
 ROW_GROUP_SIZE = 65_536
@@ -163,27 +171,43 @@ class Trace:
     file order). Build one with :func:`read_trace` or :meth:`Trace.from_requests`.
     """
 
-    def __init__(self, frame: pl.LazyFrame, metadata: TraceMetadata, *,
+    def __init__(self, frame: "pl.LazyFrame | None", metadata: TraceMetadata, *,
                  source: str | None = None,
                  files: "Sequence[StoredFile] | None" = None) -> None:
         """``files``: the Parquet files ``frame`` scans, in its order (``read_trace``), so
-        :meth:`stored_batches` can read them without polars; None for any other frame."""
-        self._frame = frame
+        :meth:`stored_batches` and :meth:`row_reader` can read them without polars; None
+        for any other frame. ``frame`` None (with ``files``): scanned from ``files`` on
+        first use, so a reader that never needs polars never imports it."""
+        if frame is None and files is None:
+            raise ValueError("Trace needs a frame or the files it scans")
+        self._scan = frame
         self.metadata = metadata
         self.source = source
         self._files = None if files is None else list(files)
         self._len: int | None = metadata.num_rows
 
+    @property
+    def _frame(self) -> "pl.LazyFrame":
+        """The rows as a polars scan in storage order (built from the files on first use)."""
+        if self._scan is None:
+            assert self._files is not None
+            self._scan = _scan_files(self._files)
+        return self._scan
+
     # -- construction ----------------------------------------------------------------------
     @classmethod
     def from_requests(cls, requests: Iterable[TraceRequest], metadata: TraceMetadata) -> "Trace":
         """An in-memory trace (tests, synth, re-blocked copies)."""
+        import polars as pl
+
         table = requests_to_table(list(requests))
         meta = metadata.replace(num_rows=table.num_rows)
         return cls(pl.from_arrow(table).lazy(), meta)  # type: ignore[union-attr]
 
     @classmethod
     def from_arrow(cls, table: pa.Table, metadata: TraceMetadata) -> "Trace":
+        import polars as pl
+
         table = table.select(list(TRACE_COLUMNS)).cast(SCHEMA)
         return cls(pl.from_arrow(table).lazy(),  # type: ignore[union-attr]
                    metadata.replace(num_rows=table.num_rows))
@@ -218,6 +242,18 @@ class Trace:
         for chunk in df.iter_slices(batch_rows):
             yield from chunk.to_arrow().to_batches()
 
+    def row_reader(self, columns: Sequence[str], batch_rows: int) -> "RowReader | FrameRows":
+        """A reader of ``columns`` by storage-row range (``read(start, stop) -> pa.Table``).
+
+        Why: the replay's stream reads the hash columns a range of storage rows at a time
+        (``tuner.replay._stream``). A trace read from files is read through pyarrow, one
+        record batch reader kept open across ranges (:class:`tuner.trace.batches.RowReader`:
+        ranges read in increasing order decode each page once), so a replay never imports
+        polars; any other trace slices its polars frame."""
+        if self._files is not None:
+            return RowReader(self._files, columns, batch_rows)
+        return FrameRows(self._frame, columns)
+
     def to_arrow(self) -> pa.Table:
         return self.lazy().collect().to_arrow().cast(SCHEMA)
 
@@ -231,6 +267,8 @@ class Trace:
         prefer this to :meth:`iter_requests`: turning hashes into Python ints costs about
         1 us each (the agentic hour at 16-token blocks has 155 M of them).
         """
+        import polars as pl
+
         src = self.metadata.hash_block_size
         df = self.lazy().collect()
         for chunk in df.iter_slices(batch_size):
@@ -280,6 +318,8 @@ class Trace:
 
     def __len__(self) -> int:
         if self._len is None:
+            import polars as pl
+
             self._len = int(self._frame.select(pl.len()).collect().item())
         return self._len
 
@@ -288,6 +328,8 @@ class Trace:
 
     def time_range(self) -> tuple[float, float]:
         """``(first, last)`` arrival in seconds; ``(0.0, 0.0)`` for an empty trace."""
+        import polars as pl
+
         row = self._frame.select(pl.col("arrival_s").min().alias("a"),
                                  pl.col("arrival_s").max().alias("b")).collect()
         a, b = row.item(0, "a"), row.item(0, "b")
@@ -329,6 +371,8 @@ class Trace:
         return Trace.from_arrow(table, self.metadata.replace(hash_block_size=block_size))
 
     def _with_floor_blocks(self) -> "Trace":
+        import polars as pl
+
         b = self.metadata.hash_block_size
         frame = self._frame.with_columns(
             pl.col("block_hashes").list.head(pl.col("input_len") // b))
@@ -409,22 +453,31 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
                 f"{first.salt_fingerprint}: hashes from different salts never match")
     origins = [_parse_utc(m.origin_utc) for m, _ in metas]
     base = min((o for o in origins if o is not None), default=None)
-    frames = []
     stored = []
     for (meta, f), origin in zip(metas, origins):
-        frame = _scan_file(f)
         shift_s = 0.0
         if base is not None and origin is not None and origin != base:
             shift_s = (origin - base).total_seconds()
-            frame = frame.with_columns(pl.col("arrival_s") + shift_s)
-        frames.append(frame)
         stored.append(StoredFile(f, shift_s))
     num_rows = sum((m.num_rows or 0) for m, _ in metas) if all(
         m.num_rows is not None for m, _ in metas) else None
     meta = first.replace(num_rows=num_rows,
                          origin_utc=base.isoformat() if base is not None else first.origin_utc)
-    frame = frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical")
-    return Trace(frame, meta, source=str(p), files=stored)
+    return Trace(None, meta, source=str(p), files=stored)
+
+
+def _scan_files(files: Sequence[StoredFile]) -> "pl.LazyFrame":
+    """``read_trace``'s files as one polars scan: canonical columns (a missing one as
+    nulls), each file's arrivals shifted onto the earliest origin, files in order."""
+    import polars as pl
+
+    frames = []
+    for stored in files:
+        frame = _scan_file(stored.path)
+        if stored.shift_s:
+            frame = frame.with_columns(pl.col("arrival_s") + stored.shift_s)
+        frames.append(frame)
+    return frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical")
 
 
 def _parse_utc(text: str | None) -> datetime | None:
@@ -523,6 +576,8 @@ def _check_batch(path: str | os.PathLike[str], batch: pa.RecordBatch, first_row:
         try:
             values = numbers(col, np.float64)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # not numbers: polars' cast
+            import polars as pl
+
             series = pl.from_arrow(col)
             assert isinstance(series, pl.Series)
             values = series.cast(pl.Float64, strict=False).fill_null(np.nan).to_numpy()
@@ -531,6 +586,8 @@ def _check_batch(path: str | os.PathLike[str], batch: pa.RecordBatch, first_row:
         ok = (good_values | null_mask(col)) if name in _NULL_ALLOWED else \
             (good_values & ~null_mask(col))
         if not ok.all():
+            import polars as pl  # the message shows the value as polars does
+
             row = int(np.argmin(ok))
             value = pl.from_arrow(col.slice(row, 1))
             assert isinstance(value, pl.Series)
@@ -543,7 +600,9 @@ def _show(value: Any) -> str:
     return "null" if value is None else repr(value)
 
 
-def _scan_file(path: Path) -> pl.LazyFrame:
+def _scan_file(path: Path) -> "pl.LazyFrame":
+    import polars as pl
+
     names = pq.read_schema(path).names
     frame = pl.scan_parquet(path, hive_partitioning=False)
     fill = [pl.lit(None, dtype=_polars_type(c)).alias(c) for c in TRACE_COLUMNS if c not in names]
@@ -552,5 +611,7 @@ def _scan_file(path: Path) -> pl.LazyFrame:
     return frame.select(list(TRACE_COLUMNS))
 
 
-def _polars_type(name: str) -> pl.DataType:
+def _polars_type(name: str) -> "pl.DataType":
+    import polars as pl
+
     return pl.from_arrow(pa.table({name: pa.array([], SCHEMA.field(name).type)})).schema[name]  # type: ignore[union-attr]
