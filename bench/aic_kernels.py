@@ -56,6 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tuner.perf.dtypes import FORMAT_BYTES  # noqa: E402
+from tuner.perf.fit.coefficients import tile_rows_array  # noqa: E402
 from tuner.perf.fit.published import default_coefficients  # noqa: E402
 from tuner.perf.hardware import load_hardware  # noqa: E402
 from tuner.perf.models import aic_model_dir  # noqa: E402
@@ -88,9 +89,11 @@ def _stats(pred: np.ndarray, meas: np.ndarray) -> str:
 
 def gemm_s(g, hw, fmt: str, m, n, k):  # type: ignore[no-untyped-def]
     """One GEMM kernel as the step-time model prices it (vectorised over m, n, k):
-    ``t0 + max(N K b / (eta_mem BW), 2 (N + n_half)(K + k_half)(M + m_half) / (eta P))``."""
+    ``t0 + max(N K b / (eta_mem BW), 2 (N + n_half)(K + k_half)(M' + m_half) / (eta P))``,
+    ``M'`` = M padded to the kernel's M tiles where the format has them (``m_tile``)."""
     mem = n * k * FORMAT_BYTES[fmt] / (g.eta_mem * hw.hbm_bandwidth)
-    cmp = 2 * g.flop_elems(n * k, n, k, 1.0) * (m + g.m_half) / (g.eta_compute * hw.peak(fmt))
+    rows = tile_rows_array(m, g.m_tile) if g.m_tile else m
+    cmp = 2 * g.flop_elems(n * k, n, k, 1.0) * (rows + g.m_half) / (g.eta_compute * hw.peak(fmt))
     return g.t0_s + np.maximum(mem, cmp)
 
 
@@ -426,8 +429,11 @@ def fit_priors(system: Path, hw) -> dict:  # type: ignore[no-untyped-def]
         m, n, k = (sub[x].to_numpy().astype(float) for x in ("m", "n", "k"))
         y = sub["latency"].to_numpy() * 1e-3
 
-        def res(v: dict, m=m, n=n, k=k, y=y, fmt=fmt) -> np.ndarray:
-            return np.log(gemm_s(GemmCoefficients(**v), hw, fmt, m, n, k) / y)
+        # the M tile is the kernel's dispatch (a preset fact, not fitted)
+        tile = hw.coefficients.gemm_for(fmt).m_tile
+
+        def res(v: dict, m=m, n=n, k=k, y=y, fmt=fmt, tile=tile) -> np.ndarray:
+            return np.log(gemm_s(GemmCoefficients(**v, m_tile=tile), hw, fmt, m, n, k) / y)
 
         r = fit_params(res, [Param("t0_s", 2e-7, 4e-4, 6e-6, np.inf), Param("eta_mem", 0.02, 1.0, 0.7, np.inf),
                              Param("eta_compute", 0.02, 1.0, 0.6, np.inf), Param("m_half", 1.0, 4096.0, 64.0, np.inf),

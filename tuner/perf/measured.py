@@ -281,7 +281,7 @@ class MeasuredStepTimeModel(RooflineStepTimeModel):
         floors += model.num_moe_layers * c.moe_layer_overhead_s
         self._gpu_decode -= floors
         self._gpu_mixed -= floors
-        self._dense = ((0.0, 0.0, 0.0),)
+        self._dense = ((0.0, 0.0, 0.0, 0.0),)
         self._lm = (0.0, 0.0, 0.0)
         self._ar_tok = self._ar_fixed = self._ar_lib_extra = self._ar_lib_tok = 0.0
         self._ar_lib_tokens = float("inf")

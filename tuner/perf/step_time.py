@@ -42,7 +42,8 @@ from abc import ABC, abstractmethod
 from typing import Any, Callable
 
 from tuner.errors import ConfigError
-from tuner.perf.fit.coefficients import Coefficients, GemmCoefficients
+from tuner.perf.fit.coefficients import (Coefficients, GemmCoefficients, tile_rows,
+                                         tile_rows_array)
 from tuner.perf.dtypes import EXPERT_FORMATS
 from tuner.perf.expert_parallel import all2all_constants, expert_layout, expert_terms
 from tuner.perf.linear_attention import linear_attention_s, linear_constants
@@ -180,7 +181,8 @@ class RooflineStepTimeModel(StepTimeModel):
                  ) -> tuple[float, float, float]:
             """(memory s, compute s per token, compute s at M=0) for ``elems`` weights in
             GEMMs of ``dims`` = (sum N, sum K, count): bytes stream once, FLOPs are priced
-            with the tile terms (``GemmCoefficients.flop_elems``)."""
+            with the tile terms (``GemmCoefficients.flop_elems``); the tokens are padded to
+            the format's M tiles by the caller (``GemmCoefficients.m_tile``)."""
             g: GemmCoefficients = c.gemm_for(fmt)
             # the rate the kernels multiply at: this format's eta_compute x peak, or another
             # format's where the software gets no more from its units (2024 ROCm FP8 ran at
@@ -190,8 +192,10 @@ class RooflineStepTimeModel(StepTimeModel):
             per_tok = 2.0 * g.flop_elems(elems, *dims) / rate
             return elems * DTYPE_BYTES[fmt] / (g.eta_mem * bw), per_tok, per_tok * g.m_half
 
-        # dense GEMMs (M = tokens), one entry per kernel format
-        self._dense = tuple(gemm(fmt, elems, shape["dims"][fmt])
+        # dense GEMMs (M = tokens), one entry per kernel format, with the format's M tile
+        # (0: M as it is; the LM head, M = requests, runs bf16, whose cuBLAS tiles the
+        # tile terms smooth; routed experts pad per expert through m_half)
+        self._dense = tuple((*gemm(fmt, elems, shape["dims"][fmt]), c.gemm_for(fmt).m_tile)
                             for fmt, elems in sorted(shape["dense"].items()))
         self._lm = gemm(shape["lm_fmt"], shape["lm_elems"], shape["lm_dims"])  # M = requests
         self._moe = model.is_moe
@@ -281,12 +285,12 @@ class RooflineStepTimeModel(StepTimeModel):
         constants that are always added together are pre-summed."""
         fixed = self._cpu_step + self._ar_fixed + self._a2a_fixed
         dense = self._dense
-        one = dense[0] if len(dense) == 1 else (0.0, 0.0, 0.0)
+        one = dense[0] if len(dense) == 1 else (0.0, 0.0, 0.0, 0.0)
         self._k = (
             fixed + self._gpu_mixed, fixed + self._gpu_decode,
             self._cpu_req + self._sample,  # per request
             self._kv_write + self._ar_tok + self._a2a_tok,  # per token
-            one[0], one[1], one[2], dense if len(dense) > 1 else (),
+            one[0], one[1], one[2], one[3], dense if len(dense) > 1 else (),
             *self._lm, self._moe, self._e_mem, self._e_tok, self._e_half, self._num_experts,
             self._expert_q, self._kv_tok, (self._occ_floor, self._item_d, self._under_d),
             self._attn_d, self._attn_p,
@@ -300,17 +304,18 @@ class RooflineStepTimeModel(StepTimeModel):
         tokens = npt + ndr
         if tokens <= 0:
             return 0.0  # vLLM does not run the model for an empty schedule
-        (mixed, decode, per_req, per_tok, d_mem, d_tok, d_zero, more, lm_mem, lm_tok, lm_zero,
+        (mixed, decode, per_req, per_tok, d_mem, d_tok, d_zero, d_tile, more, lm_mem, lm_tok,
+         lm_zero,
          moe, e_mem, e_tok, e_half, num_experts, expert_q, kv_tok, dec, attn_d, attn_p,
          attn_p_tok, attn_p_key, attn_p_tail, tail_on, sliding, lib_tokens, lib_extra, lib_tok,
          linear) = self._k
         npr = batch.num_prefill_reqs
         reqs = npr + ndr
         t = (mixed if npt else decode) + per_req * reqs + per_tok * tokens
-        cmp = d_tok * tokens + d_zero
+        cmp = d_tok * (tile_rows(tokens, d_tile) if d_tile else tokens) + d_zero
         t += d_mem if d_mem > cmp else cmp
-        for mem, tok, zero in more:  # models with GEMMs in more than one format
-            cmp = tok * tokens + zero
+        for mem, tok, zero, tile in more:  # models with GEMMs in more than one format
+            cmp = tok * (tile_rows(tokens, tile) if tile else tokens) + zero
             t += mem if mem > cmp else cmp
         cmp = lm_tok * reqs + lm_zero
         t += lm_mem if lm_mem > cmp else cmp
@@ -426,8 +431,9 @@ class RooflineStepTimeModel(StepTimeModel):
         has_d = ndr > 0
         out: dict[str, Any] = {"cpu": self._cpu_step + self._cpu_req * reqs}
         out["launch"] = self._gpu_decode + (self._gpu_mixed - self._gpu_decode) * has_p
-        out["gemm"] = sum(maximum(mem, per_tok * tokens + zero)
-                          for mem, per_tok, zero in self._dense)
+        out["gemm"] = sum(maximum(mem, per_tok * (tile_rows_array(tokens, tile) if tile
+                                                  else tokens) + zero)
+                          for mem, per_tok, zero, tile in self._dense)
         mem, per_tok, zero = self._lm
         out["lm_head"] = maximum(mem, per_tok * reqs + zero)
         if self._moe:

@@ -43,6 +43,16 @@ class GemmCoefficients:
     CUTLASS, hipBLASLt pick among tile shapes, split-K and stream-K per shape) smooths the
     staircase of any one tile into these hyperbolae (docs/step-time-model.md §1).
     ``k_half = n_half = 0`` is the M-only form (what presets without them price).
+
+    ``m_tile`` is the one staircase the library does *not* smooth: a kernel family that
+    dispatches on M alone to a few fixed tiles computes M rounded up to its tile
+    (:func:`tile_rows`). vLLM's per-tensor FP8 GEMM on Hopper is one CUTLASS kernel per
+    M bucket (``scaled_mm_sm90_fp8_dispatch.cuh``: M <= 16 and <= 64 swap A and B onto a
+    16- / 64-wide tile side, (64, 128] runs 64-row tiles, above 128 rows 128-row tiles in
+    2 x 1 clusters, i.e. 256 rows), so its time jumps where M crosses 64, 128, 256 and
+    each multiple of 256 (aiconfigurator-core's H100 fp8 table: +24 % / +1 % model error
+    at M = 64 / 65, +29 % / -4 % at 512 / 513 with M alone). ``m_tile = 0`` (every
+    preset but those that cite such a dispatch) prices M as it is.
     """
 
     t0_s: float = 6e-6  # launch-to-finish floor of one GEMM kernel
@@ -51,6 +61,7 @@ class GemmCoefficients:
     m_half: float = 64.0  # tokens at half the asymptotic compute efficiency
     k_half: float = 0.0  # reduction depth at half efficiency (per-tile prologue/epilogue)
     n_half: float = 0.0  # output columns at half efficiency (tiles and waves along N)
+    m_tile: float = 0.0  # rows of the kernel's largest M tile (cluster); 0: M is not padded
 
     def flop_elems(self, elems: float, sum_n: float, sum_k: float, count: float) -> float:
         """``sum (N + n_half)(K + k_half)`` over ``count`` GEMMs with ``elems = sum N K``,
@@ -66,10 +77,43 @@ class GemmCoefficients:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v <= 1.0:
                 raise ConfigError(f"gemm coefficient {name}={v!r} must be in (0, 1]")
-        for name in ("t0_s", "m_half", "k_half", "n_half"):
+        for name in ("t0_s", "m_half", "k_half", "n_half", "m_tile"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0.0 or math.isinf(v):
                 raise ConfigError(f"gemm coefficient {name}={v!r} must be a number >= 0")
+        if self.m_tile and (self.m_tile < MIN_TILE_ROWS
+                            or math.log2(self.m_tile) != int(math.log2(self.m_tile))):
+            raise ConfigError(f"gemm coefficient m_tile={self.m_tile!r} must be 0 or a power "
+                              f"of two >= {MIN_TILE_ROWS:g}")
+
+
+#: The narrowest tile side an M bucket runs on (Hopper's wgmma N granularity, the side a
+#: swapped-operand small-M GEMM puts its tokens on): fewer rows cost as many.
+MIN_TILE_ROWS = 16.0
+
+
+def tile_rows(m: float, tile: float) -> float:
+    """The rows a GEMM of ``m`` tokens computes on a kernel whose largest M tile is
+    ``tile`` (``GemmCoefficients.m_tile``, > 0): up to ``tile`` the dispatch picks the
+    smallest power-of-two tile side that holds M (16, 32, ... rows), above it whole
+    ``tile``-row tiles. Scalar hot path (ints or floats, ``m > 0``);
+    :func:`tile_rows_array` is the vectorised twin."""
+    if m > tile:
+        return -(-m // tile) * tile
+    rows = MIN_TILE_ROWS
+    while rows < m:
+        rows *= 2.0
+    return rows
+
+
+def tile_rows_array(m: Any, tile: float) -> Any:
+    """:func:`tile_rows` over NumPy arrays (or scalars), 0 where ``m`` is 0 (the fits'
+    step counters hold steps without prefill tokens)."""
+    import numpy as np
+
+    m = np.asarray(m, dtype=np.float64)
+    small = np.exp2(np.ceil(np.log2(np.maximum(m, MIN_TILE_ROWS))))
+    return np.where(m > tile, np.ceil(m / tile) * tile, small) * (m > 0)
 
 
 #: Used for a format the hardware preset gives no prior for (engineering estimates).
