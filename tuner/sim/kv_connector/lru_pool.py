@@ -330,9 +330,8 @@ class LRUPool:
     def _evict(self, n: int, offered: np.ndarray, words: np.ndarray) -> np.ndarray | None:
         """The ``n`` idle keys of smallest rank not among ``offered`` (the run being
         stored), evicted; None (and no change) if there are fewer. ``words``: the
-        offered keys' state words as they
-        were before the run's access record, which only raises ranks and leaves idleness
-        alone: they say which offered keys are idle (protected) and give a floor under
+        offered keys' state words as they were before the run's access record, which
+        only raises ranks and leaves idleness alone: they say which offered keys are idle (protected) and give a floor under
         those keys' words now, below which the eviction order needs no protection test.
         Only when the eviction reaches that floor (the storing request's own keys are
         among the oldest: 62 of 3,192 evicting stores on the hour's first 10 minutes) are
