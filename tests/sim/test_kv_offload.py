@@ -243,7 +243,7 @@ def test_lru_pool_memory_follows_the_chunks_used_not_the_pool_size() -> None:
 
 def test_lru_evicts_the_smallest_ranks_like_a_brute_force_scan() -> None:
     """The LRU pool's run-sorted eviction order (stale entries skipped, protected ones kept
-    for later) evicts exactly the n idle, unprotected keys of smallest (rank, key), over
+    for later, and looked at only once the eviction reaches their ranks) evicts exactly the n idle, unprotected keys of smallest (rank, key), over
     random stores, accesses, finishes, loads and evictions."""
     import random
 
@@ -285,8 +285,10 @@ def test_lru_evicts_the_smallest_ranks_like_a_brute_force_scan() -> None:
                 rank = pool._state >> 1  # the state word is 2 * rank + idle
                 ranked = sorted((int(rank[k]), k) for k in idle if k not in offered)
                 want = None if len(ranked) < n else [k for _, k in ranked[:n]]
-                stored = [k for k in offered if pool.lookup(k) != MISS]
-                got = pool._evict(n, np.array(stored, dtype=np.int64))
+                # the offered run as a store hands it over: every key (stored or not)
+                # with its state word (a store's are read before its access record)
+                run = np.array(offered, dtype=np.int64)
+                got = pool._evict(n, run, pool._state[run])
                 assert want == (None if got is None else got.tolist())
 
 

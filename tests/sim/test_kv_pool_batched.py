@@ -61,11 +61,37 @@ def _inflight_keys(p) -> set[int]:
     return {k for k, c in chunks if c.ref_cnt < 0}
 
 
+#: A full pool's stores, each completed at once by the next operation, and finishes: most
+#: stores evict, and a request that stores again offers its own older idle keys, which
+#: the eviction must pass over (the LRU pool reads their words only when it reaches
+#: their ranks, ``LRUPool._evict``); the operation mix above evicts seldom.
+_evicting = st.lists(st.one_of(
+    st.tuples(st.integers(0, 3), st.lists(st.integers(0, 15), min_size=1, max_size=8)),
+    st.tuples(st.integers(0, 3), st.just([])),  # a finish
+), max_size=40)
+
+
 @settings(max_examples=300, deadline=None)
 @given(policy=st.sampled_from(["lru", "arc"]), num_chunks=st.integers(2, 16),
        ops=st.lists(_op, max_size=60))
 def test_the_batched_pool_decides_like_the_plain_one(policy: str, num_chunks: int,
                                                      ops: list) -> None:
+    _check_against_plain(policy, num_chunks, ops)
+
+
+@settings(max_examples=300, deadline=None)
+@given(policy=st.sampled_from(["lru", "arc"]), num_chunks=st.integers(2, 8), runs=_evicting)
+def test_evicting_stores_pass_over_their_own_idle_keys(policy: str, num_chunks: int,
+                                                       runs: list) -> None:
+    ops: list = []
+    for r, keys in runs:
+        ops += [("store", r, keys), ("complete", r, 0)] if keys else [("finish", r, 0)]
+    _check_against_plain(policy, num_chunks, ops)
+
+
+def _check_against_plain(policy: str, num_chunks: int, ops: list) -> None:
+    """Play ``ops`` on the plain port and on the batched pool; every answer and the
+    state after every operation must agree."""
     managers = (plain.CPUOffloadingManager(num_chunks, policy),
                 batched.make_pool(num_chunks, policy))
     ctxs = ([plain.ReqContext() for _ in range(4)], [ReqContext() for _ in range(4)])

@@ -70,8 +70,13 @@ def _sort_entries(ranks: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.n
     of distinct keys are distinct but in generated tests, and a key met twice in one take
     comes back twice with the same rank; only a tie between two keys takes the two-key
     sort (``lexsort``, several times slower than ``argsort`` on the ~6k-entry batches a
-    take puts back on the hour's first 10 minutes)."""
-    order = np.argsort(ranks)
+    take puts back on the hour's first 10 minutes). The sort is numpy's stable one
+    (timsort for int64), which finds the sorted or reversed stretches these batches
+    are made of (a completion batch is a few store jobs' runs, each in reverse rank
+    order) and merges them: ~12x faster than the default sort on such a 3k-entry batch.
+    Stability changes nothing: ranks are distinct but for equal pairs and the ties
+    the ``lexsort`` settles."""
+    order = np.argsort(ranks, kind="stable")
     r, k = ranks[order], keys[order]
     tie = r[1:] == r[:-1]
     if not tie.any():
@@ -130,14 +135,16 @@ class EvictionOrder:
         self.size = 0
         self.push(ranks, keys)
 
-    def take(self, n: int, state: np.ndarray) -> list[np.ndarray]:
+    def take(self, n: int, state: np.ndarray, below: int | None = None) -> list[np.ndarray]:
         """The ``n`` idle, unprotected keys of smallest ``(rank, key)``, in order, as key
-        arrays. ``state``: per key, the value its live entry holds while it is idle
-        (stored, store complete, ref count 0), minus that value while it is also
+        arrays; with ``below``, only entries whose word is below it, so possibly fewer
+        (see ``below`` at the end). ``state``: per key, the value its live entry holds
+        while it is idle (stored, store complete, ref count 0), minus that value while it is also
         protected, and a value equal to neither otherwise (0, a busy key's even word); the
         pool's ``_state`` words, ``2 * rank + 1`` for an idle key, which order as the
         ranks do and are >= 1, and are even for a stored busy key. The caller guarantees
-        that ``n`` such keys exist and that every idle key's newest entry (the one in
+        that ``n`` such keys exist (below ``below`` too, if given, or it counts what it
+        gets) and that every idle key's newest entry (the one in
         the run ``owner`` names) is at its rank. The taken keys' state is set to 0 as
         they are taken; the caller does the rest of the eviction once on all of them.
 
@@ -146,7 +153,14 @@ class EvictionOrder:
         nothing in it is live. Else the window stops at the next run's head, and its
         live entries (the key's state equals the entry's rank: see the comment on stale
         entries below) are taken in order. Protected live entries passed over go back in, at the same
-        rank, as one run at the end of the call (they stay protected until then)."""
+        rank, as one run at the end of the call (they stay protected until then).
+
+        ``below``: the caller protects nothing (no state is negative) and the protected
+        keys' words are all at or above ``below``, so entries below it need no
+        protection test; the read stops at the first entry at or above it, unread. The
+        pool's usual store evicts far older keys than the ones it offers (those were
+        raised to the storing request's rank by its access just before), and then needs
+        neither the protection's two scatters over the offered run nor this pass."""
         heap, runs, owner = self._heap, self._runs, self.owner
         taken: list[np.ndarray] = []
         back_r: list[np.ndarray] = []  # protected live entries passed over
@@ -154,6 +168,8 @@ class EvictionOrder:
         need = n
         window = max(2 * need, 512)
         while need:
+            if below is not None and (not heap or heap[0][0] >= below):
+                break  # every unread entry is at or above the bound
             _, _, run_id = heapq.heappop(heap)
             run = runs[run_id]
             ranks, keys, cur = run.ranks, run.keys, run.cursor
@@ -161,12 +177,17 @@ class EvictionOrder:
             window = min(2 * window, 1 << 16)  # stale entries: read more at a time
             mine = owner[keys[cur:end]] == run_id
             if not mine.any():  # e.g. a finish run superseded by the session's next turn
-                self._advance(run, run_id, end)
+                self._advance(run, run_id, end)  # (nothing live: the bound does not matter)
                 continue
             # No further than the next run's head (inclusive: a tie is one key); no search
             # when the window's last entry is at or below it (most windows end a run).
             if heap and (int(ranks[end - 1]), int(keys[end - 1])) > heap[0][:2]:
                 end = cur + _upto(ranks[cur:end], keys[cur:end], *heap[0][:2])
+            if below is not None and ranks[end - 1] >= below:  # and below the bound
+                end = cur + int(np.searchsorted(ranks[cur:end], below, "left"))
+                if end == cur:
+                    self._advance(run, run_id, cur)
+                    break
             seg_r, seg_k = ranks[cur:end], keys[cur:end]
             # Live: the key's state equals the entry's rank. A stale entry can read so only
             # where the key was pushed again at an unchanged rank (a load's end, a
@@ -185,10 +206,11 @@ class EvictionOrder:
                 state[got] = 0
                 taken.append(got)
                 need -= len(got)
-            guarded = np.flatnonzero(signed[:stop] == -seg_r[:stop])  # protected, live
-            if len(guarded):
-                back_r.append(seg_r[guarded])
-                back_k.append(seg_k[guarded])
+            if below is None:  # (under a bound nothing read is protected)
+                guarded = np.flatnonzero(signed[:stop] == -seg_r[:stop])  # protected, live
+                if len(guarded):
+                    back_r.append(seg_r[guarded])
+                    back_k.append(seg_k[guarded])
             self._advance(run, run_id, cur + stop)
         self._push_back(back_r, back_k)
         return taken

@@ -49,6 +49,8 @@ RANK_SPAN = 1 << 26
 _MAX_RANK = (1 << 62) // RANK_SPAN
 _I64 = np.int64
 _EMPTY = np.empty(0, _I64)
+#: above every state word (``_evict``'s floor over no words)
+_NO_FLOOR = np.iinfo(_I64).max
 
 
 @dataclass(slots=True)
@@ -325,21 +327,36 @@ class LRUPool:
             ids = np.concatenate([ids, reuse])
         return ids
 
-    def _evict(self, n: int, offered: np.ndarray) -> np.ndarray | None:
-        """The ``n`` idle keys of smallest rank not among ``offered``, evicted; None (and
-        no change) if there are fewer."""
+    def _evict(self, n: int, offered: np.ndarray, words: np.ndarray) -> np.ndarray | None:
+        """The ``n`` idle keys of smallest rank not among ``offered`` (the run being
+        stored), evicted; None (and no change) if there are fewer. ``words``: the
+        offered keys' state words as they were before the run's access record, which
+        only raises ranks and leaves idleness alone: they say which offered keys are idle (protected) and give a floor under
+        those keys' words now, below which the eviction order needs no protection test.
+        Only when the eviction reaches that floor (the storing request's own keys are
+        among the oldest: 62 of 3,192 evicting stores on the hour's first 10 minutes) are
+        the protected keys' words read and negated, a gather and two scatters over them
+        that every evicting store paid before."""
         state = self._state
-        words = state[offered]
-        idle = (words & 1).astype(bool)
-        idle_offered, words = offered[idle], words[idle]
-        if self.num_evictable - len(idle_offered) < n:  # exact count when keys repeat
-            if self.num_evictable - len(np.unique(idle_offered)) < n:
+        idle = (words & 1).astype(bool)  # absent keys (0) and busy ones (even) are not
+        num_idle = int(np.count_nonzero(idle))
+        if self.num_evictable - num_idle < n:  # exact count when keys repeat
+            if self.num_evictable - len(np.unique(offered[idle])) < n:
                 return None
-        state[idle_offered] = -words  # protected
-        try:  # the order zeroes the victims' state as it takes them
+        if not num_idle:
             victims = self._order.take(n, state)
-        finally:
-            state[idle_offered] = words
+        else:  # the order zeroes the victims' state as it takes them
+            floor = int(np.min(words, initial=_NO_FLOOR, where=idle))
+            victims = self._order.take(n, state, below=floor)
+            left = n - sum(map(len, victims))
+            if left:  # the floor reached: protect the offered idle keys for the rest
+                idle_offered = offered[idle]
+                now = state[idle_offered]
+                state[idle_offered] = -now
+                try:
+                    victims += self._order.take(left, state)
+                finally:
+                    state[idle_offered] = now
         victims = np.concatenate(victims) if len(victims) > 1 else victims[0]
         chunk = self._chunk
         ids = chunk[victims]  # freed in eviction order (the free list's order)
@@ -367,13 +384,15 @@ class LRUPool:
         words = self._state[k]  # read before the record re-ranks: what it and we need
         present = words != 0
         repeats = self._repeats(k)  # a subset of a run without repeats has none
-        if self.num_write_pending:
-            recorded = self._ref[k] >= 0  # in-flight keys (-1, in the pool) are not recorded
-            if recorded.all():
-                self._record(k, positions, ctx, repeats, words)
-            else:
-                self._record(k[recorded], positions[recorded], ctx, repeats,
-                             words[recorded])
+        # In-flight keys (ref count -1) are not recorded. They are busy (an even word in
+        # the pool), so the ref counts are read at the busy keys only, if any.
+        busy = np.flatnonzero(present & ((words & 1) == 0)) if self.num_write_pending \
+            else _EMPTY
+        inflight = busy[self._ref[k[busy]] < 0] if len(busy) else _EMPTY
+        if len(inflight):
+            recorded = np.ones(len(k), bool)
+            recorded[inflight] = False
+            self._record(k[recorded], positions[recorded], ctx, repeats, words[recorded])
         else:
             self._record(k, positions, ctx, repeats, words)
         if present.all():
@@ -383,7 +402,7 @@ class LRUPool:
         num_evict = len(to_store) - self._num_free()
         num_evicted = 0
         if num_evict > 0:
-            if num_evict > self.num_evictable or self._evict(num_evict, k[present]) is None:
+            if num_evict > self.num_evictable or self._evict(num_evict, k, words) is None:
                 return None
             num_evicted = num_evict
         self._insert(to_store, positions[absent], ctx, repeats)

@@ -325,11 +325,15 @@ class OffloadingConnector:
         self._unreported = [j for j in self._unreported if j.end_s > now_s]
         done.sort(key=lambda j: j.job_id)
         recving: set[str] = set()
+        stores: list["np.ndarray | list[int]"] = []  # finished store jobs' keys, not yet
+        # handed to the pool
         for job in done:
             state = self._req[job.req_id]
             if job.is_store:
-                self.manager.complete_store(job.keys)
+                stores.append(job.keys)
             else:
+                if stores:
+                    self._complete_stores(stores)
                 self.manager.complete_load(job.keys)
                 if self._being_loaded:
                     self._being_loaded.difference_update(
@@ -340,7 +344,29 @@ class OffloadingConnector:
             state.jobs.discard(job.job_id)
             if state.finished_signaled and not state.jobs:
                 del self._req[job.req_id]
+        if stores:
+            self._complete_stores(stores)
         return recving
+
+    def _complete_stores(self, stores: list["np.ndarray | list[int]"]) -> None:
+        """Finished store jobs, consecutive in job order, as one pool call (and empty
+        the list): one call per update where there was one per job (3,531 jobs in 838
+        calls on the agentic hour's first 10 minutes). A store job's keys were absent
+        when it was built and are in flight until now, so no key is in two of them, and
+        completing them one after the other or at once changes the same keys the same
+        way; the LRU pool then pushes one eviction-order run for them, not one per job."""
+        if len(stores) == 1:
+            keys = stores[0]
+        elif isinstance(stores[0], np.ndarray):
+            # Newest job first: a job's keys rank tail first (falling LRU ranks; in-flight
+            # keys are never re-ranked), and a later job mostly belongs to a request of a
+            # higher rank, so the whole is mostly in falling rank order, which the pool's
+            # eviction order takes as a reversal instead of a sort.
+            keys = np.concatenate(stores[::-1])
+        else:  # the ARC pool's runs are lists (its completions need no order)
+            keys = [k for run in stores for k in run]
+        stores.clear()
+        self.manager.complete_store(keys)
 
     def has_pending_work(self) -> bool:
         return bool(self._jobs) or bool(self._finished_ids)
