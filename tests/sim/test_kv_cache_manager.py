@@ -211,11 +211,15 @@ def test_memos_stay_exact_per_watch_slot_generated(seed, monkeypatch):
     monkeypatch.setattr(kv_cache_manager.KVCacheManager, "num_cached_tokens_of",
                         checked_probe)
     computed = kv_cache_manager.KVCacheManager.get_computed_blocks
-    memo_hits = []
+    memo_hits, from_kept = [], []
 
     def checked_hit(kvm, request):  # an admission's hit from a current memo, or a walk
+        pool = kvm.block_pool
         memo_current = (request.hit_memo >= 0 and request.hit_epoch
-                        == kvm.block_pool.slot_epochs[request.hit_slot])
+                        == pool.slot_epochs[request.hit_slot])
+        kept = kvm.memo_blocks.get(request)  # the memo's walk's blocks, still current?
+        from_kept.append(memo_current and kept is not None and kept[1:] == (
+            pool.slot_epochs[request.hit_slot], pool.block_epochs[request.hit_slot]))
         blocks, tokens = computed(kvm, request)
         walk = kvm._longest_hit(request)
         assert blocks.dtype == walk.dtype and blocks.tolist() == walk.tolist()
@@ -232,8 +236,75 @@ def test_memos_stay_exact_per_watch_slot_generated(seed, monkeypatch):
                     CacheSettings(num_gpu_blocks=rng.choice([30, 45, 70])),
                     async_scheduling=bool(seed % 3 == 0))
     pool = sim.scheduler.kv_cache_manager.block_pool
-    assert pool.num_evictions > 0 and probes and any(memo_hits)
+    assert pool.num_evictions > 0 and probes and any(memo_hits) and any(from_kept)
     assert not pool.watched and len(pool.free_slots) == WATCH_SLOTS - 1
+    assert not sim.scheduler.kv_cache_manager.memo_blocks  # dropped with the memos
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_kept_hit_blocks_follow_first_holder_changes_generated(seed, monkeypatch):
+    """Block-aligned prompts of a few families: the last-token rule recomputes a cached
+    last block, so hashes get second holders, and under pressure first holders of
+    watched hashes are evicted while the hash stays (``block_epochs``). Every admission's
+    hit (kept blocks or a gather) is compared with a walk, and check_invariants compares
+    every current memo's kept blocks with the map after each step."""
+    import random
+
+    from sim_helpers import Req, prompt_hashes, replay
+    from tuner.sim.settings import CacheSettings, SchedulerSettings
+
+    rng = random.Random(seed)
+    reqs, t = [], 0.0
+    for i in range(80):
+        t += rng.expovariate(150.0)
+        input_len = 16 * rng.randint(2, 24)
+        reqs.append(Req(f"r{i}", t, input_len, rng.randint(1, 30),
+                        prompt_hashes(rng.randrange(3), input_len)))
+    computed = KVCacheManager.get_computed_blocks
+
+    def checked_hit(kvm, request):
+        blocks, tokens = computed(kvm, request)
+        assert blocks.tolist() == kvm._longest_hit(request).tolist()
+        return blocks, tokens
+
+    monkeypatch.setattr(KVCacheManager, "get_computed_blocks", checked_hit)
+    sim, _ = replay(reqs, SchedulerSettings(max_num_batched_tokens=128, max_num_seqs=8,
+                                            cache_aware_admission_window=rng.choice([4, 16]),
+                                            cache_aware_admission_threshold=0.0),
+                    CacheSettings(num_gpu_blocks=rng.choice([40, 60, 90])),
+                    async_scheduling=bool(seed % 2))
+    assert any(sim.scheduler.kv_cache_manager.block_pool.block_epochs)
+
+
+def test_a_new_first_holder_makes_the_kept_hit_blocks_stale():
+    """A memo keeps its walk's blocks (``memo_blocks``); evicting the first holder of a
+    covered hash that has a second holder keeps the hash in the map (the memo's length
+    holds, ``slot_epochs`` stays) but changes its block: ``block_epochs`` moves and the
+    admission's hit is gathered again, the second holder in it."""
+    kvm = KVCacheManager(num_gpu_blocks=7, block_size=16)
+    pool = kvm.block_pool
+    first, second = make_request("a", 48, [1, 2, 3]), make_request("b", 48, [1, 2, 3])
+    assert kvm.allocate_slots(first, 48) and kvm.allocate_slots(second, 48)  # no hit passed:
+    kvm.free(first)  # every hash has two holders, ``first``'s first; its tail block heads
+    kvm.free(second)  # the queue (freed tail first), then the rest of the LRU order
+    waiter = make_request("w", 64, [1, 2, 3, 4])
+    assert kvm.num_hit_blocks(waiter) == 3
+    slot = waiter.hit_slot
+    kept, epoch, block_epoch = kvm.memo_blocks[waiter]
+    assert kept.tolist() == first.block_buf[:3].tolist()
+    blocks, _ = kvm.get_computed_blocks(waiter)  # from the kept blocks
+    assert blocks.tolist() == kept.tolist() == kvm._longest_hit(waiter).tolist()
+    popped = pool.get_new_blocks(1)  # evicts hash 3's first holder
+    assert popped.tolist() == [int(first.block_buf[2])]
+    assert kvm.num_hit_blocks(waiter) == 3  # the memo holds
+    blocks, _ = kvm.get_computed_blocks(waiter)
+    assert blocks.tolist() == kvm._longest_hit(waiter).tolist() == [
+        int(first.block_buf[0]), int(first.block_buf[1]), int(second.block_buf[2])]
+    assert pool.slot_epochs[slot] == epoch and pool.block_epochs[slot] == block_epoch + 1
+    pool.free_blocks(popped)  # unhashed now: back to the queue's front
+    kvm.check_invariants([waiter])  # which compares kept blocks with the map too
+    kvm.unwatch(waiter)
+    assert not kvm.memo_blocks
 
 
 def test_a_memo_survives_the_eviction_of_another_watched_prefix():

@@ -123,7 +123,7 @@ class BlockPool:
                  "free_block_queue", "first_holder", "last_holder", "next_holder",
                  "prev_holder", "num_hash_ids", "null_block", "num_evictions", "watched",
                  "watch_bits", "slot_epochs", "free_slots", "num_watched_ids", "num_stale_watched",
-                 "_mark", "_positions32", "id_capacity_bound")
+                 "_mark", "_positions32", "id_capacity_bound", "block_epochs")
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool = True,
                  num_hash_ids: int = 1 << 16) -> None:
@@ -168,6 +168,10 @@ class BlockPool:
         self.watched: set = set()
         self.watch_bits = np.zeros(len(self.first_holder), dtype=_WATCH_BITS)
         self.slot_epochs = [0] * WATCH_SLOTS
+        # Per slot, bumped when a watched hash keeps its place in the map but its first
+        # holder is evicted (a later holder becomes the first): memos keep their
+        # length, the hit blocks kept with them go stale (KVCacheManager._memo_hit).
+        self.block_epochs = [0] * WATCH_SLOTS
         # Own slots, the longest free first (a slot's stale bits then likely belong to
         # hashes still cached at the LRU's back); the last slot is shared by overflow.
         self.free_slots = deque(range(WATCH_SLOTS - 1))
@@ -371,6 +375,11 @@ class BlockPool:
             bits = self.watch_bits.take(hashes.compress(emptied))
             if np.count_nonzero(bits):  # a count first: half an OR-reduce's cost
                 self._stale_slots(int(np.bitwise_or.reduce(bits)))
+        moved = head & ~tail  # the next holder becomes the first
+        if self.num_watched_ids and np.count_nonzero(moved):
+            bits = self.watch_bits.take(hashes.compress(moved))
+            if np.count_nonzero(bits):
+                self._moved_slots(int(np.bitwise_or.reduce(bits)))
         inner_next, inner_prev = ~tail, ~head
         self.next_holder[prev.compress(inner_prev)] = nxt.compress(inner_prev)
         self.prev_holder[nxt.compress(inner_next)] = prev.compress(inner_next)
@@ -395,6 +404,15 @@ class BlockPool:
             epochs[low.bit_length() - 1] += 1
             bits ^= low
 
+    def _moved_slots(self, bits: int) -> None:
+        """Watched hashes with these slot bits have a new first holder: the hit blocks
+        those slots' memos keep are stale (their lengths are not)."""
+        epochs = self.block_epochs
+        while bits:
+            low = bits & -bits
+            epochs[low.bit_length() - 1] += 1
+            bits ^= low
+
     def _evict(self, block: int, block_hash: int) -> None:
         """Drop ``block``'s cached hash ``block_hash`` (it is being reallocated)."""
         self._unlink(block, block_hash)
@@ -410,8 +428,11 @@ class BlockPool:
             assert self.first_holder[block_hash] == block, (
                 f"hash map does not point {block_hash} at block {block} (BlockPool bug)")
             self.first_holder[block_hash] = nxt
-            if nxt < 0 and self.num_watched_ids and self.watch_bits[block_hash]:  # left the map
-                self._stale_slots(int(self.watch_bits[block_hash]))
+            if self.num_watched_ids and self.watch_bits[block_hash]:
+                if nxt < 0:  # left the map
+                    self._stale_slots(int(self.watch_bits[block_hash]))
+                else:  # a later holder is the first now
+                    self._moved_slots(int(self.watch_bits[block_hash]))
         else:
             self.next_holder[prev] = nxt
             self.prev_holder[block] = -1

@@ -57,11 +57,18 @@ path decides. What it promises, and when it steps aside:
    rule lets an admission (``get_computed_blocks``) take its hit's length from a current
    memo and gather only the hit (no search for its end), and a blocked head store the
    length of the hit it just gathered (a failed ``allocate_slots`` changes nothing)
-   instead of walking again. ``check_invariants``
-   compares every memo with a walk after each step;
-   ``tests/sim/test_kv_cache_manager.py::test_memos_stay_exact_per_watch_slot_generated``
+   instead of walking again. The hit *blocks* a memo's walk gathered (``memo_blocks``)
+   may stand in for that gather only while, besides the slot's epoch, its
+   ``block_epochs`` entry has not moved: the pool bumps it whenever a hash carrying the
+   slot's bit stays in the map but loses its first holder (a later holder becomes the
+   first); an extension past the kept blocks is gathered. ``check_invariants``
+   compares every memo, and every current memo's kept blocks, with a walk after each
+   step; ``tests/sim/test_kv_cache_manager.py::test_memos_stay_exact_per_watch_slot_generated``
    also compares every window probe and every admission's hit with a walk, with shared
-   slots and the bits rebuilt or never.
+   slots and the bits rebuilt or never, and
+   ``test_kept_hit_blocks_follow_first_holder_changes_generated`` does so on
+   block-aligned prompts whose hashes get second holders (first holders evicted while
+   their hashes stay).
 6. **Plain admission with a connector that never loads** (the P/D prefill instance's
    ``NixlPrefillConnector`` and its push variant: ``plain_admission``,
    ``tuner.sim.kv_connector.base``). Its ``get_num_new_matched_tokens`` is ``(0, False)``

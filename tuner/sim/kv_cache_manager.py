@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from tuner.sim.request import SimRequest
 
 _NO_BLOCKS = np.empty(0, dtype=np.int64)
+_NO_HOLDERS = np.empty(0, dtype=np.int32)
 # Stale ids (of unwatched requests) the pool's watch bits may hold, on top of 2/3 of the
 # marked ones, before ``unwatch`` rebuilds them from the watched requests: stale bits
 # only cost spurious recomputes, a rebuild clears the whole id space (tests lower it).
@@ -39,7 +40,7 @@ class KVCacheManager:
 
     __slots__ = ("block_pool", "block_size", "enable_caching", "max_model_len",
                  "watermark_blocks", "num_trace_hash_ids", "register_on_free",
-                 "num_lookahead_tokens")
+                 "num_lookahead_tokens", "memo_blocks")
 
     def __init__(self, *, num_gpu_blocks: int, block_size: int, enable_caching: bool = True,
                  max_model_len: int = 1 << 30, watermark: float = 0.0,
@@ -61,6 +62,9 @@ class KVCacheManager:
         # Speculative decoding: KV slots reserved past the scheduled tokens (vLLM's
         # num_lookahead_tokens, kv_cache_manager.py:550-553; tuner.sim.spec_decode).
         self.num_lookahead_tokens = 0
+        # Per watched request, the hit blocks its memo's last walk gathered (int32, as
+        # the map holds them) with the slot's two epochs then (``_memo_hit``).
+        self.memo_blocks: dict["SimRequest", tuple[np.ndarray, int, int]] = {}
 
     @property
     def usage(self) -> float:
@@ -105,14 +109,20 @@ class KVCacheManager:
         """``len(_longest_hit(request))`` without building the hit: a memo's recompute
         needs only the length, and the int64 copy of a ~3,000-block hit was 15-30 % of
         the call (a microbenchmark; py-spy in the agentic hour)."""
+        return self._walk(request)[0]
+
+    def _walk(self, request: "SimRequest") -> tuple[int, np.ndarray]:
+        """The hit's length and its blocks as the map holds them (int32: no copy)."""
         max_blocks = self._max_hit_blocks(request)
         if max_blocks <= 0:
-            return 0
-        missing = self.block_pool.first_holder.take(request.hashes_upto(max_blocks)) < 0
+            return 0, _NO_HOLDERS
+        found = self.block_pool.first_holder.take(request.hashes_upto(max_blocks))
+        missing = found < 0
         first = int(missing.argmax())  # stops at the first miss; 0 when none
-        return first if missing[first] else max_blocks
+        return (first, found[:first]) if missing[first] else (max_blocks, found)
 
-    def num_hit_blocks(self, request: "SimRequest", known: int = -1) -> int:
+    def num_hit_blocks(self, request: "SimRequest", known: int = -1,
+                       known_blocks: np.ndarray | None = None) -> int:
         """Length in blocks of the longest cached prefix, memoised across steps.
 
         Same value as ``len(_longest_hit(request))`` (check_invariants compares them).
@@ -129,7 +139,10 @@ class KVCacheManager:
 
         ``known``: the current hit length when the caller just computed it with the pool
         unchanged since (a head whose allocation failed after ``get_computed_blocks``),
-        which saves the second gather over its prompt.
+        which saves the second gather over its prompt; ``known_blocks``: that hit.
+
+        A walk's blocks are kept with the memo (``memo_blocks``), so that the admission
+        of a request with a current memo takes its hit from them (``_memo_hit``).
         """
         if request.synthetic_base < 0:
             self.adopt(request)
@@ -138,12 +151,29 @@ class KVCacheManager:
             pool.watched.add(request)
             free = pool.free_slots
             request.hit_slot = free.popleft() if free else WATCH_SLOTS - 1
-        length = known if known >= 0 else self._current_hit_blocks(request)
+        slot = request.hit_slot
+        if known >= 0:
+            length = known
+            if known_blocks is None:
+                self.memo_blocks.pop(request, None)
+            else:
+                self.memo_blocks[request] = (known_blocks, pool.slot_epochs[slot],
+                                             pool.block_epochs[slot])
+        elif request.hit_memo >= 0 and request.hit_epoch == pool.slot_epochs[slot]:
+            length = self._current_hit_blocks(request)  # the memo, extended
+        else:
+            length, found = self._walk(request)
+            self.memo_blocks[request] = (found, pool.slot_epochs[slot], pool.block_epochs[slot])
         request.hit_epoch = pool.slot_epochs[request.hit_slot]
         request.hit_memo = length
         start = request.hit_watched
         if length > start:  # mark the newly covered hash ids
-            pool.watch_bits[request.hashes_upto(length)[start:]] |= 1 << request.hit_slot
+            # A gather and a store, not ``bits[ids] |= bit``, whose read goes through
+            # fancy indexing: 29 against 37 wall us a mark in the agentic hour (alternate
+            # calls timed in one replay, window 16, load ~12), ~23,000 marks.
+            ids = request.hashes_upto(length)[start:]
+            bits = pool.watch_bits
+            bits[ids] = bits.take(ids) | (1 << request.hit_slot)
             pool.num_watched_ids += length - start
             request.hit_watched = length
         return length
@@ -160,7 +190,7 @@ class KVCacheManager:
             hashes = request.hashes_upto(max_blocks)
             holder = pool.first_holder
             if holder[hashes[length]] >= 0:
-                absent = (holder[hashes[length + 1:]] < 0).nonzero()[0]
+                absent = (holder.take(hashes[length + 1:]) < 0).nonzero()[0]
                 length = length + 1 + int(absent[0]) if len(absent) else max_blocks
         return length
 
@@ -171,6 +201,7 @@ class KVCacheManager:
             return
         pool = self.block_pool
         pool.watched.discard(request)
+        self.memo_blocks.pop(request, None)
         pool.num_stale_watched += request.hit_watched
         if request.hit_slot < WATCH_SLOTS - 1:  # its stale bits only cost spurious bumps
             pool.free_slots.append(request.hit_slot)
@@ -195,12 +226,36 @@ class KVCacheManager:
             # A current memo (the window or the blocked head probed this request): its
             # extension gives the exact length (check_invariants compares it with the
             # walk), so only the hit itself is gathered, with no search for its end.
-            length = self._current_hit_blocks(request)
-            blocks = self.block_pool.first_holder.take(
-                request.hashes_upto(length)).astype(np.int64)
+            blocks = self._memo_hit(request, self._current_hit_blocks(request))
         else:
             blocks = self._longest_hit(request)
         return blocks, len(blocks) * self.block_size
+
+    def _memo_hit(self, request: "SimRequest", length: int) -> np.ndarray:
+        """The hit blocks of a request whose memo is current (its ``length`` blocks).
+
+        From the blocks its memo's walk gathered while neither of its slot's epochs
+        moved since: then none of the covered hashes left the map (``slot_epochs``) and
+        none changed its first holder (``block_epochs``: the pool bumps them when a
+        watched hash's first holder is evicted and a later holder takes its place), so
+        the map still gives those blocks; only an extension past them is gathered.
+        Why: an admitted agentic prompt's hit is ~3,000 blocks, gathered from the map
+        at random (the admission's costliest read after the probe's walk), and the
+        window probes nearly every admitted request first. Else gathered as before.
+        """
+        pool = self.block_pool
+        holder = pool.first_holder
+        stored = self.memo_blocks.get(request)
+        if stored is not None:
+            found, epoch, block_epoch = stored
+            slot = request.hit_slot
+            if (epoch == pool.slot_epochs[slot] and block_epoch == pool.block_epochs[slot]
+                    and len(found) <= length):
+                if len(found) == length:
+                    return found.astype(np.int64)
+                rest = holder.take(request.hashes_upto(length)[len(found):])
+                return np.concatenate((found, rest)).astype(np.int64)
+        return holder.take(request.hashes_upto(length)).astype(np.int64)
 
     def get_num_cached_tokens(self, request: "SimRequest") -> int:
         """PR #54625 probe: cached prefix tokens, without touch, allocation or stats."""
@@ -386,6 +441,10 @@ class KVCacheManager:
                 if request.hit_epoch == pool.slot_epochs[request.hit_slot]:
                     assert request.hit_memo <= direct, f"{request!r}: memoised hit too long"
                 assert self._current_hit_blocks(request) == direct, f"{request!r}: memo != walk"
+                if request.hit_epoch == pool.slot_epochs[request.hit_slot]:
+                    hit = self._memo_hit(request, request.hit_memo)
+                    assert hit.tolist() == self._longest_hit(request)[:len(hit)].tolist(), (
+                        f"{request!r}: the memo's stored hit blocks are not the map's")
         used = len(owners)
         free = pool.get_num_free_blocks()
         assert free + used == pool.num_gpu_blocks - 1, (

@@ -429,8 +429,9 @@ class Scheduler:
                                       has_scheduled_reqs=bool(running)):
                 if kvm.enable_caching and request.hit_memo < 0:
                     # memoise: it will be probed again. The hit was just gathered and a
-                    # failed allocation changes nothing, so its length is current.
-                    kvm.num_hit_blocks(request, len(hit_blocks))
+                    # failed allocation changes nothing, so its length and blocks are
+                    # current.
+                    kvm.num_hit_blocks(request, len(hit_blocks), hit_blocks)
                 break  # head-of-line blocking: no preemption from the waiting loop
             kvm.unwatch(request)
             if self.deferred_waiting:
