@@ -47,6 +47,10 @@ MAX_TOKENS = 16 * 1024 * 1024
 #: statistics over 54,000 years tried to allocate 211 GiB.
 MAX_SPAN_S = 366 * 86400.0
 
+#: Rows per Parquet row group (and per record batch a checker reads); keeps readers'
+#: memory bounded.
+ROW_GROUP_SIZE = 65_536
+
 
 @dataclass
 class TraceMetadata:
